@@ -1,0 +1,60 @@
+"""Typed run configuration: one frozen dataclass per component, YAML + CLI loading, cross-field checks.
+
+    cfg = load_config("run.yaml", ["actor.optim.lr=1e-5", "rollout.n=4"])   # built and validated
+    print(to_yaml(cfg))
+"""
+
+from quartet.config.algorithm import AlgorithmConfig, KLControl, KLControlConfig
+from quartet.config.cluster import ClusterConfig, DeviceKind, PlacementStrategy
+from quartet.config.data import BuiltinTask, DataConfig, OverlongPrompt
+from quartet.config.docs import field_docs, iter_field_docs
+from quartet.config.errors import ConfigError
+from quartet.config.loader import apply_overrides, from_dict, load_config, to_dict, to_yaml
+from quartet.config.model import Dtype, LoraConfig, ModelConfig, TinyArch, TinyModelConfig
+from quartet.config.optim import LrSchedule, OptimConfig
+from quartet.config.reward import RewardConfig
+from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig
+from quartet.config.rollout import RolloutConfig, RolloutEngine, RolloutMode, SamplingConfig
+from quartet.config.root import QuartetConfig
+from quartet.config.trainer import Logger, TrainerConfig
+from quartet.config.validate import validate
+
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "BuiltinTask",
+    "ClusterConfig",
+    "ConfigError",
+    "CriticConfig",
+    "DataConfig",
+    "DeviceKind",
+    "Dtype",
+    "KLControl",
+    "KLControlConfig",
+    "Logger",
+    "LoraConfig",
+    "LrSchedule",
+    "MicroBatching",
+    "ModelConfig",
+    "OptimConfig",
+    "OverlongPrompt",
+    "PlacementStrategy",
+    "QuartetConfig",
+    "ReferenceConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RolloutEngine",
+    "RolloutMode",
+    "SamplingConfig",
+    "TinyArch",
+    "TinyModelConfig",
+    "TrainerConfig",
+    "apply_overrides",
+    "field_docs",
+    "from_dict",
+    "iter_field_docs",
+    "load_config",
+    "to_dict",
+    "to_yaml",
+    "validate",
+]

@@ -1,0 +1,73 @@
+"""Advantage estimation and KL handling of the RL step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from quartet.config.errors import require
+from quartet.core.choices import AdvantageEstimator, KLPenalty
+
+__all__ = ["AlgorithmConfig", "KLControl", "KLControlConfig"]
+
+
+class KLControl(str, Enum):
+    """How the in-reward KL coefficient evolves."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"  # Ziegler et al. 2019: move the coefficient toward a target KL
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """Coefficient of the KL penalty subtracted from token rewards."""
+
+    kind: KLControl = KLControl.FIXED
+    """Fixed or adaptive coefficient."""
+
+    coef: float = 0.001
+    """Initial (or fixed) coefficient."""
+
+    target_kl: float = 0.1
+    """Target KL of the adaptive controller."""
+
+    horizon: int = 10000
+    """Horizon (in samples) of the adaptive controller."""
+
+    def __post_init__(self) -> None:
+        require(self.coef >= 0, "coef", "must be >= 0")
+        require(self.target_kl > 0, "target_kl", "must be > 0")
+        require(self.horizon > 0, "horizon", "must be > 0")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Which estimator turns rewards into advantages, and the KL-in-reward penalty."""
+
+    adv_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
+    """Advantage estimator; `gae` trains a critic, the others are critic-free."""
+
+    gamma: float = 1.0
+    """Discount factor (GAE, REINFORCE++)."""
+
+    lam: float = 1.0
+    """GAE lambda."""
+
+    norm_adv_by_std: bool = True
+    """GRPO: divide by the group's reward std (off gives Dr.GRPO's unnormalised advantage)."""
+
+    whiten_advantages: bool = False
+    """GAE: whiten advantages over the valid tokens of the batch."""
+
+    use_kl_in_reward: bool = False
+    """Subtract kl_ctrl.coef x KL(pi || pi_ref) from token rewards (PPO/RLHF style); needs the reference."""
+
+    kl_penalty: KLPenalty = KLPenalty.K1
+    """Estimator of the in-reward KL."""
+
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Coefficient controller of the in-reward KL."""
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.gamma <= 1.0, "gamma", f"must lie in [0, 1], got {self.gamma}")
+        require(0.0 <= self.lam <= 1.0, "lam", f"must lie in [0, 1], got {self.lam}")

@@ -1,0 +1,77 @@
+"""Where the run's workers live: Ray address, namespace, resource pool shape, timeouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from quartet.config.errors import require
+
+__all__ = ["ClusterConfig", "DeviceKind", "PlacementStrategy"]
+
+
+class DeviceKind(str, Enum):
+    """Device of each bundle."""
+
+    AUTO = "auto"  # GPU when the cluster has GPUs, else CPU
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+class PlacementStrategy(str, Enum):
+    """How a pool's bundles are placed on nodes."""
+
+    PACK = "pack"  # one STRICT_PACK placement group per node
+    SPREAD = "spread"  # bundles spread across nodes
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Ray cluster and resource pool of the run (all roles colocated on the same bundles)."""
+
+    address: str = ""
+    """Ray address to join (`auto`, `ray://...`, `host:port`). Empty: start a local Ray for this run."""
+
+    namespace: str = "quartet"
+    """Ray namespace of the run's named actors; discovery from other processes uses it."""
+
+    run_prefix: str = ""
+    """Prefix of actor names (`<prefix>:<host>:<rank>`). Empty: `<experiment_name>-<start time>`."""
+
+    nodes: int = 1
+    """Nodes of the resource pool."""
+
+    bundles_per_node: int = 1
+    """Bundles (device slots) per node: GPUs per node on GPU, CPU slots on CPU. World size = nodes x this."""
+
+    cpus_per_bundle: float = 1.0
+    """CPUs reserved by each bundle."""
+
+    device: DeviceKind = DeviceKind.AUTO
+    """Device kind of each bundle."""
+
+    strategy: PlacementStrategy = PlacementStrategy.PACK
+    """Placement of bundles over nodes."""
+
+    num_cpus: int = 0
+    """CPUs of a local Ray started by the run; 0 lets Ray detect them."""
+
+    pool_timeout_s: float = 60.0
+    """Longest wait for the placement groups; past it the run fails naming the missing resources."""
+
+    call_timeout_s: float = 3600.0
+    """Longest wait for one call on a worker group before the driver reports which ranks hang."""
+
+    def __post_init__(self) -> None:
+        require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
+        require(self.bundles_per_node >= 1, "bundles_per_node", f"must be >= 1, got {self.bundles_per_node}")
+        require(self.cpus_per_bundle > 0, "cpus_per_bundle", "must be > 0")
+        require(self.num_cpus >= 0, "num_cpus", "must be >= 0", "use 0 to let Ray detect the CPUs")
+        require(bool(self.namespace), "namespace", "must not be empty", "name the run's Ray namespace")
+        require(self.pool_timeout_s > 0, "pool_timeout_s", "must be > 0")
+        require(self.call_timeout_s > 0, "call_timeout_s", "must be > 0")
+
+    @property
+    def world_size(self) -> int:
+        """Number of bundles, which is the data-parallel world of every colocated role."""
+        return self.nodes * self.bundles_per_node

@@ -1,0 +1,92 @@
+"""Where prompts come from and how long prompts and responses may be."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from quartet.config.errors import require
+
+__all__ = ["BuiltinTask", "DataConfig", "OverlongPrompt"]
+
+
+class BuiltinTask(str, Enum):
+    """Generated, verifiable tasks that need no download."""
+
+    ARITHMETIC = "arithmetic"
+    COUNTDOWN = "countdown"
+
+
+class OverlongPrompt(str, Enum):
+    """What happens to a prompt longer than `data.max_prompt_length` tokens."""
+
+    FILTER = "filter"  # drop the row, count it and report the count
+    TRUNCATE = "truncate"  # keep the last max_prompt_length tokens (the question end), count it
+    ERROR = "error"  # stop with the file and row
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Datasets, columns and length limits."""
+
+    train_files: tuple[str, ...] = ()
+    """Parquet/JSONL files or `datasets` folders for training. Empty: use `builtin_task`."""
+
+    val_files: tuple[str, ...] = ()
+    """Held-out files for validation. Empty with `train_files` empty: the built-in task's validation split."""
+
+    builtin_task: BuiltinTask = BuiltinTask.ARITHMETIC
+    """Generated task used when `train_files` is empty."""
+
+    builtin_train_size: int = 2048
+    """Number of training rows the built-in task generates."""
+
+    builtin_val_size: int = 128
+    """Number of validation rows the built-in task generates."""
+
+    prompt_key: str = "prompt"
+    """Column holding the chat messages of the prompt (a list of {role, content})."""
+
+    data_source_key: str = "data_source"
+    """Column naming the source of each row; it selects the rule scorer."""
+
+    ground_truth_key: str = "reward_model.ground_truth"
+    """Dotted path of the reference answer inside a row (verl layout)."""
+
+    max_prompt_length: int = 64
+    """Longest prompt, in tokens after the chat template."""
+
+    max_response_length: int = 32
+    """Longest response, in tokens, for the whole trajectory (all assistant turns and observations)."""
+
+    overlong_prompt: OverlongPrompt = OverlongPrompt.FILTER
+    """What to do with prompts longer than `max_prompt_length`."""
+
+    skip_bad_rows: bool = False
+    """Count and log malformed rows instead of stopping at the first one."""
+
+    train_batch_size: int = 8
+    """Prompts per training step, global (each is sampled `rollout.n` times)."""
+
+    val_batch_size: int = 64
+    """Prompts per validation generation call, global."""
+
+    shuffle: bool = True
+    """Shuffle the training rows each epoch (with `seed`)."""
+
+    seed: int = 0
+    """Seed of the data sampler; its position is saved in checkpoints."""
+
+    def __post_init__(self) -> None:
+        require(self.max_prompt_length > 0, "max_prompt_length", "must be > 0", "set a positive token count")
+        require(
+            self.max_response_length > 0,
+            "max_response_length",
+            "must be > 0 (nothing would be generated)",
+            "set a positive token count, e.g. data.max_response_length=256",
+        )
+        require(self.train_batch_size > 0, "train_batch_size", "must be > 0", "set a positive number of prompts")
+        require(self.val_batch_size > 0, "val_batch_size", "must be > 0", "set a positive number of prompts")
+        require(self.builtin_train_size > 0, "builtin_train_size", "must be > 0")
+        require(self.builtin_val_size > 0, "builtin_val_size", "must be > 0")
+        require(bool(self.prompt_key), "prompt_key", "must not be empty", "name the prompt column")

@@ -1,0 +1,237 @@
+"""Build a typed config from YAML files and dotted CLI overrides, and turn it back into YAML.
+
+Hand-written rather than OmegaConf: we want frozen dataclasses with enums and tuples, errors that name the
+field, its source and the closest known key, and no second config object that library code could read
+with `.get()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from quartet.config.errors import ConfigError
+from quartet.config.root import QuartetConfig
+from quartet.config.validate import validate
+from quartet.config.yaml_io import dump_yaml, load_yaml, parse_scalar
+
+__all__ = ["apply_overrides", "from_dict", "load_config", "to_dict", "to_yaml"]
+
+T = TypeVar("T")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), check: bool = True) -> QuartetConfig:
+    """Read `path` (YAML, optional), apply `key=value` overrides, build and (by default) validate."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("", f"config file {p} does not exist", "pass the path of a YAML config file")
+        loaded = load_yaml(p.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError("", f"{p} holds a {type(loaded).__name__}, not a mapping of sections")
+        tree = loaded or {}
+        source = str(p)
+    cfg = from_dict(QuartetConfig, tree, source=source)
+    cfg = apply_overrides(cfg, overrides)
+    return validate(cfg) if check else cfg
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], source: str = "", prefix: str = "") -> T:
+    """Build dataclass `cls` from a nested mapping; missing keys keep their defaults."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix, f"expected a mapping of fields, got {type(data).__name__}", source=source)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            raise _unknown_key(path, str(key), list(fields), source)
+        kwargs[key] = _convert(value, hints[key], path, source)
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise err.under(prefix, source) from None
+
+
+def apply_overrides(cfg: QuartetConfig, overrides: Iterable[str]) -> QuartetConfig:
+    """Apply `a.b.c=value` overrides in order; the value is parsed as YAML against the field's type."""
+    tree = to_dict(cfg)
+    for i, item in enumerate(overrides, start=1):
+        source = f"override #{i} '{item}'"
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(key or item, "an override must look like key=value", "e.g. actor.optim.lr=1e-5", source)
+        target_type = _field_type(key, source)
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        value = _parse_override_value(raw, target_type)
+        if dataclasses.is_dataclass(target_type) and isinstance(value, Mapping):
+            value = _deep_merge(node[leaf], value)  # a section override changes only the keys it names
+        node[leaf] = value
+        # Build now, so that a bad value is reported with the override that caused it.
+        cfg = from_dict(QuartetConfig, tree, source=source)
+    return cfg
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain YAML-ready data: enums become their values, tuples become lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def to_yaml(cfg: QuartetConfig) -> str:
+    """The resolved config as YAML that `load_config` reads back to an equal object."""
+    return dump_yaml(to_dict(cfg))
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _all_paths(cls: type, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        out.append(path)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _all_paths(hints[f.name], path)
+    return out
+
+
+def _unknown_key(path: str, key: str, known: list[str], source: str) -> ConfigError:
+    parent = path.rpartition(".")[0]
+    close = [f"{parent}.{k}" if parent else k for k in difflib.get_close_matches(key, known, n=3, cutoff=0.6)]
+    # The same leaf name elsewhere in the tree (actor.lr -> actor.optim.lr).
+    close += [p for p in _all_paths(QuartetConfig) if p.rsplit(".", 1)[-1] == key and p not in close][:3]
+    if close:
+        fix = "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    else:
+        fix = f"known keys here: {', '.join(sorted(known))}"
+    return ConfigError(path, "unknown config key", fix, source)
+
+
+def _field_type(dotted: str, source: str) -> Any:
+    cls: Any = QuartetConfig
+    walked = ""
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(dotted, f"'{walked}' is a value, not a section", f"override '{walked}' itself", source)
+        fields = [f.name for f in dataclasses.fields(cls)]
+        walked = f"{walked}.{part}" if walked else part
+        if part not in fields:
+            raise _unknown_key(walked, part, fields, source)
+        cls = typing.get_type_hints(cls)[part]
+    return cls
+
+
+def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in update.items():
+        merged[k] = _deep_merge(merged[k], v) if isinstance(v, Mapping) and isinstance(merged.get(k), Mapping) else v
+    return merged
+
+
+def _parse_override_value(raw: str, tp: Any) -> Any:
+    # A string field takes the text verbatim (experiment_name=2024 stays "2024"); null still means None.
+    if _strip_optional(tp) is str and raw.strip() not in ("null", "~"):
+        return raw
+    return parse_scalar(raw)
+
+
+def _strip_optional(tp: Any) -> Any:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else tp
+    return tp
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, path: str, source: str) -> Any:
+    """Check and convert one YAML value to the field type `tp`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+
+    def wrong(expected: str, fix: str = "") -> ConfigError:
+        problem = f"expected {expected}, got {type(value).__name__} {value!r}"
+        return ConfigError(path, problem, fix or f"set {path} to {expected}", source)
+
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = _strip_optional(tp)
+        if inner is tp:
+            raise wrong(_type_name(tp))
+        return _convert(value, inner, path, source)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise wrong(f"a section ({_type_name(tp)})", f"give {path} as a mapping of its fields")
+        return from_dict(tp, value, source, path)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        choices = [m.value for m in tp]
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, str):
+            for member in tp:
+                if member.value.lower() == value.lower() or member.name.lower() == value.lower():
+                    return member
+        raise ConfigError(path, f"'{value}' is not a valid choice", f"use one of {choices}", source)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise wrong("a list", f"write it as [a, b] (e.g. {path}=[x,y])")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{path}[{i}]", source) for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise wrong(f"a list of {len(args)} values")
+        return tuple(_convert(v, a, f"{path}[{i}]", source) for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise wrong("true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise wrong("an integer")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise wrong("a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise wrong("a string")
+    if tp is Any:
+        return value
+    raise ConfigError(path, f"unsupported field type {_type_name(tp)}", "this is a quartet bug; please report it")

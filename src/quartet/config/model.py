@@ -1,0 +1,128 @@
+"""The policy model: a local Hugging Face folder, or a tiny model built in-process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from quartet.config.errors import require
+
+__all__ = ["Dtype", "LoraConfig", "ModelConfig", "TinyArch", "TinyModelConfig"]
+
+
+class Dtype(str, Enum):
+    """Floating point type of weights or compute."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class TinyArch(str, Enum):
+    """Real transformers architectures the tiny-model kit can build."""
+
+    QWEN2 = "qwen2"
+    LLAMA = "llama"
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of a tiny causal LM built from scratch (used when `model.path` is empty)."""
+
+    arch: TinyArch = TinyArch.QWEN2
+    """transformers architecture of the tiny model."""
+
+    vocab_size: int = 512
+    """Target size of the byte-level BPE vocabulary trained on generated text (special tokens included)."""
+
+    hidden_size: int = 64
+    """Width of the residual stream."""
+
+    num_hidden_layers: int = 2
+    """Number of decoder layers."""
+
+    num_attention_heads: int = 4
+    """Query heads per layer; must divide `hidden_size`."""
+
+    num_key_value_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide `num_attention_heads`."""
+
+    intermediate_size: int = 128
+    """Width of the MLP."""
+
+    max_position_embeddings: int = 512
+    """Longest sequence, in tokens, the model accepts (prompt + response)."""
+
+    tie_word_embeddings: bool = True
+    """Share input embedding and output head (the common small-model setting, and the one weight sync must handle)."""
+
+    seed: int = 0
+    """Seed of the random initialisation and of the tokenizer's training text."""
+
+    def __post_init__(self) -> None:
+        require(self.vocab_size >= 300, "vocab_size", "must be >= 300 (256 bytes + special tokens + merges)")
+        require(self.hidden_size > 0 and self.num_hidden_layers > 0, "hidden_size", "sizes must be > 0")
+        require(
+            self.hidden_size % self.num_attention_heads == 0,
+            "num_attention_heads",
+            f"{self.num_attention_heads} does not divide hidden_size={self.hidden_size}",
+            "choose a head count that divides hidden_size",
+        )
+        require(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            "num_key_value_heads",
+            f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}",
+            "choose a key/value head count that divides num_attention_heads",
+        )
+        require(self.max_position_embeddings > 0, "max_position_embeddings", "must be > 0")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters through `peft`; rank 0 trains the full model."""
+
+    rank: int = 0
+    """Adapter rank; 0 disables LoRA."""
+
+    alpha: int = 16
+    """Scaling numerator (the update is scaled by alpha / rank)."""
+
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Names of the linear modules that get adapters."""
+
+    def __post_init__(self) -> None:
+        require(self.rank >= 0, "rank", "must be >= 0", "use 0 to disable LoRA")
+        require(self.alpha > 0, "alpha", "must be > 0")
+        require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+        require(not self.rank or bool(self.target_modules), "target_modules", "is empty while rank > 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy (actor, rollout and reference share it)."""
+
+    path: str = ""
+    """Local folder with a transformers causal LM and its tokenizer. Empty: build the tiny model below."""
+
+    tokenizer_path: str = ""
+    """Tokenizer folder when it differs from `path`. Empty: same as `path`."""
+
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the model built when `path` is empty."""
+
+    dtype: Dtype = Dtype.FLOAT32
+    """Dtype of the master weights (keep float32 for training; compute dtype is `actor.mixed_precision`)."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA settings; with rank > 0 the reference is the same model with adapters disabled."""
+
+    @property
+    def is_tiny(self) -> bool:
+        """True when the run builds its own tiny model."""
+        return not self.path

@@ -1,0 +1,40 @@
+"""How responses are scored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quartet.config.errors import require
+
+__all__ = ["RewardConfig"]
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Rule scorers (chosen by `data_source`), a custom function, or a reward model."""
+
+    function: str = ""
+    """Custom scorer as `path/to/file.py:function` or `package.module:function`. Empty: built-in rules."""
+
+    model_path: str = ""
+    """Folder of a sequence-classification reward model. Empty: no reward model."""
+
+    micro_batch_size_per_device: int = 16
+    """Responses per reward-model forward pass on one device (per device, counts responses)."""
+
+    timeout_s: float = 10.0
+    """Time limit of one rule or custom score call; a timeout scores 0 and is counted."""
+
+    num_workers: int = 1
+    """Processes that run rule scorers in parallel."""
+
+    def __post_init__(self) -> None:
+        require(
+            not self.function or ":" in self.function,
+            "function",
+            f"'{self.function}' has no ':'",
+            "write it as path/to/file.py:function_name or package.module:function_name",
+        )
+        require(self.micro_batch_size_per_device > 0, "micro_batch_size_per_device", "must be > 0")
+        require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        require(self.num_workers >= 1, "num_workers", "must be >= 1")

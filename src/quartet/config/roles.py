@@ -1,0 +1,179 @@
+"""The trained and frozen model roles: actor (policy), critic (values), reference (frozen policy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quartet.config.errors import require
+from quartet.config.model import Dtype
+from quartet.config.optim import OptimConfig
+from quartet.core.choices import KLPenalty, LossAggMode, PolicyLoss
+
+__all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig"]
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How one device splits its share of a batch for forward passes that need no gradient."""
+
+    micro_batch_size_per_device: int = 16
+    """Responses per forward pass on one device (per device, counts responses)."""
+
+    use_dynamic_batch: bool = False
+    """Pack responses by `max_tokens_per_micro_batch` instead of a fixed count."""
+
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget (prompt + response) of one micro-batch on one device, with `use_dynamic_batch`."""
+
+    def __post_init__(self) -> None:
+        require(self.micro_batch_size_per_device > 0, "micro_batch_size_per_device", "must be > 0")
+        require(self.max_tokens_per_micro_batch > 0, "max_tokens_per_micro_batch", "must be > 0")
+
+
+def _check_update_sizes(cfg: ActorConfig | CriticConfig) -> None:
+    require(
+        cfg.mini_batch_size > 0, "mini_batch_size", "must be > 0", "set a positive number of prompts per update"
+    )
+    require(cfg.micro_batch_size_per_device > 0, "micro_batch_size_per_device", "must be > 0")
+    require(cfg.max_tokens_per_micro_batch > 0, "max_tokens_per_micro_batch", "must be > 0")
+    require(cfg.epochs > 0, "epochs", "must be > 0", "use 1 for one pass over each batch")
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """The policy being trained: its update schedule, loss and memory switches."""
+
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5))
+    """Optimizer of the policy."""
+
+    mini_batch_size: int = 4
+    """Prompts per optimizer step, global (times `rollout.n` responses); divides `data.train_batch_size`."""
+
+    micro_batch_size_per_device: int = 8
+    """Responses per forward/backward on one device (per device); gradients accumulate over micro-batches."""
+
+    use_dynamic_batch: bool = False
+    """Pack micro-batches by `max_tokens_per_micro_batch` instead of `micro_batch_size_per_device`."""
+
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget (prompt + response) of one micro-batch on one device, with `use_dynamic_batch`."""
+
+    epochs: int = 1
+    """Passes over each step's batch (PPO epochs)."""
+
+    shuffle: bool = True
+    """Shuffle responses between mini-batches within a step."""
+
+    policy_loss: PolicyLoss = PolicyLoss.PPO
+    """Surrogate objective."""
+
+    clip_ratio_low: float = 0.2
+    """Lower clip of the importance ratio: ratio >= 1 - clip_ratio_low."""
+
+    clip_ratio_high: float = 0.2
+    """Upper clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher raises it, e.g. 0.28)."""
+
+    dual_clip_c: float = 0.0
+    """Dual-clip constant for negative advantages (> 1 enables it, 3.0 is usual; 0 disables)."""
+
+    loss_agg_mode: LossAggMode = LossAggMode.TOKEN_MEAN
+    """Reduction of per-token losses to a scalar."""
+
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus."""
+
+    use_kl_loss: bool = False
+    """Add a KL(pi || pi_ref) term to the actor loss (GRPO style); needs the reference."""
+
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term."""
+
+    kl_loss_type: KLPenalty = KLPenalty.LOW_VAR_KL
+    """Estimator used for the KL loss term."""
+
+    tis_cap: float = 0.0
+    """Cap of truncated importance weights between rollout and trainer log-probs (TIS); 0 disables."""
+
+    logprobs: MicroBatching = field(default_factory=MicroBatching)
+    """Micro-batching of the log-prob pass (no gradient) that gives the old log-probs."""
+
+    mixed_precision: Dtype = Dtype.BFLOAT16
+    """Autocast dtype of forward/backward (float32 turns autocast off); master weights stay in model.dtype."""
+
+    param_offload: bool = False
+    """Keep parameters in host memory between uses (GPU only; no-op on CPU)."""
+
+    optimizer_offload: bool = False
+    """Keep optimizer states in host memory between updates (GPU only; no-op on CPU)."""
+
+    def __post_init__(self) -> None:
+        _check_update_sizes(self)
+        require(self.clip_ratio_low >= 0, "clip_ratio_low", "must be >= 0")
+        require(self.clip_ratio_high >= 0, "clip_ratio_high", "must be >= 0")
+        require(
+            self.dual_clip_c == 0.0 or self.dual_clip_c > 1.0,
+            "dual_clip_c",
+            f"must be 0 (off) or > 1, got {self.dual_clip_c}",
+            "use 3.0 as in the dual-clip paper, or 0 to disable",
+        )
+        require(self.kl_loss_coef >= 0, "kl_loss_coef", "must be >= 0")
+        require(self.tis_cap >= 0, "tis_cap", "must be >= 0", "use 0 to disable truncated importance sampling")
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model (used by GAE only)."""
+
+    model_path: str = ""
+    """Folder of the value model or of a causal LM to start it from. Empty: start from the policy model."""
+
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
+    """Optimizer of the critic."""
+
+    mini_batch_size: int = 4
+    """Prompts per optimizer step, global (times `rollout.n` responses); divides `data.train_batch_size`."""
+
+    micro_batch_size_per_device: int = 8
+    """Responses per forward/backward on one device (per device)."""
+
+    use_dynamic_batch: bool = False
+    """Pack micro-batches by `max_tokens_per_micro_batch` instead of `micro_batch_size_per_device`."""
+
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget (prompt + response) of one micro-batch on one device, with `use_dynamic_batch`."""
+
+    epochs: int = 1
+    """Passes over each step's batch."""
+
+    cliprange_value: float = 0.5
+    """Clip of the new value around the old one in the value loss."""
+
+    loss_agg_mode: LossAggMode = LossAggMode.TOKEN_MEAN
+    """Reduction of per-token value losses to a scalar."""
+
+    values: MicroBatching = field(default_factory=MicroBatching)
+    """Micro-batching of the value pass (no gradient) before advantages."""
+
+    mixed_precision: Dtype = Dtype.BFLOAT16
+    """Autocast dtype of forward/backward (float32 turns autocast off)."""
+
+    param_offload: bool = False
+    """Keep parameters in host memory between uses (GPU only; no-op on CPU)."""
+
+    optimizer_offload: bool = False
+    """Keep optimizer states in host memory between updates (GPU only; no-op on CPU)."""
+
+    def __post_init__(self) -> None:
+        _check_update_sizes(self)
+        require(self.cliprange_value > 0, "cliprange_value", "must be > 0")
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """The frozen reference policy (needed for any KL term)."""
+
+    logprobs: MicroBatching = field(default_factory=MicroBatching)
+    """Micro-batching of the reference log-prob pass."""
+
+    param_offload: bool = False
+    """Keep the reference's parameters in host memory between uses (GPU only; no-op on CPU)."""

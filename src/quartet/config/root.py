@@ -1,0 +1,61 @@
+"""The whole configuration of a run: one field per component."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quartet.config.algorithm import AlgorithmConfig
+from quartet.config.cluster import ClusterConfig
+from quartet.config.data import DataConfig
+from quartet.config.model import ModelConfig
+from quartet.config.reward import RewardConfig
+from quartet.config.roles import ActorConfig, CriticConfig, ReferenceConfig
+from quartet.config.rollout import RolloutConfig
+from quartet.config.trainer import TrainerConfig
+
+__all__ = ["QuartetConfig"]
+
+
+@dataclass(frozen=True)
+class QuartetConfig:
+    """Every setting of a run. Defaults give the built-in demo: a tiny model on arithmetic, GRPO, on CPU."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and length limits."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy updates."""
+
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (GAE only)."""
+
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """Frozen reference policy (KL terms only)."""
+
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring."""
+
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator and in-reward KL."""
+
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Outer loop and outputs."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Ray cluster and resource pool."""
+
+    @property
+    def needs_critic(self) -> bool:
+        """A critic is built only for estimators that bootstrap from values."""
+        return self.algorithm.adv_estimator.needs_critic
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference policy is built only when some KL term uses it."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward

@@ -1,0 +1,71 @@
+"""The outer loop: length of the run, cadences, outputs, resume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from quartet.config.errors import require
+
+__all__ = ["Logger", "TrainerConfig"]
+
+
+class Logger(str, Enum):
+    """Metric sinks."""
+
+    CONSOLE = "console"
+    JSONL = "jsonl"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    MLFLOW = "mlflow"
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Run length, cadences and where results go."""
+
+    project_name: str = "quartet"
+    """Project name (tracker grouping)."""
+
+    experiment_name: str = "demo"
+    """Name of this run; the run folder is `output_dir/experiment_name`."""
+
+    output_dir: str = "runs"
+    """Parent folder of run folders (checkpoints, metrics, resolved config)."""
+
+    total_epochs: int = 1
+    """Passes over the training data (ignored when `total_steps` > 0)."""
+
+    total_steps: int = 0
+    """Training steps of the run; 0 derives them from `total_epochs`."""
+
+    test_freq: int = 5
+    """Validate every this many steps; 0 disables periodic validation."""
+
+    val_before_train: bool = True
+    """Validate once before the first step."""
+
+    save_freq: int = 0
+    """Checkpoint every this many steps; 0 saves only at the end."""
+
+    max_checkpoints_to_keep: int = 2
+    """Keep this many most recent checkpoints; 0 keeps all."""
+
+    resume: str = "auto"
+    """`auto` (latest checkpoint of the run folder if any), `off`, or a checkpoint folder."""
+
+    loggers: tuple[Logger, ...] = (Logger.CONSOLE, Logger.JSONL)
+    """Metric sinks; JSONL is always written to the run folder."""
+
+    seed: int = 0
+    """Global seed of model init, sampling and shuffling."""
+
+    def __post_init__(self) -> None:
+        require(self.total_epochs > 0, "total_epochs", "must be > 0")
+        require(self.total_steps >= 0, "total_steps", "must be >= 0", "use 0 to derive steps from total_epochs")
+        require(self.test_freq >= 0, "test_freq", "must be >= 0", "use 0 to disable periodic validation")
+        require(self.save_freq >= 0, "save_freq", "must be >= 0", "use 0 to save only at the end")
+        require(self.max_checkpoints_to_keep >= 0, "max_checkpoints_to_keep", "must be >= 0")
+        require(bool(self.resume), "resume", "must not be empty", "use auto, off, or a checkpoint folder")
+        require(bool(self.experiment_name), "experiment_name", "must not be empty")
+        require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

@@ -1,0 +1,131 @@
+"""Cross-field rules, checked once on the driver before any worker starts.
+
+Local rules (a value's own range) live in each dataclass's `__post_init__`; here are the rules that tie
+components together, mostly batch sizes that must divide across the data-parallel world:
+
+    responses per step         = data.train_batch_size x rollout.n
+    responses per mini-batch   = <role>.mini_batch_size x rollout.n          (global)
+    per device per mini-batch  = responses per mini-batch / cluster.world_size
+    micro-batches per update   = per device per mini-batch / <role>.micro_batch_size_per_device
+"""
+
+from __future__ import annotations
+
+from quartet.config.errors import ConfigError
+from quartet.config.roles import ActorConfig, CriticConfig
+from quartet.config.root import QuartetConfig
+
+__all__ = ["validate"]
+
+
+def validate(cfg: QuartetConfig) -> QuartetConfig:
+    """Check every cross-field rule; raise one ConfigError listing all violations, else return `cfg`."""
+    problems: list[ConfigError] = []
+    problems += _update_sizes("actor", cfg.actor, cfg)
+    if cfg.needs_critic:
+        problems += _update_sizes("critic", cfg.critic, cfg)
+    problems += _algorithm_rules(cfg)
+    problems += _length_rules(cfg)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        listing = "\n".join(f"- {p}" for p in problems)
+        raise ConfigError(problems[0].field, f"{len(problems)} config problems:\n{listing}")
+    return cfg
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig) -> list[ConfigError]:
+    out: list[ConfigError] = []
+    prompts, n, world = cfg.data.train_batch_size, cfg.rollout.n, cfg.cluster.world_size
+    if prompts % rc.mini_batch_size:
+        out.append(
+            ConfigError(
+                f"{role}.mini_batch_size",
+                f"{rc.mini_batch_size} prompts does not divide data.train_batch_size={prompts} prompts",
+                f"set {role}.mini_batch_size to one of {_divisors(prompts)}, or change data.train_batch_size",
+            )
+        )
+        return out
+    responses = rc.mini_batch_size * n
+    if responses % world:
+        out.append(
+            ConfigError(
+                f"{role}.mini_batch_size",
+                f"a mini-batch of {rc.mini_batch_size} prompts x rollout.n={n} = {responses} responses "
+                f"cannot be split evenly over cluster.world_size={world} devices",
+                f"make {role}.mini_batch_size x rollout.n a multiple of {world}",
+            )
+        )
+        return out
+    per_device = responses // world
+    if not rc.use_dynamic_batch and per_device % rc.micro_batch_size_per_device:
+        out.append(
+            ConfigError(
+                f"{role}.micro_batch_size_per_device",
+                f"{rc.micro_batch_size_per_device} responses does not divide the {per_device} responses "
+                f"each device gets per mini-batch ({rc.mini_batch_size} prompts x {n} / {world} devices)",
+                f"set {role}.micro_batch_size_per_device to one of {_divisors(per_device)}, "
+                f"or set {role}.use_dynamic_batch=true",
+            )
+        )
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if rc.use_dynamic_batch and rc.max_tokens_per_micro_batch < longest:
+        out.append(
+            ConfigError(
+                f"{role}.max_tokens_per_micro_batch",
+                f"{rc.max_tokens_per_micro_batch} tokens cannot hold one sequence of up to {longest} tokens "
+                "(data.max_prompt_length + data.max_response_length)",
+                f"set {role}.max_tokens_per_micro_batch >= {longest}",
+            )
+        )
+    return out
+
+
+def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    out: list[ConfigError] = []
+    est = cfg.algorithm.adv_estimator
+    if est.needs_group and cfg.rollout.n < 2:
+        out.append(
+            ConfigError(
+                "rollout.n",
+                f"algorithm.adv_estimator={est.value} compares the samples of one prompt, "
+                f"but rollout.n={cfg.rollout.n} gives groups of one (every advantage would be 0)",
+                "set rollout.n >= 2 (4 to 16 is usual), or use algorithm.adv_estimator=reinforce_plus_plus",
+            )
+        )
+    if cfg.actor.use_kl_loss and cfg.algorithm.use_kl_in_reward:
+        out.append(
+            ConfigError(
+                "actor.use_kl_loss",
+                "KL is applied twice: as a loss term and in the reward (algorithm.use_kl_in_reward)",
+                "keep one: actor.use_kl_loss=false or algorithm.use_kl_in_reward=false",
+            )
+        )
+    return out
+
+
+def _length_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    out: list[ConfigError] = []
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if cfg.model.is_tiny and longest > cfg.model.tiny.max_position_embeddings:
+        out.append(
+            ConfigError(
+                "data.max_response_length",
+                f"prompt + response = {longest} tokens exceeds the tiny model's "
+                f"model.tiny.max_position_embeddings={cfg.model.tiny.max_position_embeddings}",
+                f"raise model.tiny.max_position_embeddings to >= {longest} or shorten the lengths",
+            )
+        )
+    if cfg.rollout.kv_cache_tokens and cfg.rollout.kv_cache_tokens < longest:
+        out.append(
+            ConfigError(
+                "rollout.kv_cache_tokens",
+                f"{cfg.rollout.kv_cache_tokens} tokens cannot hold one sequence of {longest} tokens",
+                f"set rollout.kv_cache_tokens >= {longest}, or 0 for automatic sizing",
+            )
+        )
+    return out
