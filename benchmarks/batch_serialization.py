@@ -19,6 +19,7 @@ import argparse
 import pickle
 import statistics
 import time
+
 import ray
 import torch
 
@@ -40,7 +41,9 @@ def make_batch(rows: int, cols: int) -> Batch:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--cols", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=20)
@@ -96,7 +99,9 @@ def main() -> None:
             fn()
             times[name].append(time.perf_counter() - t0)
     results = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"batch: {args.rows} x {args.cols}, {len(as_dict)} tensors, {mib:.1f} MiB, median of {args.repeats}")
+    print(
+        f"batch: {args.rows} x {args.cols}, {len(as_dict)} tensors, {mib:.1f} MiB, median of {args.repeats}"
+    )
     for name, sec in results.items():
         print(f"  {name:<42} {sec * 1e3:8.2f} ms  (min {min(times[name]) * 1e3:.2f})")
     ours, naive = results["batch: ray.put/get of the Batch"], results["naive: ray.put/get tensor by tensor"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 from quartet.core.choices import AdvantageEstimator, KLPenalty
@@ -11,7 +11,7 @@ from quartet.core.choices import AdvantageEstimator, KLPenalty
 __all__ = ["AlgorithmConfig", "KLControl", "KLControlConfig"]
 
 
-class KLControl(str, Enum):
+class KLControl(StrEnum):
     """How the in-reward KL coefficient evolves."""
 
     FIXED = "fixed"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 
 __all__ = ["ClusterConfig", "DeviceKind", "PlacementStrategy"]
 
 
-class DeviceKind(str, Enum):
+class DeviceKind(StrEnum):
     """Device of each bundle."""
 
     AUTO = "auto"  # GPU when the cluster has GPUs, else CPU
@@ -18,7 +18,7 @@ class DeviceKind(str, Enum):
     GPU = "gpu"
 
 
-class PlacementStrategy(str, Enum):
+class PlacementStrategy(StrEnum):
     """How a pool's bundles are placed on nodes."""
 
     PACK = "pack"  # one STRICT_PACK placement group per node

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 
 __all__ = ["BuiltinTask", "DataConfig", "OverlongPrompt"]
 
 
-class BuiltinTask(str, Enum):
+class BuiltinTask(StrEnum):
     """Generated, verifiable tasks that need no download."""
 
     ARITHMETIC = "arithmetic"
     COUNTDOWN = "countdown"
 
 
-class OverlongPrompt(str, Enum):
+class OverlongPrompt(StrEnum):
     """What happens to a prompt longer than `data.max_prompt_length` tokens."""
 
     FILTER = "filter"  # drop the row, count it and report the count
@@ -85,7 +85,9 @@ class DataConfig:
             "must be > 0 (nothing would be generated)",
             "set a positive token count, e.g. data.max_response_length=256",
         )
-        require(self.train_batch_size > 0, "train_batch_size", "must be > 0", "set a positive number of prompts")
+        require(
+            self.train_batch_size > 0, "train_batch_size", "must be > 0", "set a positive number of prompts"
+        )
         require(self.val_batch_size > 0, "val_batch_size", "must be > 0", "set a positive number of prompts")
         require(self.builtin_train_size > 0, "builtin_train_size", "must be > 0")
         require(self.builtin_val_size > 0, "builtin_val_size", "must be > 0")

@@ -26,7 +26,9 @@ __all__ = ["apply_overrides", "from_dict", "load_config", "to_dict", "to_yaml"]
 T = TypeVar("T")
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), check: bool = True) -> QuartetConfig:
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), check: bool = True
+) -> QuartetConfig:
     """Read `path` (YAML, optional), apply `key=value` overrides, build and (by default) validate."""
     tree: dict[str, Any] = {}
     source = "defaults"
@@ -70,7 +72,9 @@ def apply_overrides(cfg: QuartetConfig, overrides: Iterable[str]) -> QuartetConf
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(key or item, "an override must look like key=value", "e.g. actor.optim.lr=1e-5", source)
+            raise ConfigError(
+                key or item, "an override must look like key=value", "e.g. actor.optim.lr=1e-5", source
+            )
         target_type = _field_type(key, source)
         node = tree
         *parents, leaf = key.split(".")
@@ -134,7 +138,9 @@ def _field_type(dotted: str, source: str) -> Any:
     walked = ""
     for part in dotted.split("."):
         if not dataclasses.is_dataclass(cls):
-            raise ConfigError(dotted, f"'{walked}' is a value, not a section", f"override '{walked}' itself", source)
+            raise ConfigError(
+                dotted, f"'{walked}' is a value, not a section", f"override '{walked}' itself", source
+            )
         fields = [f.name for f in dataclasses.fields(cls)]
         walked = f"{walked}.{part}" if walked else part
         if part not in fields:
@@ -146,7 +152,9 @@ def _field_type(dotted: str, source: str) -> Any:
 def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for k, v in update.items():
-        merged[k] = _deep_merge(merged[k], v) if isinstance(v, Mapping) and isinstance(merged.get(k), Mapping) else v
+        merged[k] = (
+            _deep_merge(merged[k], v) if isinstance(v, Mapping) and isinstance(merged.get(k), Mapping) else v
+        )
     return merged
 
 
@@ -184,7 +192,7 @@ def _convert(value: Any, tp: Any, path: str, source: str) -> Any:
         if inner is tp:
             raise wrong(_type_name(tp))
         return _convert(value, inner, path, source)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
@@ -206,7 +214,9 @@ def _convert(value: Any, tp: Any, path: str, source: str) -> Any:
             return tuple(_convert(v, args[0], f"{path}[{i}]", source) for i, v in enumerate(value))
         if len(value) != len(args):
             raise wrong(f"a list of {len(args)} values")
-        return tuple(_convert(v, a, f"{path}[{i}]", source) for i, (v, a) in enumerate(zip(value, args, strict=True)))
+        return tuple(
+            _convert(v, a, f"{path}[{i}]", source) for i, (v, a) in enumerate(zip(value, args, strict=True))
+        )
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -234,4 +244,6 @@ def _convert(value: Any, tp: Any, path: str, source: str) -> Any:
         raise wrong("a string")
     if tp is Any:
         return value
-    raise ConfigError(path, f"unsupported field type {_type_name(tp)}", "this is a quartet bug; please report it")
+    raise ConfigError(
+        path, f"unsupported field type {_type_name(tp)}", "this is a quartet bug; please report it"
+    )

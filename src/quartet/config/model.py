@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 
 __all__ = ["Dtype", "LoraConfig", "ModelConfig", "TinyArch", "TinyModelConfig"]
 
 
-class Dtype(str, Enum):
+class Dtype(StrEnum):
     """Floating point type of weights or compute."""
 
     FLOAT32 = "float32"
@@ -18,7 +18,7 @@ class Dtype(str, Enum):
     FLOAT16 = "float16"
 
 
-class TinyArch(str, Enum):
+class TinyArch(StrEnum):
     """Real transformers architectures the tiny-model kit can build."""
 
     QWEN2 = "qwen2"
@@ -54,7 +54,7 @@ class TinyModelConfig:
     """Longest sequence, in tokens, the model accepts (prompt + response)."""
 
     tie_word_embeddings: bool = True
-    """Share input embedding and output head (the common small-model setting, and the one weight sync must handle)."""
+    """Share input embedding and output head (common in small models, and a case weight sync must handle)."""
 
     seed: int = 0
     """Seed of the random initialisation and of the tokenizer's training text."""
@@ -90,7 +90,15 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the adapter input."""
 
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
     """Names of the linear modules that get adapters."""
 
     def __post_init__(self) -> None:

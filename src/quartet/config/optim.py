@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 
 __all__ = ["LrSchedule", "OptimConfig"]
 
 
-class LrSchedule(str, Enum):
+class LrSchedule(StrEnum):
     """Shape of the learning rate after warmup."""
 
     CONSTANT = "constant"

@@ -32,7 +32,10 @@ class MicroBatching:
 
 def _check_update_sizes(cfg: ActorConfig | CriticConfig) -> None:
     require(
-        cfg.mini_batch_size > 0, "mini_batch_size", "must be > 0", "set a positive number of prompts per update"
+        cfg.mini_batch_size > 0,
+        "mini_batch_size",
+        "must be > 0",
+        "set a positive number of prompts per update",
     )
     require(cfg.micro_batch_size_per_device > 0, "micro_batch_size_per_device", "must be > 0")
     require(cfg.max_tokens_per_micro_batch > 0, "max_tokens_per_micro_batch", "must be > 0")
@@ -117,7 +120,9 @@ class ActorConfig:
             "use 3.0 as in the dual-clip paper, or 0 to disable",
         )
         require(self.kl_loss_coef >= 0, "kl_loss_coef", "must be >= 0")
-        require(self.tis_cap >= 0, "tis_cap", "must be >= 0", "use 0 to disable truncated importance sampling")
+        require(
+            self.tis_cap >= 0, "tis_cap", "must be >= 0", "use 0 to disable truncated importance sampling"
+        )
 
 
 @dataclass(frozen=True)

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 
 __all__ = ["RolloutConfig", "RolloutEngine", "RolloutMode", "SamplingConfig"]
 
 
-class RolloutEngine(str, Enum):
+class RolloutEngine(StrEnum):
     """Inference engine behind the token-in/token-out interface."""
 
     TORCH = "torch"  # built-in PyTorch engine, no extra dependency
     VLLM = "vllm"  # needs the `vllm` extra
 
 
-class RolloutMode(str, Enum):
+class RolloutMode(StrEnum):
     """How the driver reaches the engine."""
 
     SYNC = "sync"  # batch calls from the driver (single-turn)
@@ -41,8 +41,12 @@ class SamplingConfig:
     """Samples per prompt."""
 
     def __post_init__(self) -> None:
-        require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}", "use 0 for greedy")
-        require(0.0 < self.top_p <= 1.0, "top_p", f"must lie in (0, 1], got {self.top_p}", "use 1.0 to disable")
+        require(
+            self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}", "use 0 for greedy"
+        )
+        require(
+            0.0 < self.top_p <= 1.0, "top_p", f"must lie in (0, 1], got {self.top_p}", "use 1.0 to disable"
+        )
         require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}", "use 0 to disable")
         require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
 

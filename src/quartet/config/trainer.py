@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from quartet.config.errors import require
 
 __all__ = ["Logger", "TrainerConfig"]
 
 
-class Logger(str, Enum):
+class Logger(StrEnum):
     """Metric sinks."""
 
     CONSOLE = "console"
@@ -62,7 +62,9 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         require(self.total_epochs > 0, "total_epochs", "must be > 0")
-        require(self.total_steps >= 0, "total_steps", "must be >= 0", "use 0 to derive steps from total_epochs")
+        require(
+            self.total_steps >= 0, "total_steps", "must be >= 0", "use 0 to derive steps from total_epochs"
+        )
         require(self.test_freq >= 0, "test_freq", "must be >= 0", "use 0 to disable periodic validation")
         require(self.save_freq >= 0, "save_freq", "must be >= 0", "use 0 to save only at the end")
         require(self.max_checkpoints_to_keep >= 0, "max_checkpoints_to_keep", "must be >= 0")

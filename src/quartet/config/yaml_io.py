@@ -21,7 +21,9 @@ class _Loader(yaml.SafeLoader):
 
 # Drop the YAML 1.1 bool and float resolvers, then add YAML 1.2 ones.
 _Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")]
+    ch: [
+        (tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")
+    ]
     for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(

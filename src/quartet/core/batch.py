@@ -85,17 +85,21 @@ class Batch:
         non_tensors = non_tensors or {}
         if isinstance(tensors, TensorDict):
             if tensors.batch_dims != 1:
-                raise BatchError(f"tensors must have one batch dimension, got batch_size={list(tensors.batch_size)}")
+                raise BatchError(
+                    f"tensors must have one batch dimension, got batch_size={list(tensors.batch_size)}"
+                )
             size = tensors.batch_size[0]
         else:
-            sizes = {k: v.shape[0] if v.dim() else None for k, v in tensors.items()}
-            if any(s is None for s in sizes.values()):
-                raise BatchError(f"scalar tensors have no batch dimension: {[k for k, s in sizes.items() if s is None]}")
+            scalars = [k for k, v in tensors.items() if v.dim() == 0]
+            if scalars:
+                raise BatchError(f"scalar tensors have no batch dimension: {scalars}")
+            sizes = {k: int(v.shape[0]) for k, v in tensors.items()}
             distinct = set(sizes.values()) | ({batch_size} if batch_size is not None else set())
             if len(distinct) > 1:
                 raise BatchError(f"tensors disagree on the batch size: {sizes}")
-            size = next(iter(distinct)) if distinct else None
-            if size is None:
+            if distinct:
+                size = next(iter(distinct))
+            else:
                 size = len(next(iter(non_tensors.values()))) if non_tensors else 0
             tensors = TensorDict(dict(tensors), batch_size=[size])
         if batch_size is not None and batch_size != size:
@@ -116,13 +120,15 @@ class Batch:
 
     def keys(self) -> list[str]:
         """Tensor column names, then non-tensor column names."""
-        return [str(k) for k in self.tensors.keys()] + list(self.non_tensors)
+        return [str(k) for k in self.tensors] + list(self.non_tensors)
 
     def __contains__(self, key: object) -> bool:
-        return key in self.non_tensors or (isinstance(key, str) and key in self.tensors.keys())
+        return key in self.non_tensors or (isinstance(key, str) and key in self.tensors)
 
     def __repr__(self) -> str:
-        cols = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items())
+        cols = ", ".join(
+            f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items()
+        )
         objs = ", ".join(self.non_tensors)
         return f"Batch(len={len(self)}, tensors={{{cols}}}, non_tensors=[{objs}], meta={self.meta})"
 
@@ -131,9 +137,9 @@ class Batch:
             return NotImplemented
         if len(self) != len(other) or self.meta != other.meta or set(self.keys()) != set(other.keys()):
             return False
-        for k, v in self.tensors.items():
-            o = other.tensors[k]
-            if v.dtype != o.dtype or not torch.equal(v, o):
+        theirs = other.columns()
+        for k, v in self.columns().items():
+            if v.dtype != theirs[k].dtype or not torch.equal(v, theirs[k]):
                 return False
         return all(list(v) == list(other.non_tensors[k]) for k, v in self.non_tensors.items())
 
@@ -144,7 +150,7 @@ class Batch:
         if isinstance(key, str):
             if key in self.non_tensors:
                 return self.non_tensors[key]
-            if key in self.tensors.keys():
+            if key in self.tensors:
                 return self.tensors[key]
             raise KeyError(f"no column '{key}'; the batch has {self.keys()}")
         return self.index(key)
@@ -168,7 +174,9 @@ class Batch:
             t_rows = torch.as_tensor(np.asarray(rows) if not isinstance(rows, torch.Tensor) else rows)
             if t_rows.dtype == torch.bool:
                 if t_rows.shape != (len(self),):
-                    raise BatchError(f"boolean mask of shape {tuple(t_rows.shape)} for a batch of {len(self)}")
+                    raise BatchError(
+                        f"boolean mask of shape {tuple(t_rows.shape)} for a batch of {len(self)}"
+                    )
                 t_rows = t_rows.nonzero().flatten()
             t_rows = t_rows.to(torch.long).flatten()
             np_rows = t_rows.numpy()
@@ -191,7 +199,7 @@ class Batch:
         return self.index(perm)
 
     def repeat(self, times: int, interleave: bool = True) -> Batch:
-        """Each row `times` times: interleaved [a,a,b,b] (rollout.n samples of a prompt side by side) or tiled [a,b,a,b]."""
+        """Each row `times` times: interleaved [a,a,b,b] (samples of a prompt adjacent) or tiled [a,b,a,b]."""
         if times < 1:
             raise BatchError(f"repeat needs times >= 1, got {times}")
         idx = torch.arange(len(self))
@@ -239,16 +247,22 @@ class Batch:
         first = batches[0]
         for i, b in enumerate(batches[1:], start=1):
             if set(b.keys()) != set(first.keys()):
-                raise BatchError(f"batch {i} has columns {sorted(b.keys())}, batch 0 has {sorted(first.keys())}")
+                raise BatchError(
+                    f"batch {i} has columns {sorted(b.keys())}, batch 0 has {sorted(first.keys())}"
+                )
             if b.meta != first.meta:
                 raise BatchError(f"batch {i} has meta {b.meta}, batch 0 has {first.meta}")
-            for k, v in b.tensors.items():
-                ref = first.tensors[k]
+            ref_columns = first.columns()
+            for k, v in b.columns().items():
+                ref = ref_columns[k]
                 if v.dtype != ref.dtype or v.shape[1:] != ref.shape[1:]:
                     raise BatchError(
-                        f"column '{k}': batch {i} is {v.dtype} {tuple(v.shape[1:])}, batch 0 is {ref.dtype} {tuple(ref.shape[1:])}"
+                        f"column '{k}': batch {i} is {v.dtype} {tuple(v.shape[1:])}, "
+                        f"batch 0 is {ref.dtype} {tuple(ref.shape[1:])}"
                     )
-        tensors = torch.cat([b.tensors for b in batches], dim=0) if first.tensors.keys() else None
+        tensors: TensorDict | None = None
+        if first.tensors.keys():
+            tensors = torch.cat([b.tensors for b in batches], dim=0)  # type: ignore[assignment]
         return Batch(
             tensors,
             {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors},
@@ -279,8 +293,8 @@ class Batch:
         """Columns of both, row for row. A key in both must hold equal values; `self.meta` is kept."""
         if len(other) != len(self):
             raise BatchError(f"union of batches with {len(self)} and {len(other)} rows")
-        tensors = dict(self.tensors.items())
-        for k, v in other.tensors.items():
+        tensors = self.columns()
+        for k, v in other.columns().items():
             if k in self.non_tensors:
                 raise BatchError(f"column '{k}' is a tensor in one batch and an object column in the other")
             if k in tensors and (tensors[k].shape != v.shape or not torch.equal(tensors[k], v)):
@@ -295,6 +309,10 @@ class Batch:
             non_tensors[k] = col
         return Batch(tensors, non_tensors, self.meta, batch_size=len(self))
 
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The tensor columns as a plain dict (the tensors themselves, not copies)."""
+        return {str(k): v for k, v in self.tensors.items() if isinstance(v, torch.Tensor)}
+
     def with_meta(self, **changes: Any) -> Batch:
         """The same rows with some meta fields changed."""
         return Batch(self.tensors, self.non_tensors, self.meta.replace(**changes), batch_size=len(self))
@@ -308,7 +326,7 @@ class Batch:
     def __reduce__(self) -> tuple[Any, ...]:
         specs = []
         buffers = []
-        for k, v in self.tensors.items():
+        for k, v in self.columns().items():
             t = v.detach().to("cpu").contiguous()
             specs.append((str(k), str(t.dtype).removeprefix("torch."), tuple(t.shape)))
             buffers.append(t.reshape(-1).view(torch.uint8).numpy())

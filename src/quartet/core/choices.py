@@ -4,12 +4,12 @@ The functions behind these names live in `quartet.core` (advantages, losses, KL)
 function plus a new member here, never a free string looked up at run time.
 """
 
-from enum import Enum
+from enum import StrEnum
 
 __all__ = ["AdvantageEstimator", "KLPenalty", "LossAggMode", "PolicyLoss"]
 
 
-class AdvantageEstimator(str, Enum):
+class AdvantageEstimator(StrEnum):
     """How advantages are computed from rewards (and values, for GAE)."""
 
     GAE = "gae"
@@ -43,7 +43,7 @@ _GROUP_ESTIMATORS = frozenset(
 )
 
 
-class PolicyLoss(str, Enum):
+class PolicyLoss(StrEnum):
     """The surrogate objective of the actor update."""
 
     PPO = "ppo"  # clipped ratio, asymmetric clip and optional dual clip
@@ -51,7 +51,7 @@ class PolicyLoss(str, Enum):
     REINFORCE = "reinforce"  # plain -A * log pi
 
 
-class LossAggMode(str, Enum):
+class LossAggMode(StrEnum):
     """How per-token losses are reduced to one scalar."""
 
     TOKEN_MEAN = "token-mean"
@@ -60,7 +60,7 @@ class LossAggMode(str, Enum):
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
-class KLPenalty(str, Enum):
+class KLPenalty(StrEnum):
     """Estimator of KL(pi || pi_ref) from per-token log-probs (Schulman's k1/k2/k3 and kin)."""
 
     K1 = "k1"

@@ -1,0 +1,1 @@
+"""Command-line entry points (`quartet ...`); each subcommand lives in its own module."""

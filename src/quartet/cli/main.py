@@ -1,0 +1,33 @@
+"""`quartet` command: dispatches to one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from quartet import __version__
+from quartet.cli import config_cmd, demo
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quartet", description="RL post-training of language models on Ray."
+    )
+    parser.add_argument("--version", action="version", version=f"quartet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    config_cmd.add_parser(sub)
+    demo.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

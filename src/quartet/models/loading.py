@@ -1,0 +1,67 @@
+"""Load models and tokenizers from local folders only.
+
+quartet never downloads: every loader passes `local_files_only=True` and first checks that the folder holds
+a `config.json`, so a hub id or a typo fails at once with the path it looked at.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+__all__ = ["ModelFolderError", "load_causal_lm", "load_tokenizer", "load_value_model"]
+
+
+class ModelFolderError(FileNotFoundError):
+    """A model or tokenizer path that is not a usable local folder."""
+
+
+def _check_folder(path: str | Path, needs: str) -> Path:
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelFolderError(
+            f"model path '{path}' is not a local folder (resolved to {folder.resolve()}); quartet does not "
+            "download from a hub: save the model with save_pretrained() and pass that folder"
+        )
+    if not (folder / needs).exists():
+        present = sorted(p.name for p in folder.iterdir())[:20]
+        raise ModelFolderError(f"'{folder}' has no {needs}; it holds {present}")
+    return folder
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `path`; left padding (prompts are left-padded in a Batch)."""
+    folder = _check_folder(path, "tokenizer_config.json")
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, padding_side="left")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM saved in `path`, with weights in `dtype`."""
+    folder = _check_folder(path, "config.json")
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+
+
+def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A value model (one scalar per token) from `path`.
+
+    `path` may hold a saved value model, or a causal LM whose trunk starts a new value head (the usual way a
+    critic is initialised from the policy).
+    """
+    folder = _check_folder(path, "config.json")
+    config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
+    config.classifier_dropout = 0.0  # a value regression target should not be noised
+    return AutoModelForTokenClassification.from_pretrained(
+        folder, config=config, dtype=dtype, local_files_only=True
+    )

@@ -1,0 +1,29 @@
+"""Shared fixtures: one tiny model folder and one local Ray cluster per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 + tokenizer saved with save_pretrained (built once per session)."""
+    from quartet.config import TinyModelConfig
+    from quartet.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A real local Ray shared by every test that needs one; shut down at the end of the session."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="quartet-tests")
+    try:
+        yield
+    finally:
+        ray.shutdown()
