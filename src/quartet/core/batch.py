@@ -120,7 +120,7 @@ class Batch:
 
     def keys(self) -> list[str]:
         """Tensor column names, then non-tensor column names."""
-        return [str(k) for k in self.tensors] + list(self.non_tensors)
+        return [str(k) for k in self.tensors.keys()] + list(self.non_tensors)  # noqa: SIM118 - iterating a TensorDict yields rows
 
     def __contains__(self, key: object) -> bool:
         return key in self.non_tensors or (isinstance(key, str) and key in self.tensors)
