@@ -22,7 +22,7 @@ def ray_cluster() -> Iterator[None]:
     """A real local Ray shared by every test that needs one; shut down at the end of the session."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="quartet-tests")
+    ray.init(num_cpus=4, include_dashboard=True, log_to_driver=False, namespace="quartet-tests")
     try:
         yield
     finally:

@@ -1,0 +1,109 @@
+"""How a role method's input is split over ranks and its outputs joined, declared next to the method.
+
+    class Critic:
+        @dispatch(Split.BY_DP_RANK)
+        def compute_values(self, batch: Batch) -> Batch: ...
+
+        @dispatch(Split.BROADCAST, blocking=False)
+        def save(self, path: str) -> None: ...
+
+- BY_DP_RANK: every `Batch` argument is padded to a multiple of the world size (copies of its first rows),
+  cut into equal consecutive chunks, chunk r goes to rank r; other arguments are broadcast. Outputs of
+  collecting ranks are concatenated in rank order (Batch) and the padding rows removed; non-Batch outputs
+  are returned as a list.
+- BROADCAST: the same arguments to every rank; the list of collecting ranks' outputs is returned.
+- RANK_ZERO: only rank 0 runs the method; its output is returned.
+`blocking=False` makes the call return a `Pending` at once; pass it to the next call (the ranks receive their
+own chunks without the driver waiting) or call `.get()`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ParamSpec, TypeVar
+
+from quartet.cluster.errors import DispatchError
+from quartet.core.batch import Batch
+
+__all__ = ["DispatchSpec", "Split", "declared_methods", "dispatch", "join_outputs", "split_inputs"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+DISPATCH_ATTR = "__quartet_dispatch__"
+
+
+class Split(StrEnum):
+    """How the driver spreads one call over the ranks of a group."""
+
+    BY_DP_RANK = "by_dp_rank"
+    BROADCAST = "broadcast"
+    RANK_ZERO = "rank_zero"
+
+
+@dataclass(frozen=True)
+class DispatchSpec:
+    """The declaration attached to a role method by `@dispatch`."""
+
+    split: Split
+    blocking: bool = True
+
+
+def dispatch(split: Split, *, blocking: bool = True) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Declare a role method callable from the driver, with its split and whether the call blocks."""
+    if not isinstance(split, Split):
+        raise DispatchError(f"@dispatch needs a Split member, got {split!r}")
+
+    def mark(fn: Callable[P, R]) -> Callable[P, R]:
+        setattr(fn, DISPATCH_ATTR, DispatchSpec(split, blocking))
+        return fn
+
+    return mark
+
+
+def declared_methods(cls: type) -> dict[str, DispatchSpec]:
+    """Every method of `cls` (and its bases) declared with `@dispatch`."""
+    out: dict[str, DispatchSpec] = {}
+    for name, member in inspect.getmembers(cls, predicate=callable):
+        spec = getattr(member, DISPATCH_ATTR, None)
+        if isinstance(spec, DispatchSpec):
+            out[name] = spec
+    return out
+
+
+def split_inputs(
+    split: Split, world: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[tuple[tuple[Any, ...], dict[str, Any]]], int]:
+    """Per-rank (args, kwargs) and the number of padding rows added to Batch arguments."""
+    if split is not Split.BY_DP_RANK:
+        return [(args, kwargs)] * (1 if split is Split.RANK_ZERO else world), 0
+    pads = set()
+
+    def cut(value: Any) -> list[Any]:
+        if not isinstance(value, Batch):
+            return [value] * world
+        padded, pad = value.pad_to_divisor(world)
+        pads.add((len(value), pad))
+        return padded.chunk(world)
+
+    arg_parts = [cut(a) for a in args]
+    kw_parts = {k: cut(v) for k, v in kwargs.items()}
+    if len(pads) > 1:
+        raise DispatchError(
+            f"Batch arguments of one split call must have the same length, got {sorted(pads)}"
+        )
+    per_rank = [
+        (tuple(p[r] for p in arg_parts), {k: v[r] for k, v in kw_parts.items()}) for r in range(world)
+    ]
+    return per_rank, next(iter(pads))[1] if pads else 0
+
+
+def join_outputs(split: Split, outputs: list[Any], pad: int) -> Any:
+    """Join the collecting ranks' outputs (in rank order) as `split` declares."""
+    if split is Split.RANK_ZERO:
+        return outputs[0]
+    if split is Split.BY_DP_RANK and outputs and all(isinstance(o, Batch) for o in outputs):
+        return Batch.concat(outputs).unpad(pad)
+    return outputs

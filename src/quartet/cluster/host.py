@@ -1,0 +1,74 @@
+"""The process behind one bundle: it holds one object per colocated role and runs calls on them.
+
+`RoleHost` is a plain class; `colocate` turns it into a Ray actor, one per bundle. Several roles in one host
+share the process (one CUDA context per GPU) and its memory, which they take turns using.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["RoleHost"]
+
+
+def _resolve(value: Any) -> Any:
+    """Ray resolves only top-level ObjectRef arguments; chunks of a pending call arrive nested."""
+    import ray
+
+    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
+
+
+class RoleHost:
+    """One rank of a colocated group: environment for torch.distributed, role objects, calls."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, name: str) -> None:
+        self.rank, self.world_size, self.local_rank, self.name = rank, world_size, local_rank, name
+        self.roles: dict[str, Any] = {}
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)})
+
+    def node_info(self) -> dict[str, Any]:
+        """pid, node id and IP of this process (for naming errors and checking placement)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "name": self.name,
+        }
+
+    def free_port(self) -> int:
+        """A TCP port free on this node now (rank 0's node hosts the torch.distributed store)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def set_master(self, addr: str, port: int) -> None:
+        """Environment read by `torch.distributed.init_process_group(init_method='env://')`."""
+        os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
+
+    def add_role(self, role: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Construct a role object in this process; return whether its rank's outputs are collected."""
+        obj = cls(*args, **kwargs)
+        self.roles[role] = obj
+        return bool(getattr(obj, "collects_output", True))
+
+    def call(self, role: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run `method` of the role object with (resolved) arguments."""
+        fn = getattr(self.roles[role], method)
+        return fn(*[_resolve(a) for a in args], **{k: _resolve(v) for k, v in kwargs.items()})
+
+    def execute(
+        self, role: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run `fn(role_object, *args, **kwargs)` in this process."""
+        return fn(self.roles[role], *args, **kwargs)
+
+    def ping(self) -> int:
+        """Health check: answers with the pid."""
+        return os.getpid()

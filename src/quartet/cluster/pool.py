@@ -1,0 +1,160 @@
+"""Resource pools: bundles (device slots) on one or more nodes, held by Ray placement groups.
+
+A pool is created only after checking that enough nodes have the free resources it asks for; the wait
+for the placement groups is bounded, and both failures name what is missing. Ranks are ordered by node
+(IP, then node id) and bundle index, so they are the same every time the same cluster builds the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from quartet.cluster.errors import ResourcesUnavailableError
+from quartet.config.cluster import ClusterConfig, DeviceKind, PlacementStrategy
+
+__all__ = ["BundleSlot", "ResourcePool"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BundleSlot:
+    """Where one rank lives: a bundle of a placement group on a node."""
+
+    rank: int
+    placement_group: Any  # ray.util.placement_group.PlacementGroup
+    bundle_index: int
+    node_id: str
+    node_ip: str
+
+
+@dataclass
+class ResourcePool:
+    """Bundles of `cpus_per_bundle` CPUs (+1 GPU each on GPU), `bundles_per_node` on each of `nodes` nodes."""
+
+    nodes: int
+    bundles_per_node: int
+    cpus_per_bundle: float
+    use_gpu: bool
+    strategy: PlacementStrategy = PlacementStrategy.PACK
+    timeout_s: float = 60.0
+    slots: list[BundleSlot] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, cfg: ClusterConfig) -> ResourcePool:
+        """Create the pool `cfg` describes (GPU when cfg.device says so, or when `auto` finds GPUs)."""
+        import ray
+
+        use_gpu = cfg.device is DeviceKind.GPU or (
+            cfg.device is DeviceKind.AUTO and ray.cluster_resources().get("GPU", 0) > 0
+        )
+        pool = cls(
+            cfg.nodes, cfg.bundles_per_node, cfg.cpus_per_bundle, use_gpu, cfg.strategy, cfg.pool_timeout_s
+        )
+        return pool.create()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.bundles_per_node
+
+    def bundle(self) -> dict[str, float]:
+        return {"CPU": self.cpus_per_bundle, **({"GPU": 1.0} if self.use_gpu else {})}
+
+    def create(self) -> ResourcePool:
+        """Check resources, create the placement groups, wait (bounded) and order the ranks."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        self._check_capacity()
+        if self.strategy is PlacementStrategy.PACK:
+            groups = [
+                placement_group([self.bundle()] * self.bundles_per_node, strategy="STRICT_PACK")
+                for _ in range(self.nodes)
+            ]
+        else:
+            groups = [placement_group([self.bundle()] * self.world_size, strategy="SPREAD")]
+        ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=self.timeout_s)
+        if len(ready) < len(groups):
+            for pg in groups:
+                remove_placement_group(pg)
+            raise ResourcesUnavailableError(
+                f"placement groups for {self.describe()} were not placed within {self.timeout_s:.0f} s "
+                f"(cluster.pool_timeout_s); free resources now: {_free_by_node()}"
+            )
+        self.slots = _ordered_slots(groups)
+        log.debug("resource pool ready: %s", [(s.rank, s.node_ip, s.bundle_index) for s in self.slots])
+        return self
+
+    def describe(self) -> str:
+        return (
+            f"{self.nodes} node(s) x {self.bundles_per_node} bundle(s) of {self.bundle()} "
+            f"({self.strategy.value})"
+        )
+
+    def _check_capacity(self) -> None:
+        need = self.bundle()
+        per_node = self.bundles_per_node if self.strategy is PlacementStrategy.PACK else 1
+        free = _free_by_node()
+        fitting = [
+            node
+            for node, res in free.items()
+            if all(res.get(k, 0.0) + 1e-9 >= v * per_node for k, v in need.items())
+        ]
+        total_ok = all(
+            sum(r.get(k, 0.0) for r in free.values()) + 1e-9 >= v * self.world_size for k, v in need.items()
+        )
+        enough = len(fitting) >= self.nodes if self.strategy is PlacementStrategy.PACK else total_ok
+        if not enough:
+            raise ResourcesUnavailableError(
+                f"the cluster cannot hold {self.describe()}: it needs {self.nodes} node(s) with "
+                f"{ {k: v * per_node for k, v in need.items()} } free each, and "
+                f"{len(fitting)} node(s) qualify; free resources by node: {free}. "
+                "Fix: lower cluster.nodes / cluster.bundles_per_node / cluster.cpus_per_bundle, "
+                "or add resources (e.g. a larger num_cpus for the local Ray)"
+            )
+
+    def remove(self) -> None:
+        """Release the placement groups."""
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in {id(s.placement_group): s.placement_group for s in self.slots}.values():
+            remove_placement_group(pg)
+        self.slots = []
+
+
+def _free_by_node() -> dict[str, dict[str, float]]:
+    """Free CPU/GPU per alive node, keyed by `ip/node-id-prefix`."""
+    import ray
+
+    available: dict[str, dict[str, float]] = {}
+    try:
+        from ray._private.state import (
+            state,
+        )  # per-node availability; no public API gives it without the dashboard
+
+        per_node = state.available_resources_per_node()
+    except Exception:  # pragma: no cover - fall back to cluster totals
+        per_node = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = per_node.get(node["NodeID"], node["Resources"])
+        key = f"{node['NodeManagerAddress']}/{node['NodeID'][:8]}"
+        available[key] = {k: float(res.get(k, 0.0)) for k in ("CPU", "GPU") if k in res or k == "CPU"}
+    return available
+
+
+def _ordered_slots(groups: list[Any]) -> list[BundleSlot]:
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    entries = []
+    for pg in groups:
+        table = placement_group_table(pg)
+        for index, node_id in table["bundles_to_node_id"].items():
+            entries.append((ips.get(node_id, "?"), node_id, pg, int(index)))
+    entries.sort(key=lambda e: (e[0], e[1], e[3]))
+    return [BundleSlot(rank, pg, index, node, ip) for rank, (ip, node, pg, index) in enumerate(entries)]

@@ -1,0 +1,95 @@
+"""Role classes used by the cluster tests (importable by Ray workers)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from quartet.cluster.dispatch import Split, dispatch
+from quartet.core.batch import Batch
+
+
+class Doubler:
+    """Split a batch: each rank doubles its rows and tags them with its rank."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+        self.calls = 0
+
+    @dispatch(Split.BY_DP_RANK)
+    def double(self, batch: Batch) -> Batch:
+        self.calls += 1
+        rank = int(os.environ["RANK"])
+        n = len(batch)
+        x = batch["x"] if "x" in batch else batch["twice"]  # a chained call gets the previous output
+        return Batch({"twice": x * 2 + self.offset, "rank": torch.full((n,), rank)})
+
+    @dispatch(Split.BY_DP_RANK, blocking=False)
+    def double_later(self, batch: Batch) -> Batch:
+        return self.double(batch)
+
+    @dispatch(Split.BROADCAST)
+    def rank_and_arg(self, value: int) -> tuple[int, int]:
+        return int(os.environ["RANK"]), value
+
+    @dispatch(Split.RANK_ZERO)
+    def only_zero(self, value: int) -> tuple[int, int]:
+        return int(os.environ["RANK"]), value * 10
+
+    @dispatch(Split.BROADCAST)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @dispatch(Split.BROADCAST)
+    def call_count(self) -> int:
+        return self.calls
+
+    @dispatch(Split.BROADCAST)
+    def fail(self) -> None:
+        raise ValueError("boom from rank " + os.environ["RANK"])
+
+    def not_declared(self) -> None:
+        """Public but not callable from the driver."""
+
+
+class Counter:
+    """A second role with its own state."""
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    @dispatch(Split.BROADCAST)
+    def add(self, k: int) -> int:
+        self.value += k
+        return self.value
+
+    @dispatch(Split.BROADCAST)
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class AllReducer:
+    """Initialises torch.distributed (gloo) from the environment the host set."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+
+    @dispatch(Split.BROADCAST)
+    def all_reduce(self, value: float) -> float:
+        import torch.distributed as dist
+
+        t = torch.tensor([value * (dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        return float(t.item())
+
+
+class BrokenInit:
+    def __init__(self) -> None:
+        raise RuntimeError("cannot start: missing weights")
+
+    @dispatch(Split.BROADCAST)
+    def ping(self) -> int:
+        return 1

@@ -1,0 +1,211 @@
+"""Worker groups on a real local Ray: dispatch, colocation, torch.distributed, failures, shutdown."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import roles_for_tests
+import torch
+from ray import cloudpickle
+from roles_for_tests import AllReducer, BrokenInit, Counter, Doubler
+
+from quartet.cluster.colocate import HostSet, RoleSpec, colocate, live_runs
+from quartet.cluster.errors import DispatchError, ResourcesUnavailableError, WorkerError
+from quartet.cluster.group import Pending
+from quartet.cluster.naming import RunNames
+from quartet.cluster.pool import ResourcePool
+from quartet.config.cluster import PlacementStrategy
+from quartet.core.batch import Batch
+
+# The role classes live in the test folder, which Ray workers cannot import: ship them by value.
+cloudpickle.register_pickle_by_value(roles_for_tests)
+pytestmark = pytest.mark.ray
+
+_counter = iter(range(1000))
+
+
+def _names() -> RunNames:
+    return RunNames("quartet-tests", f"test{next(_counter)}")
+
+
+def _pool(world: int, cpus: float = 0.5) -> ResourcePool:
+    return ResourcePool(1, world, cpus, use_gpu=False, timeout_s=30).create()
+
+
+@pytest.fixture(scope="module")
+def four(ray_cluster: None) -> Iterator[HostSet]:
+    hosts = colocate(_pool(4), _names(), doubler=RoleSpec(Doubler, offset=1.0))
+    yield hosts
+    hosts.shutdown()
+
+
+def test_split_pads_to_world_and_unpads_in_order(four: HostSet) -> None:
+    group = four.groups["doubler"]
+    x = torch.arange(10.0)
+    out = group.double(Batch({"x": x}))
+    assert len(out) == 10
+    assert torch.equal(out["twice"], x * 2 + 1.0)
+    # 10 rows padded to 12 -> 3 rows per rank; the 2 padding rows (rank 3) are removed.
+    assert out["rank"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    typed = group.call(Doubler.double, Batch({"x": x}))
+    assert typed == out
+
+
+def test_broadcast_and_rank_zero(four: HostSet) -> None:
+    group = four.groups["doubler"]
+    assert group.rank_and_arg(7) == [(0, 7), (1, 7), (2, 7), (3, 7)]
+    assert group.only_zero(3) == (0, 30)
+
+
+def test_non_blocking_result_feeds_next_call_without_driver_wait(four: HostSet) -> None:
+    group = four.groups["doubler"]
+    x = torch.arange(6.0)
+    pending = group.double_later(Batch({"x": x}))
+    assert isinstance(pending, Pending)
+    chained = group.double(Batch({"x": pending.get()["twice"]}))  # through the driver
+    direct = group.double(group.double_later(Batch({"x": x})))  # Pending passed straight through
+    assert torch.equal(direct["twice"], (x * 2 + 1) * 2 + 1)
+    assert torch.equal(chained["twice"], direct["twice"])
+
+
+def test_undeclared_or_missing_methods_fail_on_driver(four: HostSet) -> None:
+    group = four.groups["doubler"]
+    with pytest.raises(DispatchError, match="not declared with @dispatch"):
+        group.not_declared()
+    with pytest.raises(DispatchError, match="does not exist.*double"):
+        group.dubble()
+    with pytest.raises(DispatchError, match="not a @dispatch method"):
+        group.call(Doubler.not_declared)
+
+
+def test_remote_exception_names_role_rank_and_node(four: HostSet) -> None:
+    with pytest.raises(WorkerError) as info:
+        four.groups["doubler"].fail()
+    err = info.value
+    assert err.role == "doubler" and err.rank == 0
+    assert "ValueError" in str(err) and "boom from rank 0" in str(err) and "pid" in err.node
+
+
+def test_three_roles_on_two_bundles_share_two_processes(ray_cluster: None) -> None:
+    hosts = colocate(
+        _pool(2),
+        _names(),
+        doubler=RoleSpec(Doubler),
+        counter=RoleSpec(Counter, 100),
+        other=RoleSpec(Counter, start=5),
+    )
+    try:
+        pids = {tuple(hosts.groups[r].pid()) for r in ("doubler", "counter", "other")}
+        assert len(pids) == 1 and len(set(next(iter(pids)))) == 2  # same 2 processes for all roles
+        assert hosts.groups["counter"].add(1) == [101, 101]
+        assert hosts.groups["other"].add(2) == [7, 7]  # its own object, its own state
+        assert hosts.groups["counter"].add(1) == [102, 102]
+        counter = hosts.groups["counter"]
+        del hosts  # drop every reference the test holds, then collect
+        gc.collect()
+        time.sleep(1.0)
+        assert counter.add(1) == [103, 103]
+        del counter
+        gc.collect()
+        time.sleep(1.0)
+        (again,) = [
+            h
+            for h in live_runs().values()
+            if "counter" in h.groups and h.groups["counter"].add(0) == [103, 103]
+        ]
+        assert again.groups["other"].add(0) == [7, 7]
+    finally:
+        for h in list(live_runs().values()):
+            if "counter" in h.groups:
+                h.shutdown()
+
+
+def test_gloo_all_reduce_inside_actors(ray_cluster: None) -> None:
+    hosts = colocate(_pool(2), _names(), reducer=RoleSpec(AllReducer))
+    try:
+        assert hosts.groups["reducer"].all_reduce(1.5) == [4.5, 4.5]  # 1.5*1 + 1.5*2
+    finally:
+        hosts.shutdown()
+
+
+def test_killed_actor_fails_next_call_fast(ray_cluster: None) -> None:
+    import ray
+
+    hosts = colocate(_pool(2), _names(), doubler=RoleSpec(Doubler))
+    try:
+        ray.kill(hosts.handles[1])
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            hosts.groups["doubler"].rank_and_arg(1)
+        assert time.monotonic() - start < 10
+        assert info.value.role == "doubler" and info.value.rank == 1
+        assert "died" in str(info.value)
+    finally:
+        hosts.shutdown()
+
+
+def test_role_constructor_error_is_reported_and_cleaned_up(ray_cluster: None) -> None:
+    from ray.util.state import list_actors
+
+    names = _names()
+    with pytest.raises(WorkerError, match="missing weights") as info:
+        colocate(_pool(2), names, broken=RoleSpec(BrokenInit))
+    assert info.value.role == "broken"
+    time.sleep(1.0)
+    alive = [
+        a for a in list_actors(filters=[("state", "=", "ALIVE")]) if (a.name or "").startswith(names.prefix)
+    ]
+    assert alive == []
+
+
+def test_shutdown_leaves_no_actors_or_placement_groups(ray_cluster: None) -> None:
+    from ray.util.state import list_actors, list_placement_groups
+
+    names = _names()
+    pool = _pool(2)
+    pg_ids = {s.placement_group.id.hex() for s in pool.slots}
+    hosts = colocate(pool, names, counter=RoleSpec(Counter, 0))
+    assert hosts.groups["counter"].add(1) == [1, 1]
+    hosts.shutdown()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [
+            a
+            for a in list_actors(filters=[("state", "=", "ALIVE")])
+            if (a.name or "").startswith(names.prefix)
+        ]
+        pgs = [p for p in list_placement_groups() if p.placement_group_id in pg_ids and p.state != "REMOVED"]
+        if not alive and not pgs:
+            break
+        time.sleep(0.2)
+    assert alive == [] and pgs == []
+
+
+def test_pool_too_big_fails_at_once_naming_resources(ray_cluster: None) -> None:
+    start = time.monotonic()
+    with pytest.raises(ResourcesUnavailableError, match="free resources by node") as info:
+        ResourcePool(1, 3, 2.0, use_gpu=False).create()
+    assert time.monotonic() - start < 5
+    assert "cluster.cpus_per_bundle" in str(info.value)
+    with pytest.raises(ResourcesUnavailableError, match="GPU"):
+        ResourcePool(1, 1, 0.5, use_gpu=True).create()
+
+
+def test_spread_pool_orders_ranks(ray_cluster: None) -> None:
+    pool = ResourcePool(1, 3, 0.25, use_gpu=False, strategy=PlacementStrategy.SPREAD, timeout_s=30).create()
+    try:
+        assert [s.rank for s in pool.slots] == [0, 1, 2]
+        assert [s.bundle_index for s in pool.slots] == [0, 1, 2]
+    finally:
+        pool.remove()
+
+
+def test_run_names_round_trip(tmp_path: Path) -> None:
+    names = RunNames.new("ns", "exp", "auto")
+    names.save(tmp_path)
+    assert RunNames.load(tmp_path) == names
+    assert names.actor_name("actor", 3) == f"{names.prefix}:actor:3"
