@@ -4,7 +4,7 @@ A `RoleGroup[Critic]` exposes exactly the methods `Critic` declares with `@dispa
 attribute fails on the driver, naming the declared ones. Two ways to call:
 
     values = critic.compute_values(batch)                 # by attribute, checked against the declarations
-    values = critic.call(Critic.compute_values, batch)    # typed: mypy checks arguments, go-to-definition works
+    values = critic.call(Critic.compute_values, batch)    # typed: mypy checks the arguments
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class RoleGroup(Generic[T]):
         return _BoundDispatch(self, name, methods[name])
 
     def call(self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Call a declared method given as `RoleClass.method` (typed; a blocking one returns the joined result)."""
+        """Call a declared `RoleClass.method` (typed); a blocking one returns the joined result."""
         spec = getattr(fn, DISPATCH_ATTR, None)
         name = getattr(fn, "__name__", "")
         if not isinstance(spec, DispatchSpec) or self.methods.get(name) is not spec:
