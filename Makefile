@@ -38,6 +38,7 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/batch_serialization.py
+	$(PY) benchmarks/dispatch_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
