@@ -62,9 +62,8 @@ def main() -> None:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        print(
-            f"  {name:<28} {statistics.median(times) * 1e3:7.2f} ms (p90 {sorted(times)[int(0.9 * len(times))] * 1e3:.2f})"
-        )
+        p90 = sorted(times)[int(0.9 * len(times))]
+        print(f"  {name:<28} {statistics.median(times) * 1e3:7.2f} ms (p90 {p90 * 1e3:.2f})")
     hosts.shutdown()
     ray.shutdown()
 
