@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from quartet.config import ConfigError, QuartetConfig, iter_field_docs, load_config, to_yaml
+from quartet.config import ConfigError, QuartetConfig, iter_field_docs, load_config, to_dict, to_yaml
 
 
 def add_parser(sub: Any) -> None:
@@ -37,8 +37,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _flatten(cfg: QuartetConfig) -> dict[str, Any]:
-    from quartet.config import to_dict
-
     out: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quartet.cluster.errors import DispatchError, WorkerError
-from quartet.cluster.group import RoleGroup
+from quartet.cluster.group import RoleGroup, driver_methods
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 
@@ -136,7 +136,7 @@ def colocate(
     if not roles:
         raise DispatchError("colocate() needs at least one role, e.g. actor=RoleSpec(Actor, cfg.actor)")
     for role, spec in roles.items():
-        RoleGroup(role, spec.cls, None)  # type: ignore[arg-type] # declarations checked before anything starts
+        driver_methods(role, spec.cls)  # declarations checked before anything starts
     label = label or "-".join(roles)
     hosts = HostSet(pool, names, label, call_timeout_s)
     remote_host = ray.remote(RoleHost)

@@ -28,7 +28,7 @@ from quartet.core.batch import Batch
 if TYPE_CHECKING:
     from quartet.cluster.colocate import HostSet
 
-__all__ = ["Pending", "RoleGroup"]
+__all__ = ["Pending", "RoleGroup", "driver_methods"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,12 +75,7 @@ class RoleGroup(Generic[T]):
 
     def __init__(self, role: str, cls: type[T], hosts: HostSet) -> None:
         self.role, self.cls, self.hosts = role, cls, hosts
-        self.methods = declared_methods(cls)
-        if not self.methods:
-            raise DispatchError(
-                f"role '{role}' ({cls.__qualname__}) declares no method for the driver; "
-                "mark the ones the driver calls with @dispatch(Split....)"
-            )
+        self.methods = driver_methods(role, cls)
 
     @property
     def world_size(self) -> int:
@@ -154,6 +149,17 @@ class RoleGroup(Generic[T]):
             return v.get() if isinstance(v, Pending) else v
 
         return tuple(fetch(a) for a in args), {k: fetch(v) for k, v in kwargs.items()}, None
+
+
+def driver_methods(role: str, cls: type) -> dict[str, DispatchSpec]:
+    """The methods `cls` declares for the driver; none at all is an error, raised before any actor starts."""
+    methods = declared_methods(cls)
+    if not methods:
+        raise DispatchError(
+            f"role '{role}' ({cls.__qualname__}) declares no method for the driver; "
+            "mark the ones the driver calls with @dispatch(Split....)"
+        )
+    return methods
 
 
 def _rank_part(value: Any, rank: int) -> Any:

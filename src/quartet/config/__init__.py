@@ -1,7 +1,7 @@
 """Typed run configuration: one frozen dataclass per component, YAML + CLI loading, cross-field checks.
 
 cfg = load_config("run.yaml", ["actor.optim.lr=1e-5", "rollout.n=4"])   # built and validated
-print(to_yaml(cfg))
+text = to_yaml(cfg)                                                       # the resolved YAML
 """
 
 from quartet.config.algorithm import AlgorithmConfig, KLControl, KLControlConfig
