@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from quartet.cluster.dispatch import Split, dispatch
+from quartet.cluster.dispatch import DataRank, Split, dispatch
 from quartet.core.batch import Batch
 
 
@@ -93,3 +93,33 @@ class BrokenInit:
     @dispatch(Split.BROADCAST)
     def ping(self) -> int:
         return 1
+
+
+class TensorParallelEcho:
+    """Ranks in tensor-parallel pairs: (0, 1) share data chunk 0, (2, 3) chunk 1; the even rank collects."""
+
+    def __init__(self, tp: int = 2) -> None:
+        self.rank, self.world, self.tp = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), tp
+
+    def data_rank(self) -> DataRank:
+        return DataRank(self.rank // self.tp, self.world // self.tp, collect=self.rank % self.tp == 0)
+
+    @dispatch(Split.BY_DP_RANK)
+    def tag(self, batch: Batch) -> Batch:
+        n = len(batch)
+        return Batch({"x": batch["x"], "rank": torch.full((n,), self.rank)})
+
+    @dispatch(Split.BY_DP_RANK)
+    def seen(self, batch: Batch) -> list[float]:
+        return [float(v) for v in batch["x"]]
+
+    @dispatch(Split.BROADCAST)
+    def my_rank(self) -> int:
+        return self.rank
+
+
+class TwoCollectors(TensorParallelEcho):
+    """A wrong layout: both ranks of a pair say they collect."""
+
+    def data_rank(self) -> DataRank:
+        return DataRank(self.rank // self.tp, self.world // self.tp, collect=True)

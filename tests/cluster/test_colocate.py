@@ -11,7 +11,7 @@ import pytest
 import roles_for_tests
 import torch
 from ray import cloudpickle
-from roles_for_tests import AllReducer, BrokenInit, Counter, Doubler
+from roles_for_tests import AllReducer, BrokenInit, Counter, Doubler, TensorParallelEcho, TwoCollectors
 
 from quartet.cluster.colocate import HostSet, RoleSpec, colocate, live_runs
 from quartet.cluster.errors import DispatchError, ResourcesUnavailableError, WorkerError
@@ -70,6 +70,30 @@ def test_non_blocking_result_feeds_next_call_without_driver_wait(four: HostSet) 
     direct = group.double(group.double_later(Batch({"x": x})))  # Pending passed straight through
     assert torch.equal(direct["twice"], (x * 2 + 1) * 2 + 1)
     assert torch.equal(chained["twice"], direct["twice"])
+
+
+def test_tensor_parallel_peers_share_a_chunk_and_only_collectors_return(ray_cluster: None) -> None:
+    hosts = colocate(_pool(4, cpus=0.25), _names(), tp=RoleSpec(TensorParallelEcho, tp=2))
+    try:
+        group = hosts.groups["tp"]
+        assert group.dp_size == 2 and [d.collect for d in group.layout] == [True, False, True, False]
+        x = torch.arange(5.0)
+        out = group.tag(Batch({"x": x}))  # 5 rows -> padded to 6 -> 3 rows per data-parallel rank
+        assert torch.equal(out["x"], x)
+        assert out["rank"].tolist() == [0, 0, 0, 2, 2]  # outputs of ranks 1 and 3 are dropped
+        # Every rank ran the call on its data-parallel chunk, peers included: ask each rank directly.
+        seen = group.execute(lambda role, b: role.seen(b), Batch({"x": x}).pad_to_divisor(2)[0].chunk(2)[0])
+        assert seen == [[0.0, 1.0, 2.0]] * 4
+        assert group.my_rank() == [0, 2]  # broadcast: the collecting ranks' outputs, in data-parallel order
+        chained = group.tag(group.call(TensorParallelEcho.tag, Batch({"x": x})))
+        assert torch.equal(chained["x"], x)
+    finally:
+        hosts.shutdown()
+
+
+def test_layout_without_one_collector_per_chunk_fails_at_start(ray_cluster: None) -> None:
+    with pytest.raises(DispatchError, match="exactly one collecting rank"):
+        colocate(_pool(2), _names(), tp=RoleSpec(TwoCollectors, tp=2))
 
 
 def test_undeclared_or_missing_methods_fail_on_driver(four: HostSet) -> None:

@@ -7,14 +7,18 @@
         @dispatch(Split.BROADCAST, blocking=False)
         def save(self, path: str) -> None: ...
 
-- BY_DP_RANK: every `Batch` argument is padded to a multiple of the world size (copies of its first rows),
-  cut into equal consecutive chunks, chunk r goes to rank r; other arguments are broadcast. Outputs of
-  collecting ranks are concatenated in rank order (Batch) and the padding rows removed; non-Batch outputs
-  are returned as a list.
+- BY_DP_RANK: every `Batch` argument is padded to a multiple of the data-parallel size (copies of its first
+  rows) and cut into equal consecutive chunks; chunk d goes to every rank of data-parallel rank d; other
+  arguments are broadcast. The collecting rank of each chunk returns it; outputs are concatenated in
+  data-parallel order (Batch) and the padding rows removed; non-Batch outputs are returned as a list.
 - BROADCAST: the same arguments to every rank; the list of collecting ranks' outputs is returned.
 - RANK_ZERO: only rank 0 runs the method; its output is returned.
 `blocking=False` makes the call return a `Pending` at once; pass it to the next call (the ranks receive their
 own chunks without the driver waiting) or call `.get()`.
+
+By default every rank is its own data-parallel rank and collects. A role whose ranks form model-parallel
+groups (e.g. tensor-parallel peers that must see the same chunk) defines `data_rank(self) -> DataRank`;
+the peers that are not collecting ranks still run every call, and their outputs are dropped.
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ from typing import Any, ParamSpec, TypeVar
 from quartet.cluster.errors import DispatchError
 from quartet.core.batch import Batch
 
-__all__ = ["DispatchSpec", "Split", "declared_methods", "dispatch", "join_outputs", "split_inputs"]
+__all__ = [
+    "DataRank",
+    "DispatchSpec",
+    "Split",
+    "check_layout",
+    "declared_methods",
+    "dispatch",
+    "join_outputs",
+    "split_inputs",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,6 +62,34 @@ class DispatchSpec:
 
     split: Split
     blocking: bool = True
+
+
+@dataclass(frozen=True)
+class DataRank:
+    """Which data-parallel chunk a rank receives, and whether the driver keeps its output."""
+
+    dp_rank: int
+    dp_size: int
+    collect: bool = True
+
+
+def check_layout(role: str, layout: list[DataRank]) -> None:
+    """Every data-parallel rank must have exactly one collecting rank, and all ranks one dp size."""
+    sizes = {d.dp_size for d in layout}
+    if len(sizes) != 1:
+        raise DispatchError(f"role '{role}': ranks disagree on the data-parallel size: {sorted(sizes)}")
+    size = sizes.pop()
+    for dp in range(size):
+        collectors = [r for r, d in enumerate(layout) if d.dp_rank == dp and d.collect]
+        members = [r for r, d in enumerate(layout) if d.dp_rank == dp]
+        if not members or len(collectors) != 1:
+            raise DispatchError(
+                f"role '{role}': data-parallel rank {dp} of {size} has ranks {members} and collecting "
+                f"ranks {collectors}; each needs exactly one collecting rank (data_rank() of the role)"
+            )
+    stray = [r for r, d in enumerate(layout) if not 0 <= d.dp_rank < size]
+    if stray:
+        raise DispatchError(f"role '{role}': ranks {stray} have a data-parallel rank outside [0, {size})")
 
 
 def dispatch(split: Split, *, blocking: bool = True) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -76,7 +117,7 @@ def declared_methods(cls: type) -> dict[str, DispatchSpec]:
 def split_inputs(
     split: Split, world: int, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[list[tuple[tuple[Any, ...], dict[str, Any]]], int]:
-    """Per-rank (args, kwargs) and the number of padding rows added to Batch arguments."""
+    """Per-chunk (args, kwargs) for `world` data-parallel ranks, and the padding rows added to Batches."""
     if split is not Split.BY_DP_RANK:
         return [(args, kwargs)] * (1 if split is Split.RANK_ZERO else world), 0
     pads = set()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from quartet.cluster.dispatch import (
     DISPATCH_ATTR,
+    DataRank,
     DispatchSpec,
     Split,
     declared_methods,
@@ -26,7 +27,7 @@ from quartet.cluster.errors import DispatchError
 from quartet.core.batch import Batch
 
 if TYPE_CHECKING:
-    from quartet.cluster.colocate import HostSet
+    from quartet.cluster.hostset import HostSet
 
 __all__ = ["Pending", "RoleGroup", "driver_methods"]
 
@@ -49,10 +50,11 @@ class Pending:
     def get(self, timeout_s: float | None = None) -> Any:
         """Wait for every rank (at most the cluster call timeout), then join the collecting ranks' outputs."""
         outputs = self.group.hosts.wait(self.group.role, self.method, self.refs, timeout_s)
-        collecting = [
-            o for o, keep in zip(outputs, self.group.hosts.collecting(self.group.role), strict=False) if keep
-        ]
-        return join_outputs(self.spec.split, collecting, self.pad)
+        if self.spec.split is Split.RANK_ZERO:
+            return outputs[0]
+        layout = self.group.layout
+        collecting = sorted((d.dp_rank, r) for r, d in enumerate(layout) if d.collect)
+        return join_outputs(self.spec.split, [outputs[r] for _, r in collecting], self.pad)
 
 
 class _BoundDispatch:
@@ -79,7 +81,18 @@ class RoleGroup(Generic[T]):
 
     @property
     def world_size(self) -> int:
+        """Ranks (host processes) of the group."""
         return len(self.hosts.handles)
+
+    @property
+    def layout(self) -> list[DataRank]:
+        """Data-parallel rank and collecting flag of each rank, as the role objects reported them."""
+        return self.hosts.layout(self.role)
+
+    @property
+    def dp_size(self) -> int:
+        """Number of chunks a split call cuts its Batch into."""
+        return self.layout[0].dp_size
 
     def __getattr__(self, name: str) -> _BoundDispatch:
         methods = self.__dict__.get("methods")
@@ -111,7 +124,10 @@ class RoleGroup(Generic[T]):
     def invoke(self, name: str, spec: DispatchSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         world = self.world_size
         args, kwargs, pad = self._take_pending(spec, args, kwargs)
-        if pad is None:
+        if pad is None and spec.split is Split.BY_DP_RANK:
+            chunks, pad = split_inputs(spec.split, self.dp_size, args, kwargs)
+            per_rank = [chunks[d.dp_rank] for d in self.layout]  # model-parallel peers share a chunk
+        elif pad is None:
             per_rank, pad = split_inputs(spec.split, world, args, kwargs)
         else:
             per_rank = [
@@ -140,7 +156,7 @@ class RoleGroup(Generic[T]):
             and all(p.spec.split is Split.BY_DP_RANK and p.group.hosts is self.hosts for p in pendings)
             and len({p.pad for p in pendings}) == 1
             and not any(isinstance(v, Batch) for v in (*args, *kwargs.values()))
-            and all(self.hosts.collecting(p.group.role) == [True] * self.world_size for p in pendings)
+            and all(p.group.layout == self.layout for p in pendings)
         )
         if direct:
             return args, kwargs, pendings[0].pad

@@ -1,24 +1,45 @@
 """The process behind one bundle: it holds one object per colocated role and runs calls on them.
 
-`RoleHost` is a plain class; `colocate` turns it into a Ray actor, one per bundle. Several roles in one host
-share the process (one CUDA context per GPU) and its memory, which they take turns using.
+`RoleHost` is a plain class; `colocate` turns it into a Ray actor, one per bundle, and the local backend
+uses it in-process. Several roles in one host share the process (one CUDA context per GPU) and its memory,
+which they take turns using.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RoleHost"]
+from quartet.cluster.dispatch import DataRank
+
+__all__ = ["LocalRef", "RoleHost"]
+
+
+@dataclass
+class LocalRef:
+    """The finished result of a call in the local backend: a value or the exception it raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _resolve(value: Any) -> Any:
     """Ray resolves only top-level ObjectRef arguments; chunks of a pending call arrive nested."""
-    import ray
-
-    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
+    if isinstance(value, LocalRef):
+        return value.result()
+    ray = sys.modules.get("ray")  # no ObjectRef can exist in a process that never imported Ray
+    if ray is not None and isinstance(value, ray.ObjectRef):
+        return ray.get(value)
+    return value
 
 
 class RoleHost:
@@ -31,16 +52,12 @@ class RoleHost:
 
     def node_info(self) -> dict[str, Any]:
         """pid, node id and IP of this process (for naming errors and checking placement)."""
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return {
-            "rank": self.rank,
-            "pid": os.getpid(),
-            "node_id": ctx.get_node_id(),
-            "ip": ray.util.get_node_ip_address(),
-            "name": self.name,
-        }
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            node_id, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        else:
+            node_id, ip = "local", "127.0.0.1"
+        return {"rank": self.rank, "pid": os.getpid(), "node_id": node_id, "ip": ip, "name": self.name}
 
     def free_port(self) -> int:
         """A TCP port free on this node now (rank 0's node hosts the torch.distributed store)."""
@@ -52,11 +69,17 @@ class RoleHost:
         """Environment read by `torch.distributed.init_process_group(init_method='env://')`."""
         os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
 
-    def add_role(self, role: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Construct a role object in this process; return whether its rank's outputs are collected."""
+    def add_role(self, role: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DataRank:
+        """Construct a role object in this process; return which data chunk it takes and if it collects."""
         obj = cls(*args, **kwargs)
         self.roles[role] = obj
-        return bool(getattr(obj, "collects_output", True))
+        data_rank = getattr(obj, "data_rank", None)
+        if data_rank is None:
+            return DataRank(self.rank, self.world_size, True)
+        layout = data_rank()
+        if not isinstance(layout, DataRank):
+            raise TypeError(f"{cls.__qualname__}.data_rank() must return a DataRank, got {layout!r}")
+        return layout
 
     def call(self, role: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run `method` of the role object with (resolved) arguments."""

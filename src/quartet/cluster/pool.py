@@ -48,7 +48,7 @@ class ResourcePool:
         import ray
 
         use_gpu = cfg.device is DeviceKind.GPU or (
-            cfg.device is DeviceKind.AUTO and ray.cluster_resources().get("GPU", 0) > 0
+            cfg.device is DeviceKind.AUTO and ray.cluster_resources().get("GPU", 0) > 0  # type: ignore[no-untyped-call]
         )
         pool = cls(
             cfg.nodes, cfg.bundles_per_node, cfg.cpus_per_bundle, use_gpu, cfg.strategy, cfg.pool_timeout_s
@@ -130,14 +130,13 @@ def _free_by_node() -> dict[str, dict[str, float]]:
 
     available: dict[str, dict[str, float]] = {}
     try:
-        from ray._private.state import (
-            state,
-        )  # per-node availability; no public API gives it without the dashboard
+        # per-node availability: no public API gives it without the dashboard
+        from ray._private.state import state
 
-        per_node = state.available_resources_per_node()
+        per_node = state.available_resources_per_node()  # type: ignore[no-untyped-call]
     except Exception:  # pragma: no cover - fall back to cluster totals
         per_node = {}
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         if not node.get("Alive"):
             continue
         res = per_node.get(node["NodeID"], node["Resources"])
@@ -150,7 +149,7 @@ def _ordered_slots(groups: list[Any]) -> list[BundleSlot]:
     import ray
     from ray.util.placement_group import placement_group_table
 
-    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
     entries = []
     for pg in groups:
         table = placement_group_table(pg)

@@ -5,7 +5,7 @@ text = to_yaml(cfg)                                                       # the 
 """
 
 from quartet.config.algorithm import AlgorithmConfig, KLControl, KLControlConfig
-from quartet.config.cluster import ClusterConfig, DeviceKind, PlacementStrategy
+from quartet.config.cluster import Backend, ClusterConfig, DeviceKind, PlacementStrategy
 from quartet.config.data import BuiltinTask, DataConfig, OverlongPrompt
 from quartet.config.docs import field_docs, iter_field_docs
 from quartet.config.errors import ConfigError
@@ -22,6 +22,7 @@ from quartet.config.validate import validate
 __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
+    "Backend",
     "BuiltinTask",
     "ClusterConfig",
     "ConfigError",

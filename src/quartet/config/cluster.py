@@ -7,7 +7,14 @@ from enum import StrEnum
 
 from quartet.config.errors import require
 
-__all__ = ["ClusterConfig", "DeviceKind", "PlacementStrategy"]
+__all__ = ["Backend", "ClusterConfig", "DeviceKind", "PlacementStrategy"]
+
+
+class Backend(StrEnum):
+    """What runs the role groups."""
+
+    RAY = "ray"  # Ray actors on a resource pool: the default, and the path of every distributed run
+    LOCAL = "local"  # in the driver process, one rank, no Ray: for debuggers and machines without Ray
 
 
 class DeviceKind(StrEnum):
@@ -28,6 +35,9 @@ class PlacementStrategy(StrEnum):
 @dataclass(frozen=True)
 class ClusterConfig:
     """Ray cluster and resource pool of the run (all roles colocated on the same bundles)."""
+
+    backend: Backend = Backend.RAY
+    """`ray` (actors on placement groups) or `local` (roles as plain objects in the driver, world size 1)."""
 
     address: str = ""
     """Ray address to join (`auto`, `ray://...`, `host:port`). Empty: start a local Ray for this run."""
@@ -70,6 +80,12 @@ class ClusterConfig:
         require(bool(self.namespace), "namespace", "must not be empty", "name the run's Ray namespace")
         require(self.pool_timeout_s > 0, "pool_timeout_s", "must be > 0")
         require(self.call_timeout_s > 0, "call_timeout_s", "must be > 0")
+        require(
+            self.backend == Backend.RAY or self.world_size == 1,
+            "backend",
+            f"local runs one rank, but nodes x bundles_per_node = {self.world_size}",
+            "set cluster.nodes=1 and cluster.bundles_per_node=1, or use cluster.backend=ray",
+        )
 
     @property
     def world_size(self) -> int:

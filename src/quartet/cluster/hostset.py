@@ -1,0 +1,152 @@
+"""The run-scoped owner of a pool's host actors: strong handles, node facts, role groups, waits, shutdown.
+
+The `HostSet` holds the strong actor handles. It is also registered in a module-level table until
+`shutdown()`, so dropping every group object (or the HostSet itself) never lets Ray collect the actors of
+a live run: Ray kills a non-detached actor when its last handle goes, and a handle fetched later by name
+does not count.
+
+The same class serves the local backend, whose "handles" run calls in this process and return `LocalRef`s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from quartet.cluster.dispatch import DataRank
+from quartet.cluster.errors import WorkerError
+from quartet.cluster.host import LocalRef
+from quartet.cluster.naming import RunNames
+
+if TYPE_CHECKING:
+    from quartet.cluster.group import RoleGroup
+    from quartet.cluster.pool import ResourcePool
+
+__all__ = ["HostSet", "live_runs"]
+
+log = logging.getLogger(__name__)
+_LIVE: dict[str, HostSet] = {}
+_POLL_S = 1.0  # how often a long wait looks for a failed rank while others still run
+
+
+class HostSet:
+    """The host actors of one pool (or the one local host): handles, nodes, role groups, waits."""
+
+    def __init__(self, pool: ResourcePool | None, names: RunNames, label: str, call_timeout_s: float) -> None:
+        self.pool, self.names, self.label, self.call_timeout_s = pool, names, label, call_timeout_s
+        self.handles: list[Any] = []
+        self.nodes: list[dict[str, Any]] = []
+        self.groups: dict[str, RoleGroup[Any]] = {}
+        self.layouts: dict[str, list[DataRank]] = {}
+
+    @property
+    def backend(self) -> str:
+        """`ray`, or `local` for in-process roles without Ray."""
+        return "local" if self.pool is None else "ray"
+
+    def register(self) -> None:
+        _LIVE[self.names.actor_prefix(self.label)] = self
+
+    def layout(self, role: str) -> list[DataRank]:
+        world = len(self.handles)
+        return self.layouts.get(role, [DataRank(r, world, True) for r in range(world)])
+
+    def node_of(self, rank: int) -> str:
+        if rank < len(self.nodes):
+            info = self.nodes[rank]
+            return f"{info['ip']} (node {info['node_id'][:8]}, pid {info['pid']})"
+        slot = self.pool.slots[rank] if self.pool and rank < len(self.pool.slots) else None
+        return f"{slot.node_ip} (node {slot.node_id[:8]})" if slot else "unknown"
+
+    def wait(self, role: str, method: str, refs: list[Any], timeout_s: float | None) -> list[Any]:
+        """Results of `refs` (one per rank) in rank order; any failure names role, rank and node."""
+        if all(isinstance(r, LocalRef) for r in refs):
+            return [self._local_result(role, method, rank, ref) for rank, ref in enumerate(refs)]
+        return self._ray_wait(role, method, refs, self.call_timeout_s if timeout_s is None else timeout_s)
+
+    def _local_result(self, role: str, method: str, rank: int, ref: LocalRef) -> Any:
+        if ref.error is not None:
+            cause = ref.error
+            raise WorkerError(
+                role, rank, self.node_of(rank), f"{method}() raised {type(cause).__name__}: {cause}"
+            ) from cause
+        return ref.value
+
+    def _ray_wait(self, role: str, method: str, refs: list[Any], timeout: float) -> list[Any]:
+        """Wait for all refs at once (one fetch when all succeed); a failed rank is reported as soon as
+        it is seen, without waiting for the others, and a silent one when the timeout passes."""
+        import ray
+
+        deadline = time.monotonic() + timeout
+        remaining = list(refs)
+        while True:
+            left = deadline - time.monotonic()
+            ready, remaining = ray.wait(
+                remaining, num_returns=len(remaining), timeout=max(0.0, min(_POLL_S, left)), fetch_local=True
+            )
+            if not remaining:
+                try:
+                    return list(ray.get(refs, timeout=max(1.0, left)))
+                except Exception:
+                    self._raise_first_failure(role, method, refs)
+                    raise
+            if ready:  # some ranks finished while others run: a failure among them is reported now
+                try:
+                    ray.get(ready, timeout=max(1.0, left))
+                except Exception:
+                    self._raise_first_failure(role, method, refs)
+                    raise
+            if left <= 0:
+                missing = [rank for rank, ref in enumerate(refs) if ref in remaining]
+                raise WorkerError(
+                    role,
+                    missing[0],
+                    self.node_of(missing[0]),
+                    f"{method}() gave no answer within {timeout:.0f} s (cluster.call_timeout_s); "
+                    f"ranks still running: {missing}",
+                )
+
+    def _raise_first_failure(self, role: str, method: str, refs: list[Any]) -> None:
+        """Raise a WorkerError for the lowest finished rank whose call failed."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        for rank, ref in enumerate(refs):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError as err:
+                raise WorkerError(
+                    role, rank, self.node_of(rank), f"{method}(): the actor died: {err}"
+                ) from err
+            except RayTaskError as err:
+                cause = err.cause if err.cause is not None else err
+                raise WorkerError(
+                    role, rank, self.node_of(rank), f"{method}() raised {type(cause).__name__}: {cause}"
+                ) from err
+
+    def health(self, timeout_s: float = 10.0) -> list[int]:
+        """Ping every host; their pids in rank order, or a WorkerError naming the first silent one."""
+        return self.wait(self.label, "ping", [h.ping.remote() for h in self.handles], timeout_s)
+
+    def shutdown(self) -> None:
+        """Kill the host actors and release the placement groups (the local backend drops its roles)."""
+        if self.pool is not None:
+            import ray
+
+            for handle in self.handles:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception as err:  # already dead: nothing to release
+                    log.debug("kill %s: %s", handle, err)
+            self.pool.remove()
+        self.handles = []
+        self.groups = {}
+        _LIVE.pop(self.names.actor_prefix(self.label), None)
+
+
+def live_runs() -> dict[str, HostSet]:
+    """Host sets created in this process and not shut down, by actor-name prefix."""
+    return dict(_LIVE)

@@ -1,0 +1,65 @@
+"""Start a run's role hosts from its cluster config, on Ray or in-process (`cluster.backend`).
+
+names = RunNames.new(cfg.cluster.namespace, cfg.trainer.experiment_name)
+hosts = launch(cfg.cluster, names, actor=RoleSpec(Actor, cfg.actor), critic=RoleSpec(Critic, cfg.critic))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from quartet.cluster.colocate import RoleSpec, colocate
+from quartet.cluster.hostset import HostSet
+from quartet.cluster.local import colocate_local
+from quartet.cluster.naming import RunNames
+from quartet.cluster.pool import ResourcePool
+from quartet.config.cluster import Backend, ClusterConfig
+
+__all__ = ["connect", "launch"]
+
+log = logging.getLogger(__name__)
+
+
+def connect(cfg: ClusterConfig) -> str:
+    """Join the Ray cluster at `cfg.address` (or start a local one) in `cfg.namespace`; its GCS address.
+
+    A process already connected keeps its connection, but must be in the run's namespace: named actors
+    live in one namespace, and a mismatch is how other tools end up finding "0 actors".
+    """
+    import ray
+
+    if ray.is_initialized():
+        current = ray.get_runtime_context().namespace
+        if current != cfg.namespace:
+            raise RuntimeError(
+                f"this process is connected to Ray in namespace '{current}', but cluster.namespace is "
+                f"'{cfg.namespace}'; set cluster.namespace={current} or call ray.shutdown() first"
+            )
+        return str(ray.get_runtime_context().gcs_address)
+    try:
+        ray.init(
+            address=cfg.address or None,
+            namespace=cfg.namespace,
+            num_cpus=(cfg.num_cpus or None) if not cfg.address else None,
+            log_to_driver=True,
+        )
+    except ConnectionError as err:
+        raise ConnectionError(
+            f"cannot join the Ray cluster at cluster.address='{cfg.address}': {err}. Fix: start it "
+            "(`ray start --head`), pass its address (`ray status` prints it), or leave cluster.address empty "
+            "to start a local Ray for this run"
+        ) from err
+    address = str(ray.get_runtime_context().gcs_address)
+    log.info("connected to Ray at %s, namespace '%s'", address, cfg.namespace)
+    return address
+
+
+def launch(cfg: ClusterConfig, names: RunNames, label: str = "", **roles: RoleSpec) -> HostSet:
+    """Host every role on the pool `cfg` describes (Ray), or in this process (`backend=local`)."""
+    if cfg.backend == Backend.LOCAL:
+        return colocate_local(names, label, cfg.call_timeout_s, **roles)
+    address = connect(cfg)
+    names = dataclasses.replace(names, address=names.address or address)
+    pool = ResourcePool.from_config(cfg)
+    return colocate(pool, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, **roles)
