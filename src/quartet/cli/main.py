@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from quartet import __version__
-from quartet.cli import config_cmd, demo
+from quartet.cli import config_cmd, demo, doctor
 
 __all__ = ["main"]
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     config_cmd.add_parser(sub)
     demo.add_parser(sub)
+    doctor.add_parser(sub)
     return parser
 
 

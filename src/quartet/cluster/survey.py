@@ -1,0 +1,210 @@
+"""What a Ray cluster holds, seen from outside a run: nodes, quartet runs and their actors, discovery.
+
+`quartet doctor` prints this. Facts only, no printing here: `survey()` joins the cluster in its own
+namespace (it only reads), and `probe_discovery()` starts a fresh Python process that finds a run's
+workers by (address, namespace, prefix) and pings each one, the way a rollout server or an external tool
+would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from quartet.cluster.naming import parse_actor_name
+
+__all__ = ["ActorFacts", "ClusterSurvey", "NodeFacts", "ProbeResult", "RunFacts", "probe_discovery", "survey"]
+
+log = logging.getLogger(__name__)
+DOCTOR_NAMESPACE = "quartet-doctor"
+
+
+@dataclass
+class NodeFacts:
+    node_id: str
+    ip: str
+    alive: bool
+    cpus: float
+    gpus: float
+    memory_gib: float
+    free_cpus: float
+    free_gpus: float
+
+
+@dataclass
+class ActorFacts:
+    name: str
+    label: str
+    rank: int
+    state: str  # ALIVE, PENDING_CREATION, RESTARTING, DEAD; "unknown" without the state API
+    pid: int
+    node_id: str
+
+
+@dataclass
+class RunFacts:
+    namespace: str
+    prefix: str
+    actors: list[ActorFacts] = field(default_factory=list)
+
+    @property
+    def alive(self) -> int:
+        return sum(a.state in ("ALIVE", "unknown") for a in self.actors)
+
+
+@dataclass
+class ProbeResult:
+    namespace: str
+    prefix: str
+    expected: int
+    ok: bool
+    seconds: float
+    pids: list[int] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass
+class ClusterSurvey:
+    address: str
+    nodes: list[NodeFacts] = field(default_factory=list)
+    runs: list[RunFacts] = field(default_factory=list)
+    named_by_namespace: dict[str, int] = field(default_factory=dict)
+    state_api: bool = True
+    probes: list[ProbeResult] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def reachable(address: str, timeout_s: float = 3.0) -> str | None:
+    """None if something listens at `host:port`, else why not (checked before Ray's long connect retries)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None  # `auto`, `ray://...`: left to Ray
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return f"nothing is listening at {address} ({err})"
+
+
+def survey(address: str) -> ClusterSurvey:
+    """Join the cluster at `address` (`auto` finds the local one) and read its nodes and quartet runs."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address=address, namespace=DOCTOR_NAMESPACE, log_to_driver=False, logging_level=logging.ERROR
+        )
+    facts = ClusterSurvey(str(ray.get_runtime_context().gcs_address))
+    facts.nodes = _nodes()
+    for named in ray.util.list_named_actors(all_namespaces=True):
+        facts.named_by_namespace[named["namespace"]] = facts.named_by_namespace.get(named["namespace"], 0) + 1
+    facts.runs, facts.state_api = _runs()
+    return facts
+
+
+def _nodes() -> list[NodeFacts]:
+    import ray
+
+    try:
+        from ray._private.state import state  # per-node free resources; no public API without dashboard
+
+        free = state.available_resources_per_node()  # type: ignore[no-untyped-call]
+    except Exception:  # pragma: no cover - older/newer Ray: report totals only
+        free = {}
+    out = []
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        res, avail = node.get("Resources", {}), free.get(node["NodeID"], {})
+        out.append(
+            NodeFacts(
+                node_id=node["NodeID"],
+                ip=node["NodeManagerAddress"],
+                alive=bool(node.get("Alive")),
+                cpus=float(res.get("CPU", 0.0)),
+                gpus=float(res.get("GPU", 0.0)),
+                memory_gib=float(res.get("memory", 0.0)) / 2**30,
+                free_cpus=float(avail.get("CPU", 0.0)),
+                free_gpus=float(avail.get("GPU", 0.0)),
+            )
+        )
+    return sorted(out, key=lambda n: (n.ip, n.node_id))
+
+
+def _runs() -> tuple[list[RunFacts], bool]:
+    """quartet runs by (namespace, prefix), from the state API (with states) or the named-actor list."""
+    import ray
+
+    rows: list[tuple[str, str, str, int, str]] = []  # namespace, name, state, pid, node
+    try:
+        from ray.util.state import list_actors
+
+        for actor in list_actors(limit=10000, timeout=10, raise_on_missing_output=False):
+            if actor.name:
+                rows.append(
+                    (
+                        actor.ray_namespace or "",
+                        actor.name,
+                        str(actor.state),
+                        actor.pid or 0,
+                        actor.node_id or "",
+                    )
+                )
+        state_api = True
+    except Exception as err:  # no dashboard: live named actors only, without states
+        log.debug("state API unavailable: %s", err)
+        rows = [(a["namespace"], a["name"], "unknown", 0, "") for a in ray.util.list_named_actors(True)]
+        state_api = False
+    runs: dict[tuple[str, str], RunFacts] = {}
+    for namespace, name, state, pid, node in rows:
+        parsed = parse_actor_name(name)
+        if parsed is None:
+            continue
+        prefix, label, rank = parsed
+        run = runs.setdefault((namespace, prefix), RunFacts(namespace, prefix))
+        run.actors.append(ActorFacts(name, label, rank, state, pid, node or ""))
+    for run in runs.values():
+        run.actors.sort(key=lambda a: (a.label, a.rank, a.state != "ALIVE"))
+    return sorted(runs.values(), key=lambda r: (r.namespace, r.prefix)), state_api
+
+
+PROBE = """
+import json, sys, time
+from quartet.cluster.discovery import find_workers
+address, namespace, prefix, expected, timeout = sys.argv[1:6]
+try:
+    handles = find_workers(address, namespace, prefix, int(expected), timeout_s=float(timeout))
+    import ray
+    pids = ray.get([h.ping.remote() for h in handles], timeout=float(timeout))
+    print("PROBE", json.dumps({"pids": pids}))
+except Exception as err:
+    print("PROBE", json.dumps({"error": f"{type(err).__name__}: {err}"}))
+"""
+
+
+def probe_discovery(
+    address: str, namespace: str, prefix: str, expected: int, timeout_s: float = 20.0
+) -> ProbeResult:
+    """From a fresh process: find `expected` workers of the run and ping each (the whole round trip)."""
+    start = time.monotonic()
+    args = [sys.executable, "-c", PROBE, address, namespace, prefix, str(expected), str(timeout_s)]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s + 60)
+    except subprocess.TimeoutExpired:
+        return ProbeResult(
+            namespace, prefix, expected, False, time.monotonic() - start, error="probe timed out"
+        )
+    seconds = time.monotonic() - start
+    line = next((x for x in done.stdout.splitlines() if x.startswith("PROBE ")), None)
+    if line is None:
+        return ProbeResult(namespace, prefix, expected, False, seconds, error=done.stderr[-1500:])
+    data: dict[str, Any] = json.loads(line.removeprefix("PROBE "))
+    if "error" in data:
+        return ProbeResult(namespace, prefix, expected, False, seconds, error=data["error"])
+    return ProbeResult(namespace, prefix, expected, len(data["pids"]) >= expected, seconds, pids=data["pids"])
