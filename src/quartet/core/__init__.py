@@ -1,1 +1,17 @@
-"""Pure tensor code shared by every layer: the Batch type and the RL algorithm choices."""
+"""Pure tensor code shared by every layer: the Batch type and the math of the RL step.
+
+No Ray, no models: functions on torch tensors, each module opening with its equations.
+
+- `batch`: the `Batch` that crosses role boundaries.
+- `choices`: typed enums a config chooses from (estimator, policy loss, aggregation, KL estimator/control).
+- `advantages`: GAE, GRPO, Dr.GRPO, RLOO, REINFORCE++ (with and without group baseline), ReMax, OPO;
+  one entry point `compute_advantages(estimator, inputs, params)`.
+- `policy_loss`: PPO (asymmetric clip, dual clip), GSPO, REINFORCE, truncated importance weights.
+- `loss_agg`: token-mean and the seq-mean modes, with global denominators for gradient accumulation.
+- `value_loss`: clipped value loss.
+- `kl`: KL estimators (k1, k2/mse, k3, abs, low_var_kl, straight-through k1+/k3+), KL loss term, in-reward
+  KL penalty, fixed and adaptive coefficient controllers.
+- `entropy`: chunked, stable entropy from logits and the entropy bonus.
+- `reward_shaping`: outcome-score placement, DAPO overlong penalty, DAPO dynamic-sampling filter.
+- `metrics`: masked reductions and the standard metric names (verl's where they exist).
+"""

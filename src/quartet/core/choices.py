@@ -6,7 +6,7 @@ function plus a new member here, never a free string looked up at run time.
 
 from enum import StrEnum
 
-__all__ = ["AdvantageEstimator", "KLPenalty", "LossAggMode", "PolicyLoss"]
+__all__ = ["AdvantageEstimator", "KLControl", "KLPenalty", "LossAggMode", "PolicyLoss"]
 
 
 class AdvantageEstimator(StrEnum):
@@ -61,10 +61,28 @@ class LossAggMode(StrEnum):
 
 
 class KLPenalty(StrEnum):
-    """Estimator of KL(pi || pi_ref) from per-token log-probs (Schulman's k1/k2/k3 and kin)."""
+    """Estimator of KL(pi || pi_ref) from per-token log-probs (Schulman's k1/k2/k3 and kin).
 
-    K1 = "k1"
-    ABS = "abs"
-    K2 = "k2"
-    K3 = "k3"
-    LOW_VAR_KL = "low_var_kl"
+    The values are verl's names, so a verl config's `kl_penalty` / `kl_loss_type` string loads unchanged.
+    """
+
+    K1 = "k1"  # log(pi/pi_ref): unbiased, high variance, can be negative
+    ABS = "abs"  # |log(pi/pi_ref)|
+    K2 = "k2"  # 0.5 * log(pi/pi_ref)^2: biased, low variance, non-negative
+    MSE = "mse"  # verl's other name for k2 (same function)
+    K3 = "k3"  # pi_ref/pi - 1 - log(pi_ref/pi): unbiased, low variance, non-negative
+    LOW_VAR_KL = "low_var_kl"  # k3 with verl's clamps (log-ratio to +-20, value to +-10)
+    K1_PLUS = "k1+"  # straight-through: value of k1, gradient of k2
+    K3_PLUS = "k3+"  # straight-through: value of k3, gradient of k2
+
+    @property
+    def straight_through(self) -> bool:
+        """Forward value of one estimator with the gradient of k2 (verl's "+" suffix)."""
+        return self in (KLPenalty.K1_PLUS, KLPenalty.K3_PLUS)
+
+
+class KLControl(StrEnum):
+    """How the in-reward KL coefficient evolves (same values as `quartet.config.algorithm.KLControl`)."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"  # Ziegler et al. 2019: move the coefficient toward a target KL
