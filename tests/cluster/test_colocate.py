@@ -233,3 +233,20 @@ def test_run_names_round_trip(tmp_path: Path) -> None:
     names.save(tmp_path)
     assert RunNames.load(tmp_path) == names
     assert names.actor_name("actor", 3) == f"{names.prefix}:actor:3"
+
+
+def test_launch_from_config_joins_the_running_ray_in_the_run_namespace(ray_cluster: None) -> None:
+    import ray
+
+    from quartet.cluster.runtime import connect, launch
+    from quartet.config.cluster import ClusterConfig
+
+    cfg = ClusterConfig(namespace="quartet-tests", bundles_per_node=2, cpus_per_bundle=0.5)
+    hosts = launch(cfg, _names(), counter=RoleSpec(Counter, 1))
+    try:
+        assert hosts.backend == "ray" and hosts.groups["counter"].add(1) == [2, 2]
+        assert hosts.names.address == ray.get_runtime_context().gcs_address  # recorded for discovery
+    finally:
+        hosts.shutdown()
+    with pytest.raises(RuntimeError, match="namespace 'quartet-tests', but cluster.namespace is 'other'"):
+        connect(ClusterConfig(namespace="other"))
