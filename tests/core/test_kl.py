@@ -1,0 +1,172 @@
+"""KL estimators, the straight-through variants, the KL loss term, the in-reward penalty and controllers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import reference_algos as ref
+import torch
+from core_cases import Case, cases
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quartet.config.algorithm import KLControl as ConfigKLControl
+from quartet.core.choices import KLControl, KLPenalty, LossAggMode
+from quartet.core.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_estimate,
+    kl_loss_term,
+    make_kl_controller,
+)
+from quartet.core.metrics import KL_COEF, KL_LOSS, REWARD_KL_PENALTY, REWARD_KL_PENALTY_COEF
+
+
+def test_every_kl_penalty_has_an_estimator() -> None:
+    assert set(KL_ESTIMATORS) == set(KLPenalty)
+    assert KLPenalty("k3+").straight_through and not KLPenalty.K3.straight_through
+
+
+@pytest.mark.parametrize("kind", list(KLPenalty))
+@settings(max_examples=40, deadline=None)
+@given(
+    x=st.lists(st.floats(-25.0, 25.0, allow_nan=False), min_size=1, max_size=12),
+    base=st.floats(-5.0, 0.0),
+)
+def test_estimators_match_the_formulas(kind: KLPenalty, x: list[float], base: float) -> None:
+    logp = torch.tensor(x, dtype=torch.float64) + base
+    ref_logp = torch.full_like(logp, base)
+    out = kl_estimate(logp, ref_logp, kind)
+    expected = [ref.kl_value(a, base, str(kind)) for a in logp.tolist()]
+    torch.testing.assert_close(out, ref.tensor(expected), rtol=1e-9, atol=1e-6)
+
+
+def test_k3_is_nonnegative_and_k1_can_be_negative() -> None:
+    x = torch.linspace(-3, 3, 13, dtype=torch.float64)
+    zero = torch.zeros_like(x)
+    assert torch.all(kl_estimate(x, zero, KLPenalty.K3) >= 0)
+    assert torch.any(kl_estimate(x, zero, KLPenalty.K1) < 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value_of"), [(KLPenalty.K3_PLUS, KLPenalty.K3), (KLPenalty.K1_PLUS, KLPenalty.K1)]
+)
+def test_straight_through_value_of_one_gradient_of_k2(kind: KLPenalty, value_of: KLPenalty) -> None:
+    g = torch.Generator().manual_seed(1)
+    logp = (-torch.rand(3, 5, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ref_logp = -torch.rand(3, 5, generator=g, dtype=torch.float64) * 3
+    est = kl_estimate(logp, ref_logp, kind)
+    # forward value: exactly the named estimator's
+    torch.testing.assert_close(est, kl_estimate(logp, ref_logp, value_of), rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad(est.sum(), logp)
+    # gradient: that of k2 = (logp - ref)^2 / 2, i.e. logp - ref, computed by autograd on k2 itself
+    (k2_grad,) = torch.autograd.grad(kl_estimate(logp, ref_logp, KLPenalty.K2).sum(), logp)
+    torch.testing.assert_close(grad, k2_grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, (logp - ref_logp).detach(), rtol=0, atol=1e-12)
+    # and not the estimator's own gradient (1 - exp(-(logp - ref)) for k3, 1 for k1)
+    (own_grad,) = torch.autograd.grad(kl_estimate(logp, ref_logp, value_of).sum(), logp)
+    assert (own_grad - grad).abs().max() > 1e-3
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=cases(), kind=st.sampled_from(list(KLPenalty)), mode=st.sampled_from(list(LossAggMode)))
+def test_kl_loss_term_matches_reference(case: Case, kind: KLPenalty, mode: LossAggMode) -> None:
+    out = kl_loss_term(case.logp, case.ref, case.mask_arg, kind, coef=0.3, agg_mode=mode)
+    lp, rp, m = ref.rows(case.logp), ref.rows(case.ref), ref.bools(case.mask)
+    kl = [
+        [ref.kl_value(a, b, str(kind)) for a, b in zip(ra, rb, strict=True)]
+        for ra, rb in zip(lp, rp, strict=True)
+    ]
+    expected = ref.aggregate(kl, m, str(mode))
+    assert float(out.metrics[KL_LOSS]) == pytest.approx(expected, abs=1e-6)
+    assert float(out.loss) == pytest.approx(0.3 * expected, abs=1e-6)
+    assert float(out.metrics[KL_COEF]) == pytest.approx(0.3)
+
+
+def test_kl_loss_gradient_flows_to_the_policy_only() -> None:
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref_logp = torch.tensor([[-1.5, -1.0]], requires_grad=True)
+    out = kl_loss_term(logp, ref_logp, torch.ones(1, 2), KLPenalty.K2, coef=1.0)
+    out.loss.backward()
+    # token-mean of 0.5 x^2: d/dlogp = x / 2 = [0.25, -0.5]
+    assert logp.grad is not None and ref_logp.grad is None
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.25, -0.5]]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=cases(), kind=st.sampled_from(list(KLPenalty)))
+def test_kl_penalty_in_reward_matches_reference(case: Case, kind: KLPenalty) -> None:
+    out = apply_kl_penalty(case.rewards, case.old, case.ref, case.mask_arg, coef=0.05, kind=kind)
+    m = ref.bools(case.mask)
+    scores, old, rp = ref.rows(case.rewards), ref.rows(case.old), ref.rows(case.ref)
+    expected = [[0.0] * len(row) for row in m]
+    per_seq = []
+    for i in range(len(m)):
+        kls = []
+        for t in range(len(m[i])):
+            kl = ref.kl_value(old[i][t], rp[i][t], str(kind)) if m[i][t] else 0.0
+            expected[i][t] = scores[i][t] - 0.05 * kl
+            if m[i][t]:
+                kls.append(kl)
+        if kls:
+            per_seq.append(sum(kls) / len(kls))
+    current = sum(per_seq) / len(per_seq) if per_seq else 0.0
+    torch.testing.assert_close(out.token_level_rewards, ref.tensor(expected), rtol=0, atol=1e-6)
+    assert out.current_kl == pytest.approx(current, abs=1e-6)
+    assert out.metrics[REWARD_KL_PENALTY] == out.current_kl
+    assert out.metrics[REWARD_KL_PENALTY_COEF] == 0.05
+
+
+def test_adaptive_controller_follows_ziegler_rule() -> None:
+    # target 0.1, horizon 100, start 0.2; e = clip(kl / 0.1 - 1, -0.2, 0.2); coef *= 1 + e * n / 100
+    #   kl 0.30, n 10: e = +0.2 (clipped from 2.0) -> 0.2 * 1.02 = 0.204
+    #   kl 0.10, n 10: e = 0                       -> 0.204
+    #   kl 0.05, n 10: e = -0.2 (clipped from -0.5) -> 0.204 * 0.98 = 0.19992
+    #   kl 0.11, n 10: e = +0.1                    -> 0.19992 * 1.01 = 0.2019192
+    #   kl 0.00, n 10: e = -0.2 (clipped from -1)  -> 0.2019192 * 0.98 = 0.197880816
+    #   kl 0.12, n 50: e = +0.2                    -> 0.197880816 * 1.1 = 0.2176688976
+    ctrl = AdaptiveKLController(0.2, target_kl=0.1, horizon=100)
+    expected = [0.204, 0.204, 0.19992, 0.2019192, 0.197880816, 0.2176688976]
+    observed = [(0.3, 10), (0.1, 10), (0.05, 10), (0.11, 10), (0.0, 10), (0.12, 50)]
+    for (kl, n), value in zip(observed, expected, strict=True):
+        ctrl.update(kl, n)
+        assert ctrl.value == pytest.approx(value, rel=1e-12)
+
+
+def test_controller_state_round_trip() -> None:
+    a = make_kl_controller(KLControl.ADAPTIVE, 0.1, target_kl=0.05, horizon=1000)
+    for kl in (0.2, 0.01, 0.07):
+        a.update(kl, 64)
+    state = a.state_dict()
+    b = make_kl_controller(KLControl.ADAPTIVE, 0.1, target_kl=0.05, horizon=1000)
+    b.load_state_dict(state)
+    assert b.value == a.value != 0.1
+    for kl in (0.3, 0.02):
+        a.update(kl, 64)
+        b.update(kl, 64)
+    assert b.value == a.value
+    fixed = FixedKLController(0.1)
+    with pytest.raises(ValueError, match="adaptive"):
+        fixed.load_state_dict(state)
+
+
+def test_fixed_controller_and_config_enum() -> None:
+    ctrl = make_kl_controller(ConfigKLControl.FIXED, 0.01)
+    ctrl.update(5.0, 1000)
+    assert isinstance(ctrl, FixedKLController) and ctrl.value == 0.01
+    assert isinstance(make_kl_controller(ConfigKLControl.ADAPTIVE, 0.01), AdaptiveKLController)
+    assert {m.value for m in ConfigKLControl} == {m.value for m in KLControl}
+    with pytest.raises(ValueError):
+        AdaptiveKLController(0.1, target_kl=0.0, horizon=10)
+    with pytest.raises(ValueError):
+        FixedKLController(-1.0)
+
+
+def test_k3_is_accurate_for_tiny_log_ratios() -> None:
+    x = torch.tensor([1e-9], dtype=torch.float64)
+    # x^2 / 2 to leading order; a naive exp(-x) - 1 + x loses all digits here
+    assert float(kl_estimate(x, torch.zeros_like(x), KLPenalty.K3)) == pytest.approx(5e-19, rel=1e-6)
+    assert math.isfinite(float(kl_estimate(torch.tensor([100.0]), torch.tensor([0.0]), KLPenalty.LOW_VAR_KL)))
