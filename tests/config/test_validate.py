@@ -105,3 +105,11 @@ def test_all_problems_are_reported_together() -> None:
     text = str(info.value)
     assert "2 config problems" in text
     assert "actor.mini_batch_size" in text and "actor.use_kl_loss" in text
+
+
+def test_overlong_buffer_must_be_shorter_than_the_response_limit() -> None:
+    with pytest.raises(ConfigError, match="reward.overlong_buffer") as info:
+        load_config(None, ["reward.overlong_buffer=32", "data.max_response_length=32"])
+    assert "below 32" in str(info.value)
+    cfg = load_config(None, ["reward.overlong_buffer=8", "data.max_response_length=32"])
+    assert cfg.reward.overlong_buffer == 8

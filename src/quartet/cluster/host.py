@@ -45,15 +45,18 @@ def _resolve(value: Any) -> Any:
 class RoleHost:
     """One rank of a colocated group: environment for torch.distributed, role objects, calls."""
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, name: str) -> None:
+    def __init__(
+        self, rank: int, world_size: int, local_rank: int, name: str, in_process: bool = False
+    ) -> None:
         self.rank, self.world_size, self.local_rank, self.name = rank, world_size, local_rank, name
+        self.in_process = in_process  # the local backend: the driver's own process, never a Ray worker
         self.roles: dict[str, Any] = {}
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)})
 
     def node_info(self) -> dict[str, Any]:
         """pid, node id and IP of this process (for naming errors and checking placement)."""
         ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
+        if ray is not None and ray.is_initialized() and not self.in_process:
             node_id, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         else:
             node_id, ip = "local", "127.0.0.1"

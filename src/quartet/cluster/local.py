@@ -51,5 +51,5 @@ def colocate_local(
     """Construct every role once (rank 0 of world 1) in this process; return the HostSet of one host."""
     check_roles(roles)
     hosts = HostSet(None, names, label or "-".join(roles), call_timeout_s)
-    hosts.handles.append(LocalHandle(RoleHost(0, 1, 0, names.actor_name(hosts.label, 0))))
+    hosts.handles.append(LocalHandle(RoleHost(0, 1, 0, names.actor_name(hosts.label, 0), in_process=True)))
     return start_roles(hosts, roles, call_timeout_s)

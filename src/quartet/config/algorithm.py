@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from quartet.config.errors import require
-from quartet.core.choices import AdvantageEstimator, KLPenalty
+from quartet.core.choices import AdvantageEstimator, KLControl, KLPenalty
 
 __all__ = ["AlgorithmConfig", "KLControl", "KLControlConfig"]
-
-
-class KLControl(StrEnum):
-    """How the in-reward KL coefficient evolves."""
-
-    FIXED = "fixed"
-    ADAPTIVE = "adaptive"  # Ziegler et al. 2019: move the coefficient toward a target KL
 
 
 @dataclass(frozen=True)
@@ -56,8 +48,8 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True
     """GRPO: divide by the group's reward std (off gives Dr.GRPO's unnormalised advantage)."""
 
-    whiten_advantages: bool = False
-    """GAE: whiten advantages over the valid tokens of the batch."""
+    whiten_advantages: bool = True
+    """GAE: whiten advantages over the valid tokens of the batch (verl always does)."""
 
     use_kl_in_reward: bool = False
     """Subtract kl_ctrl.coef x KL(pi || pi_ref) from token rewards (PPO/RLHF style); needs the reference."""
@@ -67,6 +59,9 @@ class AlgorithmConfig:
 
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Coefficient controller of the in-reward KL."""
+
+    filter_groups: bool = False
+    """DAPO dynamic sampling: drop prompt groups whose rewards are all equal (zero advantage); counted."""
 
     def __post_init__(self) -> None:
         require(0.0 <= self.gamma <= 1.0, "gamma", f"must lie in [0, 1], got {self.gamma}")

@@ -28,6 +28,12 @@ class RewardConfig:
     num_workers: int = 1
     """Processes that run rule scorers in parallel."""
 
+    overlong_buffer: int = 0
+    """DAPO soft overlong penalty: tokens before `data.max_response_length` where it ramps up; 0 off."""
+
+    overlong_penalty_factor: float = 1.0
+    """Penalty at the maximum length (linear from 0 at the buffer's start)."""
+
     def __post_init__(self) -> None:
         require(
             not self.function or ":" in self.function,
@@ -38,3 +44,5 @@ class RewardConfig:
         require(self.micro_batch_size_per_device > 0, "micro_batch_size_per_device", "must be > 0")
         require(self.timeout_s > 0, "timeout_s", "must be > 0")
         require(self.num_workers >= 1, "num_workers", "must be >= 1")
+        require(self.overlong_buffer >= 0, "overlong_buffer", "must be >= 0", "use 0 to disable")
+        require(self.overlong_penalty_factor >= 0, "overlong_penalty_factor", "must be >= 0")

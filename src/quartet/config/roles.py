@@ -82,8 +82,14 @@ class ActorConfig:
     loss_agg_mode: LossAggMode = LossAggMode.TOKEN_MEAN
     """Reduction of per-token losses to a scalar."""
 
+    loss_agg_norm_constant: int = 0
+    """Dr.GRPO's constant of `seq-mean-token-sum-norm`; 0 uses `data.max_response_length`."""
+
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus."""
+
+    entropy_chunk_size: int = 1024
+    """Tokens per chunk when computing entropy from logits (bounds memory on long vocabularies)."""
 
     use_kl_loss: bool = False
     """Add a KL(pi || pi_ref) term to the actor loss (GRPO style); needs the reference."""
@@ -120,6 +126,8 @@ class ActorConfig:
             "use 3.0 as in the dual-clip paper, or 0 to disable",
         )
         require(self.kl_loss_coef >= 0, "kl_loss_coef", "must be >= 0")
+        require(self.loss_agg_norm_constant >= 0, "loss_agg_norm_constant", "must be >= 0")
+        require(self.entropy_chunk_size > 0, "entropy_chunk_size", "must be > 0")
         require(
             self.tis_cap >= 0, "tis_cap", "must be >= 0", "use 0 to disable truncated importance sampling"
         )

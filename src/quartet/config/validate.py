@@ -111,6 +111,15 @@ def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
 def _length_rules(cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if cfg.reward.overlong_buffer >= cfg.data.max_response_length:
+        out.append(
+            ConfigError(
+                "reward.overlong_buffer",
+                f"{cfg.reward.overlong_buffer} tokens is not shorter than "
+                f"data.max_response_length={cfg.data.max_response_length}",
+                f"use a buffer below {cfg.data.max_response_length}, or 0 to disable",
+            )
+        )
     if cfg.model.is_tiny and longest > cfg.model.tiny.max_position_embeddings:
         out.append(
             ConfigError(
