@@ -1,0 +1,106 @@
+"""Process group, device and FSDP2 sharding of an engine.
+
+The role host sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (and LOCAL_RANK on GPU nodes). If the
+default process group is not initialised and WORLD_SIZE > 1, the engine initialises it: gloo on CPU, nccl
+on CUDA. With one rank the model stays a plain module (no DTensors, no collectives).
+
+Sharding follows the FSDP2 recipe: `fully_shard` on each decoder layer, then on the root, so each layer's
+parameters are all-gathered just before it runs and freed after. Weights stay float32; mixed precision is
+done by autocast around the forward (the same on CPU and GPU) rather than by FSDP's MixedPrecisionPolicy.
+
+Gradient averaging. FSDP2 reduce-scatters gradients with a MEAN over ranks. The losses handed to backward
+are shares of the global mini-batch loss (divided by global counts), whose gradients must be SUMMED over
+ranks; the engine multiplies each loss by the world size before backward (`DistContext.world`) to undo
+the mean. That factor is exact in floating point for powers of two and needs no FSDP-internal switch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from quartet.engines.model_init import decoder_layers
+
+__all__ = ["DistContext", "all_reduce_max", "all_reduce_sum", "init_distributed", "shard", "to_local_full"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this engine runs: rank, world size, compute device and (with world > 1) its device mesh."""
+
+    rank: int
+    world: int
+    device: torch.device
+    mesh: DeviceMesh | None
+
+    @property
+    def sharded(self) -> bool:
+        """True when parameters are sharded over ranks."""
+        return self.world > 1
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        # Ray gives each actor its own GPU through CUDA_VISIBLE_DEVICES (one visible device, index 0) while
+        # a torchrun-style launcher shows all GPUs of the node: LOCAL_RANK modulo the visible count fits both.
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_distributed(timeout_s: float = 600.0) -> DistContext:
+    """The process group from the environment (initialised here if needed) and the device to compute on."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+    device = _device(int(os.environ.get("LOCAL_RANK", "0")))
+    if world <= 1:
+        return DistContext(rank=0, world=1, device=device, mesh=None)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+    return DistContext(rank=dist.get_rank(), world=world, device=device, mesh=mesh)
+
+
+def shard(module: nn.Module, ctx: DistContext) -> nn.Module:
+    """`module` moved to the device and, with world > 1, sharded by FSDP2 (per decoder layer, then root)."""
+    module.to(ctx.device)
+    if not ctx.sharded:
+        return module
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=ctx.mesh)
+    fully_shard(module, mesh=ctx.mesh)
+    return module
+
+
+def all_reduce_sum(values: list[int], ctx: DistContext) -> list[int]:
+    """Element-wise sum of small integer counts over ranks (the counts themselves with one rank)."""
+    if not ctx.sharded:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [int(x) for x in t.tolist()]
+
+
+def all_reduce_max(value: int, ctx: DistContext) -> int:
+    """Maximum of an integer over ranks."""
+    if not ctx.sharded:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def to_local_full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a collective: every rank must call it); plain tensors unchanged."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -1,0 +1,169 @@
+"""What an engine is built from, and the types that cross its `train_step` boundary.
+
+`EngineSpec` says which model to load and how to train it; roles build one from their config. `MicroSpec`
+says how a batch is cut into micro-batches. A `LossFn` receives `ModelOutputs` for one micro-batch together
+with the micro-batch itself and a `LossScale` holding the counts of the WHOLE mini-batch (all micro-batches,
+all data-parallel ranks), so that it can return its micro-batch's share of the big-batch loss (see
+`quartet.core.loss_agg`: pass `scale.tokens` as `global_token_count`, `scale.sequences` as
+`global_seq_count`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from quartet.config.model import Dtype, LoraConfig
+from quartet.config.optim import LrSchedule, OptimConfig
+from quartet.config.roles import MicroBatching
+from quartet.core.batch import Batch
+
+__all__ = ["EngineSpec", "LossFn", "LossScale", "MicroSpec", "ModelKind", "ModelOutputs"]
+
+
+class ModelKind(StrEnum):
+    """Which transformers head the engine loads."""
+
+    CAUSAL_LM = "causal_lm"
+    """`AutoModelForCausalLM`: log-probs and entropy of response tokens."""
+
+    VALUE = "value"
+    """`AutoModelForTokenClassification` with one label: one value per token (a critic)."""
+
+    REWARD = "reward"
+    """`AutoModelForSequenceClassification` with one label: one score per sequence."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything a `TrainingEngine` needs to load a model and train it."""
+
+    model_path: str
+    """Local folder with a transformers model (see `quartet.models.loading`)."""
+
+    kind: ModelKind = ModelKind.CAUSAL_LM
+    """Head to load; VALUE may start from a causal LM folder (a fresh value head is initialised)."""
+
+    mixed_precision: Dtype = Dtype.BFLOAT16
+    """Autocast dtype of forward/backward; weights stay float32 (master weights). FLOAT32 turns it off."""
+
+    optim: OptimConfig | None = None
+    """Optimizer and schedule; None: a frozen engine (reference, reward model), no grads, no optimizer."""
+
+    total_steps: int = 0
+    """Optimizer steps of the whole run, for the cosine schedule (unused by the constant schedule)."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (transformers' checkpointing, `use_reentrant=False`)."""
+
+    lora: LoraConfig | None = None
+    """LoRA adapters (rank > 0): only adapter weights train; None or rank 0 trains the full model."""
+
+    param_offload: bool = False
+    """`offload()` moves parameters (and gradients) to host memory."""
+
+    optimizer_offload: bool = False
+    """`offload()` moves optimizer states to host memory."""
+
+    seed: int = 0
+    """Seeds the RNG before the model is built (same on every rank: fresh heads and adapters agree)."""
+
+    def __post_init__(self) -> None:
+        if not self.model_path:
+            raise ValueError("EngineSpec.model_path is empty; pass a local model folder")
+        # Plain strings from a config are accepted; store the enum members (the engine compares with `is`).
+        object.__setattr__(self, "kind", ModelKind(self.kind))
+        object.__setattr__(self, "mixed_precision", Dtype(self.mixed_precision))
+        kind = self.kind
+        if self.optim is not None and self.mixed_precision is Dtype.FLOAT16:
+            raise ValueError(
+                "float16 mixed precision needs loss scaling, which the engine does not do; use bfloat16"
+            )
+        if self.uses_lora and kind is ModelKind.REWARD:
+            raise ValueError("LoRA on a reward model: reward models are frozen in quartet; drop `lora`")
+        if (
+            self.optim is not None
+            and self.optim.schedule is LrSchedule.COSINE
+            and self.total_steps <= self.optim.warmup_steps
+        ):
+            raise ValueError(
+                f"the cosine schedule needs total_steps > warmup_steps, got total_steps={self.total_steps} "
+                f"and warmup_steps={self.optim.warmup_steps}"
+            )
+
+    @property
+    def uses_lora(self) -> bool:
+        """True when LoRA adapters are configured (rank > 0)."""
+        return self.lora is not None and self.lora.rank > 0
+
+    @property
+    def trainable(self) -> bool:
+        """True when the engine has an optimizer."""
+        return self.optim is not None
+
+
+@dataclass(frozen=True)
+class MicroSpec:
+    """How one rank cuts its rows into micro-batches (one forward, and in training one backward, each).
+
+    Fixed: `size` rows per micro-batch, in order. Token budget (`max_tokens` set): rows are packed, longest
+    first, into the first micro-batch whose valid tokens (prompt + response, from `attention_mask`) stay
+    within `max_tokens`; a row longer than the budget gets a micro-batch of its own. Outputs always come back
+    in the batch's row order.
+    """
+
+    size: int = 8
+    """Rows per micro-batch (fixed mode)."""
+
+    max_tokens: int | None = None
+    """Token budget of one micro-batch; None: fixed mode."""
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"MicroSpec.size must be >= 1, got {self.size}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"MicroSpec.max_tokens must be >= 1 or None, got {self.max_tokens}")
+
+    @classmethod
+    def from_config(cls, cfg: MicroBatching) -> MicroSpec:
+        """The micro-batching of a no-grad pass as the config states it."""
+        budget = cfg.max_tokens_per_micro_batch if cfg.use_dynamic_batch else None
+        return cls(size=cfg.micro_batch_size_per_device, max_tokens=budget)
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Counts of the whole mini-batch (all micro-batches, all ranks) that a micro-batch loss divides by."""
+
+    tokens: int
+    """Valid response tokens (`response_mask != 0`) of the mini-batch."""
+
+    sequences: int
+    """Rows with at least one valid response token."""
+
+    dp_size: int
+    """Data-parallel world size (the engine already cancels FSDP's averaging over ranks; for information)."""
+
+
+@dataclass(frozen=True)
+class ModelOutputs:
+    """Forward outputs at response positions of one micro-batch, each [b, R] float32 (or None).
+
+    Positions past a row's last attended response token hold 0. In `train_step` they carry the graph.
+    """
+
+    logprobs: torch.Tensor | None = None
+    """Causal LM: log p(response token t | everything before it) under logits / temperature."""
+
+    entropy: torch.Tensor | None = None
+    """Causal LM, when asked for: entropy of the same (temperature-scaled) distribution."""
+
+    values: torch.Tensor | None = None
+    """Value model: value of the state before response token t (see `TrainingEngine.forward_values`)."""
+
+
+LossFn = Callable[[ModelOutputs, Batch, LossScale], tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]]
+"""(outputs, micro-batch, scale) -> (0-d loss: this micro-batch's share of the mini-batch loss, metrics)."""

@@ -1,0 +1,173 @@
+"""The actor: the policy being trained. Old log-probs before the update, then PPO-style updates.
+
+    actor = Actor(cfg, model_path, trainer_steps=100)      # one per rank, inside a colocated host
+    batch = batch.union(actor.compute_logprobs(batch))     # old_logprobs [B, R]
+    metrics = actor.update(batch)                          # epochs x mini-batches of optimizer steps
+
+The update loss of one micro-batch (every term aggregated with the counts of the whole mini-batch, so
+gradient accumulation and data parallelism give the gradient of one big batch):
+
+    loss = policy_loss(logp, old_logp, advantages)          # PPO / GSPO / REINFORCE, clip, TIS
+         + kl_loss_coef * KL(logp || ref_logp)              # with actor.use_kl_loss
+         - entropy_coeff * entropy                          # with actor.entropy_coeff > 0
+
+With LoRA, the same model with adapters disabled is the reference policy (`compute_ref_logprobs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TypedDict
+
+import torch
+
+from quartet.cluster.dispatch import Split, dispatch
+from quartet.config.model import LoraConfig
+from quartet.config.root import QuartetConfig
+from quartet.core.batch import Batch
+from quartet.core.choices import LossAggMode
+from quartet.core.entropy import entropy_bonus
+from quartet.core.kl import kl_loss_term
+from quartet.core.policy_loss import ClipParams, compute_policy_loss
+from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.roles.updates import dp_world, mean_metrics, mini_batches, optimizer_steps, train_micro_spec
+
+__all__ = ["Actor"]
+
+
+class _Aggregation(TypedDict):
+    """How every loss term of a micro-batch is reduced (the same for all terms)."""
+
+    agg_mode: LossAggMode
+    global_token_count: int
+    global_seq_count: int
+    norm_constant: float
+
+
+class Actor:
+    """The policy on one rank: log-probs, updates, checkpoints, export."""
+
+    def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
+        self.cfg, self.ac = cfg, cfg.actor
+        lora: LoraConfig | None = cfg.model.lora if cfg.model.lora.rank > 0 else None
+        self.engine = TrainingEngine(
+            EngineSpec(
+                model_path,
+                ModelKind.CAUSAL_LM,
+                mixed_precision=self.ac.mixed_precision,
+                optim=self.ac.optim,
+                total_steps=optimizer_steps(cfg, self.ac, trainer_steps),
+                gradient_checkpointing=cfg.model.gradient_checkpointing,
+                lora=lora,
+                param_offload=self.ac.param_offload,
+                optimizer_offload=self.ac.optimizer_offload,
+                seed=cfg.trainer.seed,
+            )
+        )
+        self.clip = ClipParams(self.ac.clip_ratio_low, self.ac.clip_ratio_high, self.ac.dual_clip_c)
+        self.norm_constant = float(self.ac.loss_agg_norm_constant or cfg.data.max_response_length)
+        self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
+        self.updates = 0
+
+    # ---- no-grad passes ---------------------------------------------------------------------------------
+
+    @dispatch(Split.BY_DP_RANK)
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        """`old_logprobs` [B, R] (and `entropy` [B, R]) of the responses under the current policy."""
+        micro = MicroSpec.from_config(self.ac.logprobs)
+        logprobs, entropy = self.engine.forward_logprobs(
+            batch, batch.meta.temperature, micro, with_entropy=True
+        )
+        out = {"old_logprobs": logprobs}
+        if entropy is not None:
+            out["entropy"] = entropy
+        return Batch(out, meta=batch.meta)
+
+    @dispatch(Split.BY_DP_RANK)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """`ref_logprobs` [B, R] from this model with its LoRA adapters disabled (the base policy)."""
+        micro = MicroSpec.from_config(self.cfg.reference.logprobs)
+        with self.engine.adapters_disabled():
+            logprobs, _ = self.engine.forward_logprobs(batch, batch.meta.temperature, micro)
+        return Batch({"ref_logprobs": logprobs}, meta=batch.meta)
+
+    # ---- update -----------------------------------------------------------------------------------------
+
+    @dispatch(Split.BY_DP_RANK)
+    def update(self, batch: Batch) -> dict[str, float]:
+        """`actor.epochs` passes over this rank's rows in mini-batches; the mean metrics of the steps.
+
+        Needs `responses`, `response_mask`, `attention_mask`, `prompts`, `old_logprobs`, `advantages`;
+        `ref_logprobs` with `actor.use_kl_loss`; `rollout_logprobs` with `actor.tis_cap`.
+        """
+        per_rank = self.ac.mini_batch_size * self.cfg.rollout.n // dp_world()
+        micro = train_micro_spec(self.ac)
+        steps = []
+        for _ in range(self.ac.epochs):
+            for mini in mini_batches(batch, per_rank, self.ac.shuffle, self.generator):
+                steps.append(
+                    self.engine.train_step(mini, self._loss, micro, with_entropy=self.ac.entropy_coeff > 0)
+                )
+        self.updates += 1
+        metrics = mean_metrics(steps)
+        return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
+
+    def _loss(
+        self, out: ModelOutputs, mb: Batch, scale: LossScale
+    ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]:
+        assert out.logprobs is not None
+        mask = mb["response_mask"]
+        agg = _Aggregation(
+            agg_mode=self.ac.loss_agg_mode,
+            global_token_count=scale.tokens,
+            global_seq_count=scale.sequences,
+            norm_constant=self.norm_constant,
+        )
+        pg = compute_policy_loss(
+            self.ac.policy_loss,
+            out.logprobs,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mask,
+            clip=self.clip,
+            rollout_logprob=mb["rollout_logprobs"] if self.ac.tis_cap > 0 else None,
+            tis_cap=self.ac.tis_cap,
+            **agg,
+        )
+        loss, metrics = pg.loss, dict(pg.metrics)
+        if self.ac.use_kl_loss:
+            kl = kl_loss_term(
+                out.logprobs, mb["ref_logprobs"], mask, self.ac.kl_loss_type, self.ac.kl_loss_coef, **agg
+            )
+            loss, metrics = loss + kl.loss, metrics | kl.metrics
+        if out.entropy is not None:
+            bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
+            loss, metrics = loss + bonus.loss, metrics | bonus.metrics
+        return loss, metrics
+
+    # ---- state ------------------------------------------------------------------------------------------
+
+    @dispatch(Split.BROADCAST)
+    def offload(self) -> None:
+        """Parameters / optimizer states to host memory (as `actor.param_offload` / `optimizer_offload`)."""
+        self.engine.offload()
+
+    @dispatch(Split.BROADCAST)
+    def onload(self) -> None:
+        self.engine.onload()
+
+    @dispatch(Split.BROADCAST)
+    def save(self, folder: str) -> None:
+        """Model, optimizer, scheduler and RNG state of every rank under `folder`."""
+        self.engine.save(Path(folder))
+
+    @dispatch(Split.BROADCAST)
+    def load(self, folder: str) -> None:
+        self.engine.load(Path(folder))
+
+    @dispatch(Split.BROADCAST)
+    def export_hf(self, folder: str) -> str | None:
+        """A Hugging Face folder of the full model (every rank gathers, rank 0 writes); its path on rank 0."""
+        path = self.engine.export_hf(Path(folder))
+        return str(path) if path is not None else None

@@ -1,0 +1,97 @@
+"""The critic: a value model V(s_t) for GAE, trained with the clipped value loss.
+
+    values = critic.compute_values(batch)        # `values` [B, R]: V of the state before response token t
+    metrics = critic.update(batch)               # needs `values` (old), `returns`, `response_mask`
+
+It starts from `critic.model_path`, or from the policy's folder with a fresh value head (transformers'
+token-classification head with one label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from quartet.cluster.dispatch import Split, dispatch
+from quartet.config.root import QuartetConfig
+from quartet.core.batch import Batch
+from quartet.core.value_loss import compute_value_loss
+from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.roles.updates import dp_world, mean_metrics, mini_batches, optimizer_steps, train_micro_spec
+
+__all__ = ["Critic"]
+
+
+class Critic:
+    """The value model on one rank."""
+
+    def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
+        self.cfg, self.cc = cfg, cfg.critic
+        self.engine = TrainingEngine(
+            EngineSpec(
+                self.cc.model_path or model_path,
+                ModelKind.VALUE,
+                mixed_precision=self.cc.mixed_precision,
+                optim=self.cc.optim,
+                total_steps=optimizer_steps(cfg, self.cc, trainer_steps),
+                gradient_checkpointing=cfg.model.gradient_checkpointing,
+                param_offload=self.cc.param_offload,
+                optimizer_offload=self.cc.optimizer_offload,
+                seed=cfg.trainer.seed,
+            )
+        )
+        self.norm_constant = float(cfg.data.max_response_length)
+        self.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1)
+
+    @dispatch(Split.BY_DP_RANK)
+    def compute_values(self, batch: Batch) -> Batch:
+        """`values` [B, R] (0 past each response's end)."""
+        values = self.engine.forward_values(batch, MicroSpec.from_config(self.cc.values))
+        return Batch({"values": values}, meta=batch.meta)
+
+    @dispatch(Split.BY_DP_RANK)
+    def update(self, batch: Batch) -> dict[str, float]:
+        """`critic.epochs` passes over this rank's rows in mini-batches; the mean metrics of the steps."""
+        per_rank = self.cc.mini_batch_size * self.cfg.rollout.n // dp_world()
+        micro = train_micro_spec(self.cc)
+        steps = [
+            self.engine.train_step(mini, self._loss, micro)
+            for _ in range(self.cc.epochs)
+            for mini in mini_batches(batch, per_rank, True, self.generator)
+        ]
+        return {f"critic/{k}" if "/" not in k else k: v for k, v in mean_metrics(steps).items()}
+
+    def _loss(
+        self, out: ModelOutputs, mb: Batch, scale: LossScale
+    ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]:
+        assert out.values is not None
+        result = compute_value_loss(
+            out.values,
+            mb["values"],
+            mb["returns"],
+            mb["response_mask"],
+            self.cc.cliprange_value,
+            agg_mode=self.cc.loss_agg_mode,
+            global_token_count=scale.tokens,
+            global_seq_count=scale.sequences,
+            norm_constant=self.norm_constant,
+        )
+        return result.loss, result.metrics
+
+    @dispatch(Split.BROADCAST)
+    def offload(self) -> None:
+        self.engine.offload()
+
+    @dispatch(Split.BROADCAST)
+    def onload(self) -> None:
+        self.engine.onload()
+
+    @dispatch(Split.BROADCAST)
+    def save(self, folder: str) -> None:
+        self.engine.save(Path(folder))
+
+    @dispatch(Split.BROADCAST)
+    def load(self, folder: str) -> None:
+        self.engine.load(Path(folder))
