@@ -1,0 +1,28 @@
+"""Rollout: inference engines behind one token-in/token-out interface.
+
+`RolloutEngine` is the interface; `TorchRolloutEngine` is the built-in PyTorch engine (continuous batching,
+prefix sharing for the n samples of a prompt, on-device sampling); `generate_batch` turns a `Batch` of
+prompts into a `Batch` of responses for the trainer.
+"""
+
+from __future__ import annotations
+
+from quartet.rollout.base import EngineStateError, RolloutEngine
+from quartet.rollout.batch_io import generate_batch, outputs_to_batch, requests_from_batch
+from quartet.rollout.model_runner import UnsupportedModelError
+from quartet.rollout.torch_engine import TorchRolloutEngine
+from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, SamplingParams
+
+__all__ = [
+    "EngineStateError",
+    "FinishReason",
+    "GenerationOutput",
+    "GenerationRequest",
+    "RolloutEngine",
+    "SamplingParams",
+    "TorchRolloutEngine",
+    "UnsupportedModelError",
+    "generate_batch",
+    "outputs_to_batch",
+    "requests_from_batch",
+]

@@ -1,0 +1,96 @@
+"""From a `Batch` of prompts to a `Batch` of sampled responses, in the column layout the trainer reads.
+
+Input columns: `prompts` [B, P] int64 left-padded, `attention_mask` [B, P] (1 = real prompt token); any other
+tensor or non-tensor columns (`uid`, ground truths, ...) are carried along.
+
+Output, with n samples per prompt (sample j of prompt i at row i*n + j, every input column repeated so):
+    prompts [B*n, P] int64, responses [B*n, R] int64 right-padded with `pad_token_id`,
+    response_mask [B*n, R] int64 (1 = token written by the model, the stop token included; 0 after it),
+    attention_mask [B*n, P+R] int64 (the prompt mask followed by response_mask),
+    rollout_logprobs [B*n, R] float32 (0 on padding; only when the sampling asks for log-probs),
+    finish_reason: non-tensor column of "stop" / "length" / "abort".
+R is the longest response. `meta.temperature` is set to the temperature the log-probs were computed at
+(1.0 for greedy decoding; see `quartet.rollout.types`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from quartet.core.batch import Batch, BatchError
+from quartet.rollout.base import RolloutEngine
+from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
+
+__all__ = ["generate_batch", "outputs_to_batch", "requests_from_batch"]
+
+
+def requests_from_batch(batch: Batch, sampling: SamplingParams) -> list[GenerationRequest]:
+    """One request per row: the row's real prompt tokens (padding removed).
+
+    With a seed, row i gets seed `sampling.seed + i`, so different prompts use different random streams.
+    """
+    prompts, mask = batch["prompts"], batch["attention_mask"]
+    if mask.shape != prompts.shape:
+        raise BatchError(
+            f"attention_mask {tuple(mask.shape)} must cover exactly the prompts {tuple(prompts.shape)}"
+        )
+    requests = []
+    for i in range(len(batch)):
+        ids = prompts[i][mask[i] != 0].tolist()
+        params = sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + i)
+        requests.append(GenerationRequest(tuple(ids), params))
+    return requests
+
+
+def _response_tensors(
+    flat: list[GenerationOutput], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """responses [N, R] int64, response_mask [N, R] int64, logprobs [N, R] float32 of N outputs."""
+    width = max(len(o.token_ids) for o in flat)
+    responses = torch.full((len(flat), width), pad_token_id, dtype=torch.int64)
+    mask = torch.zeros(len(flat), width, dtype=torch.int64)
+    logprobs = torch.zeros(len(flat), width, dtype=torch.float32)
+    for row, out in enumerate(flat):
+        length = len(out.token_ids)
+        if length:
+            responses[row, :length] = torch.tensor(out.token_ids, dtype=torch.int64)
+            mask[row, :length] = 1
+            if out.logprobs is not None:
+                logprobs[row, :length] = torch.tensor(out.logprobs, dtype=torch.float32)
+    return responses, mask, logprobs
+
+
+def outputs_to_batch(
+    prompts: Batch, outputs: list[list[GenerationOutput]], pad_token_id: int, temperature: float
+) -> Batch:
+    """The response batch (layout in the module docstring) of `outputs[i][j]`, sample j of prompt row i."""
+    if len(outputs) != len(prompts):
+        raise BatchError(f"{len(outputs)} output lists for a batch of {len(prompts)} prompts")
+    n = len(outputs[0]) if outputs else 1
+    if any(len(o) != n for o in outputs):
+        raise BatchError(f"every prompt needs the same number of samples; got {[len(o) for o in outputs]}")
+    flat = [o for outs in outputs for o in outs]
+    responses, response_mask, logprobs = _response_tensors(flat, pad_token_id)
+    base = prompts.repeat(n, interleave=True)
+    columns = {
+        "responses": responses,
+        "response_mask": response_mask,
+        "attention_mask": torch.cat([base["attention_mask"].to(torch.int64), response_mask], dim=1),
+    }
+    if all(o.logprobs is not None for o in flat):
+        columns["rollout_logprobs"] = logprobs
+    finish = np.array([str(o.finish_reason) for o in flat], dtype=object)
+    generated = Batch(columns, {"finish_reason": finish}, batch_size=len(flat))
+    meta_temperature = temperature if temperature > 0 else 1.0
+    return base.drop("attention_mask").union(generated).with_meta(temperature=meta_temperature)
+
+
+def generate_batch(
+    engine: RolloutEngine, prompts: Batch, sampling: SamplingParams, pad_token_id: int
+) -> Batch:
+    """Sample `sampling.n` responses per prompt row of `prompts` with `engine` (layout in the module doc)."""
+    outputs = engine.generate(requests_from_batch(prompts, sampling))
+    return outputs_to_batch(prompts, outputs, pad_token_id, sampling.temperature)

@@ -1,0 +1,200 @@
+"""Forward passes of a transformers decoder-only LM over a `SlotKVCache`: batched prefill and decode.
+
+The runner calls the model's own modules (embeddings, projections, norms, MLPs, rotary embedding, output
+head) with their own weights, so a weight update to the model is seen at once and nothing is duplicated.
+It replaces only the glue that transformers' `forward` adds around them: mask building, the cache object
+and the attention call, which cannot express sequences of different lengths joining and leaving a batch.
+
+Supported: Llama-style decoders (Llama, Qwen2, Qwen3, Mistral): per layer `input_layernorm`,
+`self_attn.{q,k,v,o}_proj` (optional `q_norm`/`k_norm`), `post_attention_layernorm`, `mlp`; rotary position
+embeddings in `model.model.rotary_emb`. Other families raise `UnsupportedModelError` instead of computing
+something subtly different (Gemma scales embeddings, Phi fuses projections, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quartet.rollout.kv_cache import SlotKVCache
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "DecoderRunner", "UnsupportedModelError"]
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
+_ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class UnsupportedModelError(ValueError):
+    """A model whose architecture the built-in engine's forward pass does not reproduce."""
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, heads, S, hd] with cos/sin [B, 1, S, hd] (transformers' convention)."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class DecoderRunner:
+    """Prefill and decode forwards of one transformers causal LM over a slot KV cache."""
+
+    def __init__(self, model: nn.Module) -> None:
+        wrapped: Any = model  # a transformers PreTrainedModel; its attributes are checked below
+        config: Any = wrapped.config
+        model_type = str(getattr(config, "model_type", "?"))
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"the built-in rollout engine supports {sorted(SUPPORTED_MODEL_TYPES)}, not '{model_type}'; "
+                "use the vLLM engine for other architectures"
+            )
+        self.model = model
+        self.base: Any = wrapped.model
+        self.lm_head: nn.Module = wrapped.lm_head
+        self.layers: list[Any] = list(self.base.layers)
+        for part in ("embed_tokens", "norm", "rotary_emb"):
+            if not hasattr(self.base, part):
+                raise UnsupportedModelError(f"{type(model).__name__}.model has no '{part}'")
+        for i, layer in enumerate(self.layers):
+            missing = [p for p in _LAYER_PARTS if not hasattr(layer, p)]
+            missing += [f"self_attn.{p}" for p in _ATTN_PARTS if not hasattr(layer.self_attn, p)]
+            if missing:
+                raise UnsupportedModelError(f"layer {i} of {type(model).__name__} lacks {missing}")
+        attn = self.layers[0].self_attn
+        self.head_dim = int(attn.head_dim)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.scaling = float(attn.scaling)
+        self.has_qk_norm = hasattr(attn, "q_norm")
+        max_len = int(config.max_position_embeddings)
+        # Full attention equals windowed attention while sequences fit in the window; cap them there.
+        windows = [int(w) for layer in self.layers if (w := getattr(layer.self_attn, "sliding_window", None))]
+        self.max_model_len = min([max_len, *windows])
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's weights."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Compute dtype (that of the weights)."""
+        return next(self.model.parameters()).dtype
+
+    def new_cache(self, num_slots: int) -> SlotKVCache:
+        """An empty (unallocated) cache shaped for this model."""
+        return SlotKVCache(
+            len(self.layers), num_slots, self.num_kv_heads, self.head_dim, self.dtype, self.device
+        )
+
+    # ---- pieces of a layer ------------------------------------------------------------------------------
+
+    def _qkv(
+        self, attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries [B, H, S, hd], keys and values [B, kvH, S, hd] of normed hidden [B, S, D]."""
+        batch, seq, _ = h.shape
+        q = attn.q_proj(h).view(batch, seq, -1, self.head_dim)
+        k = attn.k_proj(h).view(batch, seq, -1, self.head_dim)
+        v = attn.v_proj(h).view(batch, seq, -1, self.head_dim)
+        if self.has_qk_norm:  # Qwen3: RMSNorm per head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+    def _decode_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """One query per row against its cached keys, grouped-query aware, without copying the cache.
+
+        q [A, H, 1, hd]; k [A, kvH, hd, L] (keys transposed), v [A, kvH, L, hd] (strided views of the cache);
+        bias [A, 1, L] additive mask.
+        Returns [A, 1, H * hd]. Query heads are grouped per key/value head as a batched matmul over
+        A * kvH, instead of repeating K/V to H heads (transformers' SDPA path copies the whole cache
+        per layer and step when a mask is given).
+        """
+        rows, length = q.shape[0], v.shape[2]
+        group = self.num_heads // self.num_kv_heads
+        qg = q.reshape(rows * self.num_kv_heads, group, self.head_dim)
+        kg = k.reshape(rows * self.num_kv_heads, self.head_dim, length)
+        vg = v.reshape(rows * self.num_kv_heads, length, self.head_dim)
+        scores = torch.bmm(qg, kg).view(rows, self.num_heads, length)
+        scores = scores * self.scaling + bias
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.bmm(probs.view(rows * self.num_kv_heads, group, length), vg)
+        return out.view(rows, 1, self.num_heads * self.head_dim)
+
+    def _mlp_block(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + layer.mlp(layer.post_attention_layernorm(x))
+        return out
+
+    def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(self.base.norm(last_hidden))
+        return out
+
+    # ---- forwards ---------------------------------------------------------------------------------------
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        cache: SlotKVCache,
+        start: int,
+        expand: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Run G right-padded prompts, store their keys/values in slots start.., return next-token logits.
+
+        input_ids [G, P] int64 (right-padded), lengths [G] int64 (real lengths), expand [S] int64 or None
+        (see `SlotKVCache.write_prefill`). Returns logits [G, V] at each prompt's last real token.
+        """
+        groups, seq = input_ids.shape
+        positions = torch.arange(seq, device=input_ids.device)
+        causal = positions.unsqueeze(0) <= positions.unsqueeze(1)  # [P(query), P(key)]
+        valid_key = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [G, P(key)]
+        mask = (causal.unsqueeze(0) & valid_key.unsqueeze(1)).unsqueeze(1)  # [G, 1, P, P]
+        h = self.base.embed_tokens(input_ids)
+        cos, sin = self.base.rotary_emb(h, positions.unsqueeze(0).expand(groups, seq))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(h), cos, sin)
+            cache.write_prefill(i, k, v, start, expand)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads
+            )
+            h = h + attn.o_proj(out.transpose(1, 2).reshape(groups, seq, -1))
+            h = self._mlp_block(layer, h)
+        last = h[torch.arange(groups, device=h.device), lengths - 1]
+        return self._logits(last)
+
+    def decode(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, cache: SlotKVCache
+    ) -> torch.Tensor:
+        """One decoding step for slots 0..A-1: feed `tokens`, append to the cache, return next logits.
+
+        tokens [A] int64 (each sequence's newest token, not yet in the cache); lengths [A] int64 (cached
+        tokens per sequence = the new token's position); max_length = max(lengths) + 1 (host int).
+        Returns logits [A, V]. The caller increments `lengths`.
+        """
+        rows = tokens.shape[0]
+        h = self.base.embed_tokens(tokens.unsqueeze(1))  # [A, 1, D]
+        cos, sin = self.base.rotary_emb(h, lengths.unsqueeze(1))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        row_index = torch.arange(rows, device=tokens.device)
+        keys = torch.arange(max_length, device=tokens.device)
+        hidden = (keys.unsqueeze(0) > lengths.unsqueeze(1)).unsqueeze(1)  # [A, 1, L] True = not yet written
+        bias = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device)
+        bias.masked_fill_(hidden, torch.finfo(h.dtype).min)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(h), cos, sin)
+            k_all, v_all = cache.write_decode(i, k, v, row_index, lengths, max_length)
+            h = h + attn.o_proj(self._decode_attention(q, k_all, v_all, bias))
+            h = self._mlp_block(layer, h)
+        return self._logits(h[:, 0])

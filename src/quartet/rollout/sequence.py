@@ -1,0 +1,82 @@
+"""Host-side state of the sequences an engine generates: one per sample of a request."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest
+
+__all__ = ["SequenceGroup", "SequenceState"]
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One sample being generated: its tokens so far and, once finished, why."""
+
+    request: GenerationRequest
+    sample_index: int
+    seed: int
+    """Seed of this sample's uniforms (see `quartet.rollout.sampling.draw_uniforms`)."""
+    max_new_tokens: int
+    """The request's limit, lowered so prompt + response fits the model's context."""
+    stop_ids: frozenset[int]
+    """Token ids that end this sequence (end-of-sequence ids unless ignored, plus the request's)."""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    first_step: int = -1
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    finish_step: int = -1
+    finish_time: float = 0.0
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens whose keys/values are in the cache: the prompt and all generated tokens but the newest."""
+        return self.prompt_len + max(len(self.token_ids) - 1, 0)
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+    def finish(self, reason: FinishReason, step: int, stop_reason: int | str | None = None) -> None:
+        """Mark the sequence finished at engine step `step`."""
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.finish_step = step
+        self.finish_time = time.perf_counter()
+
+    def to_output(self) -> GenerationOutput:
+        """The public result (call once finished)."""
+        if self.finish_reason is None:
+            raise RuntimeError(f"sequence {self.request.request_id}/{self.sample_index} has not finished")
+        return GenerationOutput(
+            request_id=self.request.request_id,
+            sample_index=self.sample_index,
+            token_ids=tuple(self.token_ids),
+            logprobs=tuple(self.logprobs) if self.request.sampling.return_logprobs else None,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            first_step=self.first_step,
+            finish_step=self.finish_step,
+            finish_time=self.finish_time,
+        )
+
+
+@dataclass(eq=False)
+class SequenceGroup:
+    """Samples of one request that are admitted together: their prompt is prefilled once and shared."""
+
+    request: GenerationRequest
+    sequences: list[SequenceState]
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens in the shared prompt."""
+        return len(self.request.prompt_token_ids)

@@ -1,0 +1,304 @@
+"""The built-in PyTorch rollout engine: continuous batching on CPU or GPU with no extra dependency.
+
+A background thread owns the `EngineCore` and runs steps while there is work; callers submit requests and
+wait on futures. So `generate` (a batch) and many concurrent `generate_one` calls (agent loops) all feed the
+same running batch. Weight updates and sleep/wake take the step lock, hence happen between two steps.
+
+Usage:
+    engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=64)
+    outs = engine.generate([GenerationRequest(ids, SamplingParams(temperature=1.0, n=4, seed=0))])
+    engine.load_weights(trainer_model.named_parameters())
+    engine.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from quartet.config.rollout import RolloutConfig
+from quartet.rollout.base import EngineStateError, RolloutEngine
+from quartet.rollout.engine_core import EngineCore
+from quartet.rollout.model_runner import DecoderRunner
+from quartet.rollout.sequence import SequenceState
+from quartet.rollout.stopping import StopChecker
+from quartet.rollout.types import GenerationOutput, GenerationRequest
+from quartet.rollout.weights import load_named_tensors
+
+if TYPE_CHECKING:  # importing quartet.rollout stays free of transformers until a model is loaded
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["TorchRolloutEngine"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A submitted request: its future and the samples finished so far."""
+
+    future: Future[list[GenerationOutput]]
+    outputs: list[GenerationOutput | None] = field(default_factory=list)
+    remaining: int = 0
+
+
+def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+class TorchRolloutEngine(RolloutEngine):
+    """Batched generation with a KV cache, continuous batching and prefix sharing, in plain PyTorch."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 8192,
+        seed: int = 0,
+        eos_token_ids: Iterable[int] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it).
+
+        max_num_seqs: sequences decoded together. max_model_len: prompt + response limit (default: the
+        model's context). max_prefill_tokens: padded prompt tokens prefilled in one forward. seed: source of
+        the seeds of requests that bring none. eos_token_ids: default stop ids (default: the model's and
+        tokenizer's end-of-sequence ids). num_threads: intra-op threads of the engine's thread (with
+        PyTorch's usual OpenMP build this is per thread, so a trainer in the same process keeps its own
+        setting; on a busy shared CPU, 1 thread is often much faster than 2). None keeps the default.
+        The tokenizer is only needed for stop strings.
+        """
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.runner = DecoderRunner(model)
+        limit = self.runner.max_model_len
+        if max_model_len is not None:
+            limit = min(max_model_len, limit)
+        eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
+        self.stop_checker = StopChecker(eos, tokenizer)
+        self.core = EngineCore(
+            self.runner,
+            self.stop_checker,
+            max_num_seqs=max_num_seqs,
+            max_model_len=limit,
+            max_prefill_tokens=max_prefill_tokens,
+            seed=seed,
+        )
+        self._cond = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._inbox: list[GenerationRequest] = []
+        self._aborts: list[str] = []
+        self._pending: dict[str, _Pending] = {}
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._asleep = False
+        self._home_device: torch.device | None = None
+        self._num_threads = num_threads
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        tokenizer_path: str | Path | None = None,
+        **engine_kwargs: Any,
+    ) -> TorchRolloutEngine:
+        """An engine over the causal LM saved in the local folder `path` (tokenizer from the same folder)."""
+        from quartet.models.loading import load_causal_lm, load_tokenizer
+
+        model = load_causal_lm(path, dtype=dtype)
+        nn.Module.to(model, device)
+        model.train(False)  # inference: no dropout
+        tok_folder = Path(tokenizer_path or path)
+        tokenizer = load_tokenizer(tok_folder) if (tok_folder / "tokenizer_config.json").exists() else None
+        return cls(model, tokenizer, **engine_kwargs)
+
+    @classmethod
+    def from_config(
+        cls, cfg: RolloutConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> TorchRolloutEngine:
+        """An engine over `model` sized by the rollout config (`max_num_seqs`, `kv_cache_tokens`, `seed`)."""
+        max_len = cfg.kv_cache_tokens // cfg.max_num_seqs if cfg.kv_cache_tokens else None
+        return cls(model, tokenizer, max_num_seqs=cfg.max_num_seqs, max_model_len=max_len, seed=cfg.seed)
+
+    # ---- generation ---------------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
+        """Responses to each request in order: `result[i][j]` is sample j of request i. Blocks until done."""
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            repeated = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"request ids repeat within one call: {repeated}")
+        for request in requests:
+            self._validate(request)
+        futures = [self._submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    async def generate_one(self, request: GenerationRequest) -> list[GenerationOutput]:
+        """The n responses to one request; concurrent calls share the running batch."""
+        self._validate(request)
+        return await asyncio.wrap_future(self._submit(request))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request: its samples finish with reason ABORT and the tokens generated so far."""
+        with self._cond:
+            self._aborts.append(request_id)
+            self._cond.notify()
+
+    def _validate(self, request: GenerationRequest) -> None:
+        self.stop_checker.validate(request.sampling)
+        if len(request.prompt_token_ids) >= self.core.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt of {len(request.prompt_token_ids)} tokens does not "
+                f"fit the engine's max_model_len={self.core.max_model_len} with room to generate"
+            )
+
+    def _submit(self, request: GenerationRequest) -> Future[list[GenerationOutput]]:
+        future: Future[list[GenerationOutput]] = Future()
+        with self._cond:
+            if self._closing:
+                raise EngineStateError("the engine is shut down")
+            if self._asleep:
+                raise EngineStateError("the engine is asleep: call wake() before generating")
+            if request.request_id in self._pending:
+                raise ValueError(f"request id '{request.request_id}' is already in flight")
+            n = request.sampling.n
+            self._pending[request.request_id] = _Pending(future, [None] * n, n)
+            self._inbox.append(request)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="quartet-rollout", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return future
+
+    # ---- the engine thread --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        if self._num_threads is not None:
+            torch.set_num_threads(self._num_threads)
+        while True:
+            with self._cond:
+                while not (self._inbox or self._aborts or self._closing or self.core.has_work()):
+                    self._cond.wait()
+                if self._closing:
+                    return
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+            with self._step_lock:
+                finished = self._run_step(inbox, aborts)
+            self._deliver(finished)
+
+    def _run_step(self, inbox: list[GenerationRequest], aborts: list[str]) -> list[SequenceState]:
+        finished: list[SequenceState] = []
+        try:
+            for request in inbox:
+                self.core.add(request)
+            for request_id in aborts:
+                finished += self.core.abort(request_id)
+            if self.core.has_work():
+                finished += self.core.step()
+        except Exception as exc:  # fail the callers, not the thread: the engine stays usable
+            log.exception("rollout engine step failed; failing every request in flight")
+            self.core.abort_all()
+            self._fail_all(exc)
+            return []
+        return finished
+
+    def _deliver(self, finished: list[SequenceState]) -> None:
+        with self._cond:
+            for seq in finished:
+                pending = self._pending.get(seq.request.request_id)
+                if pending is None:
+                    continue
+                pending.outputs[seq.sample_index] = seq.to_output()
+                pending.remaining -= 1
+                if pending.remaining == 0:
+                    del self._pending[seq.request.request_id]
+                    pending.future.set_result([o for o in pending.outputs if o is not None])
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, {}
+            self._inbox = []
+        for p in pending.values():
+            p.future.set_exception(exc)
+
+    # ---- weights and memory -------------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy trainer weights into the model between two steps; returns the number of tensors copied."""
+        with self._step_lock:
+            return load_named_tensors(self.model, named_tensors)
+
+    def sleep(self, offload_weights: bool = False) -> None:
+        """Free the KV cache (and move the weights to CPU with `offload_weights`); the engine must be idle."""
+        with self._step_lock, self._cond:
+            if self.core.has_work() or self._inbox:
+                raise EngineStateError("cannot sleep while requests are in flight; wait for them first")
+            self.core.free_cache()
+            if offload_weights and self.runner.device.type != "cpu":
+                self._home_device = self.runner.device
+                nn.Module.to(self.model, "cpu")
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Weights back on their device; the KV cache is allocated again by the next request."""
+        with self._step_lock, self._cond:
+            if self._home_device is not None:
+                nn.Module.to(self.model, self._home_device)
+                self._home_device = None
+            self._asleep = False
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache holds now (0 while asleep)."""
+        return self.core.cache.nbytes()
+
+    def shutdown(self) -> None:
+        """Abort what is in flight (callers get ABORT outputs), stop the thread, free the cache."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        with self._step_lock:
+            for request in self._inbox:
+                self.core.add(request)
+            self._inbox = []
+            finished = self.core.abort_all()
+            self.core.free_cache()
+        self._deliver(finished)
+
+    def __enter__(self) -> TorchRolloutEngine:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()

@@ -1,0 +1,178 @@
+"""What goes into and comes out of a rollout engine: token ids in, token ids and log-probs out.
+
+Choices that every engine behind `RolloutEngine` follows (they match vLLM's defaults where vLLM has one):
+
+- **Log-probs** are those of the sampled token under `log_softmax(logits / T)`: temperature applied, top-k and
+  top-p *not* applied. That is the value the trainer recomputes (`log_softmax(logits / T)` over the full
+  vocabulary), so `rollout_logprobs` and the trainer's old log-probs differ only by numerics and weight
+  staleness; the truncated distribution that top-k/top-p actually sample from would differ by the log of the
+  kept mass. Greedy decoding (T = 0) reports `log_softmax(logits)`, i.e. T = 1.
+- **Stop tokens** (the model's end-of-sequence ids unless `ignore_eos`, plus `stop_token_ids`) are generated
+  tokens: they are kept at the end of `token_ids` (the policy must learn to emit them), as vLLM keeps them in
+  its output ids. `stop_reason` names the id.
+- **Stop strings** end generation at the token whose text completes the string. That token and all before it
+  are kept in `token_ids`: a token cannot be cut in half, and token-in/token-out callers must train on the
+  exact ids the model wrote. (vLLM cuts the *text* before the stop string; it has no text here.)
+  `stop_reason` names the string.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from quartet.config.rollout import SamplingConfig
+
+__all__ = ["FinishReason", "GenerationOutput", "GenerationRequest", "SamplingParams", "new_request_id"]
+
+_request_ids = itertools.count()
+
+
+def new_request_id() -> str:
+    """A process-unique request id (`req-<number>`)."""
+    return f"req-{next(_request_ids)}"
+
+
+class FinishReason(StrEnum):
+    """Why a sequence stopped."""
+
+    STOP = "stop"  # a stop token id or stop string was generated
+    LENGTH = "length"  # max_new_tokens reached, or the model's context length
+    ABORT = "abort"  # aborted by the caller or by engine shutdown
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample the responses of one request."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax)."""
+
+    top_p: float = 1.0
+    """Nucleus sampling: keep the most likely tokens whose mass before each reaches `top_p`; 1 disables."""
+
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 disables."""
+
+    max_new_tokens: int = 256
+    """Most tokens generated per response (the stop token counts)."""
+
+    n: int = 1
+    """Responses sampled from the same prompt (the prompt is prefilled once and its KV cache shared)."""
+
+    seed: int | None = None
+    """Seed of this request's sampling; the same seed gives the same responses. None: the engine picks."""
+
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a response (in addition to the model's end-of-sequence ids); kept in the output."""
+
+    stop: tuple[str, ...] = ()
+    """Strings that end a response when its decoded text contains one (needs the engine's tokenizer)."""
+
+    ignore_eos: bool = False
+    """Do not stop at the model's end-of-sequence ids (benchmarks, fixed-length rollouts)."""
+
+    return_logprobs: bool = True
+    """Return the log-prob of each generated token under `log_softmax(logits / T)`."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        # Accept lists from callers (YAML, JSON) but store tuples, so params stay hashable and immutable.
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: SamplingConfig,
+        *,
+        max_new_tokens: int,
+        seed: int | None = None,
+        stop_token_ids: tuple[int, ...] = (),
+        stop: tuple[str, ...] = (),
+    ) -> SamplingParams:
+        """The parameters of a `SamplingConfig` (temperature, top-p, top-k, n) with a response limit."""
+        return cls(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            n=cfg.n,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            stop=stop,
+        )
+
+    @property
+    def greedy(self) -> bool:
+        """True when the responses are argmax decoded."""
+        return self.temperature == 0.0
+
+    @property
+    def uses_filter(self) -> bool:
+        """True when top-k or top-p truncates the distribution."""
+        return self.top_k > 0 or self.top_p < 1.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt, as token ids, and how to sample `sampling.n` responses to it."""
+
+    prompt_token_ids: tuple[int, ...]
+    """The prompt, without padding."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling parameters."""
+
+    request_id: str = field(default_factory=new_request_id)
+    """Caller-chosen id (unique among requests in flight); used by `abort`."""
+
+    def __post_init__(self) -> None:
+        ids = tuple(int(t) for t in self.prompt_token_ids)
+        if not ids:
+            raise ValueError(f"request {self.request_id}: the prompt is empty")
+        object.__setattr__(self, "prompt_token_ids", ids)
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """One sampled response."""
+
+    request_id: str
+    """Id of the request it answers."""
+
+    sample_index: int
+    """Which of the request's `n` samples (0..n-1)."""
+
+    token_ids: tuple[int, ...]
+    """Generated token ids [R], the stop token included when one ended the response."""
+
+    logprobs: tuple[float, ...] | None
+    """Log-prob of each generated token under log_softmax(logits / T) [R]; None unless requested."""
+
+    finish_reason: FinishReason
+    """Why it stopped."""
+
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended it (finish_reason STOP), else None."""
+
+    first_step: int = 0
+    """Engine step at which the sequence was admitted (prefilled)."""
+
+    finish_step: int = 0
+    """Engine step at which it finished; lets callers see continuous batching at work."""
+
+    finish_time: float = 0.0
+    """`time.perf_counter()` when it finished."""

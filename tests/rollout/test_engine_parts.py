@@ -1,0 +1,113 @@
+"""Units of the engine: request types, scheduler admission, KV cache slots, weight names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from quartet.rollout import GenerationRequest, SamplingParams
+from quartet.rollout.kv_cache import SlotKVCache
+from quartet.rollout.scheduler import Scheduler, split_into_groups
+from quartet.rollout.sequence import SequenceState
+from quartet.rollout.weights import load_named_tensors
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"n": 0}, "n must"),
+        ({"stop": ("",)}, "stop strings"),
+    ],
+)
+def test_sampling_params_reject_impossible_values(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_requests_normalise_their_inputs() -> None:
+    params = SamplingParams(stop_token_ids=[3, 4], stop=["ab"])  # type: ignore[arg-type]
+    assert params.stop_token_ids == (3, 4) and params.stop == ("ab",)
+    request = GenerationRequest([1, 2], params)  # type: ignore[arg-type]
+    assert request.prompt_token_ids == (1, 2)
+    assert GenerationRequest((1,)).request_id != GenerationRequest((1,)).request_id
+    with pytest.raises(ValueError, match="empty"):
+        GenerationRequest(())
+
+
+def seqs(prompt_len: int, n: int) -> list[SequenceState]:
+    request = GenerationRequest(tuple(range(1, prompt_len + 1)), SamplingParams(n=n))
+    return [SequenceState(request, j, j, 8, frozenset()) for j in range(n)]
+
+
+def test_scheduler_admits_in_order_within_slots_and_budget() -> None:
+    sched = Scheduler(max_prefill_tokens=40)
+    a, b, c = (
+        split_into_groups(seqs(10, 2), 4),
+        split_into_groups(seqs(10, 3), 4),
+        split_into_groups(seqs(5, 1), 4),
+    )
+    sched.add(a + b + c)
+    assert sched.admit(free_slots=4) == a  # b needs 3 slots, 2 left: it blocks c (first come, first served)
+    assert sched.admit(free_slots=4) == b + c
+    big = split_into_groups(seqs(30, 1), 4)
+    small = split_into_groups(seqs(30, 1), 4)
+    sched.add(big + small)
+    assert sched.admit(free_slots=8) == big  # 2 prompts x 30 tokens exceed the 40-token prefill budget
+    assert len(sched) == 1
+
+
+def test_requests_with_more_samples_than_slots_are_split() -> None:
+    groups = split_into_groups(seqs(3, 5), 2)
+    assert [[s.sample_index for s in g.sequences] for g in groups] == [[0, 1], [2, 3], [4]]
+
+
+def test_cache_growth_keeps_contents_and_move_copies_slots() -> None:
+    cache = SlotKVCache(
+        num_layers=2, num_slots=3, num_kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu")
+    )
+    cache.ensure_capacity(10, used=0)
+    assert cache.capacity == 64
+    key = torch.arange(3 * 5 * 2, dtype=torch.float32).view(3, 1, 5, 2)
+    cache.write_prefill(0, key, -key, start=0, expand=None)
+    cache.ensure_capacity(100, used=5)
+    assert cache.capacity >= 100
+    keys_t = key.transpose(2, 3)  # keys are stored [slots, heads, hd, capacity]
+    assert torch.equal(cache.keys[0][..., :5], keys_t) and torch.equal(cache.values[0][:, :, :5], -key)
+    cache.move([0], [2], length=5)
+    assert torch.equal(cache.keys[0][0, ..., :5], keys_t[2]) and torch.equal(
+        cache.values[0][0, :, :5], -key[2]
+    )
+    # prefix sharing: one prompt row written into two slots
+    cache.write_prefill(1, key[:1], key[:1], start=1, expand=torch.tensor([0, 0]))
+    assert torch.equal(cache.values[1][1, :, :5], key[0]) and torch.equal(cache.values[1][2, :, :5], key[0])
+    assert torch.equal(cache.keys[1][2, ..., :5], keys_t[0])
+    cache.free()
+    assert not cache.allocated and cache.nbytes() == 0
+
+
+def test_weight_names_cover_tied_parameters_and_wrappers() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(4, 2)
+            self.head = nn.Linear(2, 4, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    new = torch.full((4, 2), 3.0)
+    assert load_named_tensors(model, [("_orig_mod.head.weight", new)]) == 1
+    assert torch.equal(model.embed.weight, new)
+
+
+def test_importing_rollout_does_not_import_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, quartet.rollout\nassert 'transformers' not in sys.modules\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
