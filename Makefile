@@ -39,6 +39,8 @@ demo: install
 bench: install
 	$(PY) benchmarks/batch_serialization.py
 	$(PY) benchmarks/dispatch_overhead.py
+	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/rollout_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
