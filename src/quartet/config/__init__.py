@@ -16,12 +16,14 @@ from quartet.config.reward import RewardConfig
 from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig
 from quartet.config.rollout import RolloutConfig, RolloutEngine, RolloutMode, SamplingConfig
 from quartet.config.root import QuartetConfig
+from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
 from quartet.config.trainer import Logger, TrainerConfig
 from quartet.config.validate import validate
 
 __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
+    "ArithmeticOp",
     "Backend",
     "BuiltinTask",
     "ClusterConfig",
@@ -46,6 +48,8 @@ __all__ = [
     "RolloutConfig",
     "RolloutEngine",
     "RolloutMode",
+    "SFTBuiltinConfig",
+    "SFTConfig",
     "SamplingConfig",
     "TinyArch",
     "TinyModelConfig",
@@ -55,6 +59,7 @@ __all__ = [
     "from_dict",
     "iter_field_docs",
     "load_config",
+    "sft_rules",
     "to_dict",
     "to_yaml",
     "validate",

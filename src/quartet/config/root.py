@@ -11,6 +11,7 @@ from quartet.config.model import ModelConfig
 from quartet.config.reward import RewardConfig
 from quartet.config.roles import ActorConfig, CriticConfig, ReferenceConfig
 from quartet.config.rollout import RolloutConfig
+from quartet.config.sft import SFTConfig
 from quartet.config.trainer import TrainerConfig
 
 __all__ = ["QuartetConfig"]
@@ -49,6 +50,9 @@ class QuartetConfig:
 
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Ray cluster and resource pool."""
+
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning (`quartet sft`); unused by RL runs."""
 
     @property
     def needs_critic(self) -> bool:

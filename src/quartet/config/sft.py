@@ -1,0 +1,183 @@
+"""Supervised fine-tuning (`quartet sft`): chat data, lengths, batch sizes, optimizer, evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from quartet.config.errors import ConfigError, require
+from quartet.config.model import Dtype
+from quartet.config.optim import OptimConfig
+
+if TYPE_CHECKING:
+    from quartet.config.root import QuartetConfig
+
+__all__ = ["ArithmeticOp", "SFTBuiltinConfig", "SFTConfig", "sft_rules"]
+
+
+class ArithmeticOp(StrEnum):
+    """Operations of the built-in arithmetic chat set (by name: `+ - *` are not plain YAML scalars)."""
+
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+
+    @property
+    def symbol(self) -> str:
+        """How the operation is written in a problem."""
+        return {"add": "+", "sub": "-", "mul": "*"}[self.value]
+
+
+@dataclass(frozen=True)
+class SFTBuiltinConfig:
+    """The built-in arithmetic chat set, generated into the run folder when `sft.train_files` is empty."""
+
+    train_size: int = 1024
+    """Conversations (rows) in the generated training split."""
+
+    val_size: int = 20
+    """Conversations (rows) in the generated validation split: distinct problems that never occur in
+    training (at most half of all problems: 1-digit addition has 100)."""
+
+    digits: int = 1
+    """Digits of each operand (1: operands 0..9, 2: 0..99, ...)."""
+
+    operations: tuple[ArithmeticOp, ...] = (ArithmeticOp.ADD,)
+    """Operations drawn from (uniformly): any of `add`, `sub`, `mul`."""
+
+    worked_answer: bool = False
+    """Answer `3+4=7` instead of `7` (the verifier reads the number after the last `=`)."""
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The operations as written in problems (`+ - *`)."""
+        return tuple(ArithmeticOp(op).symbol for op in self.operations)
+
+    def __post_init__(self) -> None:
+        require(self.train_size > 0, "train_size", "must be > 0")
+        require(self.val_size > 0, "val_size", "must be > 0")
+        require(1 <= self.digits <= 6, "digits", f"must lie in [1, 6], got {self.digits}")
+        require(bool(self.operations), "operations", "must not be empty", "e.g. sft.builtin.operations=[add]")
+        require(len(set(self.operations)) == len(self.operations), "operations", "lists an operation twice")
+        space = 100**self.digits * len(self.operations)
+        require(
+            2 * self.val_size <= space,
+            "val_size",
+            f"{self.val_size} distinct held-out problems is more than half of the {space} problems",
+            f"use at most {space // 2}, or more digits or operations",
+        )
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning on chat conversations; the loss covers assistant-written tokens only."""
+
+    train_files: tuple[str, ...] = ()
+    """Parquet or JSONL files of conversations. Empty: the built-in arithmetic set (`sft.builtin`)."""
+
+    val_files: tuple[str, ...] = ()
+    """Held-out conversations for validation loss and greedy exact match. Empty with `train_files` empty:
+    the built-in set's validation split; empty otherwise: no validation."""
+
+    messages_key: str = "messages"
+    """Column of each row holding the conversation: a list of {role, content} messages."""
+
+    max_length: int = 128
+    """Longest conversation in tokens (prompt + responses, after the chat template). Longer rows are
+    filtered and counted, or cut to this length with `truncate`."""
+
+    truncate: bool = False
+    """Cut overlong rows to `max_length` tokens (counted) instead of filtering them out (counted)."""
+
+    skip_bad_rows: bool = False
+    """Count and log malformed rows (missing key, wrong type, no assistant turn) instead of stopping."""
+
+    builtin: SFTBuiltinConfig = field(default_factory=SFTBuiltinConfig)
+    """The generated arithmetic chat set used when `train_files` is empty."""
+
+    batch_size: int = 32
+    """Sequences per optimizer step, global (one sequence = one conversation: its prompt and all its
+    assistant responses); must divide over `cluster.world_size` devices."""
+
+    micro_batch_size_per_device: int = 32
+    """Sequences (conversation prompt + responses) per forward/backward on one device (per device);
+    gradients accumulate over micro-batches."""
+
+    epochs: int = 8
+    """Passes over the training conversations (8 x 1024 built-in rows: 256 steps, about 10 s on a CPU)."""
+
+    max_steps: int = 0
+    """Stop after this many optimizer steps; 0 runs all `epochs`."""
+
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3, weight_decay=0.0))
+    """Optimizer and schedule (2e-3 suits the tiny default model; real models want ~1e-5)."""
+
+    mixed_precision: Dtype = Dtype.FLOAT32
+    """Autocast dtype of forward/backward (weights stay float32): float32 or bfloat16 (bfloat16 on GPU)."""
+
+    eval_samples: int = 64
+    """Held-out conversations answered greedily before and after training (exact match); 0 skips it."""
+
+    eval_max_new_tokens: int = 8
+    """Longest greedy answer, in tokens, in the exact-match evaluation."""
+
+    seed: int = 0
+    """Seed of the built-in data, the shuffling sampler and the model's fresh parameters."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.messages_key), "messages_key", "must not be empty", "name the messages column")
+        require(self.max_length > 1, "max_length", f"must be > 1, got {self.max_length}")
+        require(self.batch_size > 0, "batch_size", "must be > 0", "set a positive number of sequences")
+        require(self.micro_batch_size_per_device > 0, "micro_batch_size_per_device", "must be > 0")
+        require(self.epochs > 0, "epochs", "must be > 0")
+        require(self.max_steps >= 0, "max_steps", "must be >= 0", "use 0 to run every epoch")
+        require(self.eval_samples >= 0, "eval_samples", "must be >= 0", "use 0 to skip the evaluation")
+        require(self.eval_max_new_tokens > 0, "eval_max_new_tokens", "must be > 0")
+        require(
+            self.mixed_precision is not Dtype.FLOAT16,
+            "mixed_precision",
+            "float16 needs loss scaling, which the engine does not do",
+            "use bfloat16 or float32",
+        )
+        require(
+            not self.val_files or bool(self.train_files),
+            "val_files",
+            "is set while train_files is empty (the built-in set brings its own validation split)",
+            "set sft.train_files too, or clear sft.val_files",
+        )
+
+
+def sft_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    """Cross-field rules of an SFT run (batch split over devices, lengths vs. the tiny model)."""
+    sft, world = cfg.sft, cfg.cluster.world_size
+    out: list[ConfigError] = []
+    if sft.batch_size % world:
+        out.append(
+            ConfigError(
+                "sft.batch_size",
+                f"{sft.batch_size} sequences cannot be split evenly over cluster.world_size={world} devices",
+                f"make sft.batch_size a multiple of {world}",
+            )
+        )
+    elif (sft.batch_size // world) % sft.micro_batch_size_per_device:
+        per_device = sft.batch_size // world
+        out.append(
+            ConfigError(
+                "sft.micro_batch_size_per_device",
+                f"{sft.micro_batch_size_per_device} sequences does not divide the {per_device} sequences "
+                f"each device gets per step ({sft.batch_size} / {world} devices)",
+                f"set sft.micro_batch_size_per_device to one of "
+                f"{[d for d in range(1, per_device + 1) if per_device % d == 0]}",
+            )
+        )
+    if cfg.model.is_tiny and sft.max_length > cfg.model.tiny.max_position_embeddings:
+        out.append(
+            ConfigError(
+                "sft.max_length",
+                f"{sft.max_length} tokens exceeds the tiny model's "
+                f"model.tiny.max_position_embeddings={cfg.model.tiny.max_position_embeddings}",
+                f"raise model.tiny.max_position_embeddings to >= {sft.max_length} or lower sft.max_length",
+            )
+        )
+    return out

@@ -1,0 +1,1 @@
+"""Datasets and built-in synthetic tasks (generated, verifiable, no download)."""
