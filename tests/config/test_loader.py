@@ -209,3 +209,11 @@ def test_configs_are_frozen() -> None:
     cfg = QuartetConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.rollout.n = 3  # type: ignore[misc]
+
+
+def test_override_that_is_not_yaml_names_the_field_and_the_fix() -> None:
+    from quartet.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="rollout.n") as info:
+        load_config(None, ["rollout.n=[+,-,*]"])
+    assert "not valid YAML" in str(info.value) and "override #1" in str(info.value)

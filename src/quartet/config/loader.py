@@ -16,6 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from quartet.config.errors import ConfigError
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
@@ -80,7 +82,15 @@ def apply_overrides(cfg: QuartetConfig, overrides: Iterable[str]) -> QuartetConf
         *parents, leaf = key.split(".")
         for part in parents:
             node = node[part]
-        value = _parse_override_value(raw, target_type)
+        try:
+            value = _parse_override_value(raw, target_type)
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                key,
+                f"the value '{raw}' is not valid YAML ({str(err).splitlines()[0]})",
+                "quote it, e.g. key='a*b', or write a list as [a, b]",
+                source,
+            ) from None
         if dataclasses.is_dataclass(target_type) and isinstance(value, Mapping):
             value = _deep_merge(node[leaf], value)  # a section override changes only the keys it names
         node[leaf] = value
