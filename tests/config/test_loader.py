@@ -12,7 +12,7 @@ from quartet.config import (
     ConfigError,
     Logger,
     QuartetConfig,
-    RolloutEngine,
+    RolloutEngineKind,
     iter_field_docs,
     load_config,
     to_yaml,
@@ -76,7 +76,7 @@ def test_override_types_are_converted() -> None:
     assert cfg.trainer.resume == "off"
     assert cfg.trainer.experiment_name == "2024"
     assert cfg.algorithm.adv_estimator is AdvantageEstimator.RLOO
-    assert cfg.rollout.engine is RolloutEngine.VLLM
+    assert cfg.rollout.engine is RolloutEngineKind.VLLM
     assert cfg.trainer.loggers == (Logger.CONSOLE, Logger.WANDB)
     assert cfg.model.lora.target_modules == ("q_proj",)
     assert cfg.algorithm.gamma == 1.0 and isinstance(cfg.algorithm.gamma, float)

@@ -14,7 +14,7 @@ from quartet.config.model import Dtype, LoraConfig, ModelConfig, TinyArch, TinyM
 from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.config.reward import RewardConfig
 from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig
-from quartet.config.rollout import RolloutConfig, RolloutEngine, RolloutMode, SamplingConfig
+from quartet.config.rollout import RolloutConfig, RolloutEngineKind, RolloutMode, SamplingConfig
 from quartet.config.root import QuartetConfig
 from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
 from quartet.config.trainer import Logger, TrainerConfig
@@ -46,7 +46,7 @@ __all__ = [
     "ReferenceConfig",
     "RewardConfig",
     "RolloutConfig",
-    "RolloutEngine",
+    "RolloutEngineKind",
     "RolloutMode",
     "SFTBuiltinConfig",
     "SFTConfig",

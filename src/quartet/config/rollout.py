@@ -7,10 +7,10 @@ from enum import StrEnum
 
 from quartet.config.errors import require
 
-__all__ = ["RolloutConfig", "RolloutEngine", "RolloutMode", "SamplingConfig"]
+__all__ = ["RolloutConfig", "RolloutEngineKind", "RolloutMode", "SamplingConfig"]
 
 
-class RolloutEngine(StrEnum):
+class RolloutEngineKind(StrEnum):
     """Inference engine behind the token-in/token-out interface."""
 
     TORCH = "torch"  # built-in PyTorch engine, no extra dependency
@@ -55,7 +55,7 @@ class SamplingConfig:
 class RolloutConfig:
     """Generation during training and validation."""
 
-    engine: RolloutEngine = RolloutEngine.TORCH
+    engine: RolloutEngineKind = RolloutEngineKind.TORCH
     """Inference engine."""
 
     mode: RolloutMode = RolloutMode.SYNC
