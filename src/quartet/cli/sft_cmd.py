@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from quartet.config import ConfigError, QuartetConfig, load_config, sft_rules
+from quartet.config.errors import raise_problems
 
 __all__ = ["add_parser", "load_sft_config", "run"]
 
@@ -30,11 +31,7 @@ def load_sft_config(path: str | None, overrides: list[str]) -> QuartetConfig:
     """The validated config, including the SFT cross-field rules."""
     cfg = load_config(path, overrides)
     problems = sft_rules(cfg)
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        listing = "\n".join(f"- {p}" for p in problems)
-        raise ConfigError(problems[0].field, f"{len(problems)} config problems:\n{listing}")
+    raise_problems(problems)
     return cfg
 
 

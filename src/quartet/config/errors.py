@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "raise_problems", "require"]
 
 
 class ConfigError(ValueError):
@@ -36,3 +36,12 @@ def require(condition: bool, field: str, problem: str, fix: str = "") -> None:
     """Raise a ConfigError for `field` unless `condition` holds (for `__post_init__` checks)."""
     if not condition:
         raise ConfigError(field, problem, fix)
+
+
+def raise_problems(problems: list[ConfigError]) -> None:
+    """Raise the one problem as is, or one ConfigError listing all of them; nothing when there is none."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        listing = "\n".join(f"- {p}" for p in problems)
+        raise ConfigError(problems[0].field, f"{len(problems)} config problems:\n{listing}")

@@ -11,7 +11,7 @@ components together, mostly batch sizes that must divide across the data-paralle
 
 from __future__ import annotations
 
-from quartet.config.errors import ConfigError
+from quartet.config.errors import ConfigError, raise_problems
 from quartet.config.roles import ActorConfig, CriticConfig
 from quartet.config.root import QuartetConfig
 
@@ -26,11 +26,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
         problems += _update_sizes("critic", cfg.critic, cfg)
     problems += _algorithm_rules(cfg)
     problems += _length_rules(cfg)
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        listing = "\n".join(f"- {p}" for p in problems)
-        raise ConfigError(problems[0].field, f"{len(problems)} config problems:\n{listing}")
+    raise_problems(problems)
     return cfg
 
 

@@ -17,7 +17,6 @@ With LoRA, the same model with adapters disabled is the reference policy (`compu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TypedDict
 
 import torch
@@ -31,7 +30,8 @@ from quartet.core.entropy import entropy_bonus
 from quartet.core.kl import kl_loss_term
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
-from quartet.roles.updates import dp_world, mean_metrics, mini_batches, optimizer_steps, train_micro_spec
+from quartet.roles.engine_role import EngineRole
+from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
 
 __all__ = ["Actor"]
 
@@ -45,7 +45,7 @@ class _Aggregation(TypedDict):
     norm_constant: float
 
 
-class Actor:
+class Actor(EngineRole):
     """The policy on one rank: log-probs, updates, checkpoints, export."""
 
     def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
@@ -101,7 +101,7 @@ class Actor:
         Needs `responses`, `response_mask`, `attention_mask`, `prompts`, `old_logprobs`, `advantages`;
         `ref_logprobs` with `actor.use_kl_loss`; `rollout_logprobs` with `actor.tis_cap`.
         """
-        per_rank = self.ac.mini_batch_size * self.cfg.rollout.n // dp_world()
+        per_rank = self.ac.mini_batch_size * self.cfg.rollout.n // self.engine.ctx.world
         micro = train_micro_spec(self.ac)
         steps = []
         for _ in range(self.ac.epochs):
@@ -145,29 +145,3 @@ class Actor:
             bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
             loss, metrics = loss + bonus.loss, metrics | bonus.metrics
         return loss, metrics
-
-    # ---- state ------------------------------------------------------------------------------------------
-
-    @dispatch(Split.BROADCAST)
-    def offload(self) -> None:
-        """Parameters / optimizer states to host memory (as `actor.param_offload` / `optimizer_offload`)."""
-        self.engine.offload()
-
-    @dispatch(Split.BROADCAST)
-    def onload(self) -> None:
-        self.engine.onload()
-
-    @dispatch(Split.BROADCAST)
-    def save(self, folder: str) -> None:
-        """Model, optimizer, scheduler and RNG state of every rank under `folder`."""
-        self.engine.save(Path(folder))
-
-    @dispatch(Split.BROADCAST)
-    def load(self, folder: str) -> None:
-        self.engine.load(Path(folder))
-
-    @dispatch(Split.BROADCAST)
-    def export_hf(self, folder: str) -> str | None:
-        """A Hugging Face folder of the full model (every rank gathers, rank 0 writes); its path on rank 0."""
-        path = self.engine.export_hf(Path(folder))
-        return str(path) if path is not None else None

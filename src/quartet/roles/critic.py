@@ -10,7 +10,6 @@ token-classification head with one label).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
@@ -19,12 +18,13 @@ from quartet.config.root import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.core.value_loss import compute_value_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
-from quartet.roles.updates import dp_world, mean_metrics, mini_batches, optimizer_steps, train_micro_spec
+from quartet.roles.engine_role import EngineRole
+from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
 
 __all__ = ["Critic"]
 
 
-class Critic:
+class Critic(EngineRole):
     """The value model on one rank."""
 
     def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
@@ -54,7 +54,7 @@ class Critic:
     @dispatch(Split.BY_DP_RANK)
     def update(self, batch: Batch) -> dict[str, float]:
         """`critic.epochs` passes over this rank's rows in mini-batches; the mean metrics of the steps."""
-        per_rank = self.cc.mini_batch_size * self.cfg.rollout.n // dp_world()
+        per_rank = self.cc.mini_batch_size * self.cfg.rollout.n // self.engine.ctx.world
         micro = train_micro_spec(self.cc)
         steps = [
             self.engine.train_step(mini, self._loss, micro)
@@ -79,19 +79,3 @@ class Critic:
             norm_constant=self.norm_constant,
         )
         return result.loss, result.metrics
-
-    @dispatch(Split.BROADCAST)
-    def offload(self) -> None:
-        self.engine.offload()
-
-    @dispatch(Split.BROADCAST)
-    def onload(self) -> None:
-        self.engine.onload()
-
-    @dispatch(Split.BROADCAST)
-    def save(self, folder: str) -> None:
-        self.engine.save(Path(folder))
-
-    @dispatch(Split.BROADCAST)
-    def load(self, folder: str) -> None:
-        self.engine.load(Path(folder))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -12,12 +11,7 @@ from quartet.config.root import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.engines import MicroSpec
 
-__all__ = ["dp_world", "mean_metrics", "mini_batches", "optimizer_steps", "train_micro_spec"]
-
-
-def dp_world() -> int:
-    """Data-parallel world of this rank's role (the host sets WORLD_SIZE; 1 outside a host)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+__all__ = ["mean_metrics", "mini_batches", "optimizer_steps", "train_micro_spec"]
 
 
 def train_micro_spec(rc: ActorConfig | CriticConfig) -> MicroSpec:

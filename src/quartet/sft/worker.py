@@ -16,7 +16,6 @@ the gradient is that of one big batch whatever the micro-batching and the number
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
@@ -27,6 +26,7 @@ from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode
 from quartet.core.loss_agg import aggregate_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.roles.engine_role import EngineRole
 
 __all__ = ["SFTWorker", "sft_loss"]
 
@@ -42,7 +42,7 @@ def sft_loss(
     return loss, {"tokens": float(scale.tokens), "sequences": float(scale.sequences)}
 
 
-class SFTWorker:
+class SFTWorker(EngineRole):
     """One rank of supervised fine-tuning: optimizer steps, validation loss, checkpoints, export."""
 
     def __init__(self, cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> None:
@@ -78,14 +78,3 @@ class SFTWorker:
         mask = batch["response_mask"] != 0
         nll = -torch.where(mask, logprobs, torch.zeros((), dtype=logprobs.dtype)).sum()
         return {"nll_sum": float(nll), "tokens": float(mask.sum())}
-
-    @dispatch(Split.BROADCAST)
-    def save(self, folder: str) -> None:
-        """Model, optimizer, scheduler and RNG state of every rank under `folder`."""
-        self.engine.save(Path(folder))
-
-    @dispatch(Split.BROADCAST)
-    def export_hf(self, folder: str) -> str | None:
-        """A Hugging Face folder of the full model (every rank gathers, rank 0 writes); its path on rank 0."""
-        path = self.engine.export_hf(Path(folder))
-        return str(path) if path is not None else None
