@@ -174,18 +174,18 @@ def _runs() -> tuple[list[RunFacts], bool]:
     return sorted(runs.values(), key=lambda r: (r.namespace, r.prefix)), state_api
 
 
-PROBE = """
-import json, sys, time
-from quartet.cluster.discovery import find_workers
-address, namespace, prefix, expected, timeout = sys.argv[1:6]
-try:
-    handles = find_workers(address, namespace, prefix, int(expected), timeout_s=float(timeout))
-    import ray
-    pids = ray.get([h.ping.remote() for h in handles], timeout=float(timeout))
-    print("PROBE", json.dumps({"pids": pids}))
-except Exception as err:
-    print("PROBE", json.dumps({"error": f"{type(err).__name__}: {err}"}))
-"""
+def _probe(argv: list[str]) -> dict[str, Any]:
+    """In the fresh process of `probe_discovery`: find the workers, ping each, report pids or the error."""
+    from quartet.cluster.discovery import find_workers
+
+    address, namespace, prefix, expected, timeout = argv
+    try:
+        handles = find_workers(address, namespace, prefix, int(expected), timeout_s=float(timeout))
+        import ray
+
+        return {"pids": ray.get([h.ping.remote() for h in handles], timeout=float(timeout))}
+    except Exception as err:  # reported to the parent as data, which names it in the doctor's output
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 def probe_discovery(
@@ -193,7 +193,7 @@ def probe_discovery(
 ) -> ProbeResult:
     """From a fresh process: find `expected` workers of the run and ping each (the whole round trip)."""
     start = time.monotonic()
-    args = [sys.executable, "-c", PROBE, address, namespace, prefix, str(expected), str(timeout_s)]
+    args = [sys.executable, "-m", __name__, address, namespace, prefix, str(expected), str(timeout_s)]
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s + 60)
     except subprocess.TimeoutExpired:
@@ -208,3 +208,7 @@ def probe_discovery(
     if "error" in data:
         return ProbeResult(namespace, prefix, expected, False, seconds, error=data["error"])
     return ProbeResult(namespace, prefix, expected, len(data["pids"]) >= expected, seconds, pids=data["pids"])
+
+
+if __name__ == "__main__":  # the probe's fresh process (see `probe_discovery`)
+    sys.stdout.write("PROBE " + json.dumps(_probe(sys.argv[1:6])) + "\n")
