@@ -8,6 +8,7 @@ for the placement groups is bounded, and both failures name what is missing. Ran
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from quartet.config.cluster import ClusterConfig, DeviceKind, PlacementStrategy
 __all__ = ["BundleSlot", "ResourcePool"]
 
 log = logging.getLogger(__name__)
+_RELEASE_GRACE_S = 5.0  # longest wait for resources that the cluster has but that are still held
 
 
 @dataclass(frozen=True)
@@ -93,24 +95,35 @@ class ResourcePool:
             f"({self.strategy.value})"
         )
 
-    def _check_capacity(self) -> None:
+    def _fits(self, by_node: dict[str, dict[str, float]]) -> tuple[bool, int]:
+        """Whether resources `by_node` can hold the pool, and how many nodes qualify for a pack."""
         need = self.bundle()
         per_node = self.bundles_per_node if self.strategy is PlacementStrategy.PACK else 1
-        free = _free_by_node()
-        fitting = [
-            node
-            for node, res in free.items()
-            if all(res.get(k, 0.0) + 1e-9 >= v * per_node for k, v in need.items())
-        ]
-        total_ok = all(
-            sum(r.get(k, 0.0) for r in free.values()) + 1e-9 >= v * self.world_size for k, v in need.items()
+        fitting = sum(
+            all(res.get(k, 0.0) + 1e-9 >= v * per_node for k, v in need.items()) for res in by_node.values()
         )
-        enough = len(fitting) >= self.nodes if self.strategy is PlacementStrategy.PACK else total_ok
+        if self.strategy is PlacementStrategy.PACK:
+            return fitting >= self.nodes, fitting
+        total = {k: sum(r.get(k, 0.0) for r in by_node.values()) for k in need}
+        return all(total[k] + 1e-9 >= v * self.world_size for k, v in need.items()), fitting
+
+    def _check_capacity(self) -> None:
+        """Fail at once if the cluster could never hold the pool. If it could but the resources are taken,
+        wait a moment: Ray's view of free resources lags behind pools and actors released just before."""
+        free = _free_by_node()
+        enough, fitting = self._fits(free)
+        if not enough and self._fits(_free_by_node(totals=True))[0]:
+            deadline = time.monotonic() + _RELEASE_GRACE_S
+            while not enough and time.monotonic() < deadline:
+                time.sleep(0.1)
+                free = _free_by_node()
+                enough, fitting = self._fits(free)
         if not enough:
+            per_node = self.bundles_per_node if self.strategy is PlacementStrategy.PACK else 1
             raise ResourcesUnavailableError(
                 f"the cluster cannot hold {self.describe()}: it needs {self.nodes} node(s) with "
-                f"{ {k: v * per_node for k, v in need.items()} } free each, and "
-                f"{len(fitting)} node(s) qualify; free resources by node: {free}. "
+                f"{ {k: v * per_node for k, v in self.bundle().items()} } free each, and "
+                f"{fitting} node(s) qualify; free resources by node: {free}. "
                 "Fix: lower cluster.nodes / cluster.bundles_per_node / cluster.cpus_per_bundle, "
                 "or add resources (e.g. a larger num_cpus for the local Ray)"
             )
@@ -124,8 +137,8 @@ class ResourcePool:
         self.slots = []
 
 
-def _free_by_node() -> dict[str, dict[str, float]]:
-    """Free CPU/GPU per alive node, keyed by `ip/node-id-prefix`."""
+def _free_by_node(totals: bool = False) -> dict[str, dict[str, float]]:
+    """Free (or, with `totals`, all) CPU/GPU per alive node, keyed by `ip/node-id-prefix`."""
     import ray
 
     available: dict[str, dict[str, float]] = {}
@@ -133,7 +146,7 @@ def _free_by_node() -> dict[str, dict[str, float]]:
         # per-node availability: no public API gives it without the dashboard
         from ray._private.state import state
 
-        per_node = state.available_resources_per_node()  # type: ignore[no-untyped-call]
+        per_node = {} if totals else state.available_resources_per_node()  # type: ignore[no-untyped-call]
     except Exception:  # pragma: no cover - fall back to cluster totals
         per_node = {}
     for node in ray.nodes():  # type: ignore[no-untyped-call]
