@@ -20,6 +20,7 @@ from typing import Any
 from quartet.cluster.dispatch import check_layout
 from quartet.cluster.errors import DispatchError
 from quartet.cluster.group import RoleGroup, driver_methods
+from quartet.cluster.host import Sibling
 from quartet.cluster.hostset import HostSet, live_runs
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
@@ -47,8 +48,16 @@ def check_roles(roles: dict[str, RoleSpec]) -> None:
     """Declarations are checked on the driver before any process starts."""
     if not roles:
         raise DispatchError("colocate() needs at least one role, e.g. actor=RoleSpec(Actor, cfg.actor)")
+    started: list[str] = []
     for role, spec in roles.items():
         driver_methods(role, spec.cls)
+        for value in (*spec.args, *spec.kwargs.values()):
+            if isinstance(value, Sibling) and value.role not in started:
+                raise DispatchError(
+                    f"role '{role}' takes Sibling('{value.role}'), which must be a role listed before it in "
+                    f"the same colocate/launch call; listed before it: {started or 'none'}"
+                )
+        started.append(role)
 
 
 def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) -> HostSet:

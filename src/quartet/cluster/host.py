@@ -16,7 +16,20 @@ from typing import Any
 
 from quartet.cluster.dispatch import DataRank
 
-__all__ = ["LocalRef", "RoleHost"]
+__all__ = ["LocalRef", "RoleHost", "Sibling"]
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A constructor argument that is another role object of the same host (same process).
+
+        RoleSpec(Rollout, cfg, model_path, trainer=Sibling("actor"))
+
+    The host passes its own `actor` object, so the rollout engine copies weights in-process. The sibling
+    must be started earlier (roles start in the order they are given to `colocate`/`launch`).
+    """
+
+    role: str
 
 
 @dataclass
@@ -74,6 +87,8 @@ class RoleHost:
 
     def add_role(self, role: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DataRank:
         """Construct a role object in this process; return which data chunk it takes and if it collects."""
+        args = tuple(self._sibling(role, a) for a in args)
+        kwargs = {k: self._sibling(role, v) for k, v in kwargs.items()}
         obj = cls(*args, **kwargs)
         self.roles[role] = obj
         data_rank = getattr(obj, "data_rank", None)
@@ -83,6 +98,17 @@ class RoleHost:
         if not isinstance(layout, DataRank):
             raise TypeError(f"{cls.__qualname__}.data_rank() must return a DataRank, got {layout!r}")
         return layout
+
+    def _sibling(self, role: str, value: Any) -> Any:
+        if not isinstance(value, Sibling):
+            return value
+        if value.role not in self.roles:
+            raise LookupError(
+                f"role '{role}' needs the role '{value.role}' in the same host, but this host holds "
+                f"{sorted(self.roles) or 'no roles yet'}; place both on one pool and start "
+                f"'{value.role}' before '{role}'"
+            )
+        return self.roles[value.role]
 
     def call(self, role: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run `method` of the role object with (resolved) arguments."""

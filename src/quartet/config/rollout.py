@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.errors import require
+from quartet.config.model import Dtype
 
 __all__ = ["RolloutConfig", "RolloutEngineKind", "RolloutMode", "SamplingConfig"]
 
@@ -91,8 +92,24 @@ class RolloutConfig:
     seed: int = 0
     """Base seed of sampling; each step and rank derive their own from it."""
 
+    dtype: Dtype = Dtype.FLOAT32
+    """Weights dtype of the inference engine (float32 is fastest on CPUs without AMX; bfloat16 on GPU)."""
+
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take for weights and KV cache (vLLM on GPU only)."""
+
+    logprob_diff_warn: float = 0.05
+    """Warn when the mean |rollout - trainer| log-prob difference of a step exceeds this (stale weights?)."""
+
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_p, self.top_k, self.n)  # same local checks
+        require(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            f"must lie in (0, 1], got {self.gpu_memory_utilization}",
+            "use e.g. 0.5 when the actor trains on the same GPU",
+        )
+        require(self.logprob_diff_warn > 0, "logprob_diff_warn", "must be > 0")
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")

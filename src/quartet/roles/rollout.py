@@ -1,0 +1,165 @@
+"""The rollout role: an inference engine next to the actor in the same host process.
+
+    launch(cfg, names, actor=RoleSpec(Actor, cfg, path, steps),
+           rollout=RoleSpec(Rollout, cfg, path, trainer=Sibling("actor")))
+    batch = rollout.generate(prompts)          # responses, response_mask, rollout_logprobs, ...
+    rollout.sleep()                            # free the KV cache while the actor trains
+    ... actor.update(batch) ...
+    rollout.sync_weights()                     # the actor's new weights, in-process; wakes the engine
+
+Weight sync needs no file and no network: the rollout object holds its sibling actor object (same
+process), streams `inference_weights(actor.engine.module)` (FSDP2 shards gathered per parameter, LoRA
+merged) into the engine's own model copy. Every rank does it at once (the gather is a collective), and
+every rank's engine gets the full model: the engine is a tensor-parallel-1 replica per rank.
+
+Seeds: a training step's requests are seeded from (rollout.seed, global step, data-parallel rank, row), so
+a run is reproducible and no two rows of a step share a random stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from quartet.cluster.dispatch import Split, dispatch
+from quartet.config.rollout import SamplingConfig
+from quartet.config.root import QuartetConfig
+from quartet.core.batch import Batch
+from quartet.core.metrics import masked_max, masked_mean
+from quartet.engines.weight_export import inference_weights
+from quartet.models.loading import load_tokenizer
+from quartet.rollout.base import RolloutEngine
+from quartet.rollout.batch_io import generate_batch
+from quartet.rollout.factory import make_engine
+from quartet.rollout.types import SamplingParams
+
+if TYPE_CHECKING:
+    from quartet.roles.actor import Actor
+
+__all__ = ["Rollout", "logprob_diff_metrics"]
+
+log = logging.getLogger(__name__)
+
+_STEP_STRIDE, _RANK_STRIDE = 1_000_003, 10_007  # primes: seeds of (step, rank, row) never collide in a run
+
+
+def logprob_diff_metrics(
+    rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """`rollout/logprob_diff_max` and `_mean`: |engine - trainer| log-probs of the same tokens, [B, R].
+
+    After a weight sync both sides hold the same weights; what remains is numerics (dtype, kernels). A
+    large mean means the engine samples from another policy than the one being trained (stale weights, a
+    different temperature, a model mismatch) and PPO's ratios are off.
+    """
+    diff = (rollout_logprobs.float() - trainer_logprobs.float()).abs()
+    return {
+        "rollout/logprob_diff_max": float(masked_max(diff, mask)),
+        "rollout/logprob_diff_mean": float(masked_mean(diff, mask)),
+    }
+
+
+class Rollout:
+    """One engine replica per rank; generation, weight sync from the sibling actor, sleep/wake."""
+
+    def __init__(self, cfg: QuartetConfig, model_path: str, trainer: Actor | None = None) -> None:
+        self.cfg, self.rc = cfg, cfg.rollout
+        self.trainer = trainer
+        self.engine: RolloutEngine = make_engine(
+            cfg.rollout.engine,
+            model_path,
+            cfg.rollout,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            dtype=getattr(torch, cfg.rollout.dtype.value),
+            seed=cfg.rollout.seed,
+        )
+        self.pad_token_id = _pad_token_id(model_path)
+        self.asleep = False
+        self.syncs = 0
+
+    # ---- generation --------------------------------------------------------------------------------------
+
+    @dispatch(Split.BY_DP_RANK)
+    def generate(self, prompts: Batch) -> Batch:
+        """Responses to this rank's prompt rows (`prompts`, `attention_mask` left-padded).
+
+        Training batches sample `rollout.n` responses per prompt at the rollout temperature; batches with
+        `meta.validation` use `rollout.val`. Output layout: `quartet.rollout.batch_io`. Wakes the engine.
+        """
+        self.wake()
+        sampling = self._sampling(prompts)
+        start = time.perf_counter()
+        out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
+        seconds = time.perf_counter() - start
+        log.debug("generated %d responses in %.2f s", len(out), seconds)
+        return out.with_meta(global_step=prompts.meta.global_step, validation=prompts.meta.validation)
+
+    def _sampling(self, prompts: Batch) -> SamplingParams:
+        chosen: SamplingConfig = self.rc.val if prompts.meta.validation else self.rc.sampling
+        rank = int(os.environ.get("RANK", "0"))
+        seed = self.rc.seed + prompts.meta.global_step * _STEP_STRIDE + rank * _RANK_STRIDE
+        if prompts.meta.validation:
+            seed += _STEP_STRIDE // 2  # validation never replays a training step's stream
+        return SamplingParams(
+            temperature=chosen.temperature,
+            top_p=chosen.top_p,
+            top_k=chosen.top_k,
+            n=chosen.n,
+            max_new_tokens=self.cfg.data.max_response_length,
+            seed=seed,
+            return_logprobs=True,
+        )
+
+    # ---- weights and memory ------------------------------------------------------------------------------
+
+    @dispatch(Split.BROADCAST)
+    def sync_weights(self) -> dict[str, float]:
+        """Copy the sibling actor's current weights into the engine (wakes it first); count and seconds."""
+        if self.trainer is None:
+            raise RuntimeError(
+                "this Rollout has no trainer to sync from; construct it with trainer=Sibling('actor')"
+            )
+        self.wake()
+        start = time.perf_counter()
+        engine = self.trainer.engine
+        was_offloaded = engine.offloaded
+        if was_offloaded:
+            engine.onload()
+        try:
+            count = self.engine.load_weights(inference_weights(engine.module))
+        finally:
+            if was_offloaded:
+                engine.offload()
+        self.syncs += 1
+        return {"rollout/sync_tensors": float(count), "timing_s/weight_sync": time.perf_counter() - start}
+
+    @dispatch(Split.BROADCAST)
+    def sleep(self) -> None:
+        """Free the KV cache (and weights where the engine can) until the next `generate`/`sync_weights`."""
+        if not self.asleep:
+            self.engine.sleep(offload_weights=False)
+            self.asleep = True
+
+    @dispatch(Split.BROADCAST)
+    def wake(self) -> None:
+        if self.asleep:
+            self.engine.wake()
+            self.asleep = False
+
+    @dispatch(Split.BROADCAST)
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _pad_token_id(model_path: str) -> int:
+    """The tokenizer's pad id (its end-of-sequence id when it has none), 0 without a tokenizer."""
+    if not (Path(model_path) / "tokenizer_config.json").exists():
+        return 0
+    tok: Any = load_tokenizer(model_path)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return int(pad or 0)
