@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from quartet.config.errors import require
 
-__all__ = ["BuiltinTask", "DataConfig", "OverlongPrompt"]
+__all__ = ["ArithmeticOp", "BuiltinTask", "DataConfig", "OverlongPrompt"]
 
 
 class BuiltinTask(StrEnum):
@@ -15,6 +15,19 @@ class BuiltinTask(StrEnum):
 
     ARITHMETIC = "arithmetic"
     COUNTDOWN = "countdown"
+
+
+class ArithmeticOp(StrEnum):
+    """Operations of the built-in arithmetic chat set (by name: `+ - *` are not plain YAML scalars)."""
+
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+
+    @property
+    def symbol(self) -> str:
+        """How the operation is written in a problem."""
+        return {"add": "+", "sub": "-", "mul": "*"}[self.value]
 
 
 class OverlongPrompt(StrEnum):
@@ -43,6 +56,12 @@ class DataConfig:
 
     builtin_val_size: int = 128
     """Number of validation rows the built-in task generates."""
+
+    builtin_digits: int = 1
+    """Built-in arithmetic: digits of each operand (1: operands 0..9, 2: 0..99, ...)."""
+
+    builtin_operations: tuple[ArithmeticOp, ...] = (ArithmeticOp.ADD, ArithmeticOp.SUB, ArithmeticOp.MUL)
+    """Built-in arithmetic: operations drawn from (uniformly): any of `add`, `sub`, `mul`."""
 
     prompt_key: str = "prompt"
     """Column holding the chat messages of the prompt (a list of {role, content})."""
@@ -91,4 +110,8 @@ class DataConfig:
         require(self.val_batch_size > 0, "val_batch_size", "must be > 0", "set a positive number of prompts")
         require(self.builtin_train_size > 0, "builtin_train_size", "must be > 0")
         require(self.builtin_val_size > 0, "builtin_val_size", "must be > 0")
+        require(
+            1 <= self.builtin_digits <= 6, "builtin_digits", f"must lie in [1, 6], got {self.builtin_digits}"
+        )
+        require(bool(self.builtin_operations), "builtin_operations", "must not be empty", "e.g. [add]")
         require(bool(self.prompt_key), "prompt_key", "must not be empty", "name the prompt column")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from quartet.config.data import ArithmeticOp
 from quartet.config.errors import ConfigError, require
 from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
@@ -14,19 +14,6 @@ if TYPE_CHECKING:
     from quartet.config.root import QuartetConfig
 
 __all__ = ["ArithmeticOp", "SFTBuiltinConfig", "SFTConfig", "sft_rules"]
-
-
-class ArithmeticOp(StrEnum):
-    """Operations of the built-in arithmetic chat set (by name: `+ - *` are not plain YAML scalars)."""
-
-    ADD = "add"
-    SUB = "sub"
-    MUL = "mul"
-
-    @property
-    def symbol(self) -> str:
-        """How the operation is written in a problem."""
-        return {"add": "+", "sub": "-", "mul": "*"}[self.value]
 
 
 @dataclass(frozen=True)
@@ -109,6 +96,10 @@ class SFTConfig:
 
     max_steps: int = 0
     """Stop after this many optimizer steps; 0 runs all `epochs`."""
+
+    max_seconds: float = 0.0
+    """Stop training once this many seconds of optimizer steps have passed; 0 disables (a time-matched
+    control run, like the demo's more-SFT row, sets it)."""
 
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3, weight_decay=0.0))
     """Optimizer and schedule (2e-3 suits the tiny default model; real models want ~1e-5)."""

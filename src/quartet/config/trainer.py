@@ -60,6 +60,9 @@ class TrainerConfig:
     seed: int = 0
     """Global seed of model init, sampling and shuffling."""
 
+    critic_warmup: int = 0
+    """Steps at the start that update only the critic (PPO with GAE); the actor trains after them."""
+
     def __post_init__(self) -> None:
         require(self.total_epochs > 0, "total_epochs", "must be > 0")
         require(
@@ -70,4 +73,5 @@ class TrainerConfig:
         require(self.max_checkpoints_to_keep >= 0, "max_checkpoints_to_keep", "must be >= 0")
         require(bool(self.resume), "resume", "must not be empty", "use auto, off, or a checkpoint folder")
         require(bool(self.experiment_name), "experiment_name", "must not be empty")
+        require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0", "use 0 to train the actor at once")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

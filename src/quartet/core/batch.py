@@ -125,6 +125,10 @@ class Batch:
     def __contains__(self, key: object) -> bool:
         return key in self.non_tensors or (isinstance(key, str) and key in self.tensors)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """Column `key` (tensor or non-tensor), or `default` when the batch has no such column."""
+        return self[key] if key in self else default  # noqa: SIM401 - this is get()
+
     def __repr__(self) -> str:
         cols = ", ".join(
             f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items()

@@ -213,15 +213,19 @@ class SFTTrainer:
         pad_id: int,
         result: SFTResult,
     ) -> None:
-        """Optimizer steps over epochs until `total_steps`; validation loss after each epoch."""
+        """Optimizer steps over epochs until `total_steps` (or `sft.max_seconds` of training); validation
+        loss after each epoch."""
+        limit, spent = self.sft.max_seconds, 0.0
         for epoch in range(self.sft.epochs):
             for rows in sampler.batches(epoch):
-                if result.steps >= total_steps:
+                if result.steps >= total_steps or (limit and spent >= limit):
+                    total_steps = result.steps  # ends the epoch loop below too
                     break
                 t0 = time.perf_counter()
                 batch = collate([data.train[i] for i in rows], pad_id, group.dp_size)
                 metrics = _rank_zero(group.train_batch(batch))
                 result.steps += 1
+                spent += time.perf_counter() - t0
                 result.losses.append(metrics["loss"])
                 self.record(
                     "train",

@@ -1,5 +1,114 @@
-"""Built-in tasks: seeded problem generators with exact verifiers, and their chat data sets."""
+"""Built-in tasks: seeded problem generators with exact verifiers, and their RL and chat data sets.
 
+Each task module has `DATA_SOURCE`, a spec dataclass, `compute_score(solution_str, ground_truth,
+extra_info=None) -> float` (verl's reward-function form), `write_rl_set` (verl-layout parquet whose
+validation problems never occur in training) and `write_sft_set` (chat set of worked answers). `TASKS`
+describes them with one typed `Task` record each, keyed by the config's `BuiltinTask` enum (not by free
+strings), so the trainer and the reward layer reach a task's functions through attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from quartet.config.data import BuiltinTask, DataConfig
+from quartet.data.tasks import arithmetic, countdown
 from quartet.data.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
+from quartet.data.tasks.countdown import CountdownProblem, CountdownSpec
 
-__all__ = ["ArithmeticProblem", "ArithmeticSpec", "verify_answer"]
+__all__ = [
+    "TASKS",
+    "ArithmeticProblem",
+    "ArithmeticSpec",
+    "CountdownProblem",
+    "CountdownSpec",
+    "Scorer",
+    "Task",
+    "resolve_data_files",
+    "task_scorer",
+    "verify_answer",
+    "write_builtin",
+]
+
+Scorer = Callable[..., float]
+"""`(solution_str, ground_truth, extra_info=None) -> float`: verl's reward-function form."""
+
+SpecT = TypeVar("SpecT")
+SetWriter = Callable[[str | Path, SpecT, int, int, int], tuple[Path, Path]]
+
+
+@dataclass(frozen=True)
+class Task(Generic[SpecT]):
+    """One built-in task's entry points."""
+
+    name: BuiltinTask
+    data_source: str
+    """The `data_source` of its rows; selects `compute_score`."""
+    default_spec: SpecT
+    """The spec `write_builtin` uses (sized for the default `data.builtin_val_size`)."""
+    compute_score: Scorer
+    verify_answer: Callable[[str, str], bool]
+    write_rl_set: SetWriter[SpecT]
+    """`(folder, spec, train_size, val_size, seed) -> (train parquet, val parquet)`, verl layout."""
+    write_sft_set: SetWriter[SpecT]
+    """`(folder, spec, train_size, val_size, seed) -> (train parquet, val parquet)`, `messages` column."""
+
+
+TASKS: dict[BuiltinTask, Task[Any]] = {
+    BuiltinTask.ARITHMETIC: Task(
+        BuiltinTask.ARITHMETIC,
+        arithmetic.DATA_SOURCE,
+        # One-digit + - *: 300 problems, room for the default 128 held-out ones (at most half may be).
+        ArithmeticSpec(digits=1, operations=("+", "-", "*")),
+        arithmetic.compute_score,
+        arithmetic.verify_answer,
+        arithmetic.write_rl_set,
+        arithmetic.write_sft_set,
+    ),
+    BuiltinTask.COUNTDOWN: Task(
+        BuiltinTask.COUNTDOWN,
+        countdown.DATA_SOURCE,
+        CountdownSpec(),
+        countdown.compute_score,
+        countdown.verify_answer,
+        countdown.write_rl_set,
+        countdown.write_sft_set,
+    ),
+}
+
+
+def task_scorer(data_source: str) -> Scorer | None:
+    """The built-in task scorer of rows with this `data_source`, or None when no built-in task has it."""
+    for task in TASKS.values():
+        if task.data_source == data_source:
+            return task.compute_score
+    return None
+
+
+def write_builtin(
+    task: BuiltinTask, folder: str | Path, train_size: int, val_size: int, seed: int, spec: Any = None
+) -> tuple[Path, Path]:
+    """Write the task's RL train/val parquet files under `folder/<task>/`; their paths.
+
+    `spec` defaults to the task's `default_spec`. The files are regenerated on every call: they are a
+    deterministic function of (spec, sizes, seed), so a resumed run reads the same rows.
+    """
+    entry = TASKS[BuiltinTask(task)]
+    return entry.write_rl_set(
+        Path(folder) / entry.name.value, spec or entry.default_spec, train_size, val_size, seed
+    )
+
+
+def resolve_data_files(cfg: DataConfig, folder: str | Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(train files, validation files) of a run: `data.train_files` / `data.val_files`, or, when
+    `train_files` is empty, the built-in task written under `folder` (its validation split unless
+    `val_files` names other files)."""
+    if cfg.train_files:
+        return tuple(cfg.train_files), tuple(cfg.val_files)
+    train, val = write_builtin(
+        cfg.builtin_task, folder, cfg.builtin_train_size, cfg.builtin_val_size, cfg.seed
+    )
+    return (str(train),), tuple(cfg.val_files) or (str(val),)

@@ -7,6 +7,10 @@ problems the model has not seen, not recall.
 
 The verifier is exact: the response's answer (the whole stripped text, or the number after the last `=`
 of a worked answer like `3+4=7`) must equal the true result as an integer.
+
+Two data sets are written: the SFT chat set (`messages` column, `write_sft_set`) and the RL prompt set in
+verl's layout (`write_rl_set`: the question as the user message, the result as `reward_model.ground_truth`),
+graded by `compute_score`, verl's reward-function signature.
 """
 
 from __future__ import annotations
@@ -18,17 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quartet.data.layout import rl_row, write_parquet
+
 __all__ = [
     "DATA_SOURCE",
     "OPERATIONS",
     "ArithmeticProblem",
     "ArithmeticSpec",
     "chat_messages",
+    "compute_score",
     "extract_answer",
     "held_out_split",
+    "rl_rows",
     "sample_problems",
     "sft_rows",
     "verify_answer",
+    "write_rl_set",
     "write_sft_set",
 ]
 
@@ -150,6 +159,11 @@ def verify_answer(response: str, ground_truth: str) -> bool:
     return bool(_INTEGER.match(answer)) and int(answer) == int(ground_truth)
 
 
+def compute_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+    """1.0 when the response's answer is exactly `ground_truth`, else 0.0 (verl's reward-function form)."""
+    return 1.0 if verify_answer(solution_str, ground_truth) else 0.0
+
+
 def chat_messages(problem: ArithmeticProblem, worked_answer: bool = False) -> list[dict[str, str]]:
     """A two-message conversation: the question and the assistant's answer."""
     reply = f"{problem.expression}={problem.answer}" if worked_answer else problem.answer
@@ -166,6 +180,34 @@ def sft_rows(problems: Iterable[ArithmeticProblem], worked_answer: bool = False)
         }
         for p in problems
     ]
+
+
+def rl_rows(problems: Iterable[ArithmeticProblem], split: str) -> list[dict[str, Any]]:
+    """Rows of the RL prompt set in verl's layout (the question alone: the SFT set's prompt)."""
+    return [
+        rl_row(
+            [{"role": "user", "content": p.question}],
+            DATA_SOURCE,
+            p.answer,
+            index=i,
+            split=split,
+            ability="arithmetic",
+            extra={"expression": p.expression},
+        )
+        for i, p in enumerate(problems)
+    ]
+
+
+def write_rl_set(
+    folder: str | Path, spec: ArithmeticSpec, train_size: int, val_size: int, seed: int
+) -> tuple[Path, Path]:
+    """Write `rl_train.parquet` and `rl_val.parquet` (verl layout; no validation problem is in training)."""
+    train, val = held_out_split(spec, train_size, val_size, seed)
+    folder = Path(folder)
+    return (
+        write_parquet(rl_rows(train, "train"), folder / "rl_train.parquet"),
+        write_parquet(rl_rows(val, "val"), folder / "rl_val.parquet"),
+    )
 
 
 def write_sft_set(
