@@ -18,6 +18,7 @@ a run is reproducible and no two rows of a step share a random stream.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -85,14 +86,17 @@ class Rollout:
     # ---- generation --------------------------------------------------------------------------------------
 
     @dispatch(Split.BY_DP_RANK)
-    def generate(self, prompts: Batch) -> Batch:
+    def generate(self, prompts: Batch, greedy: bool = False) -> Batch:
         """Responses to this rank's prompt rows (`prompts`, `attention_mask` left-padded).
 
         Training batches sample `rollout.n` responses per prompt at the rollout temperature; batches with
-        `meta.validation` use `rollout.val`. Output layout: `quartet.rollout.batch_io`. Wakes the engine.
+        `meta.validation` use `rollout.val`; `greedy` gives one greedy response per prompt (ReMax's
+        baseline). Output layout: `quartet.rollout.batch_io`. Wakes the engine.
         """
         self.wake()
         sampling = self._sampling(prompts)
+        if greedy:
+            sampling = dataclasses.replace(sampling, temperature=0.0, n=1)
         start = time.perf_counter()
         out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
         seconds = time.perf_counter() - start

@@ -1,0 +1,140 @@
+"""Which rule scores a response: chosen by the row's `data_source`, the way verl's default scorer does.
+
+| data_source                                                 | scorer                                    |
+|-------------------------------------------------------------|-------------------------------------------|
+| `openai/gsm8k`, `gsm8k`                                     | `gsm8k.compute_score` (strict `####`)     |
+| `lighteval/MATH`, `math`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500`                |
+|                                                             | `math_answers.compute_score` (last box)   |
+| `math_dapo`, `aime...` (any name starting with `aime`)      | the same, or the last `Answer:` line      |
+| a built-in task's name (`arithmetic`, ...)                  | the task's own verifier                   |
+
+Anything else is an `UnknownDataSourceError` that names the data source, the known ones, and the fix
+(`reward.function`). The choice is an explicit table, not a plug-in registry: a custom scorer is one
+`reward.function` away, and a typo in a data source fails on the driver before any worker scores a row.
+
+Built-in tasks are looked up lazily through `quartet.data.tasks.task_scorer(data_source)`, whose task
+functions have the signature `compute_score(solution_str, ground_truth, extra_info=None)`; they are
+adapted to verl's. When that registry is not there, `arithmetic` falls back to its `verify_answer`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from quartet.rewards.rules import gsm8k, math_answers
+from quartet.rewards.scoring import ScoreFn
+
+__all__ = [
+    "GSM8K_SOURCES",
+    "MATH_SOURCES",
+    "UnknownDataSourceError",
+    "default_compute_score",
+    "known_data_sources",
+    "select_scorer",
+]
+
+GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")
+MATH_SOURCES = ("lighteval/MATH", "math", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+ANSWER_LINE_SOURCES = ("math_dapo",)
+ANSWER_LINE_PREFIX = "aime"
+
+
+class UnknownDataSourceError(KeyError):
+    """No rule scorer for a data source; the message lists the known ones and the fix."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, on one line
+        return str(self.args[0]) if self.args else ""
+
+
+class _TaskScorer:
+    """A built-in task's `compute_score(solution_str, ground_truth, extra_info)` under verl's signature."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+        return self.fn(solution_str, ground_truth, extra_info)
+
+
+def _arithmetic_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    from quartet.data.tasks.arithmetic import verify_answer
+
+    return 1.0 if verify_answer(solution_str, str(ground_truth)) else 0.0
+
+
+def _task_module() -> Any:
+    try:
+        import quartet.data.tasks as tasks
+    except ImportError:
+        return None
+    return tasks
+
+
+def _builtin_task_names() -> list[str]:
+    """Data sources of the built-in tasks, for error messages (`TASKS` values carry `data_source`)."""
+    tasks = getattr(_task_module(), "TASKS", None)
+    if isinstance(tasks, Mapping):
+        return sorted(str(getattr(task, "data_source", name)) for name, task in tasks.items())
+    return ["arithmetic"]
+
+
+def _task_scorer(data_source: str) -> ScoreFn | None:
+    tasks = _task_module()
+    finder = getattr(tasks, "task_scorer", None)
+    fn = finder(data_source) if finder is not None else None
+    if fn is None and data_source == "arithmetic":
+        fn = _arithmetic_score
+    return _TaskScorer(fn) if fn is not None else None
+
+
+def known_data_sources() -> list[str]:
+    """Every data source with a rule scorer (`aime*` stands for any name starting with `aime`)."""
+    return [
+        *GSM8K_SOURCES,
+        *MATH_SOURCES,
+        *ANSWER_LINE_SOURCES,
+        f"{ANSWER_LINE_PREFIX}*",
+        *_builtin_task_names(),
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def select_scorer(data_source: str) -> ScoreFn:
+    """The rule scorer of `data_source` (verl's signature); `UnknownDataSourceError` when there is none."""
+    if data_source in GSM8K_SOURCES:
+        return gsm8k.compute_score
+    if data_source in MATH_SOURCES:
+        return math_answers.compute_score
+    if data_source in ANSWER_LINE_SOURCES or data_source.startswith(ANSWER_LINE_PREFIX):
+        return functools.partial(math_answers.compute_score, answer_line=True)
+    task = _task_scorer(data_source)
+    if task is not None:
+        return task
+    raise UnknownDataSourceError(
+        f"no rule scorer for data_source {data_source!r}; known data sources: {known_data_sources()}\n"
+        "  fix: set reward.function to path/to/file.py:function_name (or package.module:function_name), "
+        "a function compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict"
+    )
+
+
+class _RuleScorer:
+    """The function used when `reward.function` is empty: the rule of each row's data source.
+
+    A class for its `warm_up`, which scoring workers call once before their first item: the built-in
+    tasks live in `quartet.data`, whose import is slow (it loads torch), and paid inside the first item's
+    time limit it would time that item out.
+    """
+
+    __name__ = "default_compute_score"
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+        return select_scorer(str(data_source))(data_source, solution_str, ground_truth, extra_info)
+
+    def warm_up(self) -> None:
+        """Import what scoring may need, outside any item's time limit."""
+        _task_module()
+
+
+default_compute_score = _RuleScorer()

@@ -1,0 +1,195 @@
+"""One RL step as the algorithm reads: named, timed phases over one batch.
+
+    generate -> reward -> (balance) -> old log-probs -> reference log-probs -> values
+             -> advantages -> critic update -> actor update -> weight sync
+
+Each phase is one call on a role group (or a pure function of `quartet.core` on the driver); its wall time
+is logged as `timing_s/<phase>` (verl's names). Roles that the algorithm does not need are absent and their
+phases skipped: no reference without a KL term, no critic without GAE.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from quartet.config import QuartetConfig
+from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
+from quartet.core.balance import balanced_order
+from quartet.core.batch import Batch
+from quartet.core.choices import AdvantageEstimator
+from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
+from quartet.core.metrics import batch_data_metrics, masked_mean
+from quartet.roles.rollout import logprob_diff_metrics
+from quartet.trainer.workers import Workers
+
+__all__ = ["PhaseTimer", "StepRunner", "kl_controller", "mean_over_ranks"]
+
+
+@dataclass
+class PhaseTimer:
+    """Wall time of named phases: `timing_s/<name>`."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + (
+                time.perf_counter() - start
+            )
+
+
+def kl_controller(cfg: QuartetConfig) -> KLController:
+    """The in-reward KL coefficient controller of `algorithm.kl_ctrl`."""
+    k = cfg.algorithm.kl_ctrl
+    return make_kl_controller(k.kind, k.coef, k.target_kl, k.horizon)
+
+
+def mean_over_ranks(outputs: Any) -> dict[str, float]:
+    """The per-key mean of the metric dicts that every data-parallel rank returned."""
+    dicts = outputs if isinstance(outputs, list) else [outputs]
+    dicts = [d for d in dicts if d]
+    keys = {k for d in dicts for k in d}
+    return {k: sum(float(d[k]) for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in keys}
+
+
+class StepRunner:
+    """Runs training steps with the run's workers, reward computer and KL controller."""
+
+    def __init__(self, cfg: QuartetConfig, workers: Workers, reward: Any, kl_ctrl: KLController) -> None:
+        self.cfg, self.workers, self.reward, self.kl_ctrl = cfg, workers, reward, kl_ctrl
+        self.estimator = cfg.algorithm.adv_estimator
+        self.params = AdvantageParams(
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+            norm_adv_by_std=cfg.algorithm.norm_adv_by_std,
+            whiten=cfg.algorithm.whiten_advantages,
+        )
+
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """`token_level_scores` (and `scores`) of the responses: reward model and/or rule scorers."""
+        if self.workers.reward_model is not None:
+            batch = batch.union(self.workers.reward_model.score(batch).select("rm_scores"))
+        scored, metrics = self.reward.score(batch)
+        return batch.union(scored), dict(metrics)
+
+    def run(self, prompts: Batch, step: int) -> tuple[Batch, dict[str, float]]:
+        """One step over `prompts` (with a `uid` column); the trained batch and the step's metrics."""
+        cfg, w, timer = self.cfg, self.workers, PhaseTimer()
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        with timer("gen"):
+            batch = w.rollout.generate(prompts)
+            baseline = (
+                w.rollout.generate(prompts, greedy=True)
+                if self.estimator is AdvantageEstimator.REMAX
+                else None
+            )
+        if cfg.rollout.sleep_while_training:
+            w.rollout.sleep()
+        with timer("reward"):
+            batch, reward_metrics = self.score(batch)
+            metrics |= reward_metrics
+            if baseline is not None:
+                scored_baseline, _ = self.score(baseline)
+                baseline_scores = scored_baseline["token_level_scores"].sum(-1)
+                batch = batch.union(
+                    Batch({"reward_baselines": baseline_scores.repeat_interleave(cfg.rollout.n)})
+                )
+        batch = self._balance(batch)
+        with timer("old_log_prob"):
+            batch = batch.union(w.actor.compute_logprobs(batch))
+        if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
+            metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
+        if "rollout_logprobs" in batch:
+            metrics |= logprob_diff_metrics(
+                batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]
+            )
+        if cfg.needs_reference:
+            with timer("ref"):
+                batch = batch.union(w.ref_logprobs(batch))
+        if w.critic is not None:
+            with timer("values"):
+                batch = batch.union(w.critic.compute_values(batch))
+        with timer("adv"):
+            batch, adv_metrics = self._advantages(batch)
+            metrics |= adv_metrics
+        if w.critic is not None:
+            with timer("update_critic"):
+                metrics |= mean_over_ranks(w.critic.update(batch))
+        if step > cfg.trainer.critic_warmup:
+            with timer("update_actor"):
+                metrics |= mean_over_ranks(w.actor.update(batch))
+            with timer("update_weights"):
+                metrics |= {
+                    k: v for k, v in mean_over_ranks(w.rollout.sync_weights()).items() if "timing" not in k
+                }
+        timer.seconds["timing_s/step"] = time.perf_counter() - start
+        metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
+        return batch, metrics
+
+    def _balance(self, batch: Batch) -> Batch:
+        """Reorder rows so every data-parallel rank gets about the same number of tokens."""
+        dp = self.workers.actor.dp_size
+        if dp == 1 or len(batch) % dp:
+            return batch
+        return batch.reorder(balanced_order(batch["attention_mask"].sum(-1), dp))
+
+    def _advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        cfg, mask = self.cfg, batch["response_mask"]
+        rewards, metrics = batch["token_level_scores"], {}
+        if cfg.algorithm.use_kl_in_reward:
+            penalty = apply_kl_penalty(
+                rewards,
+                batch["old_logprobs"],
+                batch["ref_logprobs"],
+                mask,
+                coef=self.kl_ctrl.value,
+                kind=cfg.algorithm.kl_penalty,
+            )
+            self.kl_ctrl.update(penalty.current_kl, n_steps=len(batch))
+            rewards, metrics = penalty.token_level_rewards, dict(penalty.metrics)
+        out = compute_advantages(
+            self.estimator,
+            AdvantageInputs(
+                token_level_rewards=rewards,
+                response_mask=mask,
+                values=batch.get("values", None),
+                index=batch.non_tensors["uid"],
+                reward_baselines=batch.get("reward_baselines", None),
+            ),
+            self.params,
+        )
+        metrics |= out.metrics
+        columns = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
+        return batch.union(Batch(columns)), metrics
+
+    def _data_metrics(self, batch: Batch) -> dict[str, float]:
+        prompt_width = batch["prompts"].shape[1]
+        return batch_data_metrics(
+            batch["token_level_scores"],
+            batch["token_level_rewards"],
+            batch["advantages"],
+            batch["returns"],
+            batch["response_mask"],
+            values=batch.get("values", None),
+            max_response_length=self.cfg.data.max_response_length,
+            prompt_lengths=batch["attention_mask"][:, :prompt_width].sum(-1),
+            max_prompt_length=self.cfg.data.max_prompt_length,
+        )
+
+    def _throughput(self, batch: Batch, seconds: dict[str, float]) -> dict[str, float]:
+        tokens = float(batch["attention_mask"].sum())
+        world = self.workers.actor.world_size
+        return {
+            "perf/total_num_tokens": tokens,
+            "perf/throughput": tokens / max(seconds["timing_s/step"], 1e-9) / world,
+            "perf/generated_tokens": float(batch["response_mask"].sum()),
+        }

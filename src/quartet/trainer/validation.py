@@ -1,0 +1,45 @@
+"""Validation: generate on the held-out prompts, score, and report accuracy per data source.
+
+Sampling is `rollout.val` (greedy, one sample by default). For n samples per prompt, with s = the score of a
+response (1/0 for the built-in verifiers):
+
+    val-core/<source>/reward/mean@n   mean of s over all responses of all prompts of that source
+    val-aux/<source>/reward/best@n    mean over prompts of max s over the prompt's n responses (n > 1)
+
+(verl's key layout: `val-core/<data_source>/<variable>/<metric>@<n>`.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from quartet.config import QuartetConfig
+from quartet.trainer.workers import Workers
+
+__all__ = ["validate"]
+
+
+def validate(cfg: QuartetConfig, workers: Workers, dataset: Any, reward: Any, step: int) -> dict[str, float]:
+    """Validation metrics of the current policy over the whole of `dataset` (a `PromptDataset`)."""
+    n = cfg.rollout.val.n
+    per_prompt: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    total = len(dataset)
+    for start in range(0, total, cfg.data.val_batch_size):
+        indices = list(range(start, min(start + cfg.data.val_batch_size, total)))
+        prompts = dataset.batch(indices).with_meta(validation=True, global_step=step)
+        generated = workers.rollout.generate(prompts)
+        scored, _ = reward.score(generated)
+        scores = scored["scores"].tolist()
+        sources = generated.non_tensors["data_source"]
+        rows = generated.non_tensors["index"]
+        for score, source, row in zip(scores, sources, rows, strict=True):
+            per_prompt[str(source)][int(row)].append(float(score))
+    metrics: dict[str, float] = {}
+    for source, prompts_scores in sorted(per_prompt.items()):
+        flat = [s for scores in prompts_scores.values() for s in scores]
+        metrics[f"val-core/{source}/reward/mean@{n}"] = sum(flat) / len(flat)
+        if n > 1:
+            best = [max(scores) for scores in prompts_scores.values()]
+            metrics[f"val-aux/{source}/reward/best@{n}"] = sum(best) / len(best)
+    return metrics
