@@ -65,6 +65,9 @@ class RoleHost:
         self.in_process = in_process  # the local backend: the driver's own process, never a Ray worker
         self.roles: dict[str, Any] = {}
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)})
+        if not in_process:
+            # A worker's stderr goes to the driver's console: no per-rank "Loading weights" progress bars.
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
     def node_info(self) -> dict[str, Any]:
         """pid, node id and IP of this process (for naming errors and checking placement)."""

@@ -60,6 +60,9 @@ class TrainerConfig:
     seed: int = 0
     """Global seed of model init, sampling and shuffling."""
 
+    export_final: bool = True
+    """Write the final policy as a Hugging Face folder, `<run dir>/hf`, at the end of the run."""
+
     critic_warmup: int = 0
     """Steps at the start that update only the critic (PPO with GAE); the actor trains after them."""
 

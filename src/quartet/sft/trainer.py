@@ -89,6 +89,8 @@ class SFTResult:
     before: ExactMatch | None = None
     after: ExactMatch | None = None
     seconds: float = 0.0
+    train_seconds: float = 0.0
+    """Time spent in optimizer steps (validation, evaluation and start-up excluded)."""
 
     def summary(self) -> Record:
         """Plain data for `summary.json` and the CLI."""
@@ -226,6 +228,7 @@ class SFTTrainer:
                 metrics = _rank_zero(group.train_batch(batch))
                 result.steps += 1
                 spent += time.perf_counter() - t0
+                result.train_seconds = spent
                 result.losses.append(metrics["loss"])
                 self.record(
                     "train",

@@ -60,6 +60,10 @@ class RLResult:
     """Validation records in order: the one before training (step 0) first."""
     last_metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    train_seconds: float = 0.0
+    """Time spent in training steps (validation and start-up excluded)."""
+    hf_dir: Path | None = None
+    """The exported final policy (`trainer.export_final`)."""
 
 
 def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData:
@@ -137,12 +141,16 @@ class RLTrainer:
                 prompts = self._prompts(data.train, sampler.next_indices(), step)
                 _, metrics = runner.run(prompts, step)
                 metrics["training/epoch"] = float(sampler.epoch)
+                result.train_seconds += metrics["timing_s/step"]
                 self.record("step", step=step, **metrics)
                 result.steps, result.last_metrics = step, metrics
                 freq = cfg.trainer.test_freq
                 if data.val is not None and ((freq and step % freq == 0) or step == total):
                     val = validate(cfg, workers, data.val, reward, step)
                     result.validations.append(self.record("val", step=step, **val))
+            if cfg.trainer.export_final:
+                workers.actor.export_hf(str(self.run_dir / "hf"))
+                result.hf_dir = self.run_dir / "hf"
         finally:
             if workers is not None:
                 workers.shutdown()
