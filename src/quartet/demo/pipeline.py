@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 Record = dict[str, Any]
 
 QUICK = [
-    "sft.epochs=25",
-    "trainer.total_steps=30",
+    "sft.epochs=40",
+    "trainer.total_steps=20",
     "trainer.test_freq=0",
     "data.builtin_train_size=2000",
 ]

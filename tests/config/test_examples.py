@@ -1,0 +1,36 @@
+"""Every shipped config (examples/ and the demo's embedded one) loads and passes validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quartet.config import load_config
+from quartet.core.choices import AdvantageEstimator
+from quartet.demo import demo_config
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*/config.yaml"))
+
+
+def test_examples_exist() -> None:
+    assert {p.parent.name for p in EXAMPLES} >= {"grpo_arithmetic", "ppo_arithmetic", "grpo_gsm8k"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
+def test_example_config_validates(path: Path) -> None:
+    # the GSM8K example runs on the user's model, named on the command line as its README says
+    overrides = ["model.path=/models/any-hf-folder"] if "gsm8k" in path.parent.name else []
+    cfg = load_config(str(path), overrides)
+    expected = AdvantageEstimator.GAE if path.parent.name.startswith("ppo") else AdvantageEstimator.GRPO
+    assert cfg.algorithm.adv_estimator is expected
+    assert cfg.needs_critic == (expected is AdvantageEstimator.GAE)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_demo_config_validates_and_matches_its_sft_set(quick: bool) -> None:
+    cfg = demo_config([], seed=3, quick=quick)
+    # the SFT examples and the RL prompts come from the same task, with the same held-out problems
+    assert cfg.sft.builtin.digits == cfg.data.builtin_digits
+    assert cfg.sft.builtin.val_size == cfg.data.builtin_val_size
+    assert cfg.sft.seed == cfg.data.seed == cfg.trainer.seed == 3
