@@ -37,8 +37,12 @@ def _progress(console: Any) -> Any:
             console.print("  grpo " + format_step(rec))
         elif kind == "val" and "val-core/arithmetic/reward/mean@1" in rec:
             console.print("  grpo " + format_val(rec))
+        elif kind == "train" and rec["step"] % 500 == 0:
+            console.print(f"  sft  step {rec['step']:>5}  epoch {rec['epoch']:>3}  loss {rec['loss']:.4f}")
         elif kind == "export":
             console.print(f"  sft  exported {rec['hf_dir']}")
+        elif kind == "demo_row":
+            console.print(f"  eval {rec['name']}: {rec['correct']}/{rec['total']} held-out problems right")
 
     return show
 
