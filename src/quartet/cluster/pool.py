@@ -3,6 +3,11 @@
 A pool is created only after checking that enough nodes have the free resources it asks for; the wait
 for the placement groups is bounded, and both failures name what is missing. Ranks are ordered by node
 (IP, then node id) and bundle index, so they are the same every time the same cluster builds the pool.
+
+`PACK` over one node is one STRICT_PACK group of `bundles_per_node` bundles. Over several nodes it is
+one STRICT_SPREAD group with one node-sized bundle per node (its ranks' resources summed), so the nodes
+are guaranteed distinct: separate per-node STRICT_PACK groups (verl's layout) may all land on one node
+when it has room, and then `nodes=2` silently means one node.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ class BundleSlot:
 
     rank: int
     placement_group: Any  # ray.util.placement_group.PlacementGroup
-    bundle_index: int
+    bundle_index: int  # several ranks share one node-sized bundle in a multi-node PACK pool
     node_id: str
     node_ip: str
 
@@ -70,11 +75,13 @@ class ResourcePool:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         self._check_capacity()
-        if self.strategy is PlacementStrategy.PACK:
-            groups = [
-                placement_group([self.bundle()] * self.bundles_per_node, strategy="STRICT_PACK")
-                for _ in range(self.nodes)
-            ]
+        ranks_per_bundle = 1
+        if self.strategy is PlacementStrategy.PACK and self.nodes == 1:
+            groups = [placement_group([self.bundle()] * self.bundles_per_node, strategy="STRICT_PACK")]
+        elif self.strategy is PlacementStrategy.PACK:
+            node_bundle = {k: v * self.bundles_per_node for k, v in self.bundle().items()}
+            groups = [placement_group([node_bundle] * self.nodes, strategy="STRICT_SPREAD")]
+            ranks_per_bundle = self.bundles_per_node
         else:
             groups = [placement_group([self.bundle()] * self.world_size, strategy="SPREAD")]
         ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=self.timeout_s)
@@ -85,7 +92,7 @@ class ResourcePool:
                 f"placement groups for {self.describe()} were not placed within {self.timeout_s:.0f} s "
                 f"(cluster.pool_timeout_s); free resources now: {_free_by_node()}"
             )
-        self.slots = _ordered_slots(groups)
+        self.slots = _ordered_slots(groups, ranks_per_bundle)
         log.debug("resource pool ready: %s", [(s.rank, s.node_ip, s.bundle_index) for s in self.slots])
         return self
 
@@ -158,7 +165,7 @@ def _free_by_node(totals: bool = False) -> dict[str, dict[str, float]]:
     return available
 
 
-def _ordered_slots(groups: list[Any]) -> list[BundleSlot]:
+def _ordered_slots(groups: list[Any], ranks_per_bundle: int) -> list[BundleSlot]:
     import ray
     from ray.util.placement_group import placement_group_table
 
@@ -167,6 +174,6 @@ def _ordered_slots(groups: list[Any]) -> list[BundleSlot]:
     for pg in groups:
         table = placement_group_table(pg)
         for index, node_id in table["bundles_to_node_id"].items():
-            entries.append((ips.get(node_id, "?"), node_id, pg, int(index)))
+            entries.extend((ips.get(node_id, "?"), node_id, pg, int(index)) for _ in range(ranks_per_bundle))
     entries.sort(key=lambda e: (e[0], e[1], e[3]))
     return [BundleSlot(rank, pg, index, node, ip) for rank, (ip, node, pg, index) in enumerate(entries)]

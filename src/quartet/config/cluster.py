@@ -28,7 +28,7 @@ class DeviceKind(StrEnum):
 class PlacementStrategy(StrEnum):
     """How a pool's bundles are placed on nodes."""
 
-    PACK = "pack"  # one STRICT_PACK placement group per node
+    PACK = "pack"  # each node's ranks packed on it; nodes guaranteed distinct (STRICT_SPREAD)
     SPREAD = "spread"  # bundles spread across nodes
 
 
