@@ -170,7 +170,7 @@ def _ordered_slots(groups: list[Any], ranks_per_bundle: int) -> list[BundleSlot]
     from ray.util.placement_group import placement_group_table
 
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
-    entries = []
+    entries: list[tuple[str, str, Any, int]] = []
     for pg in groups:
         table = placement_group_table(pg)
         for index, node_id in table["bundles_to_node_id"].items():
