@@ -113,3 +113,12 @@ def test_overlong_buffer_must_be_shorter_than_the_response_limit() -> None:
     assert "below 32" in str(info.value)
     cfg = load_config(None, ["reward.overlong_buffer=8", "data.max_response_length=32"])
     assert cfg.reward.overlong_buffer == 8
+
+
+def test_separate_pools_names_roles_and_needs_ray() -> None:
+    with pytest.raises(ConfigError, match=r"(?s)cluster\.separate_pools.*'rollout'.*actor and its rollout"):
+        load_config(None, ["cluster.separate_pools=[rollout]"])
+    with pytest.raises(ConfigError, match=r"(?s)cluster\.separate_pools.*backend=local"):
+        load_config(None, ["cluster.separate_pools=[critic]", "cluster.backend=local"])
+    cfg = load_config(None, ["cluster.separate_pools=[critic,reward_model]"])
+    assert cfg.cluster.separate_pools == ("critic", "reward_model")

@@ -8,6 +8,7 @@ are finite and carry verl's names, the actor's and critic's parameters moved, th
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,11 @@ def _weights(group: Any) -> dict[str, torch.Tensor]:
     return group.execute(grab)[0]
 
 
+def _groups(workers: Workers) -> dict[str, Any]:
+    roles = ("actor", "rollout", "reference", "critic", "reward_model")
+    return {r: getattr(workers, r) for r in roles if getattr(workers, r) is not None}
+
+
 def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> bool:
     return any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -126,11 +132,22 @@ def _check_metrics(metrics: list[dict[str, float]], keys: list[str], phases: lis
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_three_steps_on_ray(ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, algo: str) -> None:
+    # PPO puts its critic on a pool of its own (cluster.separate_pools); GRPO keeps every role on one
+    separate = ["cluster.separate_pools=[critic]", "cluster.cpus_per_bundle=0.5"] if algo == "ppo" else []
     cfg = _config(
-        tiny_model_dir, tmp_path, *(PPO if algo == "ppo" else GRPO), "cluster.namespace=quartet-tests"
+        tiny_model_dir,
+        tmp_path,
+        *(PPO if algo == "ppo" else GRPO),
+        "cluster.namespace=quartet-tests",
+        *separate,
     )
     workers, metrics, before = _run_steps(cfg, 3, tmp_path)
     try:
+        pids = {role: group.execute(lambda _: os.getpid())[0] for role, group in _groups(workers).items()}
+        if algo == "ppo":
+            assert pids["critic"] != pids["actor"] == pids["reference"] == pids["rollout"]
+        else:
+            assert len(set(pids.values())) == 1  # one host process holds every role
         assert _changed(before["actor"], _weights(workers.actor))
         assert not _changed(before["reference"], _weights(workers.reference))
         if algo == "ppo":

@@ -7,7 +7,10 @@ from enum import StrEnum
 
 from quartet.config.errors import require
 
-__all__ = ["Backend", "ClusterConfig", "DeviceKind", "PlacementStrategy"]
+__all__ = ["SEPARABLE_ROLES", "Backend", "ClusterConfig", "DeviceKind", "PlacementStrategy"]
+
+SEPARABLE_ROLES = ("reference", "critic", "reward_model")
+"""Roles that `cluster.separate_pools` may move off the actor's pool (the rollout stays with the actor)."""
 
 
 class Backend(StrEnum):
@@ -34,7 +37,7 @@ class PlacementStrategy(StrEnum):
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Ray cluster and resource pool of the run (all roles colocated on the same bundles)."""
+    """Ray cluster and resource pools of the run (every role colocated on one pool unless separated)."""
 
     backend: Backend = Backend.RAY
     """`ray` (actors on placement groups) or `local` (roles as plain objects in the driver, world size 1)."""
@@ -72,6 +75,10 @@ class ClusterConfig:
     call_timeout_s: float = 3600.0
     """Longest wait for one call on a worker group before the driver reports which ranks hang."""
 
+    separate_pools: tuple[str, ...] = ()
+    """Roles on a pool of their own, of the same shape as the main one (`reference`, `critic`,
+    `reward_model`): their memory never competes with the actor's, at the price of more devices."""
+
     def __post_init__(self) -> None:
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
         require(self.bundles_per_node >= 1, "bundles_per_node", f"must be >= 1, got {self.bundles_per_node}")
@@ -80,6 +87,22 @@ class ClusterConfig:
         require(bool(self.namespace), "namespace", "must not be empty", "name the run's Ray namespace")
         require(self.pool_timeout_s > 0, "pool_timeout_s", "must be > 0")
         require(self.call_timeout_s > 0, "call_timeout_s", "must be > 0")
+        for role in self.separate_pools:
+            require(
+                role in SEPARABLE_ROLES,
+                "separate_pools",
+                f"'{role}' is not a role that can have its own pool",
+                f"use some of {list(SEPARABLE_ROLES)}; the actor and its rollout always share the main pool",
+            )
+        require(
+            len(set(self.separate_pools)) == len(self.separate_pools), "separate_pools", "lists a role twice"
+        )
+        require(
+            self.backend == Backend.RAY or not self.separate_pools,
+            "separate_pools",
+            "needs host processes of its own, but backend=local runs every role in the driver",
+            "use cluster.backend=ray, or leave cluster.separate_pools empty",
+        )
         require(
             self.backend == Backend.RAY or self.world_size == 1,
             "backend",

@@ -1,15 +1,16 @@
-"""The role groups of an RL run, started on one colocated pool.
+"""The role groups of an RL run, started on one colocated pool (or more, by config).
 
 Every role lives in the same host process per bundle (one Ray actor per device slot): the actor, the
 rollout engine next to it (weights synced in-process), and when the algorithm needs them the reference
 policy (for KL; with LoRA the actor itself serves it with adapters disabled), the critic (GAE) and the
-reward model. The driver calls the groups; `shutdown()` ends them all.
+reward model. `cluster.separate_pools` moves the reference, critic or reward model onto a pool of its own
+(its own host processes, label = the role's name). The driver calls the groups; `shutdown()` ends them all.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from quartet.cluster.colocate import HostSet, RoleSpec
@@ -34,6 +35,7 @@ class Workers:
     """Handles of the run's role groups (None for roles the algorithm does not use)."""
 
     hosts: HostSet
+    """The main pool's hosts (actor, rollout and every role not separated)."""
     actor: RoleGroup[Actor]
     rollout: RoleGroup[Rollout]
     reference: RoleGroup[Reference] | None
@@ -41,13 +43,22 @@ class Workers:
     reward_model: RoleGroup[RewardModel] | None
     ref_in_actor: bool
     """With LoRA the actor computes the reference log-probs itself (adapters disabled)."""
+    separate: dict[str, HostSet] = field(default_factory=dict)
+    """Hosts of the roles on a pool of their own, by role."""
 
     def shutdown(self) -> None:
         try:
             self.rollout.shutdown()
         except Exception:  # the hosts are going away anyway; their shutdown below reports real failures
             log.debug("rollout engine shutdown failed", exc_info=True)
-        self.hosts.shutdown()
+        errors: list[BaseException] = []
+        for hosts in [self.hosts, *self.separate.values()]:
+            try:
+                hosts.shutdown()
+            except Exception as exc:  # shut the others down before reporting
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def ref_logprobs(self, batch: Any) -> Any:
         """`ref_logprobs` of the batch from wherever the reference policy lives."""
@@ -70,9 +81,21 @@ def start_workers(cfg: QuartetConfig, model_path: str, names: RunNames, total_st
         roles["critic"] = RoleSpec(Critic, cfg, model_path, total_steps)
     if cfg.reward.model_path:
         roles["reward_model"] = RoleSpec(RewardModel, cfg, model_path)
-    hosts = launch(cfg.cluster, names, "rl", **roles)
-    groups = hosts.groups
+    separate: dict[str, HostSet] = {}
+    try:
+        for role in cfg.cluster.separate_pools:
+            if role in roles:
+                separate[role] = launch(cfg.cluster, names, role, **{role: roles.pop(role)})
+        hosts = launch(cfg.cluster, names, "rl", **roles)
+    except BaseException:
+        for started in separate.values():
+            started.shutdown()
+        raise
+    groups = dict(hosts.groups)
+    for role, role_hosts in separate.items():
+        groups[role] = role_hosts.groups[role]
     return Workers(
+        separate=separate,
         hosts=hosts,
         actor=groups["actor"],
         rollout=groups["rollout"],
