@@ -201,3 +201,42 @@ def test_full_run_writes_records_and_validates(
     lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(records)  # every record is on disk too
     assert (result.run_dir / "config.yaml").exists()
+
+
+def test_dynamic_sampling_draws_more_prompts_in_a_real_step(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "cluster.backend=local",
+        "algorithm.filter_groups=true",
+        "algorithm.max_num_gen_batches=3",
+    )
+    tokenizer = load_tokenizer(cfg.model.path)
+    data = prepare_rl_data(cfg, tokenizer, tmp_path)
+    reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
+    workers = start_workers(cfg, cfg.model.path, RunNames.new(cfg.cluster.namespace, "dapo"), 1)
+    drawn: list[int] = []
+
+    def more(k: int) -> Any:
+        drawn.append(k)
+        return RLTrainer._prompts(data.train, list(range(4 * k, 4 * k + 4)), 1, draw=k)
+
+    try:
+        runner = StepRunner(cfg, workers, reward, kl_controller(cfg), data.train.pad_id)
+        batch, metrics = runner.run(RLTrainer._prompts(data.train, [0, 1, 2, 3], 1), 1, more)
+    finally:
+        workers.shutdown()
+        reward.close()
+    kept, padded = metrics["dynamic_sampling/kept_groups"], metrics["dynamic_sampling/padded_groups"]
+    assert len(batch) == 4 * cfg.rollout.n  # always the configured batch
+    assert metrics["dynamic_sampling/gen_batches"] == 1 + len(drawn)
+    assert drawn == list(range(1, len(drawn) + 1)) and len(drawn) <= 2
+    assert padded == max(0.0, 4 - kept)
+    # the informative groups lead the batch: each of the first min(kept, 4) groups has unequal scores
+    scores = batch["token_level_scores"].sum(-1).view(4, cfg.rollout.n)
+    informative = (scores.max(-1).values > scores.min(-1).values).tolist()
+    assert informative == [True] * int(min(kept, 4)) + [False] * int(padded)

@@ -61,8 +61,14 @@ class AlgorithmConfig:
     """Coefficient controller of the in-reward KL."""
 
     filter_groups: bool = False
-    """DAPO dynamic sampling: drop prompt groups whose rewards are all equal (zero advantage); counted."""
+    """DAPO dynamic sampling: drop prompt groups whose rewards are all equal (zero advantage) and generate
+    on fresh prompts until `data.train_batch_size` informative groups remain; counted."""
+
+    max_num_gen_batches: int = 4
+    """Dynamic sampling: generation batches per step at most; short of groups after them, the batch is
+    filled with dropped ones (`dynamic_sampling/padded_groups`)."""
 
     def __post_init__(self) -> None:
         require(0.0 <= self.gamma <= 1.0, "gamma", f"must lie in [0, 1], got {self.gamma}")
         require(0.0 <= self.lam <= 1.0, "lam", f"must lie in [0, 1], got {self.lam}")
+        require(self.max_num_gen_batches >= 1, "max_num_gen_batches", "must be >= 1")

@@ -35,7 +35,7 @@ from quartet.core.metrics import masked_max, masked_mean
 from quartet.engines.weight_export import inference_weights
 from quartet.models.loading import load_tokenizer
 from quartet.rollout.base import RolloutEngine
-from quartet.rollout.batch_io import generate_batch
+from quartet.rollout.batch_io import generate_batch, pad_rollout
 from quartet.rollout.factory import make_engine
 from quartet.rollout.types import SamplingParams
 
@@ -91,7 +91,8 @@ class Rollout:
 
         Training batches sample `rollout.n` responses per prompt at the rollout temperature; batches with
         `meta.validation` use `rollout.val`; `greedy` gives one greedy response per prompt (ReMax's
-        baseline). Output layout: `quartet.rollout.batch_io`. Wakes the engine.
+        baseline). Output layout: `quartet.rollout.batch_io`, responses padded to `data.max_response_length`
+        (the training engines trim the padding). Wakes the engine.
         """
         self.wake()
         sampling = self._sampling(prompts)
@@ -99,6 +100,8 @@ class Rollout:
             sampling = dataclasses.replace(sampling, temperature=0.0, n=1)
         start = time.perf_counter()
         out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
+        # every rank's responses as wide as the limit, so data-parallel ranks' batches join
+        out = pad_rollout(out, out["prompts"].shape[1], sampling.max_new_tokens, self.pad_token_id)
         seconds = time.perf_counter() - start
         log.debug("generated %d responses in %.2f s", len(out), seconds)
         return out.with_meta(global_step=prompts.meta.global_step, validation=prompts.meta.validation)

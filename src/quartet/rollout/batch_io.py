@@ -9,13 +9,15 @@ Output, with n samples per prompt (sample j of prompt i at row i*n + j, every in
     attention_mask [B*n, P+R] int64 (the prompt mask followed by response_mask),
     rollout_logprobs [B*n, R] float32 (0 on padding; only when the sampling asks for log-probs),
     finish_reason: non-tensor column of "stop" / "length" / "abort".
-R is the longest response. `meta.temperature` is set to the temperature the log-probs were computed at
+R is the longest response (`pad_rollout` widens it, e.g. to the response limit so that data-parallel ranks'
+batches join). `meta.temperature` is set to the temperature the log-probs were computed at
 (1.0 for greedy decoding; see `quartet.rollout.types`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,7 +26,7 @@ from quartet.core.batch import Batch, BatchError
 from quartet.rollout.base import RolloutEngine
 from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
 
-__all__ = ["generate_batch", "outputs_to_batch", "requests_from_batch"]
+__all__ = ["concat_rollouts", "generate_batch", "outputs_to_batch", "pad_rollout", "requests_from_batch"]
 
 
 def requests_from_batch(batch: Batch, sampling: SamplingParams) -> list[GenerationRequest]:
@@ -94,3 +96,46 @@ def generate_batch(
     """Sample `sampling.n` responses per prompt row of `prompts` with `engine` (layout in the module doc)."""
     outputs = engine.generate(requests_from_batch(prompts, sampling))
     return outputs_to_batch(prompts, outputs, pad_token_id, sampling.temperature)
+
+
+def pad_rollout(batch: Batch, prompt_width: int, response_width: int, pad_token_id: int) -> Batch:
+    """`batch` (the layout above, plus any response-aligned [B, R] columns such as scores) padded to
+    [B, prompt_width] prompts (on the left) and [B, response_width] responses (on the right).
+
+    Padding is `pad_token_id` in `prompts`/`responses` and 0 elsewhere, so masks mark it as padding; the
+    training engines trim columns that are padding in every row, so a wider batch costs no compute.
+    """
+    prompts, mask = batch["prompts"], batch["attention_mask"]
+    p, total = prompts.shape[1], mask.shape[1]
+    r = total - p
+    if prompt_width < p or response_width < r:
+        raise BatchError(f"cannot pad a [{p} + {r}] rollout down to [{prompt_width} + {response_width}]")
+    left, right = prompt_width - p, response_width - r
+    if not left and not right:
+        return batch
+    columns: dict[str, torch.Tensor] = {}
+    for name, value in batch.columns().items():
+        fill = pad_token_id if name in ("prompts", "responses") else 0
+        if name == "prompts":
+            columns[name] = torch.nn.functional.pad(value, (left, 0), value=fill)
+        elif name == "attention_mask":
+            columns[name] = torch.nn.functional.pad(value, (left, right), value=0)
+        elif value.dim() >= 2 and value.shape[1] == r:
+            widths = (0, 0) * (value.dim() - 2) + (0, right)  # F.pad lists the last dimension first
+            columns[name] = torch.nn.functional.pad(value, widths, value=fill)
+        elif value.dim() >= 2:
+            raise BatchError(
+                f"column '{name}' {tuple(value.shape)} is neither prompt- ({p}) nor response-aligned ({r})"
+            )
+        else:
+            columns[name] = value
+    return Batch(columns, dict(batch.non_tensors), batch.meta, batch_size=len(batch))
+
+
+def concat_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
+    """Rows of rollout batches of different prompt/response widths, in order (padded to the widest)."""
+    if not batches:
+        raise BatchError("concat_rollouts needs at least one batch")
+    prompt_width = max(b["prompts"].shape[1] for b in batches)
+    response_width = max(b["attention_mask"].shape[1] - b["prompts"].shape[1] for b in batches)
+    return Batch.concat([pad_rollout(b, prompt_width, response_width, pad_token_id) for b in batches])

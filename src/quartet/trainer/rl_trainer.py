@@ -132,14 +132,18 @@ class RLTrainer:
             workers = start_workers(cfg, model_path, names, total)
             if cfg.cluster.backend == "ray":
                 workers.hosts.names.save(self.run_dir)
-            runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
+            runner = StepRunner(cfg, workers, reward, kl_controller(cfg), data.train.pad_id)
             if data.val is not None and cfg.trainer.val_before_train:
                 result.validations.append(
                     self.record("val", step=0, **validate(cfg, workers, data.val, reward, 0))
                 )
             for step in range(1, total + 1):
                 prompts = self._prompts(data.train, sampler.next_indices(), step)
-                _, metrics = runner.run(prompts, step)
+
+                def more(k: int, step: int = step) -> Batch:  # dynamic sampling's extra draws
+                    return self._prompts(data.train, sampler.next_indices(), step, draw=k)
+
+                _, metrics = runner.run(prompts, step, more)
                 metrics["training/epoch"] = float(sampler.epoch)
                 result.train_seconds += metrics["timing_s/step"]
                 self.record("step", step=step, **metrics)
@@ -159,8 +163,9 @@ class RLTrainer:
         return result
 
     @staticmethod
-    def _prompts(dataset: PromptDataset, indices: list[int], step: int) -> Batch:
+    def _prompts(dataset: PromptDataset, indices: list[int], step: int, draw: int = 0) -> Batch:
         """The step's prompt batch with a fresh `uid` per prompt (the group id of its n responses)."""
         batch = dataset.batch(indices)
-        uids = Batch({}, {"uid": [f"s{step}-p{i}" for i in range(len(indices))]}, batch_size=len(indices))
-        return batch.union(uids).with_meta(global_step=step)
+        uids = [f"s{step}-d{draw}-p{i}" for i in range(len(indices))]
+        uids_batch = Batch({}, {"uid": uids}, batch_size=len(indices))
+        return batch.union(uids_batch).with_meta(global_step=step)

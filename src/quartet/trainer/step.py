@@ -11,7 +11,7 @@ phases skipped: no reference without a KL term, no critic without GAE.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +24,7 @@ from quartet.core.choices import AdvantageEstimator
 from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
 from quartet.core.metrics import batch_data_metrics, masked_mean
 from quartet.roles.rollout import logprob_diff_metrics
+from quartet.trainer.dynamic_sampling import fill_informative_groups
 from quartet.trainer.workers import Workers
 
 __all__ = ["PhaseTimer", "StepRunner", "kl_controller", "mean_over_ranks"]
@@ -63,8 +64,12 @@ def mean_over_ranks(outputs: Any) -> dict[str, float]:
 class StepRunner:
     """Runs training steps with the run's workers, reward computer and KL controller."""
 
-    def __init__(self, cfg: QuartetConfig, workers: Workers, reward: Any, kl_ctrl: KLController) -> None:
+    def __init__(
+        self, cfg: QuartetConfig, workers: Workers, reward: Any, kl_ctrl: KLController, pad_id: int = 0
+    ) -> None:
         self.cfg, self.workers, self.reward, self.kl_ctrl = cfg, workers, reward, kl_ctrl
+        self.pad_id = pad_id
+        """Padding of prompts/responses when dynamic sampling joins rollouts of different widths."""
         self.estimator = cfg.algorithm.adv_estimator
         self.params = AdvantageParams(
             gamma=cfg.algorithm.gamma,
@@ -80,29 +85,27 @@ class StepRunner:
         scored, metrics = self.reward.score(batch)
         return batch.union(scored), dict(metrics)
 
-    def run(self, prompts: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """One step over `prompts` (with a `uid` column); the trained batch and the step's metrics."""
+    def run(
+        self, prompts: Batch, step: int, more_prompts: Callable[[int], Batch] | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """One step over `prompts` (with a `uid` column); the trained batch and the step's metrics.
+
+        `more_prompts(k)` gives the k-th extra prompt batch (fresh uids) that DAPO's dynamic sampling
+        (`algorithm.filter_groups`) draws when too few groups are informative.
+        """
         cfg, w, timer = self.cfg, self.workers, PhaseTimer()
         metrics: dict[str, float] = {}
         start = time.perf_counter()
-        with timer("gen"):
-            batch = w.rollout.generate(prompts)
-            baseline = (
-                w.rollout.generate(prompts, greedy=True)
-                if self.estimator is AdvantageEstimator.REMAX
-                else None
+        batch, reward_metrics = self._rollout(prompts, timer)
+        metrics |= reward_metrics
+        if cfg.algorithm.filter_groups:
+            extra = None if more_prompts is None else lambda k: self._rollout(more_prompts(k), timer)[0]
+            batch, filter_metrics = fill_informative_groups(
+                batch, len(prompts), cfg.rollout.n, extra, cfg.algorithm.max_num_gen_batches, self.pad_id
             )
+            metrics |= filter_metrics
         if cfg.rollout.sleep_while_training:
             w.rollout.sleep()
-        with timer("reward"):
-            batch, reward_metrics = self.score(batch)
-            metrics |= reward_metrics
-            if baseline is not None:
-                scored_baseline, _ = self.score(baseline)
-                baseline_scores = scored_baseline["token_level_scores"].sum(-1)
-                batch = batch.union(
-                    Batch({"reward_baselines": baseline_scores.repeat_interleave(cfg.rollout.n)})
-                )
         batch = self._balance(batch)
         with timer("old_log_prob"):
             batch = batch.union(w.actor.compute_logprobs(batch))
@@ -133,6 +136,24 @@ class StepRunner:
                 }
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
+        return batch, metrics
+
+    def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+        """Generate `rollout.n` responses per prompt and score them (phases `gen`, `reward`)."""
+        w, n = self.workers, self.cfg.rollout.n
+        with timer("gen"):
+            batch = w.rollout.generate(prompts)
+            baseline = (
+                w.rollout.generate(prompts, greedy=True)
+                if self.estimator is AdvantageEstimator.REMAX
+                else None
+            )
+        with timer("reward"):
+            batch, metrics = self.score(batch)
+            if baseline is not None:
+                scored_baseline, _ = self.score(baseline)
+                baseline_scores = scored_baseline["token_level_scores"].sum(-1)
+                batch = batch.union(Batch({"reward_baselines": baseline_scores.repeat_interleave(n)}))
         return batch, metrics
 
     def _balance(self, batch: Batch) -> Batch:
