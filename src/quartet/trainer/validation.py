@@ -4,9 +4,12 @@ Sampling is `rollout.val` (greedy, one sample by default). For n samples per pro
 response (1/0 for the built-in verifiers):
 
     val-core/<source>/reward/mean@n   mean of s over all responses of all prompts of that source
+    val-core/<source>/reward/pass@n   fraction of prompts with a response scoring 1, when every score of
+                                      the source is 0 or 1 (a verifier's verdict; n > 1)
     val-aux/<source>/reward/best@n    mean over prompts of max s over the prompt's n responses (n > 1)
 
-(verl's key layout: `val-core/<data_source>/<variable>/<metric>@<n>`.)
+(verl's key layout: `val-core/<data_source>/<variable>/<metric>@<n>`.) Responses are scored as in training:
+the reward model first when the run has one, then the rule scorers / the user's function.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ def validate(cfg: QuartetConfig, workers: Workers, dataset: Any, reward: Any, st
         indices = list(range(start, min(start + cfg.data.val_batch_size, total)))
         prompts = dataset.batch(indices).with_meta(validation=True, global_step=step)
         generated = workers.rollout.generate(prompts)
+        if workers.reward_model is not None:
+            generated = generated.union(workers.reward_model.score(generated).select("rm_scores"))
         scored, _ = reward.score(generated)
         scores = scored["scores"].tolist()
         sources = generated.non_tensors["data_source"]
@@ -42,4 +47,7 @@ def validate(cfg: QuartetConfig, workers: Workers, dataset: Any, reward: Any, st
         if n > 1:
             best = [max(scores) for scores in prompts_scores.values()]
             metrics[f"val-aux/{source}/reward/best@{n}"] = sum(best) / len(best)
+            if all(s in (0.0, 1.0) for s in flat):
+                passed = [1.0 in scores for scores in prompts_scores.values()]
+                metrics[f"val-core/{source}/reward/pass@{n}"] = sum(passed) / len(passed)
     return metrics
