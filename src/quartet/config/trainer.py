@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from quartet.config.errors import require
 
@@ -28,10 +29,10 @@ class TrainerConfig:
     """Project name (tracker grouping)."""
 
     experiment_name: str = "demo"
-    """Name of this run; the run folder is `output_dir/experiment_name`."""
+    """Name of this run; the run folder is `output_dir/project_name/experiment_name`."""
 
     output_dir: str = "runs"
-    """Parent folder of run folders (checkpoints, metrics, resolved config)."""
+    """Parent folder of projects' run folders (config, metrics, checkpoints, rollouts, cluster names)."""
 
     total_epochs: int = 1
     """Passes over the training data (ignored when `total_steps` > 0)."""
@@ -52,7 +53,8 @@ class TrainerConfig:
     """Keep this many most recent checkpoints; 0 keeps all."""
 
     resume: str = "auto"
-    """`auto` (latest checkpoint of the run folder if any), `off`, or a checkpoint folder."""
+    """`auto` (the run folder's latest checkpoint if it has one), `off` (start over), or a checkpoint folder
+    (`.../checkpoints/global_step_N`)."""
 
     loggers: tuple[Logger, ...] = (Logger.CONSOLE, Logger.JSONL)
     """Metric sinks; JSONL is always written to the run folder."""
@@ -66,6 +68,18 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps at the start that update only the critic (PPO with GAE); the actor trains after them."""
 
+    rollout_freq: int = 0
+    """Write samples (prompt, response, reward, advantage) of every this many steps to
+    `<run dir>/rollouts/step_N.jsonl`, and validation generations to `val_step_N.jsonl`; 0 disables."""
+
+    rollout_samples: int = 16
+    """Samples written per step by `rollout_freq` (the first rows of the batch); 0 writes all."""
+
+    @property
+    def run_dir(self) -> Path:
+        """`output_dir/project_name/experiment_name`: everything the run writes."""
+        return Path(self.output_dir) / self.project_name / self.experiment_name
+
     def __post_init__(self) -> None:
         require(self.total_epochs > 0, "total_epochs", "must be > 0")
         require(
@@ -76,5 +90,8 @@ class TrainerConfig:
         require(self.max_checkpoints_to_keep >= 0, "max_checkpoints_to_keep", "must be >= 0")
         require(bool(self.resume), "resume", "must not be empty", "use auto, off, or a checkpoint folder")
         require(bool(self.experiment_name), "experiment_name", "must not be empty")
+        require(bool(self.project_name), "project_name", "must not be empty")
+        require(self.rollout_freq >= 0, "rollout_freq", "must be >= 0", "use 0 to write no rollout records")
+        require(self.rollout_samples >= 0, "rollout_samples", "must be >= 0", "use 0 to write every sample")
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0", "use 0 to train the actor at once")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

@@ -17,7 +17,7 @@ With LoRA, the same model with adapters disabled is the reference policy (`compu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import torch
 
@@ -69,6 +69,13 @@ class Actor(EngineRole):
         self.norm_constant = float(self.ac.loss_agg_norm_constant or cfg.data.max_response_length)
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.updates = 0
+
+    def role_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "updates": self.updates}
+
+    def load_role_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.updates = int(state["updates"])
 
     # ---- no-grad passes ---------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ token-classification head with one label).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -44,6 +45,12 @@ class Critic(EngineRole):
         )
         self.norm_constant = float(cfg.data.max_response_length)
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1)
+
+    def role_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_role_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
 
     @dispatch(Split.BY_DP_RANK)
     def compute_values(self, batch: Batch) -> Batch:

@@ -156,7 +156,7 @@ class SFTTrainer:
     def __init__(self, cfg: QuartetConfig, on_record: Callable[[Record], None] | None = None) -> None:
         self.cfg, self.sft = cfg, cfg.sft
         self.on_record = on_record
-        self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
+        self.run_dir = cfg.trainer.run_dir
         self.metrics_path = self.run_dir / "metrics.jsonl"
 
     def record(self, kind: str, **values: Any) -> None:

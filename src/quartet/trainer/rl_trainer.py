@@ -7,8 +7,11 @@ One run, in order:
 2. load train/val prompts (`data.train_files`/`val_files`, or the built-in task written into the run
    folder), reporting filtered/truncated/bad rows, and a seeded sampler over the training prompts;
 3. start the workers (actor + rollout, and the reference/critic/reward model when needed) on one pool;
-4. validate before training (`trainer.val_before_train`), then run `total_steps` steps (`StepRunner`),
-   validating every `test_freq` steps and after the last;
+   with `trainer.resume` finding a checkpoint (`quartet.trainer.checkpoint`), restore the roles, the
+   sampler position and the KL controller, and continue with the batch the interrupted run would have used;
+4. validate before training (`trainer.val_before_train`, not on resume), then run the steps (`StepRunner`),
+   validating every `test_freq` steps and after the last, checkpointing every `save_freq` steps and at the
+   end, writing rollout records every `rollout_freq` steps;
 5. shut every worker down, whatever happened.
 
 Every record (data report, step metrics, validation) is appended to `<run dir>/metrics.jsonl` and handed to
@@ -32,11 +35,19 @@ from quartet.data.prompts import PromptDataset
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
 from quartet.sft.trainer import resolve_model
+from quartet.trainer.checkpoint import (
+    CheckpointError,
+    TrainerState,
+    find_resume_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+)
+from quartet.trainer.rollout_records import rollout_rows, write_rollout_records
 from quartet.trainer.step import StepRunner, kl_controller
 from quartet.trainer.validation import validate
-from quartet.trainer.workers import start_workers
+from quartet.trainer.workers import Workers, start_workers
 
-__all__ = ["RLData", "RLResult", "RLTrainer", "prepare_rl_data"]
+__all__ = ["RLData", "RLResult", "RLTrainer", "RolloutRecorder", "prepare_rl_data"]
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
@@ -92,12 +103,25 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
 
 
 class RLTrainer:
-    """Runs PPO / GRPO / ... as the config says; see the module docstring."""
+    """Runs PPO / GRPO / ... as the config says; see the module docstring.
 
-    def __init__(self, cfg: QuartetConfig, on_record: Callable[[Record], None] | None = None) -> None:
+    `stop_after`: leave the loop (with a checkpoint) after this many steps of this process, as a job with
+    a time slice would; `trainer.resume=auto` continues from there. `after_roles_saved` is a test hook
+    called inside each checkpoint write (see `quartet.trainer.checkpoint.save_checkpoint`).
+    """
+
+    def __init__(
+        self,
+        cfg: QuartetConfig,
+        on_record: Callable[[Record], None] | None = None,
+        stop_after: int | None = None,
+        after_roles_saved: Callable[[Path], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.on_record = on_record
-        self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
+        self.stop_after = stop_after
+        self.after_roles_saved = after_roles_saved
+        self.run_dir = cfg.trainer.run_dir
         self.metrics_path = self.run_dir / "metrics.jsonl"
 
     def record(self, kind: str, **values: Any) -> Record:
@@ -111,6 +135,10 @@ class RLTrainer:
     def run(self) -> RLResult:
         cfg, start = self.cfg, time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # a bad trainer.resume or an incompatible checkpoint fails here, before any worker starts
+        checkpoint = find_resume_checkpoint(cfg.trainer.resume, self.run_dir)
+        state = load_trainer_state(checkpoint, cfg.cluster.world_size) if checkpoint else None
+        self._prepare_records(state.step if state else None)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         model_path = resolve_model(cfg)
         tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
@@ -119,40 +147,64 @@ class RLTrainer:
             "data", train=data.train.report.as_dict(), val=data.val.report.as_dict() if data.val else None
         )
         sampler = PromptSampler(len(data.train), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
+        kl_ctrl = kl_controller(cfg)
         total = cfg.trainer.total_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
+        result = RLResult(self.run_dir)
+        if state is not None:
+            sampler.load_state_dict(state.sampler)
+            kl_ctrl.load_state_dict(state.kl_ctrl)
+            result.steps, result.train_seconds = state.step, state.train_seconds
         from quartet.rewards.compute import RewardComputer  # the scorer process pool starts here
 
         reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
         names = RunNames.new(cfg.cluster.namespace, cfg.trainer.experiment_name)
         if cfg.cluster.run_prefix:
             names = RunNames(cfg.cluster.namespace, cfg.cluster.run_prefix)
-        result = RLResult(self.run_dir)
         workers = None
         try:
             workers = start_workers(cfg, model_path, names, total)
             if cfg.cluster.backend == "ray":
                 workers.hosts.names.save(self.run_dir)
-            runner = StepRunner(cfg, workers, reward, kl_controller(cfg), data.train.pad_id)
-            if data.val is not None and cfg.trainer.val_before_train:
-                result.validations.append(
-                    self.record("val", step=0, **validate(cfg, workers, data.val, reward, 0))
-                )
-            for step in range(1, total + 1):
+            if checkpoint is not None:
+                self._restore(workers, checkpoint)
+                self.record("resume", step=result.steps, checkpoint=str(checkpoint))
+            runner = StepRunner(cfg, workers, reward, kl_ctrl, data.train.pad_id)
+            records = RolloutRecorder(cfg, tokenizer, self.run_dir)
+            if data.val is not None and cfg.trainer.val_before_train and state is None:
+                val = validate(cfg, workers, data.val, reward, 0, records.val_writer(0))
+                result.validations.append(self.record("val", step=0, **val))
+            first = result.steps + 1
+            for step in range(first, total + 1):
                 prompts = self._prompts(data.train, sampler.next_indices(), step)
 
                 def more(k: int, step: int = step) -> Batch:  # dynamic sampling's extra draws
                     return self._prompts(data.train, sampler.next_indices(), step, draw=k)
 
-                _, metrics = runner.run(prompts, step, more)
+                batch, metrics = runner.run(prompts, step, more)
                 metrics["training/epoch"] = float(sampler.epoch)
                 result.train_seconds += metrics["timing_s/step"]
+                records.train(batch, step)
                 self.record("step", step=step, **metrics)
                 result.steps, result.last_metrics = step, metrics
                 freq = cfg.trainer.test_freq
                 if data.val is not None and ((freq and step % freq == 0) or step == total):
-                    val = validate(cfg, workers, data.val, reward, step)
+                    val = validate(cfg, workers, data.val, reward, step, records.val_writer(step))
                     result.validations.append(self.record("val", step=step, **val))
-            if cfg.trainer.export_final:
+                stopping = self.stop_after is not None and step - first + 1 >= self.stop_after
+                save_freq = cfg.trainer.save_freq
+                if (save_freq and step % save_freq == 0) or step == total or stopping:
+                    state = TrainerState(
+                        step,
+                        sampler.state_dict(),
+                        kl_ctrl.state_dict(),
+                        result.train_seconds,
+                        cfg.cluster.world_size,
+                        model_path,
+                    )
+                    self._save(workers, state)
+                if stopping:
+                    break
+            if cfg.trainer.export_final and result.steps == total:
                 workers.actor.export_hf(str(self.run_dir / "hf"))
                 result.hf_dir = self.run_dir / "hf"
         finally:
@@ -162,6 +214,62 @@ class RLTrainer:
         result.seconds = time.perf_counter() - start
         return result
 
+    def _save(self, workers: Workers, state: TrainerState) -> Path:
+        def save_roles(folder: Path) -> list[str]:
+            workers.actor.save(str(folder / "actor"))
+            if workers.critic is not None:
+                workers.critic.save(str(folder / "critic"))
+                return ["actor", "critic"]
+            return ["actor"]
+
+        began = time.perf_counter()
+        path = save_checkpoint(
+            self.run_dir,
+            state,
+            to_yaml(self.cfg),
+            save_roles,
+            self.cfg.trainer.max_checkpoints_to_keep,
+            self.after_roles_saved,
+        )
+        self.record("checkpoint", step=state.step, path=str(path), seconds=time.perf_counter() - began)
+        return path
+
+    def _restore(self, workers: Workers, checkpoint: Path) -> None:
+        """Roles' state from `checkpoint`, then the rollout engine gets the restored actor's weights."""
+        state = load_trainer_state(checkpoint, self.cfg.cluster.world_size)
+        has_critic = workers.critic is not None
+        if ("critic" in state.roles) != has_critic:
+            raise CheckpointError(
+                f"{checkpoint} has roles {state.roles}, but this run {'has' if has_critic else 'has no'} "
+                "critic (algorithm.adv_estimator changed?). Fix: resume with the checkpoint's algorithm, or "
+                "trainer.resume=off"
+            )
+        workers.actor.load(str(checkpoint / "actor"))
+        if workers.critic is not None:
+            workers.critic.load(str(checkpoint / "critic"))
+        workers.rollout.sync_weights()
+
+    def _prepare_records(self, resumed_step: int | None) -> None:
+        """metrics.jsonl for this process: on resume, records past the checkpoint's step (written after it by
+        the interrupted run, and about to be redone) move to metrics.superseded.jsonl; on a fresh start an
+        old file is renamed aside. Nothing is deleted."""
+        if not self.metrics_path.exists():
+            return
+        if resumed_step is None:
+            aside = self.metrics_path.with_name(f"metrics.{int(time.time())}.jsonl")
+            self.metrics_path.rename(aside)
+            log.warning("a fresh start: the earlier %s was renamed %s", self.metrics_path.name, aside.name)
+            return
+        keep, superseded = [], []
+        for line in self.metrics_path.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            later = rec.get("kind") in ("step", "val", "checkpoint") and rec.get("step", 0) > resumed_step
+            (superseded if later else keep).append(line)
+        if superseded:
+            with self.metrics_path.with_name("metrics.superseded.jsonl").open("a") as f:
+                f.write("\n".join(superseded) + "\n")
+        self.metrics_path.write_text("".join(line + "\n" for line in keep))
+
     @staticmethod
     def _prompts(dataset: PromptDataset, indices: list[int], step: int, draw: int = 0) -> Batch:
         """The step's prompt batch with a fresh `uid` per prompt (the group id of its n responses)."""
@@ -169,3 +277,26 @@ class RLTrainer:
         uids = [f"s{step}-d{draw}-p{i}" for i in range(len(indices))]
         uids_batch = Batch({}, {"uid": uids}, batch_size=len(indices))
         return batch.union(uids_batch).with_meta(global_step=step)
+
+
+class RolloutRecorder:
+    """Writes rollout records (`quartet.trainer.rollout_records`) as `trainer.rollout_freq` says."""
+
+    def __init__(self, cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> None:
+        self.freq, self.limit = cfg.trainer.rollout_freq, cfg.trainer.rollout_samples
+        self.tokenizer, self.folder = tokenizer, run_dir / "rollouts"
+
+    def train(self, batch: Batch, step: int) -> None:
+        if self.freq and step % self.freq == 0:
+            rows = rollout_rows(batch, self.tokenizer, step, self.limit)
+            write_rollout_records(self.folder / f"step_{step}.jsonl", rows)
+
+    def val_writer(self, step: int) -> Callable[[Batch], None] | None:
+        if not self.freq:
+            return None
+
+        def write(batch: Batch) -> None:
+            rows = rollout_rows(batch, self.tokenizer, step)
+            write_rollout_records(self.folder / f"val_step_{step}.jsonl", rows)
+
+        return write

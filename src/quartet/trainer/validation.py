@@ -15,16 +15,26 @@ the reward model first when the run has one, then the rule scorers / the user's 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from quartet.config import QuartetConfig
+from quartet.core.batch import Batch
 from quartet.trainer.workers import Workers
 
 __all__ = ["validate"]
 
 
-def validate(cfg: QuartetConfig, workers: Workers, dataset: Any, reward: Any, step: int) -> dict[str, float]:
-    """Validation metrics of the current policy over the whole of `dataset` (a `PromptDataset`)."""
+def validate(
+    cfg: QuartetConfig,
+    workers: Workers,
+    dataset: Any,
+    reward: Any,
+    step: int,
+    on_scored: Callable[[Batch], None] | None = None,
+) -> dict[str, float]:
+    """Validation metrics of the current policy over the whole of `dataset` (a `PromptDataset`);
+    `on_scored` sees each scored batch of generations (for rollout records)."""
     n = cfg.rollout.val.n
     per_prompt: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     total = len(dataset)
@@ -35,6 +45,8 @@ def validate(cfg: QuartetConfig, workers: Workers, dataset: Any, reward: Any, st
         if workers.reward_model is not None:
             generated = generated.union(workers.reward_model.score(generated).select("rm_scores"))
         scored, _ = reward.score(generated)
+        if on_scored is not None:
+            on_scored(generated.union(scored))
         scores = scored["scores"].tolist()
         sources = generated.non_tensors["data_source"]
         rows = generated.non_tensors["index"]

@@ -1,0 +1,191 @@
+"""Run checkpoints that a crash cannot break, and finding the one to resume from.
+
+Layout, under `<run dir>/checkpoints/`:
+
+    global_step_N/
+        actor/                  the actor's engine checkpoint (sharded model + optimizer, per-rank scheduler,
+                                RNG, counters and role state; `quartet.engines.checkpoint`)
+        critic/                 the same for the critic (PPO with GAE)
+        trainer_state.json      step, sampler position, KL controller, train seconds, world size, base model
+        config.yaml             the run's resolved config
+    latest                      one line: the name of the newest complete checkpoint ("global_step_N")
+
+Atomicity: a checkpoint is written under `.tmp-global_step_N/`, every file flushed to disk, then the folder
+is renamed to `global_step_N` (a rename is atomic), and only then is `latest` replaced (written to a
+temporary file, flushed, `os.replace`d). A crash at any point leaves `latest` naming a complete checkpoint
+(or absent, before the first); a half-written `.tmp-*` folder is ignored and removed by the next save.
+`max_checkpoints_to_keep` prunes the oldest complete ones after `latest` moves.
+
+The reference policy is frozen (it is the starting model) and the rollout engine gets the actor's weights
+by a sync after loading, so neither is saved. With several nodes the run folder must be on storage every
+node sees, as in verl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CheckpointError",
+    "TrainerState",
+    "find_resume_checkpoint",
+    "list_checkpoints",
+    "load_trainer_state",
+    "save_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, incomplete, or written by an incompatible run."""
+
+
+@dataclass
+class TrainerState:
+    """The driver's side of a checkpoint (the roles' state lives in their folders)."""
+
+    step: int
+    sampler: dict[str, Any]
+    kl_ctrl: dict[str, Any]
+    train_seconds: float
+    world_size: int
+    model_path: str
+    """The base model folder the roles were built from (`quartet export` rebuilds the actor from it)."""
+    roles: list[str] = field(default_factory=list)
+    """Role folders in the checkpoint."""
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under `folder`, then the folders (so a rename cannot expose empty files)."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        _fsync(path)
+    _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of the run, oldest step first (temporary folders excluded)."""
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(
+    run_dir: Path,
+    state: TrainerState,
+    config_yaml: str,
+    save_roles: Callable[[Path], list[str]],
+    keep: int,
+    after_roles_saved: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write `global_step_<state.step>` atomically, point `latest` at it, prune to `keep` (0: keep all).
+
+    `save_roles(folder)` writes every role's state under `folder` and returns the role folder names.
+    `after_roles_saved(tmp_folder)` is a test hook (e.g. one that kills the process mid-write).
+    """
+    root = run_dir / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # left by a crash mid-save
+        shutil.rmtree(stale, ignore_errors=True)
+    name = f"global_step_{state.step}"
+    tmp, final = root / f".tmp-{name}", root / name
+    tmp.mkdir()
+    state.roles = save_roles(tmp)
+    if after_roles_saved is not None:
+        after_roles_saved(tmp)
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+    (tmp / "config.yaml").write_text(config_yaml)
+    _fsync_tree(tmp)
+    if final.exists():  # a complete checkpoint of this step from an earlier attempt: replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync(root)
+    latest_tmp = root / f".{LATEST}.tmp"
+    with latest_tmp.open("w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, root / LATEST)
+    _fsync(root)
+    if keep > 0:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint saved: %s", final)
+    return final
+
+
+def _latest(run_dir: Path) -> Path | None:
+    """The checkpoint `latest` names, else the newest complete one, else None."""
+    root = run_dir / CHECKPOINTS
+    pointer = root / LATEST
+    if pointer.exists():
+        target = root / pointer.read_text().strip()
+        if not (target / STATE_FILE).exists():
+            raise CheckpointError(
+                f"{pointer} names '{target.name}', which is missing or incomplete; "
+                f"complete checkpoints: {[p.name for p in list_checkpoints(run_dir)]}. Fix: point "
+                "trainer.resume at one of them, or set trainer.resume=off to start over"
+            )
+        return target
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint `trainer.resume` asks for: `auto` (latest, if any), `off` (None), or a folder."""
+    if resume == "off":
+        return None
+    if resume == "auto":
+        return _latest(run_dir)
+    path = Path(resume).expanduser()
+    if (path / CHECKPOINTS).is_dir() or (path / LATEST).exists():  # a run folder or its checkpoints folder
+        found = _latest(path if (path / CHECKPOINTS).is_dir() else path.parent)
+        if found is None:
+            raise CheckpointError(f"trainer.resume={resume}: the run folder has no checkpoint")
+        return found
+    if not (path / STATE_FILE).exists():
+        raise CheckpointError(
+            f"trainer.resume={resume} is not a checkpoint folder (no {STATE_FILE} in it). Fix: give a "
+            "'.../checkpoints/global_step_N' folder, or trainer.resume=auto|off"
+        )
+    return path
+
+
+def load_trainer_state(checkpoint: Path, world_size: int) -> TrainerState:
+    """The driver's state of `checkpoint`; refuses one written with another data-parallel world size."""
+    raw = json.loads((checkpoint / STATE_FILE).read_text())
+    state = TrainerState(**raw)
+    if state.world_size != world_size:
+        raise CheckpointError(
+            f"{checkpoint} was written by {state.world_size} rank(s), this run has {world_size} "
+            "(cluster.nodes x cluster.bundles_per_node). Resuming on another world size is not supported "
+            "(per-rank RNG and shuffling state would not carry over exactly). Fix: resume with the "
+            f"checkpoint's world size ({state.world_size}), export it and start a new run from the export "
+            "(`quartet export`), or set trainer.resume=off"
+        )
+    return state

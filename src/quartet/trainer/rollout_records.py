@@ -1,0 +1,99 @@
+"""Rollout records: what the policy wrote, as JSONL a person (or a script) can read.
+
+`trainer.rollout_freq` = K writes, every K steps, `<run dir>/rollouts/step_<N>.jsonl` with one line per sample
+(the first `trainer.rollout_samples` rows of the trained batch), and each validation's generations to
+`val_step_<N>.jsonl`. A line:
+
+    {"step": N, "uid": ..., "data_source": ..., "index": row in the dataset, "prompt": text,
+     "response": text, "prompt_tokens": int, "response_tokens": int, "finish_reason": ...,
+     "ground_truth": ..., "score": float, "reward": float, "advantage": float (first response token),
+     "turns": [{"role": "assistant"|"tool"|..., "text": ..., "tokens": int}, ...]   (multi-turn only)}
+
+Text is decoded from the token ids the trainer used, padding removed, special tokens kept (they matter when
+reading a chat format). Multi-turn rows (a `response_mask` with holes: tool or user tokens the model did
+not write) get `turns`: the response cut into runs of model (mask 1) and environment (mask 0) tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quartet.core.batch import Batch
+
+__all__ = ["rollout_rows", "write_rollout_records"]
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, stop) of the runs of equal values in `mask`."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of a non-tensor cell (numpy scalars and arrays become Python values)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def rollout_rows(batch: Batch, tokenizer: Any, step: int, limit: int = 0) -> list[dict[str, Any]]:
+    """The record of each of the first `limit` rows (0: all) of a generated (and maybe scored) batch."""
+    rows = len(batch) if limit <= 0 else min(limit, len(batch))
+    prompt_width = batch["prompts"].shape[1]
+    records = []
+    for i in range(rows):
+        mask = batch["attention_mask"][i]
+        prompt_ids = batch["prompts"][i][mask[:prompt_width] != 0].tolist()
+        length = int((mask[prompt_width:] != 0).sum())
+        response_ids = batch["responses"][i][:length].tolist()
+        response_mask = batch["response_mask"][i][:length].tolist()
+        rec: dict[str, Any] = {
+            "step": step,
+            "prompt": tokenizer.decode(prompt_ids),
+            "response": tokenizer.decode(response_ids),
+            "prompt_tokens": len(prompt_ids),
+            "response_tokens": length,
+        }
+        for key in ("uid", "data_source", "index", "finish_reason", "ground_truth"):
+            if key in batch.non_tensors:
+                rec[key] = _plain(batch.non_tensors[key][i])
+        if "scores" in batch:
+            rec["score"] = float(batch["scores"][i])
+        if "token_level_rewards" in batch:
+            rec["reward"] = float(batch["token_level_rewards"][i].sum())
+        if "advantages" in batch and length:
+            first = int(torch.as_tensor(response_mask).argmax()) if any(response_mask) else 0
+            rec["advantage"] = float(batch["advantages"][i][first])
+        if 0 in response_mask and length:
+            rec["turns"] = [
+                {
+                    "role": "assistant" if value else "environment",
+                    "text": tokenizer.decode(response_ids[start:stop]),
+                    "tokens": stop - start,
+                }
+                for value, start, stop in _runs(response_mask)
+            ]
+        records.append(rec)
+    return records
+
+
+def write_rollout_records(path: Path, records: list[dict[str, Any]]) -> Path:
+    """Append `records` to the JSONL file `path` (its folder is created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return path
