@@ -151,6 +151,12 @@ def test_sigkill_while_writing_a_checkpoint_leaves_latest_complete(
     steps_redone = [json.loads(x)["step"] for x in superseded.read_text().splitlines()]
     assert sorted(set(steps_redone)) == [3, 4]  # the killed run's steps 3-4, redone after the resume
     assert sorted(_scores(resumed.run_dir)) == list(range(1, STEPS + 1))  # each step once
+    # a finished run resumed again trains nothing, and says so instead of silently doing zero steps
+    records: list[dict[str, object]] = []
+    again = RLTrainer(cfg, on_record=records.append).run()
+    assert again.steps == STEPS and not [r for r in records if r["kind"] == "step"]
+    (note,) = [str(r["note"]) for r in records if r["kind"] == "resume"]
+    assert "nothing left to train" in note and "trainer.total_steps" in note
 
 
 def test_resume_refuses_another_world_size_and_a_missing_checkpoint(

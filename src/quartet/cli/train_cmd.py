@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(format_step(rec))
         elif rec["kind"] == "val":
             console.print(format_val(rec))
+        elif rec["kind"] == "resume":
+            console.print(f"[bold]{rec['note']}")
         elif rec["kind"] == "data":
             console.print(f"data  train: {rec['train']}")
 

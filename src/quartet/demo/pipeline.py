@@ -110,12 +110,13 @@ def run_demo(
 
     start = time.perf_counter()
     cfg = demo_config(overrides, seed, quick)
-    base = Path(cfg.trainer.output_dir) / f"{cfg.trainer.experiment_name}-seed{seed}"
+    project = f"{cfg.trainer.experiment_name}-seed{seed}"
+    base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
     result = DemoResult(run_dir=base)
     emit = on_record or (lambda rec: None)
 
     def stage(name: str) -> QuartetConfig:
-        return _with(cfg, "trainer", output_dir=str(base), experiment_name=name)
+        return _with(cfg, "trainer", project_name=project, experiment_name=name)
 
     sft_start = SFTTrainer(stage("sft_start"), on_record=emit).run()
     sft_dir = str(sft_start.hf_dir)
@@ -127,7 +128,7 @@ def run_demo(
         epochs=100_000,
     )
     control = SFTTrainer(control_cfg, on_record=emit).run()
-    val_file = str(base / "grpo" / "data" / "arithmetic" / "rl_val.parquet")
+    val_file = str(rl.run_dir / "data" / "arithmetic" / "rl_val.parquet")
     for name, model_dir, seconds in (
         ("SFT start", sft_dir, sft_start.train_seconds),
         ("GRPO", str(rl.hf_dir), rl.train_seconds),

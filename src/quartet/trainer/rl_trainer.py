@@ -167,7 +167,14 @@ class RLTrainer:
                 workers.hosts.names.save(self.run_dir)
             if checkpoint is not None:
                 self._restore(workers, checkpoint)
-                self.record("resume", step=result.steps, checkpoint=str(checkpoint))
+                note = f"resumed from {checkpoint} at step {result.steps} of {total}"
+                if result.steps >= total:
+                    note += (
+                        ": nothing left to train. Raise trainer.total_steps to go on, or set "
+                        "trainer.resume=off to start over"
+                    )
+                    log.warning(note)
+                self.record("resume", step=result.steps, checkpoint=str(checkpoint), note=note)
             runner = StepRunner(cfg, workers, reward, kl_ctrl, data.train.pad_id)
             records = RolloutRecorder(cfg, tokenizer, self.run_dir)
             if data.val is not None and cfg.trainer.val_before_train and state is None:
