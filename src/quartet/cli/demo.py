@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _progress(console: Any) -> Any:
-    from quartet.cli.train_cmd import format_step, format_val
+    from quartet.tracking.console_sink import format_step, format_val
 
     def show(rec: dict[str, Any]) -> None:
         kind = rec["kind"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.config import QuartetConfig, load_config
+from quartet.config.trainer import Logger
 
 __all__ = ["DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
 
@@ -115,8 +116,11 @@ def run_demo(
     result = DemoResult(run_dir=base)
     emit = on_record or (lambda rec: None)
 
+    # the demo prints its own progress (on_record): the console logger would say everything twice
+    loggers = tuple(x for x in cfg.trainer.loggers if x is not Logger.CONSOLE)
+
     def stage(name: str) -> QuartetConfig:
-        return _with(cfg, "trainer", project_name=project, experiment_name=name)
+        return _with(cfg, "trainer", project_name=project, experiment_name=name, loggers=loggers)
 
     sft_start = SFTTrainer(stage("sft_start"), on_record=emit).run()
     sft_dir = str(sft_start.hf_dir)

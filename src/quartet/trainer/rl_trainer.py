@@ -14,8 +14,9 @@ One run, in order:
    end, writing rollout records every `rollout_freq` steps;
 5. shut every worker down, whatever happened.
 
-Every record (data report, step metrics, validation) is appended to `<run dir>/metrics.jsonl` and handed to
-`on_record`. The run's Ray names go to `<run dir>/cluster.json` for tools in other processes.
+Every record (data report, step metrics, validation, checkpoint) goes to the trackers of `trainer.loggers`
+(`quartet.tracking`; `<run dir>/metrics.jsonl` always) and is handed to `on_record`. The run's Ray names
+go to `<run dir>/cluster.json` for tools in other processes.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from quartet.cluster.naming import RunNames
-from quartet.config import QuartetConfig, to_yaml
+from quartet.config import QuartetConfig, to_dict, to_yaml
 from quartet.core.batch import Batch
 from quartet.data.prompts import PromptDataset
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
 from quartet.sft.trainer import resolve_model
+from quartet.tracking import Tracking
 from quartet.trainer.checkpoint import (
     CheckpointError,
     TrainerState,
@@ -116,8 +118,11 @@ class RLTrainer:
         on_record: Callable[[Record], None] | None = None,
         stop_after: int | None = None,
         after_roles_saved: Callable[[Path], None] | None = None,
+        console: Any = None,
     ) -> None:
         self.cfg = cfg
+        self.console = console  # a rich Console for the console logger (None: its own)
+        self.tracking: Tracking | None = None
         self.on_record = on_record
         self.stop_after = stop_after
         self.after_roles_saved = after_roles_saved
@@ -125,9 +130,9 @@ class RLTrainer:
         self.metrics_path = self.run_dir / "metrics.jsonl"
 
     def record(self, kind: str, **values: Any) -> Record:
-        rec: Record = {"kind": kind, "time": time.time(), **values}
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        """Log a record to every tracker (metrics.jsonl first) and hand it to `on_record`."""
+        assert self.tracking is not None, "records are logged while the run is running"
+        rec: Record = self.tracking.log({"kind": kind, **values})
         if self.on_record is not None:
             self.on_record(rec)
         return rec
@@ -143,9 +148,6 @@ class RLTrainer:
         model_path = resolve_model(cfg)
         tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
         data = prepare_rl_data(cfg, tokenizer, self.run_dir)
-        self.record(
-            "data", train=data.train.report.as_dict(), val=data.val.report.as_dict() if data.val else None
-        )
         sampler = PromptSampler(len(data.train), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
         kl_ctrl = kl_controller(cfg)
         total = cfg.trainer.total_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
@@ -154,6 +156,20 @@ class RLTrainer:
             sampler.load_state_dict(state.sampler)
             kl_ctrl.load_state_dict(state.kl_ctrl)
             result.steps, result.train_seconds = state.step, state.train_seconds
+        t = cfg.trainer  # a logger whose package is missing fails here, before any worker starts
+        self.tracking = Tracking(
+            t.loggers,
+            self.run_dir,
+            t.project_name,
+            t.experiment_name,
+            to_dict(cfg),
+            total,
+            result.steps,
+            self.console,
+        )
+        self.record(
+            "data", train=data.train.report.as_dict(), val=data.val.report.as_dict() if data.val else None
+        )
         from quartet.rewards.compute import RewardComputer  # the scorer process pool starts here
 
         reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
@@ -175,7 +191,7 @@ class RLTrainer:
                     )
                     log.warning(note)
                 self.record("resume", step=result.steps, checkpoint=str(checkpoint), note=note)
-            runner = StepRunner(cfg, workers, reward, kl_ctrl, data.train.pad_id)
+            runner = StepRunner(cfg, workers, reward, kl_ctrl, data.train.pad_id, self.tracking.phase)
             records = RolloutRecorder(cfg, tokenizer, self.run_dir)
             if data.val is not None and cfg.trainer.val_before_train and state is None:
                 val = validate(cfg, workers, data.val, reward, 0, records.val_writer(0))
@@ -214,10 +230,14 @@ class RLTrainer:
             if cfg.trainer.export_final and result.steps == total:
                 workers.actor.export_hf(str(self.run_dir / "hf"))
                 result.hf_dir = self.run_dir / "hf"
+        except BaseException as exc:
+            self.tracking.__exit__(type(exc), exc, exc.__traceback__)  # trackers mark the run failed
+            raise
         finally:
             if workers is not None:
                 workers.shutdown()
             reward.close()
+        self.tracking.close()
         result.seconds = time.perf_counter() - start
         return result
 

@@ -35,9 +35,13 @@ class PhaseTimer:
     """Wall time of named phases: `timing_s/<name>`."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    on_enter: Callable[[str], None] | None = None
+    """Told the name of each phase as it starts (the console's progress bar shows it)."""
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        if self.on_enter is not None:
+            self.on_enter(name)
         start = time.perf_counter()
         try:
             yield
@@ -65,9 +69,16 @@ class StepRunner:
     """Runs training steps with the run's workers, reward computer and KL controller."""
 
     def __init__(
-        self, cfg: QuartetConfig, workers: Workers, reward: Any, kl_ctrl: KLController, pad_id: int = 0
+        self,
+        cfg: QuartetConfig,
+        workers: Workers,
+        reward: Any,
+        kl_ctrl: KLController,
+        pad_id: int = 0,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg, self.workers, self.reward, self.kl_ctrl = cfg, workers, reward, kl_ctrl
+        self.on_phase = on_phase
         self.pad_id = pad_id
         """Padding of prompts/responses when dynamic sampling joins rollouts of different widths."""
         self.estimator = cfg.algorithm.adv_estimator
@@ -93,7 +104,7 @@ class StepRunner:
         `more_prompts(k)` gives the k-th extra prompt batch (fresh uids) that DAPO's dynamic sampling
         (`algorithm.filter_groups`) draws when too few groups are informative.
         """
-        cfg, w, timer = self.cfg, self.workers, PhaseTimer()
+        cfg, w, timer = self.cfg, self.workers, PhaseTimer(on_enter=self.on_phase)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         batch, reward_metrics = self._rollout(prompts, timer)
