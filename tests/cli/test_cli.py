@@ -69,3 +69,6 @@ def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
     for stage in ("sft_start", "grpo", "sft_control"):
         assert (run / stage / "hf" / "config.json").exists()
     assert (run / "grpo" / "cluster.json").exists()  # it ran on Ray, and other tools can find it
+    assert (run / "grpo" / "checkpoints" / "latest").read_text().strip() == "global_step_3"
+    plot = run / "grpo" / "plots.png"
+    assert "GRPO curves" in out.stdout and plot.stat().st_size > 10_000

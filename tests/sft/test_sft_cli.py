@@ -33,7 +33,7 @@ def test_cli_runs_a_few_steps_end_to_end(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sft done" in out.stdout and "accuracy" in out.stdout and "step     4" in out.stdout
-    run_dir = tmp_path / "cli"
+    run_dir = tmp_path / "quartet" / "cli"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]

@@ -82,4 +82,6 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print(f"whole demo: {result.seconds:.0f} s; run files under {result.run_dir}")
+    if result.plot is not None:
+        console.print(f"GRPO curves (score, length, KL, entropy, time per phase): {result.plot}")
     return 0

@@ -60,6 +60,8 @@ class DemoResult:
     rows: list[DemoRow] = field(default_factory=list)
     run_dir: Path = Path(".")
     seconds: float = 0.0
+    plot: Path | None = None
+    """GRPO's curves (`quartet plot`), when matplotlib is installed."""
 
 
 def demo_config(overrides: list[str], seed: int, quick: bool) -> QuartetConfig:
@@ -142,5 +144,18 @@ def run_demo(
         row = DemoRow(name, correct / total, correct, total, seconds, model_dir)
         result.rows.append(row)
         emit({"kind": "demo_row", **dataclasses.asdict(row)})
+    result.plot = _plot(rl.run_dir)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _plot(run_dir: Path) -> Path | None:
+    """`quartet plot` of the GRPO run; None (with a log line) when matplotlib is missing."""
+    from quartet.tracking import TrackerUnavailableError
+    from quartet.tracking.plot import plot_run
+
+    try:
+        return plot_run(run_dir)
+    except TrackerUnavailableError as err:
+        log.warning("no plot: %s", err)
+        return None
