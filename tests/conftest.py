@@ -27,3 +27,10 @@ def ray_cluster() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def one_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment of rank 0 of 1, as the local backend's roles read it (a Ray host sets it there)."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")

@@ -20,9 +20,8 @@ from quartet.roles.reward_model import RewardModel
 
 
 @pytest.fixture(autouse=True)
-def _restore_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
+def _restore_env(one_local_rank: None) -> None:
+    """Local hosts set RANK/WORLD_SIZE/MASTER_* in this process; restore them after each test."""
 
 
 def _local(cfg: QuartetConfig, **roles: RoleSpec) -> HostSet:

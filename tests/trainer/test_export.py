@@ -16,7 +16,7 @@ from quartet.core.batch import Batch, BatchMeta
 from quartet.roles.actor import Actor
 from quartet.trainer.rl_trainer import RLTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_local_rank")]
 
 RUN = [
     "cluster.backend=local",
@@ -31,12 +31,6 @@ RUN = [
     "trainer.test_freq=0",
     "trainer.val_before_train=false",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _one_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
 
 
 def _tokens(vocab: int) -> Batch:

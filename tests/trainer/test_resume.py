@@ -23,7 +23,7 @@ from quartet.config import QuartetConfig, load_config
 from quartet.trainer.checkpoint import CheckpointError, list_checkpoints
 from quartet.trainer.rl_trainer import RLTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_local_rank")]
 
 STEPS = 6  # 16 prompts / 4 per step: an epoch is 4 steps
 COMMON = [
@@ -49,12 +49,6 @@ COMMON = [
     "trainer.max_checkpoints_to_keep=0",
 ]
 ALGOS = {"grpo": ["algorithm.adv_estimator=grpo"], "gae": ["algorithm.adv_estimator=gae"]}
-
-
-@pytest.fixture(autouse=True)
-def _one_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
 
 
 def _config(model: Path, out: Path, algo: str, *extra: str) -> QuartetConfig:

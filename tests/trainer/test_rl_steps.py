@@ -167,11 +167,10 @@ def test_three_steps_on_ray(ray_cluster: None, tiny_model_dir: Path, tmp_path: P
 
 
 @pytest.mark.parametrize("estimator", list(AdvantageEstimator))
+@pytest.mark.usefixtures("one_local_rank")
 def test_every_estimator_runs_a_step(
     tiny_model_dir: Path, tmp_path: Path, estimator: AdvantageEstimator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
     cfg = _config(tiny_model_dir, tmp_path, f"algorithm.adv_estimator={estimator}", "cluster.backend=local")
     workers, metrics, before = _run_steps(cfg, 1, tmp_path)
     try:
@@ -184,11 +183,10 @@ def test_every_estimator_runs_a_step(
         workers.shutdown()
 
 
+@pytest.mark.usefixtures("one_local_rank")
 def test_full_run_writes_records_and_validates(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
     cfg = _config(
         tiny_model_dir, tmp_path, "cluster.backend=local", "trainer.total_steps=2", "trainer.test_freq=1"
     )
@@ -203,11 +201,10 @@ def test_full_run_writes_records_and_validates(
     assert (result.run_dir / "config.yaml").exists()
 
 
+@pytest.mark.usefixtures("one_local_rank")
 def test_dynamic_sampling_draws_more_prompts_in_a_real_step(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
     cfg = _config(
         tiny_model_dir,
         tmp_path,

@@ -35,11 +35,10 @@ def test_typo_fails_before_any_actor_starts(capsys: pytest.CaptureFixture[str]) 
     assert was_up or ray is None or not ray.is_initialized()  # no cluster was started for it
 
 
+@pytest.mark.usefixtures("one_local_rank")
 def test_raising_and_hanging_rewards_do_not_stop_training(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
     fn = tmp_path / "bad_reward.py"
     fn.write_text(REWARD)
     cfg = load_config(
