@@ -1,0 +1,1 @@
+"""Multi-turn agentic rollout: token-exact trajectories, agent loops, tools."""

@@ -1,0 +1,76 @@
+"""Trajectories -> the rollout Batch the trainer reads (the layout of `quartet.rollout.batch_io`).
+
+Row i*n + j is trajectory j of prompt row i, every prompt column repeated so. The prompts are the
+trajectories' own prompt ids (rendered with the tools, left-padded to the longest), so `prompts` is rebuilt
+rather than copied from the input batch; the response holds model and environment tokens, right-padded to
+`response_width`, with `response_mask` 1 only on model tokens and `attention_mask` 1 on every real token.
+Environment rewards (a tool's or an interaction's) go to the non-tensor column `env_reward` (None where the
+environment gave none) for a reward function to use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from quartet.agents.trajectory import Trajectory
+from quartet.core.batch import Batch
+
+__all__ = ["trajectories_to_batch", "trajectory_metrics"]
+
+
+def trajectories_to_batch(
+    prompts: Batch, trajectories: Sequence[Trajectory], n: int, pad_token_id: int, response_width: int
+) -> Batch:
+    """The rollout batch of `trajectories` (row-major: n per prompt row of `prompts`)."""
+    if len(trajectories) != len(prompts) * n:
+        raise ValueError(f"{len(trajectories)} trajectories for {len(prompts)} prompts x n={n}")
+    rows = len(trajectories)
+    p = max(len(t.prompt_ids) for t in trajectories)
+    r = response_width
+    prompt_ids = torch.full((rows, p), pad_token_id, dtype=torch.int64)
+    responses = torch.full((rows, r), pad_token_id, dtype=torch.int64)
+    attention = torch.zeros(rows, p + r, dtype=torch.int64)
+    response_mask = torch.zeros(rows, r, dtype=torch.int64)
+    logprobs = torch.zeros(rows, r, dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        if len(t.response_ids) > r:
+            raise ValueError(f"trajectory {i} has {len(t.response_ids)} response tokens, the width is {r}")
+        k, m = len(t.prompt_ids), len(t.response_ids)
+        prompt_ids[i, p - k :] = torch.tensor(t.prompt_ids, dtype=torch.int64)
+        attention[i, p - k : p + m] = 1
+        if m:
+            responses[i, :m] = torch.tensor(t.response_ids, dtype=torch.int64)
+            response_mask[i, :m] = torch.tensor(t.response_mask, dtype=torch.int64)
+            logprobs[i, :m] = torch.tensor(t.logprobs, dtype=torch.float32)
+    base = prompts.drop("prompts", "attention_mask").repeat(n, interleave=True)
+    columns = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "attention_mask": attention,
+        "rollout_logprobs": logprobs,
+    }
+    non_tensors = {
+        "finish_reason": np.array([t.finish_reason for t in trajectories], dtype=object),
+        "env_reward": np.array([t.reward for t in trajectories], dtype=object),
+    }
+    return base.union(Batch(columns, non_tensors, batch_size=rows))
+
+
+def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Means over trajectories of their loop counters, plus turns and how trajectories ended."""
+    if not trajectories:
+        return {}
+    out: dict[str, float] = {}
+    keys = sorted({k for t in trajectories for k in t.metrics})
+    for key in keys:
+        out[f"{key}/mean"] = float(np.mean([t.metrics.get(key, 0.0) for t in trajectories]))
+    for reason in sorted({t.finish_reason for t in trajectories}):
+        share = sum(t.finish_reason == reason for t in trajectories) / len(trajectories)
+        out[f"agent/finish/{reason}"] = float(share)
+    model_tokens = [sum(t.response_mask) / max(1, t.assistant_turns) for t in trajectories]
+    out["agent/tokens_per_turn/mean"] = float(np.mean(model_tokens))
+    return out

@@ -1,0 +1,158 @@
+"""Token-exact multi-turn trajectories: model tokens as generated, environment turns rendered once.
+
+A trajectory is the prompt's token ids followed by a response that alternates model turns (tokens exactly as
+the engine sampled them, `response_mask` 1, with their log-probs) and environment turns (tool results or a
+simulated user's reply, plus the next assistant header, rendered through the tokenizer's chat template,
+`response_mask` 0, log-prob 0). History is never re-tokenized: each piece is tokenized once, when it is
+added, so the trainer scores exactly the tokens the policy produced.
+
+Rendering an environment turn (`ChatRenderer.env_turn_ids`). With a ChatML-like template an assistant
+message renders as `<|im_start|>assistant\\n{content}<|im_end|>\\n`; the model's turn ends at its end-of-turn
+token, so what follows it in the template (here "\\n") belongs to the environment's tokens. The renderer
+finds that separator by rendering a placeholder conversation, then takes the text the template adds for the
+new messages and the generation prompt, and tokenizes separator + that text once:
+
+    base = render([user, assistant(PLACEHOLDER)])                    # ends "...PLACEHOLDER<eot>\\n"
+    full = render([user, assistant(PLACEHOLDER), *new], gen_prompt)  # base + new turns + assistant header
+    env  = tokenize(base[after <eot>:] + full[len(base):])
+
+Drift check (`token_drift`): the whole conversation re-rendered by the template in one go and tokenized, as
+a chat-template-based trainer would see it, against the trajectory's ids. Zero for a template and tokenizer
+that round-trip; a model that writes a non-canonical tokenization (possible with BPE) shows up here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ChatRenderer", "Trajectory", "TurnSpan", "token_drift"]
+
+_PLACEHOLDER = "\u2063quartet-placeholder\u2063"
+
+
+@dataclass(frozen=True)
+class TurnSpan:
+    """One turn's place in the response: tokens [start, stop) written by `role`."""
+
+    role: str
+    """"assistant" (the model) or the environment's message role ("tool", "user")."""
+    start: int
+    stop: int
+
+
+@dataclass
+class Trajectory:
+    """Prompt ids and the response built turn by turn (see the module docstring)."""
+
+    prompt_ids: list[int]
+    messages: list[dict[str, Any]]
+    """The conversation as chat messages (assistant content = the decoded model turn)."""
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[TurnSpan] = field(default_factory=list)
+    finish_reason: str = ""
+    """Why the loop ended: no_tool_call, max_turns, max_tokens, length, abort, interaction_done."""
+    reward: float | None = None
+    """A score from the environment (a tool's or the interaction's), when it gives one."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def assistant_turns(self) -> int:
+        return sum(1 for t in self.turns if t.role == "assistant")
+
+    def add_model_turn(self, token_ids: list[int], logprobs: list[float] | None) -> None:
+        """Append the model's tokens exactly as generated (mask 1)."""
+        if logprobs is not None and len(logprobs) != len(token_ids):
+            raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
+        start = len(self.response_ids)
+        self.response_ids += token_ids
+        self.response_mask += [1] * len(token_ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        self.turns.append(TurnSpan("assistant", start, len(self.response_ids)))
+
+    def add_env_turn(self, role: str, token_ids: list[int]) -> None:
+        """Append environment tokens (mask 0, log-prob 0)."""
+        start = len(self.response_ids)
+        self.response_ids += token_ids
+        self.response_mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+        self.turns.append(TurnSpan(role, start, len(self.response_ids)))
+
+    def truncate(self, max_tokens: int) -> None:
+        """Cut the response to `max_tokens` (the trainer's response width)."""
+        if len(self.response_ids) <= max_tokens:
+            return
+        del self.response_ids[max_tokens:], self.response_mask[max_tokens:], self.logprobs[max_tokens:]
+        self.turns = [
+            TurnSpan(t.role, t.start, min(t.stop, max_tokens)) for t in self.turns if t.start < max_tokens
+        ]
+
+
+class ChatRenderer:
+    """Chat messages -> token ids through the tokenizer's chat template, for prompts and environment turns."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        eot = tokenizer.eos_token
+        if not eot:
+            raise ValueError("the tokenizer has no end-of-sequence token to end assistant turns with")
+        self.end_of_turn = str(eot)
+        base = self.render([{"role": "user", "content": "u"}, _assistant(_PLACEHOLDER)])
+        after = base.rfind(_PLACEHOLDER)
+        eot_at = base.find(self.end_of_turn, after)
+        if after < 0 or eot_at < 0:
+            raise ValueError(
+                "the chat template does not end an assistant message with the end-of-sequence token "
+                f"{self.end_of_turn!r}; multi-turn token bookkeeping needs it"
+            )
+        self._base = base
+        self.separator = base[eot_at + len(self.end_of_turn) :]
+        """Text the template writes after an assistant's end-of-turn token (ChatML: a newline)."""
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt and the first assistant header."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def env_turn_ids(self, new_messages: list[dict[str, Any]], ended_with_eot: bool = True) -> list[int]:
+        """Tokens after a model turn: the template's separator, `new_messages`, the next assistant header.
+
+        `ended_with_eot=False` (the model's turn stopped without its end-of-turn token, e.g. at a stop
+        string) adds the end-of-turn token first, as the template would have it.
+        """
+        conversation = [{"role": "user", "content": "u"}, _assistant(_PLACEHOLDER), *new_messages]
+        full = self.render(conversation, add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ValueError("the chat template renders earlier messages differently once more are added")
+        prefix = "" if ended_with_eot else self.end_of_turn
+        return self.encode(prefix + self.separator + full[len(self._base) :])
+
+
+def _assistant(content: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": content}
+
+
+def token_drift(renderer: ChatRenderer, trajectory: Trajectory) -> int:
+    """Positions where a one-shot re-render of the conversation differs from the trajectory's ids (plus the
+    length difference); 0 when they agree token for token."""
+    messages = trajectory.messages
+    text = renderer.render(messages, add_generation_prompt=messages[-1]["role"] != "assistant")
+    expected = renderer.encode(text)
+    actual = trajectory.prompt_ids + trajectory.response_ids
+    if messages[-1]["role"] == "assistant" and actual[-1:] == renderer.encode(renderer.end_of_turn):
+        actual = actual + renderer.encode(renderer.separator)  # the template's tail after the last turn
+    common = min(len(expected), len(actual))
+    return sum(1 for a, b in zip(expected[:common], actual[:common], strict=True) if a != b) + abs(
+        len(expected) - len(actual)
+    )
