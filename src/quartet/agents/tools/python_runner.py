@@ -1,0 +1,94 @@
+"""The Python tool: the model's program runs in the sandbox, and the model reads what happened.
+
+    python(code="print(sum(range(10)))")   ->   "exit status 0\\n[stdout]\\n45\\n"
+
+The tool message is a status line, then `[stdout]` and `[stderr]` sections when non-empty. The status line
+is `exit status N`, with the reason appended when the sandbox stepped in (`exit status 1; MemoryError:
+memory limit 512 MiB`, `exit status 1; network access is disabled in this sandbox`, `...; process limit
+reached`), or the reason alone when the program was killed (`killed: wall-clock limit 5 s`, `killed: CPU
+time limit 5 s`). `ToolResult.error` holds that reason, so the executor counts such calls as failed; a
+program that merely exits non-zero (an exception of its own) is a successful call whose output the model
+reads. How each limit is enforced, and what is a guard rather than a boundary: `quartet.agents.tools.sandbox`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quartet.agents.tools.base import Tool, ToolResult
+from quartet.agents.tools.sandbox import RunOutcome, SandboxLimits, run_python
+
+__all__ = ["PythonTool", "format_outcome"]
+
+
+def format_outcome(outcome: RunOutcome) -> str:
+    """The tool message: the status line (with the reason when stopped), then stdout and stderr."""
+    if outcome.exit_code is not None:
+        head = f"exit status {outcome.exit_code}"
+        head += f"; {outcome.reason}" if outcome.reason else ""
+    else:
+        head = outcome.reason or "no exit status"
+    parts = [head]
+    if outcome.stdout:
+        parts.append(f"[stdout]\n{outcome.stdout}")
+    if outcome.stderr:
+        parts.append(f"[stderr]\n{outcome.stderr}")
+    return "\n".join(parts)
+
+
+class PythonTool(Tool):
+    """`python(code)`: run a Python program in a limited child process (see the module docstring)."""
+
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": (
+                "Run a Python 3 program and get its stdout, stderr and exit status. Print what you need to "
+                "see. No network, no input; time and memory are limited."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "the program's source"}},
+                "required": ["code"],
+            },
+        },
+    }
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 5.0,
+        cpu_time_s: int | None = None,
+        memory_mb: int = 512,
+        max_processes: int = 32,
+        max_output_chars: int = 4096,
+        max_file_mb: int = 64,
+        namespaces: bool = True,
+        schema: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(schema=schema)
+        self.limits = SandboxLimits(
+            wall_s=timeout_s,
+            cpu_s=cpu_time_s if cpu_time_s is not None else max(1, round(timeout_s)),
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            max_output_chars=max_output_chars,
+            max_file_mb=max_file_mb,
+        )
+        self.namespaces = namespaces
+        """Try Linux namespaces first (falls back when refused); False forces the fallback."""
+
+    async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
+        outcome = await run_python(str(arguments.get("code", "")), self.limits, namespaces=self.namespaces)
+        stopped = outcome.reason is not None
+        return ToolResult(
+            text=format_outcome(outcome),
+            error=outcome.reason if stopped else None,
+            metrics={
+                "python/cpu_s": outcome.cpu_s,
+                "python/wall_s": outcome.wall_s,
+                "python/stopped": float(stopped),
+                "python/namespaces": float(outcome.namespaces),
+            },
+        )

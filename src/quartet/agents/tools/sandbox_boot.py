@@ -1,0 +1,326 @@
+"""The child side of the Python tool's sandbox: run as a script, `python -I sandbox_boot.py CONFIG_JSON`.
+
+Started by `quartet.agents.tools.sandbox` (whose docstring says what each limit stops and what is only a
+guard); standard library only. Three processes, all in the session the host started, so that one `killpg`
+from the host reaches them:
+
+    outer   unshare(network + PID namespaces, and a user namespace when not root) when allowed; as
+            root, change to the run's fresh uid and drop every capability; set the resource limits; fork:
+    init    PID 1 of the new PID namespace (or, without one, a child subreaper): starts the program,
+            enforces the wall-clock limit, reaps, kills every process left, reports;
+    program in a process group of its own; installs the audit-hook guard and runs `main.py` as __main__.
+
+Why the uid change. RLIMIT_NPROC is checked against the real uid's process count and never applies to
+root (uid 0 is exempt even inside a user namespace), so a root host's program gets a uid no one else uses.
+File access goes by the filesystem uid, which stays 0 so the interpreter loads even from a root-only
+directory; without capabilities that is a file owner's access to root's files, with no override.
+
+Without a PID namespace init is a child subreaper: orphans re-parent to it, even ones that called
+setsid(), and after the program ends it kills the program's group, then every child it still has, until
+none is left. Status goes to the host as JSON lines over a pipe (fd in the config); the program's process
+closes its copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import resource
+import signal
+import sys
+import traceback
+from typing import Any
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+_PR_SET_KEEPCAPS = 8
+_PR_CAPBSET_DROP = 24
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
+_CAP_VERSION_3 = 0x20080522
+_CAP_SETGID = 6
+_CAP_SETUID = 7
+_AF_UNIX = 1
+
+NETWORK_REFUSED = "network access is disabled in this sandbox"
+SPAWN_REFUSED = "running other programs is disabled in this sandbox"
+KILL_REFUSED = "signals to processes outside this program are disabled in this sandbox"
+PROCESS_LIMIT = "process limit reached"
+_SPAWN_EVENTS = frozenset(
+    {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile", "pty.spawn"}
+)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class _Deadline(Exception):
+    pass
+
+
+def _report(fd: int, **fields: Any) -> None:
+    os.write(fd, (json.dumps(fields) + "\n").encode())
+
+
+def _capset(bits: int) -> bool:
+    """Set the effective and permitted capabilities to `bits` (inheritable none); whether it worked."""
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = bits & 0xFFFFFFFF
+    data[1].effective = data[1].permitted = bits >> 32
+    return bool(_libc.capset(ctypes.byref(header), data) == 0)
+
+
+def _drop_root(uid: int) -> bool:
+    """Become `uid` for process accounting and signals, keep root's file access, hold no capability.
+
+    RLIMIT_NPROC counts the real uid's processes and exempts root, so the program needs a real uid of its
+    own; file access goes by the filesystem uid, kept at 0 so the interpreter (maybe under /root) still
+    loads. Without capabilities a fsuid of 0 only has owner rights on root's files (no override), and the
+    emptied bounding set means no later exec regains any. False if not permitted (no CAP_SETUID).
+    """
+    setuid_bits = (1 << _CAP_SETGID) | (1 << _CAP_SETUID)
+    try:
+        _libc.prctl(_PR_SET_KEEPCAPS, 1)
+        for cap in range(64):
+            _libc.prctl(_PR_CAPBSET_DROP, cap)  # fails quietly past the kernel's last capability
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # KEEPCAPS: permitted capabilities survive, effective ones go
+    except OSError:
+        return False
+    ok = _capset(setuid_bits)
+    _libc.setfsuid(0)
+    _libc.setfsgid(0)
+    if not _capset(0):  # fail closed: never run the program with capabilities left
+        raise SystemExit("sandbox: cannot drop capabilities")
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    return ok and os.getresuid() == (uid, uid, uid)
+
+
+def _isolate(cfg: dict[str, Any]) -> tuple[bool, bool]:
+    """Namespaces and the program's identity; (namespaces in force, RLIMIT_NPROC in force)."""
+    root = os.geteuid() == 0
+    flags = _CLONE_NEWNET | _CLONE_NEWPID | (0 if root else _CLONE_NEWUSER)  # root needs no user namespace
+    namespaces = bool(cfg["namespaces"]) and _libc.unshare(flags) == 0
+    processes = int(cfg["max_processes"]) + 2  # outer and init count too
+    if root:
+        nproc = _drop_root(int(cfg["uid"]))  # a fresh uid: a process count of its own
+    else:  # a user namespace has its own count; outside one, the user's existing tasks count
+        nproc = True
+        processes += 0 if namespaces else _user_tasks(os.getuid())
+    if nproc:
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+    return namespaces, nproc
+
+
+def _user_tasks(uid: int) -> int:
+    """Tasks (threads) owned by `uid`: what RLIMIT_NPROC counts in the initial user namespace."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+def _set_limits(cfg: dict[str, Any]) -> None:
+    cpu = int(cfg["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL a second later
+    memory = int(cfg["memory_bytes"])
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(cfg["file_bytes"]),) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def list_processes() -> list[tuple[int, int, str, int]]:
+    """(pid, parent pid, state letter, owner uid) of every process in /proc; vanished ones skipped."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+                owner = os.stat(f"/proc/{name}").st_uid
+            except OSError:
+                continue
+            found.append((int(name), int(fields[1]), fields[0], owner))
+    return found
+
+
+def _kill_all(pgid: int) -> None:
+    """Kill the program's group and, repeatedly, every child of this process until none is left."""
+    signal.setitimer(signal.ITIMER_REAL, 5.0)  # never hang here; the host's kill is the backstop
+    try:
+        while True:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)  # atomic against fork: no child of the group escapes it
+            for pid in [p for p, parent, _, _ in list_processes() if parent == os.getpid()]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            os.waitpid(-1, 0)
+    except (ChildProcessError, _Deadline):
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _fork_budget(count: int) -> int:
+    """A pipe holding `count` tokens: each fork takes one (atomic across processes), none come back."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"x" * max(count, 0))
+    os.close(write_end)
+    os.set_blocking(read_end, False)
+    return read_end
+
+
+def _install_guard(tokens: int | None, limit: int) -> None:
+    def guard(event: str, args: tuple[Any, ...]) -> None:
+        if event.startswith("socket."):
+            if event == "socket.__new__" and args[1] == _AF_UNIX:
+                return  # socketpair(), e.g. asyncio's self-pipe; connect/bind stay refused below
+            raise PermissionError(NETWORK_REFUSED)
+        if event in _SPAWN_EVENTS:
+            raise PermissionError(SPAWN_REFUSED)
+        if event in ("os.fork", "os.forkpty") and tokens is not None:
+            try:
+                taken = os.read(tokens, 1)
+            except BlockingIOError:
+                taken = b""
+            if not taken:
+                raise BlockingIOError(errno.EAGAIN, f"{PROCESS_LIMIT} (at most {limit} processes)")
+        if event in ("os.kill", "os.killpg"):
+            target = int(args[0])
+            group = event == "os.killpg" or target < 0
+            allowed = abs(target) in (0, os.getpgrp()) if group else _same_group(target)
+            if not allowed or target == -1:
+                raise PermissionError(KILL_REFUSED)
+
+    sys.addaudithook(guard)
+
+
+def _same_group(pid: int) -> bool:
+    """Whether `pid` is in the program's process group (a vanished pid passes: kill() reports it)."""
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except OSError:
+        return True
+
+
+def _run_program(cfg: dict[str, Any], nproc: bool) -> None:
+    """Run the program's file as __main__ under the guard; exit with its status.
+
+    The fork budget stands in for RLIMIT_NPROC where that is not in force (a root host that could not
+    change uid); it caps forks made in all, the kernel limit caps processes alive at once.
+    """
+    path = str(cfg["code_path"])
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    limit = int(cfg["max_processes"])
+    _install_guard(None if nproc else _fork_budget(limit - 1), limit)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.argv = [path]
+    namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+    try:
+        exec(compile(source, path, "exec"), namespace)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        namespace.clear()  # free what the program held: after a MemoryError printing needs memory too
+        try:
+            traceback.print_exception(
+                type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None
+            )
+        except MemoryError:
+            os.write(2, f"{type(exc).__name__}: {exc}\n".encode())
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _init(cfg: dict[str, Any], namespaces: bool) -> None:
+    """Start the program, wait for it within the wall-clock limit, clean up, report, exit.
+
+    Returns only in the forked program's process, which then runs the program.
+    """
+    status_fd = int(cfg["status_fd"])
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    program = os.fork()
+    if program == 0:
+        os.close(status_fd)
+        os.setpgid(0, 0)
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        return
+    with contextlib.suppress(OSError):  # the child sets it too; whichever runs first wins the race
+        os.setpgid(program, program)
+    _report(status_fd, program_pid=program)
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise _Deadline
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, float(cfg["wall_s"]))
+    wall_limit = False
+    ended: tuple[int, Any] | None = None  # the program's wait status and resource usage
+    try:
+        while ended is None:  # reap orphans too; stop at the program's own exit
+            pid, status, usage = os.wait4(-1, 0)
+            if pid == program:
+                ended = (status, usage)
+    except _Deadline:
+        wall_limit = ended is None
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    if ended is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(program, signal.SIGKILL)
+        _, status, usage = os.wait4(program, 0)
+        ended = (status, usage)
+    if not namespaces:  # with namespaces the kernel kills the rest when this PID 1 exits
+        _kill_all(program)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(program, signal.SIGKILL)
+    status, usage = ended
+    _report(
+        status_fd,
+        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        wall_limit=wall_limit,
+    )
+    os._exit(0)
+
+
+def main() -> None:
+    cfg: dict[str, Any] = json.loads(sys.argv[1])
+    namespaces, nproc = _isolate(cfg)
+    _set_limits(cfg)
+    _report(int(cfg["status_fd"]), namespaces=namespaces, nproc_limit=nproc)
+    if os.fork() == 0:  # with namespaces: PID 1 of the new PID namespace
+        _init(cfg, namespaces)
+        _run_program(cfg, nproc)  # only the program's process gets here
+    else:
+        os.wait()
+
+
+if __name__ == "__main__":
+    main()
