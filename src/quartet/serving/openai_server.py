@@ -1,0 +1,283 @@
+"""An OpenAI-compatible HTTP server over a quartet `RolloutEngine`, for agent frameworks and eval harnesses.
+
+    server = OpenAIServer(engine, tokenizer, "policy", api_key="secret")
+    url = await server.start()              # http://127.0.0.1:<port>/v1
+    ...                                     # OpenAI(base_url=url, api_key="secret").chat.completions...
+    outs = await server.generate_tokens(ids, SamplingParams(...))   # in-process, no HTTP
+    await server.stop()
+
+(`ServerThread` runs one from plain threads: Ray actors, tests.)
+
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, and the token-level
+`POST /v1/quartet/generate` (`{"prompt_token_ids", "sampling"}` -> `{"outputs": [...]}`) for agent loops
+that must train on the exact ids the model wrote. Bodies are parsed in `protocol`, answered in `responses`.
+
+Design:
+- **One path into the engine.** Every request, HTTP or in-process, becomes one `GenerationRequest` awaited
+  through `engine.generate_one`, so concurrent requests join the engine's continuous batch.
+- **Every wait is bounded.** A request the engine has not finished within `request_timeout_s` is aborted
+  in the engine (`engine.abort`, which frees its slot at the next step) and answered 504. Engine calls run
+  on a private loop (`bridge`), so no caller's cancellation ever reaches the engine's futures.
+- **Sleep refuses, it does not queue.** `sleep()` stops admitting requests (503, "the rollout engine is
+  asleep (training step in progress)", with `Retry-After`), waits for those in the engine to finish, then
+  sleeps the engine; `wake()` undoes it. Refusing was chosen over queueing until wake: a training step can
+  outlast any sensible HTTP timeout, held connections would hide the state from callers, a scheduler can
+  send the request elsewhere, and the official OpenAI client already retries 503 with back-off.
+- **Streaming is off.** `stream: true` is a 400 saying so: rollouts need whole responses, and the engine
+  returns a sequence only when it finishes.
+- **Errors are OpenAI-shaped** (`{"error": {"message", "type", "param", "code"}}`): 400 for malformed
+  bodies (naming the field), 401 for a wrong or missing bearer token when `api_key` is set, 404 for an
+  unknown model or path, 503 asleep, 504 timeout, 500 for an engine failure.
+- The server does not own the engine: `stop()` closes the HTTP side only; the caller shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from quartet.rollout.base import EngineStateError, RolloutEngine
+from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
+from quartet.serving import protocol, responses
+from quartet.serving.bridge import EngineBridge, wait_in_loop
+from quartet.serving.errors import ApiError, GenerationTimeoutError, ServerAsleepError, error_body
+from quartet.serving.gate import AdmissionGate
+from quartet.serving.text import TokenizerLike, encode_prompt, render_chat
+
+__all__ = ["OpenAIServer"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BODY_BYTES = 16 * 2**20  # long token-id prompts exceed aiohttp's 1 MiB default
+
+
+@runtime_checkable
+class _Abortable(Protocol):
+    def abort(self, request_id: str) -> None: ...
+
+
+class OpenAIServer:
+    """OpenAI-compatible endpoints and an in-process token call over one rollout engine."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: TokenizerLike,
+        model_name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_new_tokens_default: int = 256,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        """Serve `engine` as the model `model_name` on `host:port` (port 0: a free one, see `start`).
+
+        api_key: when set, every request must send `Authorization: Bearer <api_key>`.
+        max_new_tokens_default: response limit when a request sets no `max_tokens` / `max_new_tokens`.
+        request_timeout_s: longest wait for the engine per request (and for draining it in `sleep`).
+        """
+        if max_new_tokens_default < 1:
+            raise ValueError(f"max_new_tokens_default must be >= 1, got {max_new_tokens_default}")
+        if request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.host = host
+        self.port = port
+        self.api_key = api_key
+        self.max_new_tokens_default = max_new_tokens_default
+        self.request_timeout_s = request_timeout_s
+        self._gate = AdmissionGate()
+        self._bridge = EngineBridge(engine)
+        self._engine_slept = False
+        self._created = int(time.time())
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+        """Base URL (`http://host:port/v1`) once started."""
+        self.app = web.Application(middlewares=[self._middleware], client_max_size=_MAX_BODY_BYTES)
+        self.app.router.add_get("/v1/models", self._models)
+        self.app.router.add_post("/v1/chat/completions", self._chat)
+        self.app.router.add_post("/v1/completions", self._completions)
+        self.app.router.add_post("/v1/quartet/generate", self._generate)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Listen on `host:port` and return the base URL `http://host:port/v1` (the port actually bound)."""
+        if self._runner is not None:
+            raise RuntimeError(f"the server is already running at {self.url}")
+        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        port = runner.addresses[0][1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{port}/v1"
+        log.info("OpenAI-compatible server for '%s' at %s", self.model_name, self.url)
+        return self.url
+
+    async def stop(self, drain_timeout_s: float = 5.0) -> None:
+        """Stop listening; wait up to `drain_timeout_s` for requests in the engine. The engine keeps running.
+
+        In-process `generate_tokens` calls still work afterwards.
+        """
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        with contextlib.suppress(TimeoutError):
+            await self._gate.wait_idle(drain_timeout_s)
+        await asyncio.to_thread(self._bridge.close)
+
+    @property
+    def asleep(self) -> bool:
+        """True between `sleep` and `wake`: requests are refused with 503."""
+        return not self._gate.is_open
+
+    @property
+    def in_flight(self) -> int:
+        """Requests of this server in the engine now (timed-out ones until the engine has aborted them)."""
+        return self._gate.inside
+
+    async def sleep(self, *, offload_weights: bool = False, sleep_engine: bool = True) -> None:
+        """Refuse new requests, wait for those in the engine to finish, then sleep the engine.
+
+        sleep_engine=False only closes the door (for callers that sleep the engine themselves).
+        Raises TimeoutError (and reopens) when the engine does not drain within `request_timeout_s`.
+        """
+        self._gate.set_open(False)
+        try:
+            await self._gate.wait_idle(self.request_timeout_s)
+            if sleep_engine:
+                await asyncio.to_thread(self.engine.sleep, offload_weights)
+                self._engine_slept = True
+        except BaseException:
+            self._gate.set_open(True)
+            raise
+
+    async def wake(self) -> None:
+        """Wake the engine (when `sleep` slept it) and admit requests again."""
+        if self._engine_slept:
+            await asyncio.to_thread(self.engine.wake)
+            self._engine_slept = False
+        self._gate.set_open(True)
+
+    # ---- the one path into the engine ---------------------------------------------------------------------
+
+    async def generate_tokens(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams
+    ) -> list[GenerationOutput]:
+        """The `sampling.n` responses to a prompt of token ids, through the engine's shared batch.
+
+        For agent loops in this process (no HTTP). Raises `ServerAsleepError` while asleep,
+        `GenerationTimeoutError` after `request_timeout_s` (the request is aborted in the engine), and the
+        engine's own errors (ValueError for a request it cannot take, `EngineStateError`).
+        """
+        request = GenerationRequest(tuple(prompt_ids), sampling)
+        self._gate.enter()
+        try:
+            call = self._bridge.submit(request)
+        except BaseException:
+            self._gate.leave()
+            raise
+        call.add_done_callback(lambda _: self._gate.leave())  # left the engine: finished, failed or aborted
+        try:
+            return await asyncio.wait_for(wait_in_loop(call), self.request_timeout_s)
+        except TimeoutError:
+            self._abort(request.request_id)
+            raise GenerationTimeoutError(self.request_timeout_s) from None
+        except asyncio.CancelledError:  # the caller gave up (its own timeout): free the engine's slot
+            self._abort(request.request_id)
+            raise
+
+    def _abort(self, request_id: str) -> None:
+        if isinstance(self.engine, _Abortable):
+            self.engine.abort(request_id)
+
+    async def _engine_call(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams
+    ) -> list[GenerationOutput]:
+        """`generate_tokens` with the engine's errors turned into HTTP answers."""
+        try:
+            return await self.generate_tokens(prompt_ids, sampling)
+        except ValueError as exc:
+            raise ApiError.bad_request(str(exc)) from None
+        except EngineStateError as exc:
+            raise ApiError(503, str(exc), "service_unavailable", code="engine_unavailable") from None
+
+    # ---- HTTP ---------------------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            self._authorize(request)
+            return await handler(request)
+        except ApiError as exc:
+            headers = {"Retry-After": "1"} if isinstance(exc, ServerAsleepError) else None
+            return web.json_response(exc.body(), status=exc.status, headers=headers)
+        except web.HTTPException as exc:  # the router's 404 / 405
+            return web.json_response(error_body(exc.reason, "invalid_request_error"), status=exc.status)
+        except Exception as exc:
+            log.exception("request %s %s failed", request.method, request.path)
+            body = error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_server_error")
+            return web.json_response(body, status=500)
+
+    def _authorize(self, request: web.Request) -> None:
+        if self.api_key is None:
+            return
+        sent = request.headers.get("Authorization", "")
+        if not secrets.compare_digest(sent.encode(), f"Bearer {self.api_key}".encode()):
+            message = "invalid or missing API key: send the header 'Authorization: Bearer <api key>'"
+            raise ApiError(401, message, "invalid_request_error", code="invalid_api_key")
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        return protocol.parse_json_object(await request.read())
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(responses.models_response(self.model_name, self._created))
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        protocol.check_model(body, self.model_name)
+        chat = protocol.parse_chat(body, self.max_new_tokens_default)
+        try:
+            prompt = render_chat(self.tokenizer, chat.messages, chat.tools)
+        except Exception as exc:  # a template error is about the caller's messages
+            raise ApiError.bad_request(
+                f"the chat template cannot render these messages: {exc}", "messages"
+            ) from None
+        outputs = await self._engine_call(prompt, chat.sampling)
+        answer = responses.chat_response(self.model_name, len(prompt), outputs, self.tokenizer, chat.logprobs)
+        return web.json_response(answer)
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        protocol.check_model(body, self.model_name)
+        completion = protocol.parse_completion(body, self.max_new_tokens_default)
+        prompt = encode_prompt(self.tokenizer, completion.prompt)
+        if not prompt:
+            raise ApiError.bad_request("the prompt encodes to no tokens", "prompt")
+        outputs = await self._engine_call(prompt, completion.sampling)
+        answer = responses.completion_response(
+            self.model_name, len(prompt), outputs, self.tokenizer, completion.logprobs
+        )
+        return web.json_response(answer)
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        token_request = protocol.parse_token_request(body, self.max_new_tokens_default)
+        outputs = await self._engine_call(token_request.prompt_token_ids, token_request.sampling)
+        request_id = outputs[0].request_id if outputs else ""
+        return web.json_response(responses.token_response(request_id, outputs))

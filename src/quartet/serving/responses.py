@@ -1,0 +1,156 @@
+"""Response bodies: the OpenAI shapes for chat and text completions, and our token-level shape.
+
+Chat and text completions follow the OpenAI API reference (`chat.completion` and `text_completion`
+objects). Usage counts every generated token of every choice, stop tokens included. Finish reasons are the
+engine's: "stop", "length", or "abort" (aborted by the engine, as vLLM reports it). Log-probs, when asked
+for, cover every generated token (the end-of-turn token too) with its text decoded alone; alternatives
+(`top_logprobs`) are always empty, as only the sampled token's log-prob exists. An entry's `bytes` are the
+UTF-8 bytes of its text: a byte-level token holding part of a character reads as U+FFFD (its raw bytes are
+tokenizer-specific).
+
+The token body `{"request_id", "outputs": [{"sample_index", "token_ids", "logprobs", "finish_reason",
+"stop_reason", "first_step", "finish_step"}]}` maps one to one onto `GenerationOutput`
+(`output_from_json` reads it back).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from quartet.rollout.types import FinishReason, GenerationOutput
+from quartet.serving.text import TokenizerLike, decode_response, token_texts
+
+__all__ = [
+    "chat_response",
+    "completion_response",
+    "models_response",
+    "output_from_json",
+    "output_to_json",
+    "token_response",
+]
+
+
+def _usage(prompt_tokens: int, outputs: Sequence[GenerationOutput]) -> dict[str, int]:
+    completion = sum(len(o.token_ids) for o in outputs)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def _envelope(kind: str, prefix: str, model: str) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+
+
+def _chat_logprobs(tokenizer: TokenizerLike, output: GenerationOutput) -> dict[str, Any]:
+    values = output.logprobs or ()
+    texts = token_texts(tokenizer, output.token_ids)
+    content = [
+        {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+        for text, lp in zip(texts, values, strict=True)
+    ]
+    return {"content": content, "refusal": None}
+
+
+def chat_response(
+    model: str,
+    prompt_tokens: int,
+    outputs: Sequence[GenerationOutput],
+    tokenizer: TokenizerLike,
+    logprobs: bool,
+) -> dict[str, Any]:
+    """A `chat.completion` object with one choice per output."""
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": decode_response(tokenizer, o)},
+            "finish_reason": o.finish_reason.value,
+            "logprobs": _chat_logprobs(tokenizer, o) if logprobs else None,
+        }
+        for i, o in enumerate(outputs)
+    ]
+    return {
+        **_envelope("chat.completion", "chatcmpl", model),
+        "choices": choices,
+        "usage": _usage(prompt_tokens, outputs),
+    }
+
+
+def _completion_logprobs(tokenizer: TokenizerLike, output: GenerationOutput) -> dict[str, Any]:
+    texts = token_texts(tokenizer, output.token_ids)
+    offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    return {
+        "tokens": texts,
+        "token_logprobs": list(output.logprobs or ()),
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def completion_response(
+    model: str,
+    prompt_tokens: int,
+    outputs: Sequence[GenerationOutput],
+    tokenizer: TokenizerLike,
+    logprobs: bool,
+) -> dict[str, Any]:
+    """A `text_completion` object with one choice per output."""
+    choices = [
+        {
+            "index": i,
+            "text": decode_response(tokenizer, o),
+            "finish_reason": o.finish_reason.value,
+            "logprobs": _completion_logprobs(tokenizer, o) if logprobs else None,
+        }
+        for i, o in enumerate(outputs)
+    ]
+    return {
+        **_envelope("text_completion", "cmpl", model),
+        "choices": choices,
+        "usage": _usage(prompt_tokens, outputs),
+    }
+
+
+def models_response(model: str, created: int) -> dict[str, Any]:
+    """The `/v1/models` list: the one served model."""
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "quartet"}],
+    }
+
+
+def output_to_json(output: GenerationOutput) -> dict[str, Any]:
+    """One `GenerationOutput` as a JSON object of the token endpoint."""
+    return {
+        "sample_index": output.sample_index,
+        "token_ids": list(output.token_ids),
+        "logprobs": None if output.logprobs is None else list(output.logprobs),
+        "finish_reason": output.finish_reason.value,
+        "stop_reason": output.stop_reason,
+        "first_step": output.first_step,
+        "finish_step": output.finish_step,
+    }
+
+
+def token_response(request_id: str, outputs: Sequence[GenerationOutput]) -> dict[str, Any]:
+    """The `/v1/quartet/generate` body."""
+    return {"request_id": request_id, "outputs": [output_to_json(o) for o in outputs]}
+
+
+def output_from_json(obj: Mapping[str, Any], request_id: str) -> GenerationOutput:
+    """`output_to_json` read back (KeyError / ValueError on a malformed object)."""
+    logprobs = obj["logprobs"]
+    return GenerationOutput(
+        request_id=request_id,
+        sample_index=int(obj["sample_index"]),
+        token_ids=tuple(int(t) for t in obj["token_ids"]),
+        logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
+        finish_reason=FinishReason(obj["finish_reason"]),
+        stop_reason=obj.get("stop_reason"),
+        first_step=int(obj.get("first_step", 0)),
+        finish_step=int(obj.get("finish_step", 0)),
+    )
