@@ -1,0 +1,116 @@
+"""The tool loop: generate -> parse tool calls -> run the tools (concurrently) -> append results -> generate.
+
+    trajectory = await run_tool_loop(messages, generate, renderer, parser, tools, limits)
+
+`generate(prompt_ids, max_new_tokens)` is any awaitable token-in/token-out call (the rollout engine's
+`generate_one`, or an OpenAI-compatible server's token endpoint) returning one `GenerationOutput`. The loop
+stops when the model writes no tool call, after `max_assistant_turns` model turns, when the response would
+pass `max_response_tokens`, or when a turn is cut by the token limit. A malformed call (bad JSON, unknown
+tool, arguments off the schema) is answered to the model as a tool error message and counted; it never ends
+the trajectory by itself. Tool results are cut to `max_tool_response_chars`.
+
+Model turns are decoded with special tokens kept (tool-call tags may be special tokens) and without the
+end-of-turn token, which is how the chat template renders an assistant message: the conversation's
+`messages` then re-render to the same ids (the drift check, `quartet.agents.trajectory.token_drift`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quartet.agents.tools.base import Tool
+from quartet.agents.tools.executor import run_tool_calls
+from quartet.agents.tools.parsing import ToolCallParser
+from quartet.agents.trajectory import ChatRenderer, Trajectory
+from quartet.rollout.types import FinishReason, GenerationOutput
+
+__all__ = ["LoopLimits", "run_tool_loop"]
+
+Generate = Callable[[list[int], int], Awaitable[GenerationOutput]]
+
+
+@dataclass(frozen=True)
+class LoopLimits:
+    """When a trajectory ends, and how much a tool may say."""
+
+    max_assistant_turns: int = 4
+    max_response_tokens: int = 256
+    """Everything after the prompt: model and environment tokens."""
+    max_tool_response_chars: int = 512
+    tool_timeout_s: float = 10.0
+
+
+async def run_tool_loop(
+    messages: list[dict[str, Any]],
+    generate: Generate,
+    renderer: ChatRenderer,
+    parser: ToolCallParser,
+    tools: Mapping[str, Tool],
+    limits: LoopLimits,
+    tools_kwargs: Mapping[str, Any] | None = None,
+) -> Trajectory:
+    """One trajectory of the tool loop from a dataset row's `messages` (see the module docstring)."""
+    tokenizer = renderer.tokenizer
+    eot_ids = set(renderer.encode(renderer.end_of_turn))
+    trajectory = Trajectory(renderer.prompt_ids(messages), [dict(m) for m in messages])
+    kwargs = dict(tools_kwargs or {})
+    instances = {
+        name: await tool.create(**dict(kwargs.get(name, {}).get("create_kwargs", {})))
+        for name, tool in tools.items()
+    }
+    counts = {"tool/calls": 0.0, "tool/failed": 0.0, "tool/parse_errors": 0.0}
+    latencies: list[float] = []
+    try:
+        while True:
+            budget = limits.max_response_tokens - len(trajectory.response_ids)
+            if budget <= 0:
+                trajectory.finish_reason = "max_tokens"
+                break
+            out = await generate(trajectory.prompt_ids + trajectory.response_ids, budget)
+            ids = list(out.token_ids)
+            trajectory.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None)
+            ended = bool(ids) and ids[-1] in eot_ids
+            text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+            trajectory.messages.append({"role": "assistant", "content": text})
+            if out.finish_reason is FinishReason.ABORT:
+                trajectory.finish_reason = "abort"
+                break
+            if out.finish_reason is FinishReason.LENGTH:
+                trajectory.finish_reason = "max_tokens" if len(ids) >= budget else "length"
+                break
+            parsed = parser.parse(text)
+            if not parsed.calls and not parsed.errors:
+                trajectory.finish_reason = "no_tool_call"
+                break
+            if trajectory.assistant_turns >= limits.max_assistant_turns:
+                trajectory.finish_reason = "max_turns"
+                break
+            replies: list[str] = [f"Error: {problem}" for problem in parsed.errors]
+            counts["tool/parse_errors"] += len(parsed.errors)
+            if parsed.calls:
+                results, metrics = await run_tool_calls(
+                    parsed.calls, tools, instances, limits.tool_timeout_s, limits.max_tool_response_chars
+                )
+                replies += [r.text for r in results]
+                for key, value in metrics.items():
+                    if "latency" not in key:  # counters add up over turns
+                        counts[key] = counts.get(key, 0.0) + value
+                latencies.append(metrics.get("tool/latency_s/max", 0.0))
+            tool_messages = [{"role": "tool", "content": reply} for reply in replies]
+            trajectory.add_env_turn("tool", renderer.env_turn_ids(tool_messages, ended_with_eot=ended))
+            trajectory.messages += tool_messages
+        rewards = [await tools[name].calc_reward(instances[name]) for name in tools]
+        if any(r != 0.0 for r in rewards):
+            trajectory.reward = float(sum(rewards))
+    finally:
+        for name, tool in tools.items():
+            await tool.release(instances[name])
+    trajectory.truncate(limits.max_response_tokens)
+    trajectory.metrics = {
+        **counts,
+        "agent/assistant_turns": float(trajectory.assistant_turns),
+        "tool/latency_s/max": max(latencies, default=0.0),
+    }
+    return trajectory
