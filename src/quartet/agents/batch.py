@@ -18,7 +18,7 @@ import torch
 from quartet.agents.trajectory import Trajectory
 from quartet.core.batch import Batch
 
-__all__ = ["trajectories_to_batch", "trajectory_metrics"]
+__all__ = ["agent_batch_metrics", "trajectories_to_batch", "trajectory_metrics"]
 
 
 def trajectories_to_batch(
@@ -73,4 +73,40 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         out[f"agent/finish/{reason}"] = float(share)
     model_tokens = [sum(t.response_mask) / max(1, t.assistant_turns) for t in trajectories]
     out["agent/tokens_per_turn/mean"] = float(np.mean(model_tokens))
+    return out
+
+
+def agent_batch_metrics(batch: Batch) -> dict[str, float]:
+    """The multi-turn figures of a rollout batch (from `quartet.agents.runner`'s columns); {} without them.
+
+    Per loop counter k (tool calls, failures by kind and by tool, turns, drift): `k/mean` per trajectory,
+    and for `tool/*` counters `k/total` over the batch; latency and drift also `.../max`. How trajectories
+    ended: `agent/finish/<reason>` shares (aborted, truncated at max_tokens, ...). Model tokens per turn:
+    `agent/tokens_per_turn/mean`.
+    """
+    if "agent_metrics" not in batch.non_tensors:
+        return {}
+    rows: list[dict[str, float]] = [dict(m or {}) for m in batch.non_tensors["agent_metrics"]]
+    if not rows:
+        return {}
+    out: dict[str, float] = {}
+    for key in sorted({k for m in rows for k in m}):
+        values = np.array([m.get(key, 0.0) for m in rows], dtype=np.float64)
+        if "latency" in key:
+            name = key.removesuffix("/max")
+            out[f"{name}/max"] = float(values.max())
+            out[f"{name}/mean"] = float(values.mean())
+            continue
+        out[f"{key}/mean"] = float(values.mean())
+        if key.startswith("tool/"):
+            out[f"{key}/total"] = float(values.sum())
+        if key == "agent/token_drift":
+            out[f"{key}/max"] = float(values.max())
+    if "finish_reason" in batch.non_tensors:
+        reasons = [str(r) for r in batch.non_tensors["finish_reason"]]
+        for reason in sorted(set(reasons)):
+            out[f"agent/finish/{reason}"] = reasons.count(reason) / len(reasons)
+    turns = np.array([max(1.0, m.get("agent/assistant_turns", 1.0)) for m in rows])
+    model_tokens = batch["response_mask"].sum(-1).double().numpy()
+    out["agent/tokens_per_turn/mean"] = float((model_tokens / turns).mean())
     return out

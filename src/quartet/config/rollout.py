@@ -8,7 +8,23 @@ from enum import StrEnum
 from quartet.config.errors import require
 from quartet.config.model import Dtype
 
-__all__ = ["RolloutConfig", "RolloutEngineKind", "RolloutMode", "SamplingConfig"]
+__all__ = [
+    "AGENT_LOOP_NAMES",
+    "BUILTIN_INTERACTIONS",
+    "BUILTIN_TOOLS",
+    "MultiTurnConfig",
+    "RolloutConfig",
+    "RolloutEngineKind",
+    "RolloutMode",
+    "SamplingConfig",
+    "ServerConfig",
+]
+
+AGENT_LOOP_NAMES = ("single_turn", "tool_agent", "user_sim")
+"""The built-in agent loops (`quartet.agents.loops`): one generation; the tool loop; the tool loop with a
+simulated user answering turns without a tool call."""
+BUILTIN_TOOLS = ("calculator", "python")
+BUILTIN_INTERACTIONS = ("guessing_game",)
 
 
 class RolloutEngineKind(StrEnum):
@@ -50,6 +66,99 @@ class SamplingConfig:
         )
         require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}", "use 0 to disable")
         require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """Agent loops: one dataset row -> one multi-turn trajectory (tools, a simulated user)."""
+
+    enable: bool = False
+    """Run every rollout through an agent loop (chosen per row by its `agent_name` column)."""
+
+    default_agent: str = "tool_agent"
+    """Loop of rows without an `agent_name`: single_turn, tool_agent or user_sim."""
+
+    tools: tuple[str, ...] = ()
+    """Built-in tools to offer the model, by name: calculator, python."""
+
+    tool_config_path: str = ""
+    """YAML file declaring more tools (`class`, `config`, `schema` per entry; see quartet.agents.tools)."""
+
+    interactions: tuple[str, ...] = ()
+    """Built-in simulated users, by name: guessing_game."""
+
+    interaction_config_path: str = ""
+    """YAML file declaring more interactions (`class`, `name`, `config` per entry)."""
+
+    tool_call_format: str = "hermes"
+    """How tool calls are written: hermes (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`)."""
+
+    max_assistant_turns: int = 4
+    """Model turns per trajectory at most."""
+
+    max_user_turns: int = 4
+    """Simulated-user replies per trajectory at most (user_sim)."""
+
+    max_tool_response_length: int = 256
+    """Characters of a tool result shown to the model; longer ones are cut with a marker."""
+
+    tool_timeout_s: float = 10.0
+    """Longest wait for one tool call; a slower call is answered to the model as a timeout error."""
+
+    check_drift: bool = True
+    """Re-render each conversation with the chat template and report `agent/token_drift` (0 = exact)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.default_agent in AGENT_LOOP_NAMES,
+            "default_agent",
+            f"unknown agent loop {self.default_agent!r}",
+            f"use one of {', '.join(AGENT_LOOP_NAMES)}",
+        )
+        for name in self.tools:
+            require(
+                name in BUILTIN_TOOLS,
+                "tools",
+                f"unknown built-in tool {name!r}",
+                f"use any of {', '.join(BUILTIN_TOOLS)}, or declare it in tool_config_path",
+            )
+        for name in self.interactions:
+            require(
+                name in BUILTIN_INTERACTIONS,
+                "interactions",
+                f"unknown built-in interaction {name!r}",
+                f"use any of {', '.join(BUILTIN_INTERACTIONS)}, or declare it in interaction_config_path",
+            )
+        require(self.tool_call_format == "hermes", "tool_call_format", "only 'hermes' is built in")
+        require(self.max_assistant_turns >= 1, "max_assistant_turns", "must be >= 1")
+        require(self.max_user_turns >= 0, "max_user_turns", "must be >= 0")
+        require(self.max_tool_response_length >= 1, "max_tool_response_length", "must be >= 1")
+        require(self.tool_timeout_s > 0, "tool_timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The OpenAI-compatible server of each rollout replica (`rollout.mode=async`)."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on; 0.0.0.0 serves other machines too (set an api_key then)."""
+
+    port: int = 0
+    """Port of rank 0's server (rank r listens on port + r); 0 picks free ports."""
+
+    api_key: str = ""
+    """When set, requests must send `Authorization: Bearer <api_key>`."""
+
+    request_timeout_s: float = 600.0
+    """Longest wait per request; a slower one is aborted in the engine and answered 504."""
+
+    model_name: str = "policy"
+    """The model name the server answers to (`/v1/models`)."""
+
+    def __post_init__(self) -> None:
+        require(0 <= self.port < 65536, "port", f"must lie in [0, 65535], got {self.port}")
+        require(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")
+        require(bool(self.model_name), "model_name", "must not be empty")
 
 
 @dataclass(frozen=True)
@@ -100,6 +209,12 @@ class RolloutConfig:
 
     logprob_diff_warn: float = 0.05
     """Warn when the mean |rollout - trainer| log-prob difference of a step exceeds this (stale weights?)."""
+
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Agent loops: tools, simulated users, turn limits."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    """Each replica's OpenAI-compatible server in async mode."""
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_p, self.top_k, self.n)  # same local checks

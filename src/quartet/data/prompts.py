@@ -211,10 +211,12 @@ def _check_row(row: Mapping[str, Any], cfg: DataConfig) -> _Row:
     return _Row(messages, source, truth, dict(extra or {}), agent)
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], column: str) -> list[int]:
+def _render(
+    tokenizer: Any, messages: list[dict[str, Any]], column: str, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     try:
         ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
         )
     except Exception as err:  # the model's own jinja template failing: report it with the row
         raise RowProblem(
@@ -258,23 +260,43 @@ class PromptDataset:
         self.has_agent_name = any(r.agent_name is not None for r in self._rows)
 
     @classmethod
-    def from_files(cls, files: Sequence[str], cfg: DataConfig, tokenizer: Any) -> PromptDataset:
-        """Load parquet / JSONL files or saved `datasets` folders (concatenated, in order)."""
+    def from_files(
+        cls,
+        files: Sequence[str],
+        cfg: DataConfig,
+        tokenizer: Any,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> PromptDataset:
+        """Load parquet / JSONL files or saved `datasets` folders (concatenated, in order).
+
+        tools: the OpenAI tool schemas an agent loop renders into every prompt (multi-turn runs), so that
+        prompt lengths are measured as the model will see them.
+        """
         if not files:
             raise DataError("(no files)", "no data files were given", fix="set data.train_files=[...]")
-        return cls._load(read_files(files), cfg, tokenizer, tuple(str(f) for f in files))
+        return cls._load(read_files(files), cfg, tokenizer, tuple(str(f) for f in files), tools)
 
     @classmethod
     def from_rows(
-        cls, rows: Iterable[Mapping[str, Any]], cfg: DataConfig, tokenizer: Any, source_name: str
+        cls,
+        rows: Iterable[Mapping[str, Any]],
+        cfg: DataConfig,
+        tokenizer: Any,
+        source_name: str,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> PromptDataset:
         """Load rows already in memory; `source_name` stands in for the file in messages."""
         sourced = (SourcedRow(RowSource(source_name, i), _as_row(r)) for i, r in enumerate(rows))
-        return cls._load(sourced, cfg, tokenizer, (source_name,))
+        return cls._load(sourced, cfg, tokenizer, (source_name,), tools)
 
     @classmethod
     def _load(
-        cls, rows: Iterable[SourcedRow], cfg: DataConfig, tokenizer: Any, files: tuple[str, ...]
+        cls,
+        rows: Iterable[SourcedRow],
+        cfg: DataConfig,
+        tokenizer: Any,
+        files: tuple[str, ...],
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> PromptDataset:
         start = time.perf_counter()
         pad_id = pad_token_id(tokenizer)
@@ -289,7 +311,9 @@ class PromptDataset:
                 if isinstance(sourced.value, RowProblem):
                     raise sourced.value
                 row = _check_row(sourced.value, cfg)
-                tokens = _render(tokenizer, row.messages, cfg.prompt_key)
+                tokens = _render(
+                    tokenizer, row.messages, cfg.prompt_key, [dict(t) for t in tools or ()] or None
+                )
             except RowProblem as problem:
                 if not cfg.skip_bad_rows:
                     raise sourced.source.error(problem, hint=_SKIP_HINT) from None

@@ -15,6 +15,7 @@ training set), checked by the verifier. GRPO should beat both rows.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -74,27 +75,60 @@ def demo_config(overrides: list[str], seed: int, quick: bool) -> QuartetConfig:
 
 
 def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[int, int]:
-    """(correct, total) greedy answers of the model in `model_dir` to the prompts of `val_file`."""
+    """(correct, total) greedy answers of the model in `model_dir` to the prompts of `val_file`.
+
+    With `rollout.multi_turn.enable` each answer is a whole greedy agent-loop conversation (tools and
+    simulated users as in training), scored on what the loop hands the reward function.
+    """
     from quartet.data.prompts import PromptDataset
     from quartet.data.tasks import task_scorer
     from quartet.models.loading import load_tokenizer
     from quartet.rollout import SamplingParams, TorchRolloutEngine, requests_from_batch
 
     tokenizer = load_tokenizer(model_dir)
-    data = PromptDataset.from_files([val_file], cfg.data, tokenizer)
-    batch = data.batch(list(range(len(data))))
+    mt = cfg.rollout.multi_turn
     params = SamplingParams(temperature=0.0, max_new_tokens=cfg.data.max_response_length)
-    with TorchRolloutEngine.from_pretrained(model_dir, max_num_seqs=len(data)) as engine:
-        outputs = engine.generate(requests_from_batch(batch, params))
+    with TorchRolloutEngine.from_pretrained(model_dir, max_num_seqs=cfg.rollout.max_num_seqs) as engine:
+        if mt.enable:
+            texts, extras, batch = _agent_answers(cfg, engine, tokenizer, val_file, params)
+        else:
+            data = PromptDataset.from_files([val_file], cfg.data, tokenizer)
+            batch = data.batch(list(range(len(data))))
+            outputs = engine.generate(requests_from_batch(batch, params))
+            texts = [tokenizer.decode(outs[0].token_ids, skip_special_tokens=True) for outs in outputs]
+            extras = [None] * len(texts)
     correct = 0
-    for i, outs in enumerate(outputs):
+    for i, text in enumerate(texts):
         source = batch.non_tensors["data_source"][i]
         scorer = task_scorer(source)
         if scorer is None:
             raise ValueError(f"the demo scores built-in tasks only; '{source}' has no built-in scorer")
-        text = tokenizer.decode(outs[0].token_ids, skip_special_tokens=True)
-        correct += int(scorer(text, batch.non_tensors["ground_truth"][i]) >= 1.0)
-    return correct, len(data)
+        correct += int(scorer(text, batch.non_tensors["ground_truth"][i], extras[i]) >= 1.0)
+    return correct, len(texts)
+
+
+def _agent_answers(
+    cfg: QuartetConfig, engine: Any, tokenizer: Any, val_file: str, params: Any
+) -> tuple[list[str], list[Any], Any]:
+    """Greedy agent-loop conversations over `val_file`: (response texts, extra_info, the rollout batch)."""
+    from quartet.agents.runner import AgentRunner
+    from quartet.data.prompts import PromptDataset
+    from quartet.rewards.compute import RewardComputer
+    from quartet.serving import OpenAIServer
+
+    runner = AgentRunner.from_config(cfg.rollout.multi_turn, tokenizer, cfg.data.max_response_length)
+    schemas = [tool.schema for tool in runner.env.tools.values()]
+    data = PromptDataset.from_files([val_file], cfg.data, tokenizer, tools=schemas)
+    server = OpenAIServer(engine, tokenizer, "policy")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    try:
+        batch = runner.run(data.batch(list(range(len(data)))), params, server.generate_tokens, int(pad))
+    finally:
+        asyncio.run(server.stop())
+    lengths = RewardComputer.response_lengths(batch).tolist()
+    rows = [ids[:n].tolist() for ids, n in zip(batch["responses"], lengths, strict=True)]
+    texts = list(tokenizer.batch_decode(rows, skip_special_tokens=True))
+    return texts, list(batch.non_tensors["extra_info"]), batch
 
 
 def _with(cfg: QuartetConfig, section: str, **changes: Any) -> QuartetConfig:

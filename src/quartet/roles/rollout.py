@@ -14,21 +14,29 @@ every rank's engine gets the full model: the engine is a tensor-parallel-1 repli
 
 Seeds: a training step's requests are seeded from (rollout.seed, global step, data-parallel rank, row), so
 a run is reproducible and no two rows of a step share a random stream.
+
+Multi-turn (`rollout.multi_turn.enable`): `generate` runs the agent loops (`quartet.agents.runner`) over
+this rank's rows, n trajectories per row, their turns batched together by the engine through the replica's
+`OpenAIServer` (in-process token calls). With `rollout.mode=async` that server also listens on HTTP
+(`server_url()`), so agent frameworks and other processes can drive the same engine; `sleep`/`wake` close
+and reopen it with the engine (503 while training).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.rollout import SamplingConfig
+from quartet.config.rollout import RolloutMode, SamplingConfig
 from quartet.config.root import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.core.metrics import masked_max, masked_mean
@@ -40,7 +48,11 @@ from quartet.rollout.factory import make_engine
 from quartet.rollout.types import SamplingParams
 
 if TYPE_CHECKING:
+    from quartet.agents.runner import AgentRunner
     from quartet.roles.actor import Actor
+    from quartet.serving import OpenAIServer, ServerThread
+
+T = TypeVar("T")
 
 __all__ = ["Rollout", "logprob_diff_metrics"]
 
@@ -82,6 +94,48 @@ class Rollout:
         self.pad_token_id = _pad_token_id(model_path)
         self.asleep = False
         self.syncs = 0
+        self.server: OpenAIServer | None = None
+        self.server_thread: ServerThread | None = None
+        self.agents: AgentRunner | None = None
+        if cfg.rollout.multi_turn.enable or cfg.rollout.mode is RolloutMode.ASYNC:
+            self._start_server(model_path)
+
+    def _start_server(self, model_path: str) -> None:
+        """The replica's OpenAI-compatible server (HTTP in async mode) and the agent loops."""
+        from quartet.agents.runner import AgentRunner
+        from quartet.serving import OpenAIServer, ServerThread
+
+        tokenizer: Any = load_tokenizer(model_path)
+        sc = self.rc.server
+        rank = int(os.environ.get("RANK", "0"))
+        self.server = OpenAIServer(
+            self.engine,
+            tokenizer,
+            sc.model_name,
+            host=sc.host,
+            port=sc.port + rank if sc.port else 0,
+            api_key=sc.api_key or None,
+            max_new_tokens_default=self.cfg.data.max_response_length,
+            request_timeout_s=sc.request_timeout_s,
+        )
+        if self.rc.mode is RolloutMode.ASYNC:
+            self.server_thread = ServerThread(self.server)
+            self.server_thread.start()
+        if self.rc.multi_turn.enable:
+            self.agents = AgentRunner.from_config(
+                self.rc.multi_turn, tokenizer, self.cfg.data.max_response_length
+            )
+
+    def _on_server_loop(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run a coroutine of the server: on its HTTP loop when it has one, else on a loop of our own."""
+        if self.server_thread is not None:
+            return self.server_thread.call(coro, timeout_s)
+        return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+    @dispatch(Split.BROADCAST)
+    def server_url(self) -> str | None:
+        """This replica's base URL (`http://host:port/v1`); None unless rollout.mode=async."""
+        return None if self.server is None or self.server_thread is None else self.server.url
 
     # ---- generation --------------------------------------------------------------------------------------
 
@@ -99,7 +153,11 @@ class Rollout:
         if greedy:
             sampling = dataclasses.replace(sampling, temperature=0.0, n=1)
         start = time.perf_counter()
-        out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
+        if self.agents is not None and self.server is not None:
+            out = self.agents.run(prompts, sampling, self.server.generate_tokens, self.pad_token_id)
+            out = out.with_meta(temperature=sampling.temperature if sampling.temperature > 0 else 1.0)
+        else:
+            out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
         # every rank's responses as wide as the limit, so data-parallel ranks' batches join
         out = pad_rollout(out, out["prompts"].shape[1], sampling.max_new_tokens, self.pad_token_id)
         seconds = time.perf_counter() - start
@@ -147,20 +205,40 @@ class Rollout:
 
     @dispatch(Split.BROADCAST)
     def sleep(self) -> None:
-        """Free the KV cache (and weights where the engine can) until the next `generate`/`sync_weights`."""
-        if not self.asleep:
+        """Free the KV cache (and weights where the engine can) until the next `generate`/`sync_weights`.
+
+        With a server, it first refuses new requests (503) and waits for those in the engine to finish.
+        """
+        if self.asleep:
+            return
+        if self.server is not None:
+            timeout = self.server.request_timeout_s + 30.0
+            self._on_server_loop(self.server.sleep(offload_weights=False), timeout)
+        else:
             self.engine.sleep(offload_weights=False)
-            self.asleep = True
+        self.asleep = True
 
     @dispatch(Split.BROADCAST)
     def wake(self) -> None:
-        if self.asleep:
+        """Undo `sleep` (the server admits requests again)."""
+        if not self.asleep:
+            return
+        if self.server is not None:
+            self._on_server_loop(self.server.wake(), 120.0)
+        else:
             self.engine.wake()
-            self.asleep = False
+        self.asleep = False
 
     @dispatch(Split.BROADCAST)
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        """Stop the server (when there is one), then the engine."""
+        try:
+            if self.server_thread is not None:
+                self.server_thread.stop()
+            elif self.server is not None:
+                asyncio.run(asyncio.wait_for(self.server.stop(), 30.0))
+        finally:
+            self.engine.shutdown()
 
 
 def _pad_token_id(model_path: str) -> int:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from quartet.agents.batch import agent_batch_metrics
 from quartet.config import QuartetConfig
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
 from quartet.core.balance import balanced_order
@@ -161,6 +162,7 @@ class StepRunner:
             )
         with timer("reward"):
             batch, metrics = self.score(batch)
+            metrics |= agent_batch_metrics(batch)
             if baseline is not None:
                 scored_baseline, _ = self.score(baseline)
                 baseline_scores = scored_baseline["token_level_scores"].sum(-1)

@@ -1,0 +1,206 @@
+"""The agent loops of one rollout replica over a batch of prompt rows: n trajectories per row, concurrently.
+
+    runner = AgentRunner.from_config(cfg.rollout.multi_turn, tokenizer, max_response_tokens=R)
+    batch = runner.run(prompts, sampling, generate_tokens, pad_token_id)   # the rollout Batch
+
+Every trajectory is one asyncio task; their generation calls go to one token-in/token-out function
+(`OpenAIServer.generate_tokens`), so the engine batches the turns of all trajectories together as they
+arrive. Each trajectory samples with its own seed, derived from the request's seed, the row, the sample
+and the turn, so `n` samples of a row differ and a run is reproducible.
+
+The output is the rollout Batch of `quartet.agents.batch` with, per row:
+- `extra_info` gains `final_message` (the last assistant turn, special tokens removed), `num_turns` and
+  `env_reward` (the interaction's or the tools' score, or None), for reward functions;
+- `agent_metrics`: the trajectory's loop counters (tool calls, failures, turns, drift, latency);
+- `finish_reason` says why the loop ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from quartet.agents.batch import trajectories_to_batch
+from quartet.agents.loops import AgentEnv, AgentRow, run_agent
+from quartet.agents.tool_loop import LoopLimits
+from quartet.agents.tools.base import Tool
+from quartet.agents.tools.parsing import get_parser
+from quartet.agents.trajectory import ChatRenderer, Trajectory, token_drift
+from quartet.config.rollout import MultiTurnConfig
+from quartet.core.batch import Batch
+from quartet.rollout.types import GenerationOutput, SamplingParams
+
+if TYPE_CHECKING:
+    from quartet.agents.interaction import Interaction
+
+__all__ = ["AgentRunner", "GenerateTokens", "build_interactions", "build_tools", "trajectory_seed"]
+
+GenerateTokens = Callable[[Sequence[int], SamplingParams], Awaitable[list[GenerationOutput]]]
+_MASK63 = (1 << 63) - 1
+
+
+def build_tools(mt: MultiTurnConfig) -> dict[str, Tool]:
+    """The run's tools: the built-in ones named in `tools`, then those of `tool_config_path`."""
+    from quartet.agents.tools.calculator import CalculatorTool
+    from quartet.agents.tools.python_runner import PythonTool
+    from quartet.agents.tools.registry import load_tools
+
+    builtin: dict[str, Callable[[], Tool]] = {"calculator": CalculatorTool, "python": PythonTool}
+    tools: dict[str, Tool] = {}
+    for name in mt.tools:
+        tool = builtin[name]()
+        tools[tool.name] = tool
+    if mt.tool_config_path:
+        for name, tool in load_tools(mt.tool_config_path).items():
+            if name in tools:
+                raise ValueError(
+                    f"{mt.tool_config_path}: the tool {name!r} is also in rollout.multi_turn.tools; "
+                    "keep one of the two"
+                )
+            tools[name] = tool
+    return tools
+
+
+def build_interactions(mt: MultiTurnConfig) -> dict[str, Interaction]:
+    """The run's simulated users: the built-in ones named in `interactions`, then the YAML file's."""
+    found: dict[str, Interaction] = {}
+    if not mt.interactions and not mt.interaction_config_path:
+        return found
+    from quartet.agents.interaction_registry import load_interactions
+    from quartet.agents.interactions.guessing import GuessingGameInteraction
+
+    builtin: dict[str, Callable[[], Interaction]] = {"guessing_game": GuessingGameInteraction}
+    for name in mt.interactions:
+        interaction = builtin[name]()
+        found[interaction.name] = interaction
+    if mt.interaction_config_path:
+        for name, interaction in load_interactions(mt.interaction_config_path).items():
+            if name in found:
+                raise ValueError(
+                    f"{mt.interaction_config_path}: the interaction {name!r} is also in "
+                    "rollout.multi_turn.interactions; keep one of the two"
+                )
+            found[name] = interaction
+    return found
+
+
+def trajectory_seed(seed: int, row: int, sample: int, n: int, turn: int) -> int:
+    """A distinct sampling seed per (request seed, row, sample, turn)."""
+    return ((seed * 1_000_003 + row * n + sample) * 1_009 + turn) & _MASK63
+
+
+class AgentRunner:
+    """Agent loops of one replica (see the module docstring)."""
+
+    def __init__(self, mt: MultiTurnConfig, env: AgentEnv) -> None:
+        self.mt, self.env = mt, env
+
+    @classmethod
+    def from_config(cls, mt: MultiTurnConfig, tokenizer: Any, max_response_tokens: int) -> AgentRunner:
+        tools = build_tools(mt)
+        schemas = [tool.schema for tool in tools.values()]
+        env = AgentEnv(
+            renderer=ChatRenderer(tokenizer, schemas),
+            plain_renderer=ChatRenderer(tokenizer),
+            parser=get_parser(mt.tool_call_format),
+            tools=tools,
+            interactions=build_interactions(mt),
+            limits=LoopLimits(
+                max_assistant_turns=mt.max_assistant_turns,
+                max_user_turns=mt.max_user_turns,
+                max_response_tokens=max_response_tokens,
+                max_tool_response_chars=mt.max_tool_response_length,
+                tool_timeout_s=mt.tool_timeout_s,
+            ),
+        )
+        return cls(mt, env)
+
+    def rows(self, prompts: Batch) -> list[AgentRow]:
+        """Each prompt row's messages, loop and tool/interaction arguments."""
+        nt = prompts.non_tensors
+        if "raw_prompt" not in nt:
+            raise KeyError(
+                "multi-turn rollouts need the prompts' chat messages (non-tensor column 'raw_prompt', "
+                f"which PromptDataset.batch gives); the batch has {prompts.keys()}"
+            )
+        size = len(prompts)
+        names = list(nt["agent_name"]) if "agent_name" in nt else [None] * size
+        extras = list(nt["extra_info"]) if "extra_info" in nt else [None] * size
+        out = []
+        for messages, name, extra in zip(nt["raw_prompt"], names, extras, strict=True):
+            info: Mapping[str, Any] = extra if isinstance(extra, Mapping) else {}
+            out.append(
+                AgentRow(
+                    messages=[dict(m) for m in messages],
+                    agent_name=str(name) if name else self.mt.default_agent,
+                    tools_kwargs=dict(info.get("tools_kwargs") or {}),
+                    interaction_kwargs=dict(info.get("interaction_kwargs") or {}),
+                )
+            )
+        return out
+
+    async def trajectories(
+        self, rows: Sequence[AgentRow], sampling: SamplingParams, generate_tokens: GenerateTokens
+    ) -> list[Trajectory]:
+        """`sampling.n` trajectories per row, row-major, all loops running concurrently."""
+        n = sampling.n
+
+        def generator(row: int, sample: int) -> Callable[[list[int], int], Awaitable[GenerationOutput]]:
+            turn = 0
+
+            async def generate(prompt_ids: list[int], budget: int) -> GenerationOutput:
+                nonlocal turn
+                seed = None if sampling.seed is None else trajectory_seed(sampling.seed, row, sample, n, turn)
+                params = dataclasses.replace(
+                    sampling, n=1, seed=seed, max_new_tokens=min(budget, sampling.max_new_tokens)
+                )
+                turn += 1
+                return (await generate_tokens(prompt_ids, params))[0]
+
+            return generate
+
+        tasks = [run_agent(row, generator(i, j), self.env) for i, row in enumerate(rows) for j in range(n)]
+        return list(await asyncio.gather(*tasks))
+
+    def run(
+        self,
+        prompts: Batch,
+        sampling: SamplingParams,
+        generate_tokens: GenerateTokens,
+        pad_token_id: int,
+    ) -> Batch:
+        """The rollout Batch of `prompts` (module docstring); runs its own event loop."""
+        trajectories = asyncio.run(self.trajectories(self.rows(prompts), sampling, generate_tokens))
+        if self.mt.check_drift:
+            for t in trajectories:
+                renderer = self.env.renderer if self.env.tools else self.env.plain_renderer
+                t.metrics["agent/token_drift"] = float(token_drift(renderer, t))
+        batch = trajectories_to_batch(
+            prompts, trajectories, sampling.n, pad_token_id, self.env.limits.max_response_tokens
+        )
+        columns = self._row_columns(batch, trajectories)
+        return batch.drop("extra_info").union(Batch({}, columns, batch_size=len(batch)))
+
+    def _row_columns(self, batch: Batch, trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
+        tokenizer = self.env.renderer.tokenizer
+        extras = list(batch.non_tensors["extra_info"]) if "extra_info" in batch.non_tensors else []
+        new_extra, metrics = [], []
+        for i, t in enumerate(trajectories):
+            finals = [m for m in t.messages if m.get("role") == "assistant"]
+            final = str(finals[-1]["content"]) if finals else ""
+            clean = tokenizer.decode(
+                tokenizer.encode(final, add_special_tokens=False), skip_special_tokens=True
+            )
+            base = dict(extras[i]) if i < len(extras) and isinstance(extras[i], Mapping) else {}
+            new_extra.append(
+                {**base, "final_message": clean, "num_turns": t.assistant_turns, "env_reward": t.reward}
+            )
+            metrics.append(dict(t.metrics))
+        return {
+            "extra_info": np.array(new_extra, dtype=object),
+            "agent_metrics": np.array(metrics, dtype=object),
+        }
