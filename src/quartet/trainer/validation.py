@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from quartet.agents.batch import agent_batch_metrics
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.trainer.workers import Workers
@@ -38,6 +39,7 @@ def validate(
     n = cfg.rollout.val.n
     per_prompt: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     total = len(dataset)
+    agent_rows: list[Batch] = []
     for start in range(0, total, cfg.data.val_batch_size):
         indices = list(range(start, min(start + cfg.data.val_batch_size, total)))
         prompts = dataset.batch(indices).with_meta(validation=True, global_step=step)
@@ -47,6 +49,8 @@ def validate(
         scored, _ = reward.score(generated)
         if on_scored is not None:
             on_scored(generated.union(scored))
+        if "agent_metrics" in generated.non_tensors:
+            agent_rows.append(generated.select("agent_metrics", "finish_reason", "response_mask"))
         scores = scored["scores"].tolist()
         sources = generated.non_tensors["data_source"]
         rows = generated.non_tensors["index"]
@@ -62,4 +66,6 @@ def validate(
             if all(s in (0.0, 1.0) for s in flat):
                 passed = [1.0 in scores for scores in prompts_scores.values()]
                 metrics[f"val-core/{source}/reward/pass@{n}"] = sum(passed) / len(passed)
+    if agent_rows:  # multi-turn: turns, tool calls, how conversations ended, on the held-out prompts
+        metrics |= {f"val-aux/{k}": v for k, v in agent_batch_metrics(Batch.concat(agent_rows)).items()}
     return metrics
