@@ -143,3 +143,56 @@ def test_tool_rewards_and_drift_reach_the_batch(tokenizer: Any) -> None:
     )
     finals = [info["final_message"] for info in batch.non_tensors["extra_info"]]
     assert finals == ["442027", "7"]
+
+
+class BinarySearchPlayer:
+    """Plays the guessing game from its prompt: narrows [low, high] by the user's Higher./Lower. replies."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+
+    async def __call__(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[GenerationOutput]:
+        text = self.tok.decode(list(prompt_ids), skip_special_tokens=False)
+        low, high = (int(x) for x in re.findall(r"from (\d+) to (\d+)", text)[0])
+        turns = re.findall(r"<\|im_start\|>assistant\n(\d+)<\|im_end\|>\n<\|im_start\|>user\n(\w+)\.", text)
+        for guess, reply in turns:
+            low, high = (int(guess) + 1, high) if reply == "Higher" else (low, int(guess) - 1)
+        ids = self.tok.encode(f"{(low + high) // 2}<|im_end|>", add_special_tokens=False)
+        return [GenerationOutput("r", 0, tuple(ids), tuple(-0.1 for _ in ids), FinishReason.STOP)]
+
+
+def test_user_sim_rows_play_the_guessing_game(tokenizer: Any) -> None:
+    from quartet.agents.interactions.guessing import binary_search_transcript
+
+    mt = MultiTurnConfig(
+        enable=True, interactions=("guessing_game",), max_assistant_turns=8, max_user_turns=8
+    )
+    runner = AgentRunner.from_config(mt, tokenizer, max_response_tokens=128)
+    targets = [37, 100]
+    batch = Batch(
+        {
+            "prompts": torch.ones(2, 3, dtype=torch.int64),
+            "attention_mask": torch.ones(2, 3, dtype=torch.int64),
+        },
+        {
+            "raw_prompt": [[{"role": "user", "content": "I picked a number from 1 to 100. Guess it."}]] * 2,
+            "agent_name": ["user_sim"] * 2,
+            "extra_info": [
+                {"interaction_kwargs": {"name": "guessing_game", "target": t, "low": 1, "high": 100}}
+                for t in targets
+            ],
+        },
+    )
+    out = runner.run(batch, SamplingParams(n=1, max_new_tokens=128, seed=1), BinarySearchPlayer(tokenizer), 0)
+    for row, target in enumerate(targets):
+        info, metrics = out.non_tensors["extra_info"][row], out.non_tensors["agent_metrics"][row]
+        guesses = binary_search_transcript(target, 1, 100)  # the interaction's own independent record
+        assert info["env_reward"] == 1.0 and info["final_message"] == str(target)
+        assert info["num_turns"] == len(guesses) and metrics["agent/user_turns"] == len(guesses) - 1
+        assert metrics["interaction/guesses"] == len(guesses) and metrics["agent/token_drift"] == 0
+        assert out.non_tensors["finish_reason"][row] == "interaction_done"
+        # user turns are the environment's: mask 0, and they say Higher./Lower. as the game requires
+        length = int(out["attention_mask"][row, out["prompts"].shape[1] :].sum())
+        env_text = tokenizer.decode(out["responses"][row][:length][out["response_mask"][row][:length] == 0])
+        expected = ["Higher." if g < target else "Lower." for g in guesses[:-1]]
+        assert re.findall(r"(Higher\.|Lower\.)", env_text) == expected

@@ -1,0 +1,172 @@
+"""A number-guessing game: the simulated user hides an integer and answers each guess "Higher." or "Lower."
+
+Per trajectory (the row's `extra_info.interaction_kwargs`): `target`, `low` and `high`, integers with
+`low <= target <= high` (the range is inclusive). The model's guess is the LAST integer in its turn's text
+(`-?[0-9]+`, a minus only where it does not follow a letter or digit, so "3-5" reads as 5), which lets it
+reason before answering. Each assistant turn is one guess:
+
+    right number                       -> done, score 1.0, content ""
+    wrong number, guesses left         -> HIGHER or LOWER (an out-of-range guess is just a wrong guess)
+    no integer (or over 4000 digits)   -> INVALID, counted as a guess
+    `max_guesses` used up, still wrong -> done, score 0.0, content ""
+
+Metrics on every reply, counted over the trajectory so far: `interaction/guesses` and
+`interaction/invalid`, so the last reply's metrics sum up the game.
+
+The default `max_guesses=7` is what a perfect binary search needs on 1..100 (floor(log2(100)) + 1).
+`optimal_guess` and `binary_search_transcript` give that player's moves, for writing SFT traces.
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from quartet.agents.interaction import Interaction, InteractionError, InteractionReply
+
+__all__ = [
+    "HIGHER",
+    "INVALID",
+    "LOWER",
+    "GuessingGameInteraction",
+    "binary_search_transcript",
+    "last_integer",
+    "optimal_guess",
+]
+
+HIGHER = "Higher."
+"""The reply when the target is above the guess."""
+LOWER = "Lower."
+"""The reply when the target is below the guess."""
+INVALID = "Please answer with a single number."
+"""The reply when the turn holds no integer."""
+
+_INTEGER = re.compile(r"(?:(?<![A-Za-z0-9])-)?[0-9]+")
+_MAX_DIGITS = 4000  # Python refuses int() on strings past 4300 digits
+_KWARGS = ("target", "low", "high")
+_WHERE = "the row's extra_info.interaction_kwargs"
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer written in `text`, or None when there is none (or it has over 4000 digits)."""
+    matches = _INTEGER.findall(text)
+    if not matches:
+        return None
+    last: str = matches[-1]
+    if len(last.lstrip("-").lstrip("0")) > _MAX_DIGITS:
+        return None
+    return int(last)
+
+
+def optimal_guess(low: int, high: int) -> int:
+    """The binary-search guess for a target in the inclusive range [low, high]: the midpoint, rounded down."""
+    if low > high:
+        raise ValueError(f"empty range: low={low} > high={high}")
+    return (low + high) // 2
+
+
+def binary_search_transcript(target: int, low: int, high: int) -> list[int]:
+    """The guesses a perfect binary-search player makes for `target` in [low, high], the last one right."""
+    if not low <= target <= high:
+        raise ValueError(f"target {target} is outside [{low}, {high}]")
+    guesses: list[int] = []
+    while True:
+        guess = optimal_guess(low, high)
+        guesses.append(guess)
+        if guess == target:
+            return guesses
+        if guess < target:
+            low = guess + 1
+        else:
+            high = guess - 1
+
+
+@dataclass
+class _Game:
+    """One trajectory's game; mutated as guesses come in."""
+
+    target: int
+    low: int
+    high: int
+    guesses: int = 0
+    invalid: int = 0
+    over: bool = False
+
+
+def _integer_kwarg(kwargs: dict[str, Any], key: str) -> int:
+    if key not in kwargs:
+        raise InteractionError(
+            f"guessing game: missing {key!r}; set target, low and high (integers) in {_WHERE}"
+        )
+    value = kwargs[key]
+    # numbers.Integral admits numpy integers read from parquet; bool is an int subclass but not a number here
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InteractionError(
+            f"guessing game: {key!r} must be an integer, got {value!r}; fix it in {_WHERE}"
+        )
+    return int(value)
+
+
+class GuessingGameInteraction(Interaction):
+    """The number-guessing user (module docstring): "Higher."/"Lower." until right or out of guesses."""
+
+    default_name = "guessing_game"
+
+    def __init__(self, *, max_guesses: int = 7, name: str | None = None) -> None:
+        super().__init__(name=name)
+        if isinstance(max_guesses, bool) or not isinstance(max_guesses, int) or max_guesses < 1:
+            raise InteractionError(f"max_guesses must be a positive integer, got {max_guesses!r}")
+        self.max_guesses = max_guesses
+        self._games: dict[str, _Game] = {}
+
+    async def start(self, instance_id: str | None = None, **kwargs: Any) -> str:
+        """A new game for `target` in [low, high]; `InteractionError` naming the kwarg when one is wrong."""
+        unknown = sorted(set(kwargs) - set(_KWARGS))
+        if unknown:
+            raise InteractionError(
+                f"guessing game: unknown kwargs {unknown}; only target, low and high are read from {_WHERE}"
+            )
+        target, low, high = (_integer_kwarg(kwargs, key) for key in _KWARGS)
+        if low > high:
+            raise InteractionError(
+                f"guessing game: 'low' ({low}) > 'high' ({high}); fix the range in {_WHERE}"
+            )
+        if not low <= target <= high:
+            raise InteractionError(
+                f"guessing game: 'target' ({target}) is outside [low, high] = [{low}, {high}];"
+                f" fix it in {_WHERE}"
+            )
+        instance_id = await super().start(instance_id, target=target, low=low, high=high)
+        self._games[instance_id] = _Game(target=target, low=low, high=high)
+        return instance_id
+
+    async def respond(self, instance_id: str, messages: list[dict[str, Any]]) -> InteractionReply:
+        """Judge the guess in the last (assistant) message; see the module docstring for the replies."""
+        game = self._games.get(instance_id)
+        if game is None:
+            raise InteractionError(f"guessing game: no instance {instance_id!r}; call start() first")
+        if game.over:
+            raise InteractionError(f"guessing game: instance {instance_id!r} is over; call finish()")
+        if not messages or messages[-1].get("role") != "assistant":
+            raise InteractionError("guessing game: respond() needs the assistant's turn as the last message")
+        content = messages[-1].get("content")
+        guess = last_integer(content) if isinstance(content, str) else None
+        game.guesses += 1
+        game.invalid += guess is None
+        metrics = {"interaction/guesses": float(game.guesses), "interaction/invalid": float(game.invalid)}
+        if guess == game.target:
+            game.over = True
+            return InteractionReply("", done=True, score=1.0, metrics=metrics)
+        if game.guesses >= self.max_guesses:
+            game.over = True
+            return InteractionReply("", done=True, score=0.0, metrics=metrics)
+        if guess is None:
+            return InteractionReply(INVALID, done=False, metrics=metrics)
+        return InteractionReply(HIGHER if guess < game.target else LOWER, done=False, metrics=metrics)
+
+    async def finish(self, instance_id: str) -> None:
+        """Forget the game (idempotent)."""
+        self._games.pop(instance_id, None)
+        await super().finish(instance_id)
