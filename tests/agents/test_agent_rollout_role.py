@@ -22,7 +22,7 @@ from quartet.rollout.types import GenerationRequest
 
 API_KEY = "test-key"
 OVERRIDES = [
-    "data.max_prompt_length=384",
+    "data.max_prompt_length=192",
     "data.max_response_length=24",
     "rollout.n=2",
     "rollout.multi_turn.enable=true",

@@ -15,6 +15,7 @@ class BuiltinTask(StrEnum):
 
     ARITHMETIC = "arithmetic"
     COUNTDOWN = "countdown"
+    CALCULATOR = "calculator"  # multi-turn: a*b+c with the calculator tool (rollout.multi_turn)
 
 
 class ArithmeticOp(StrEnum):

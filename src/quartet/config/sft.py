@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from quartet.config.data import ArithmeticOp
+from quartet.config.data import ArithmeticOp, BuiltinTask
 from quartet.config.errors import ConfigError, require
 from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
@@ -18,7 +18,10 @@ __all__ = ["ArithmeticOp", "SFTBuiltinConfig", "SFTConfig", "sft_rules"]
 
 @dataclass(frozen=True)
 class SFTBuiltinConfig:
-    """The built-in arithmetic chat set, generated into the run folder when `sft.train_files` is empty."""
+    """The built-in chat set, generated into the run folder when `sft.train_files` is empty."""
+
+    task: BuiltinTask = BuiltinTask.ARITHMETIC
+    """Which built-in task's worked examples: arithmetic, or calculator (multi-turn tool-use traces)."""
 
     train_size: int = 1024
     """Conversations (rows) in the generated training split."""
@@ -45,6 +48,14 @@ class SFTBuiltinConfig:
         require(self.train_size > 0, "train_size", "must be > 0")
         require(self.val_size > 0, "val_size", "must be > 0")
         require(1 <= self.digits <= 6, "digits", f"must lie in [1, 6], got {self.digits}")
+        require(
+            self.task in (BuiltinTask.ARITHMETIC, BuiltinTask.CALCULATOR),
+            "task",
+            f"no built-in SFT set for {self.task.value!r}",
+            "use arithmetic or calculator, or give sft.train_files",
+        )
+        if self.task is not BuiltinTask.ARITHMETIC:
+            return
         require(bool(self.operations), "operations", "must not be empty", "e.g. sft.builtin.operations=[add]")
         require(len(set(self.operations)) == len(self.operations), "operations", "lists an operation twice")
         space = 100**self.digits * len(self.operations)
@@ -69,6 +80,9 @@ class SFTConfig:
 
     messages_key: str = "messages"
     """Column of each row holding the conversation: a list of {role, content} messages."""
+
+    tools_key: str = "tools"
+    """Column of tool schemas rendered with a row (a list, or its JSON text); absent or null: no tools."""
 
     max_length: int = 128
     """Longest conversation in tokens (prompt + responses, after the chat template). Longer rows are

@@ -38,6 +38,7 @@ __all__ = [
     "SFTDataError",
     "SFTExample",
     "check_messages",
+    "check_tools",
     "collate",
     "load_sft_files",
     "read_rows",
@@ -198,31 +199,65 @@ def check_messages(row: Any, key: str) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if v is not None or k == "content"} for m in messages]
 
 
+def check_tools(row: Any, key: str) -> list[dict[str, Any]] | None:
+    """The row's tool schemas: a list of objects, JSON text of one, or None/absent (no tools)."""
+    value = row.get(key) if isinstance(row, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise _RowProblem(key, f"is not valid JSON: {err}") from None
+    if hasattr(value, "tolist"):  # a numpy array read from parquet
+        value = value.tolist()
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise _RowProblem(key, f"must be a list of tool schemas (objects), got {type(value).__name__}")
+    return [dict(t) for t in value] or None
+
+
 # ---- tokenizing -------------------------------------------------------------------------------------------
 
 
 def _render(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool, key: str
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    generation_prompt: bool,
+    key: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     try:
         ids = tokenizer.apply_chat_template(
-            list(messages), tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
+            list(messages),
+            tools=tools,
+            tokenize=True,
+            add_generation_prompt=generation_prompt,
+            return_dict=False,
         )
     except Exception as err:  # jinja errors of the model's own template: report them with the row
         raise _RowProblem(key, f"the chat template failed: {type(err).__name__}: {err}") from err
     return [int(t) for t in ids]
 
 
-def tokenize_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], key: str = "messages") -> SFTExample:
-    """Prompt, response and assistant mask of a checked conversation (see the module docstring)."""
-    full = _render(tokenizer, messages, False, key)
+def tokenize_chat(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    key: str = "messages",
+    tools: list[dict[str, Any]] | None = None,
+) -> SFTExample:
+    """Prompt, response and assistant mask of a checked conversation (see the module docstring).
+
+    tools: OpenAI tool schemas rendered into every prefix (the template's tools block), as the agent loops
+    render them in RL.
+    """
+    full = _render(tokenizer, messages, False, key, tools)
     special = set(tokenizer.all_special_ids)
     mask = [0] * len(full)
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     starts, end = [], 0
     for k in turns:
-        before = _render(tokenizer, messages[:k], True, key)
-        through = _render(tokenizer, messages[: k + 1], False, key)
+        before = _render(tokenizer, messages[:k], True, key, tools)
+        through = _render(tokenizer, messages[: k + 1], False, key, tools)
         if full[: len(before)] != before or full[: len(through)] != through or len(through) <= len(before):
             raise _RowProblem(
                 f"{key}[{k}]",
@@ -255,6 +290,7 @@ def load_sft_files(
     tokenizer: Any,
     *,
     messages_key: str = "messages",
+    tools_key: str = "tools",
     max_length: int = 1024,
     truncate: bool = False,
     skip_bad_rows: bool = False,
@@ -270,7 +306,8 @@ def load_sft_files(
             report.rows += 1
             try:
                 messages = check_messages(row, messages_key)
-                ex = tokenize_chat(tokenizer, messages, messages_key)
+                tools = check_tools(row, tools_key)
+                ex = tokenize_chat(tokenizer, messages, messages_key, tools)
             except _RowProblem as problem:
                 err = SFTDataError(str(path), row_index, problem.field, problem.problem, line)
                 if not skip_bad_rows:

@@ -34,7 +34,8 @@ from quartet.cluster.group import RoleGroup
 from quartet.cluster.naming import RunNames
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
-from quartet.data.tasks import arithmetic
+from quartet.config.data import BuiltinTask
+from quartet.data.tasks import arithmetic, calculator
 from quartet.sft.data import LoadReport, SFTExample, collate, load_sft_files
 from quartet.sft.evaluate import ExactMatch, Verifier, eval_samples, exact_text_match, greedy_exact_match
 from quartet.sft.worker import SFTWorker
@@ -126,15 +127,23 @@ def prepare_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> SFTData:
         verify: Verifier = exact_text_match
     else:
         b = sft.builtin
-        spec = arithmetic.ArithmeticSpec(b.digits, b.symbols, b.worked_answer)
-        paths = arithmetic.write_sft_set(run_dir / "data", spec, b.train_size, b.val_size, sft.seed)
-        train_files, val_files, verify = [paths[0]], [paths[1]], arithmetic.verify_answer
+        if b.task is BuiltinTask.CALCULATOR:
+            folder = run_dir / "data" / "calculator"
+            spec_c = calculator.CalculatorSpec(b.digits)
+            paths = calculator.write_sft_set(folder, spec_c, b.train_size, b.val_size, sft.seed)
+            verify = calculator.verify_answer
+        else:
+            spec = arithmetic.ArithmeticSpec(b.digits, b.symbols, b.worked_answer)
+            paths = arithmetic.write_sft_set(run_dir / "data", spec, b.train_size, b.val_size, sft.seed)
+            verify = arithmetic.verify_answer
+        train_files, val_files = [paths[0]], [paths[1]]
 
     def load(files: list[Path]) -> tuple[list[SFTExample], LoadReport]:
         return load_sft_files(
             files,
             tokenizer,
             messages_key=sft.messages_key,
+            tools_key=sft.tools_key,
             max_length=sft.max_length,
             truncate=sft.truncate,
             skip_bad_rows=sft.skip_bad_rows,

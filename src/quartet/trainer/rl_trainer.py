@@ -84,12 +84,14 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
-        from quartet.data.tasks import ArithmeticSpec, write_builtin
+        from quartet.data.tasks import ArithmeticSpec, CalculatorSpec, write_builtin
 
-        spec = None
+        spec: Any = None
         if cfg.data.builtin_task is BuiltinTask.ARITHMETIC:
             ops = tuple(op.symbol for op in cfg.data.builtin_operations)
             spec = ArithmeticSpec(digits=cfg.data.builtin_digits, operations=ops)
+        elif cfg.data.builtin_task is BuiltinTask.CALCULATOR:
+            spec = CalculatorSpec(digits=cfg.data.builtin_digits)
         train_path, val_path = write_builtin(
             cfg.data.builtin_task,
             run_dir / "data",
@@ -99,9 +101,20 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
             spec=spec,
         )
         train_files, val_files = [str(train_path)], val_files or [str(val_path)]
-    train = PromptDataset.from_files(train_files, cfg.data, tokenizer)
-    val = PromptDataset.from_files(val_files, cfg.data, tokenizer) if val_files else None
+    tools = _tool_schemas(cfg)
+    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools)
+    val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools) if val_files else None
     return RLData(train, val)
+
+
+def _tool_schemas(cfg: QuartetConfig) -> list[dict[str, Any]] | None:
+    """The schemas the agent loops render into prompts (multi-turn runs), so prompt lengths are measured as
+    the model sees them; loading the tools here also reports a bad tools file before any worker starts."""
+    if not cfg.rollout.multi_turn.enable:
+        return None
+    from quartet.agents.runner import build_tools
+
+    return [tool.schema for tool in build_tools(cfg.rollout.multi_turn).values()] or None
 
 
 class RLTrainer:

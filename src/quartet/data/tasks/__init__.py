@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from quartet.config.data import BuiltinTask, DataConfig
-from quartet.data.tasks import arithmetic, countdown
+from quartet.data.tasks import arithmetic, calculator, countdown
 from quartet.data.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
+from quartet.data.tasks.calculator import CalculatorSpec
 from quartet.data.tasks.countdown import CountdownProblem, CountdownSpec
 
 __all__ = [
     "TASKS",
     "ArithmeticProblem",
     "ArithmeticSpec",
+    "CalculatorSpec",
     "CountdownProblem",
     "CountdownSpec",
     "Scorer",
@@ -76,6 +78,15 @@ TASKS: dict[BuiltinTask, Task[Any]] = {
         countdown.verify_answer,
         countdown.write_rl_set,
         countdown.write_sft_set,
+    ),
+    BuiltinTask.CALCULATOR: Task(
+        BuiltinTask.CALCULATOR,
+        calculator.DATA_SOURCE,
+        CalculatorSpec(),
+        calculator.compute_score,
+        calculator.verify_answer,
+        calculator.write_rl_set,
+        calculator.write_sft_set,
     ),
 }
 

@@ -1,0 +1,197 @@
+"""Calculator: `What is 482 * 917 + 33?` -> call the calculator tool -> read its result -> answer `442027`.
+
+A multi-turn tool-use task. With 3-digit operands the product is beyond a tiny model's head, and trivial
+with the tool: success measures whether the model learned the protocol (a well-formed Hermes tool call that
+copies the expression, then the tool's result copied as the answer).
+
+- RL rows (verl layout): the question as the user message, `agent_name: tool_agent`, the integer result as
+  ground truth, `extra_info.expression`. Validation problems never occur in training.
+- SFT traces (`messages` + `tools` columns): question, the canonical tool call, the tool's result (as the
+  calculator tool prints it), the answer.
+- `compute_score`: 1.0 when the final assistant turn (`extra_info["final_message"]`, which the agent loop
+  adds; else the response's last line) is exactly the integer result. A final turn that is itself a tool
+  call (the loop ran out of turns) scores 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quartet.data.layout import rl_row, write_parquet
+
+__all__ = [
+    "CALCULATOR_TOOLS",
+    "DATA_SOURCE",
+    "CalculatorProblem",
+    "CalculatorSpec",
+    "compute_score",
+    "held_out_split",
+    "tool_call_text",
+    "verify_answer",
+    "write_rl_set",
+    "write_sft_set",
+]
+
+DATA_SOURCE = "calculator"
+_INTEGER = re.compile(r"^[+-]?\d+$")
+
+
+def _calculator_schema() -> dict[str, Any]:
+    from quartet.agents.tools.calculator import CalculatorTool
+
+    return dict(CalculatorTool.schema)
+
+
+CALCULATOR_TOOLS: list[dict[str, Any]] = [_calculator_schema()]
+"""The tool schemas the traces are rendered with: the built-in calculator's (rollout.multi_turn.tools)."""
+
+
+@dataclass(frozen=True)
+class CalculatorSpec:
+    """Problems `a * b + c`: a and b with exactly `digits` digits, c with at most `digits`."""
+
+    digits: int = 3
+
+    def __post_init__(self) -> None:
+        if self.digits < 1:
+            raise ValueError(f"digits must be >= 1, got {self.digits}")
+
+    def draw(self, rng: random.Random) -> CalculatorProblem:
+        low, high = 10 ** (self.digits - 1), 10**self.digits - 1
+        return CalculatorProblem(rng.randint(low, high), rng.randint(low, high), rng.randint(0, high))
+
+
+@dataclass(frozen=True)
+class CalculatorProblem:
+    """One problem `a * b + c`."""
+
+    a: int
+    b: int
+    c: int
+
+    @property
+    def expression(self) -> str:
+        return f"{self.a} * {self.b} + {self.c}"
+
+    @property
+    def question(self) -> str:
+        return f"What is {self.expression}?"
+
+    @property
+    def answer(self) -> str:
+        return str(self.a * self.b + self.c)
+
+
+def tool_call_text(expression: str) -> str:
+    """The canonical Hermes call of the calculator on `expression` (what the SFT traces teach)."""
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+def held_out_split(
+    spec: CalculatorSpec, train_size: int, val_size: int, seed: int
+) -> tuple[list[CalculatorProblem], list[CalculatorProblem]]:
+    """(train, val): `val_size` distinct problems, and `train_size` problems that are none of them."""
+    rng = random.Random(seed)
+    val: list[CalculatorProblem] = []
+    seen: set[CalculatorProblem] = set()
+    while len(val) < val_size:
+        problem = spec.draw(rng)
+        if problem not in seen:
+            seen.add(problem)
+            val.append(problem)
+    rng = random.Random(seed + 1)
+    train: list[CalculatorProblem] = []
+    while len(train) < train_size:
+        problem = spec.draw(rng)
+        if problem not in seen:
+            train.append(problem)
+    return train, val
+
+
+def _final_text(solution_str: str, extra_info: dict[str, Any] | None) -> str:
+    if extra_info and isinstance(extra_info.get("final_message"), str):
+        return str(extra_info["final_message"])
+    lines = solution_str.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def verify_answer(response: str, ground_truth: str) -> bool:
+    """True when `response` (the final assistant turn) is exactly the integer `ground_truth`."""
+    text = response.strip()
+    return bool(_INTEGER.match(text)) and int(text) == int(ground_truth)
+
+
+def compute_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+    """1.0 when the final assistant turn is exactly the result, else 0.0 (module docstring)."""
+    return 1.0 if verify_answer(_final_text(solution_str, extra_info), ground_truth) else 0.0
+
+
+def _sft_messages(problem: CalculatorProblem) -> list[dict[str, str]]:
+    from quartet.agents.tools.calculator import evaluate, format_number
+
+    result = format_number(evaluate(problem.expression))
+    return [
+        {"role": "user", "content": problem.question},
+        {"role": "assistant", "content": tool_call_text(problem.expression)},
+        {"role": "tool", "content": result},
+        {"role": "assistant", "content": result},
+    ]
+
+
+def sft_rows(problems: Iterable[CalculatorProblem]) -> list[dict[str, Any]]:
+    """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`."""
+    tools = json.dumps(CALCULATOR_TOOLS)
+    return [
+        {"messages": _sft_messages(p), "tools": tools, "ground_truth": p.answer, "data_source": DATA_SOURCE}
+        for p in problems
+    ]
+
+
+def rl_rows(problems: Iterable[CalculatorProblem], split: str) -> list[dict[str, Any]]:
+    """Rows of the RL prompt set (verl's layout, `agent_name` = tool_agent)."""
+    return [
+        {
+            **rl_row(
+                [{"role": "user", "content": p.question}],
+                DATA_SOURCE,
+                p.answer,
+                index=i,
+                split=split,
+                ability="tool_use",
+                extra={"expression": p.expression},
+            ),
+            "agent_name": "tool_agent",
+        }
+        for i, p in enumerate(problems)
+    ]
+
+
+def write_rl_set(
+    folder: str | Path, spec: CalculatorSpec, train_size: int, val_size: int, seed: int
+) -> tuple[Path, Path]:
+    """`folder/rl_train.parquet` and `folder/rl_val.parquet`."""
+    train, val = held_out_split(spec, train_size, val_size, seed)
+    folder = Path(folder)
+    return (
+        write_parquet(rl_rows(train, "train"), folder / "rl_train.parquet"),
+        write_parquet(rl_rows(val, "val"), folder / "rl_val.parquet"),
+    )
+
+
+def write_sft_set(
+    folder: str | Path, spec: CalculatorSpec, train_size: int, val_size: int, seed: int
+) -> tuple[Path, Path]:
+    """`folder/sft_train.parquet` and `folder/sft_val.parquet` (the same held-out split as the RL set)."""
+    train, val = held_out_split(spec, train_size, val_size, seed)
+    folder = Path(folder)
+    return (
+        write_parquet(sft_rows(train), folder / "sft_train.parquet"),
+        write_parquet(sft_rows(val), folder / "sft_val.parquet"),
+    )
