@@ -156,12 +156,26 @@ def test_gloo_all_reduce_inside_actors(ray_cluster: None) -> None:
         hosts.shutdown()
 
 
+def _wait_until_dead(handle: object, timeout_s: float = 30.0) -> None:
+    from ray.util.state import get_actor
+
+    actor_id = handle._actor_id.hex()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = get_actor(actor_id)
+        if state is not None and state.state == "DEAD":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"actor {actor_id} still not dead {timeout_s:.0f} s after ray.kill")
+
+
 def test_killed_actor_fails_next_call_fast(ray_cluster: None) -> None:
     import ray
 
     hosts = colocate(_pool(2), _names(), doubler=RoleSpec(Doubler))
     try:
         ray.kill(hosts.handles[1])
+        _wait_until_dead(hosts.handles[1])  # ray.kill is asynchronous: a call sent at once may still run
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
             hosts.groups["doubler"].rank_and_arg(1)
