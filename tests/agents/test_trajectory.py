@@ -71,6 +71,25 @@ def test_drift_counts_a_non_canonical_tokenization(tokenizer: object) -> None:
     assert token_drift(renderer, traj) > 0
 
 
+def test_drift_of_a_truncated_trajectory_counts_only_the_ids_it_has(tokenizer: object) -> None:
+    renderer, traj, (first, env, _) = _two_turns(tokenizer)
+    traj.truncate(len(first) + 3)  # cut inside the tool turn, as the trainer's response width would
+    assert traj.truncated and len(traj.response_ids) == len(first) + 3
+    assert token_drift(renderer, traj) == 0  # the cut-off rest is not a mismatch
+    traj.response_ids[len(first) + 1] = renderer.encode("7")[0]  # a wrong token inside what remains
+    assert token_drift(renderer, traj) == 1
+
+
+def test_drift_of_a_turn_stopped_before_its_end_of_turn_token(tokenizer: object) -> None:
+    renderer = ChatRenderer(tokenizer)
+    messages = [{"role": "user", "content": "What is 17 * 23?"}]
+    traj = Trajectory(renderer.prompt_ids(messages), list(messages))
+    cut = renderer.encode("The answer is")  # the token budget ran out mid-turn: no <|im_end|>
+    traj.add_model_turn(cut, [-0.1] * len(cut))
+    traj.messages.append({"role": "assistant", "content": "The answer is"})
+    assert token_drift(renderer, traj) == 0
+
+
 def test_trajectories_to_batch_layout(tokenizer: object) -> None:
     renderer, traj, _ = _two_turns(tokenizer)
     short = Trajectory(renderer.prompt_ids([{"role": "user", "content": "hi"}]), [])

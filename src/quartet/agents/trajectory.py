@@ -57,6 +57,8 @@ class Trajectory:
     reward: float | None = None
     """A score from the environment (a tool's or the interaction's), when it gives one."""
     metrics: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+    """The response was cut to the trainer's width (`truncate`): the conversation goes on past its ids."""
 
     @property
     def assistant_turns(self) -> int:
@@ -84,6 +86,7 @@ class Trajectory:
         """Cut the response to `max_tokens` (the trainer's response width)."""
         if len(self.response_ids) <= max_tokens:
             return
+        self.truncated = True
         del self.response_ids[max_tokens:], self.response_mask[max_tokens:], self.logprobs[max_tokens:]
         self.turns = [
             TurnSpan(t.role, t.start, min(t.stop, max_tokens)) for t in self.turns if t.start < max_tokens
@@ -145,13 +148,19 @@ def _assistant(content: str) -> dict[str, Any]:
 
 def token_drift(renderer: ChatRenderer, trajectory: Trajectory) -> int:
     """Positions where a one-shot re-render of the conversation differs from the trajectory's ids (plus the
-    length difference); 0 when they agree token for token."""
+    length difference); 0 when they agree token for token. A trajectory cut by the token limit is compared
+    over the ids it has."""
     messages = trajectory.messages
     text = renderer.render(messages, add_generation_prompt=messages[-1]["role"] != "assistant")
     expected = renderer.encode(text)
     actual = trajectory.prompt_ids + trajectory.response_ids
-    if messages[-1]["role"] == "assistant" and actual[-1:] == renderer.encode(renderer.end_of_turn):
+    eot = renderer.encode(renderer.end_of_turn)
+    if messages[-1]["role"] == "assistant" and actual[-len(eot) :] == eot:
         actual = actual + renderer.encode(renderer.separator)  # the template's tail after the last turn
+    elif trajectory.truncated or messages[-1]["role"] == "assistant":
+        # cut by the token limit (mid-turn, or its tokens truncated): the re-render goes on where the ids
+        # stop (the rest of the turn, the end-of-turn token the model never wrote); compare what exists
+        expected = expected[: len(actual)]
     common = min(len(expected), len(actual))
     return sum(1 for a, b in zip(expected[:common], actual[:common], strict=True) if a != b) + abs(
         len(expected) - len(actual)

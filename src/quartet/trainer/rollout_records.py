@@ -7,7 +7,8 @@
     {"step": N, "uid": ..., "data_source": ..., "index": row in the dataset, "prompt": text,
      "response": text, "prompt_tokens": int, "response_tokens": int, "finish_reason": ...,
      "ground_truth": ..., "score": float, "reward": float, "advantage": float (first response token),
-     "turns": [{"role": "assistant"|"tool"|..., "text": ..., "tokens": int}, ...]   (multi-turn only)}
+     "turns": [{"role": "assistant"|"environment", "text": ..., "tokens": int}, ...],
+     "final_message", "num_turns", "env_reward"   (multi-turn only)}
 
 Text is decoded from the token ids the trainer used, padding removed, special tokens kept (they matter when
 reading a chat format). Multi-turn rows (a `response_mask` with holes: tool or user tokens the model did
@@ -70,6 +71,10 @@ def rollout_rows(batch: Batch, tokenizer: Any, step: int, limit: int = 0) -> lis
         for key in ("uid", "data_source", "index", "finish_reason", "ground_truth"):
             if key in batch.non_tensors:
                 rec[key] = _plain(batch.non_tensors[key][i])
+        extra = batch.non_tensors["extra_info"][i] if "extra_info" in batch.non_tensors else None
+        if isinstance(extra, dict) and "num_turns" in extra:  # multi-turn: what the agent loop reported
+            for key in ("final_message", "num_turns", "env_reward"):
+                rec[key] = _plain(extra.get(key))
         if "scores" in batch:
             rec["score"] = float(batch["scores"][i])
         if "token_level_rewards" in batch:
