@@ -8,7 +8,7 @@ import pytest
 
 from quartet.config import load_config
 from quartet.core.choices import AdvantageEstimator
-from quartet.demo import demo_config
+from quartet.demo import DEMOS, demo_config
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*/config.yaml"))
 
@@ -28,9 +28,12 @@ def test_example_config_validates(path: Path) -> None:
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_demo_config_validates_and_matches_its_sft_set(quick: bool) -> None:
-    cfg = demo_config([], seed=3, quick=quick)
+@pytest.mark.parametrize("task", sorted(DEMOS))
+def test_demo_config_validates_and_matches_its_sft_set(task: str, quick: bool) -> None:
+    cfg = demo_config([], seed=3, quick=quick, task=task)
     # the SFT examples and the RL prompts come from the same task, with the same held-out problems
+    assert cfg.sft.builtin.task.value == cfg.data.builtin_task.value == task
+    assert cfg.rollout.multi_turn.enable == (task == "calculator")
     assert cfg.sft.builtin.digits == cfg.data.builtin_digits
     assert cfg.sft.builtin.val_size == cfg.data.builtin_val_size
     assert cfg.sft.seed == cfg.data.seed == cfg.trainer.seed == 3

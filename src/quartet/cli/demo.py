@@ -23,19 +23,25 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke of the pipeline in a minute or two")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, model init and sampling")
     parser.add_argument(
+        "--task",
+        choices=["arithmetic", "calculator"],  # quartet.demo.DEMOS, not imported: `--help` stays fast
+        default="arithmetic",
+        help="arithmetic: 2-digit addition, one turn; calculator: multi-turn, the model calls a tool",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="dotted overrides of the demo config, e.g. trainer.total_steps=50"
     )
     parser.set_defaults(run=run)
 
 
-def _progress(console: Any) -> Any:
+def _progress(console: Any, source: str) -> Any:
     from quartet.tracking.console_sink import format_step, format_val
 
     def show(rec: dict[str, Any]) -> None:
         kind = rec["kind"]
         if kind == "step" and (rec["step"] == 1 or rec["step"] % 10 == 0):
             console.print("  grpo " + format_step(rec))
-        elif kind == "val" and "val-core/arithmetic/reward/mean@1" in rec:
+        elif kind == "val" and f"val-core/{source}/reward/mean@1" in rec:
             console.print("  grpo " + format_val(rec))
         elif kind == "train" and rec["step"] % 500 == 0:
             console.print(f"  sft  step {rec['step']:>5}  epoch {rec['epoch']:>3}  loss {rec['loss']:.4f}")
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from quartet.demo import demo_config, run_demo
 
     try:
-        demo_config(args.overrides, args.seed, args.quick)
+        cfg = demo_config(args.overrides, args.seed, args.quick, args.task)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -63,9 +69,11 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.WARNING)
     console = Console(highlight=False)
-    console.rule("[bold]quartet demo: SFT start -> GRPO vs more SFT (tiny Qwen2, 2-digit addition, CPU)")
+    what = "2-digit addition" if args.task == "arithmetic" else "a*b+c with a calculator tool, multi-turn"
+    console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT (tiny Qwen2, {what}, CPU)")
+    source = cfg.data.builtin_task.value
     try:
-        result = run_demo(args.overrides, args.seed, args.quick, on_record=_progress(console))
+        result = run_demo(args.overrides, args.seed, args.quick, _progress(console, source), args.task)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         console.print(f"[red]demo failed:[/red] {err}")
         return 1

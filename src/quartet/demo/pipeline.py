@@ -28,18 +28,29 @@ from typing import Any
 from quartet.config import QuartetConfig, load_config
 from quartet.config.trainer import Logger
 
-__all__ = ["DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
+__all__ = ["DEMOS", "DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
 
-QUICK = [
-    "sft.epochs=40",
-    "trainer.total_steps=20",
-    "trainer.test_freq=0",
-    "data.builtin_train_size=2000",
-]
-"""`--quick`: a smoke of the whole pipeline in a minute or two (the margins are not meaningful)."""
+QUICK = {
+    "arithmetic": [
+        "sft.epochs=40",
+        "trainer.total_steps=20",
+        "trainer.test_freq=0",
+        "data.builtin_train_size=2000",
+    ],
+    "calculator": [
+        "sft.epochs=8",
+        "trainer.total_steps=4",
+        "trainer.test_freq=0",
+        "data.builtin_train_size=500",
+        "data.builtin_val_size=50",
+        "data.val_batch_size=50",
+        "sft.builtin.val_size=50",
+    ],
+}
+"""`--quick`: a smoke of the whole pipeline in a minute or two per task (the margins are not meaningful)."""
 
 
 @dataclass
@@ -65,13 +76,19 @@ class DemoResult:
     """GRPO's curves (`quartet plot`), when matplotlib is installed."""
 
 
-def demo_config(overrides: list[str], seed: int, quick: bool) -> QuartetConfig:
+DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml"}
+"""`quartet demo --task T`: the embedded config of each demo (single-turn addition; multi-turn tool use)."""
+
+
+def demo_config(overrides: list[str], seed: int, quick: bool, task: str = "arithmetic") -> QuartetConfig:
     """The embedded demo config with the seed applied everywhere, `--quick` settings, then the user's."""
-    path = resources.files("quartet.demo") / "demo.yaml"
+    if task not in DEMOS:
+        raise ValueError(f"unknown demo task {task!r}; the demos are {', '.join(DEMOS)}")
+    path = resources.files("quartet.demo") / DEMOS[task]
     seeds = [f"trainer.seed={seed}", f"data.seed={seed}", f"sft.seed={seed}", f"model.tiny.seed={seed}"]
     seeds += [f"rollout.seed={seed}"]
     with resources.as_file(path) as file:
-        return load_config(str(file), [*seeds, *(QUICK if quick else []), *overrides])
+        return load_config(str(file), [*seeds, *(QUICK[task] if quick else []), *overrides])
 
 
 def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[int, int]:
@@ -140,13 +157,14 @@ def run_demo(
     seed: int = 0,
     quick: bool = False,
     on_record: Callable[[Record], None] | None = None,
+    task: str = "arithmetic",
 ) -> DemoResult:
     """SFT start, GRPO from it, and the time-matched more-SFT control; the accuracy table."""
     from quartet.sft import SFTTrainer
     from quartet.trainer import RLTrainer
 
     start = time.perf_counter()
-    cfg = demo_config(overrides, seed, quick)
+    cfg = demo_config(overrides, seed, quick, task)
     project = f"{cfg.trainer.experiment_name}-seed{seed}"
     base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
     result = DemoResult(run_dir=base)
@@ -168,7 +186,7 @@ def run_demo(
         epochs=100_000,
     )
     control = SFTTrainer(control_cfg, on_record=emit).run()
-    val_file = str(rl.run_dir / "data" / "arithmetic" / "rl_val.parquet")
+    val_file = str(rl.run_dir / "data" / cfg.data.builtin_task.value / "rl_val.parquet")
     for name, model_dir, seconds in (
         ("SFT start", sft_dir, sft_start.train_seconds),
         ("GRPO", str(rl.hf_dir), rl.train_seconds),
