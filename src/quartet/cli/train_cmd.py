@@ -13,7 +13,7 @@ from typing import Any
 
 from quartet.config import ConfigError, QuartetConfig, load_config
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "split_config_args"]
 
 
 def add_parser(sub: Any) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _split_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+def split_config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """A first positional with '=' is an override, not a config file."""
     if args.config is not None and "=" in args.config:
         return None, [args.config, *args.overrides]
@@ -31,7 +31,7 @@ def _split_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    path, overrides = _split_args(args)
+    path, overrides = split_config_args(args)
     try:
         cfg: QuartetConfig = load_config(path, overrides)
     except ConfigError as err:

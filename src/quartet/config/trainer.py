@@ -75,6 +75,14 @@ class TrainerConfig:
     rollout_samples: int = 16
     """Samples written per step by `rollout_freq` (the first rows of the batch); 0 writes all."""
 
+    memory_check: bool = True
+    """Before any worker starts, plan the step's memory (`quartet plan`) and refuse a run that does not fit
+    the device's free memory, printing the cheapest changes that would make it fit; false skips the check."""
+
+    auto_fit: bool = False
+    """When the plan does not fit, apply the proposed changes (offload, smaller micro-batches, gradient
+    checkpointing, smaller KV cache: cheapest first) instead of refusing; the applied overrides are logged."""
+
     @property
     def run_dir(self) -> Path:
         """`output_dir/project_name/experiment_name`: everything the run writes."""

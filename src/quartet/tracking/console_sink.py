@@ -79,6 +79,23 @@ def format_data(rec: Mapping[str, Any]) -> str:
     return "data  " + "  ".join(parts)
 
 
+def format_memory(rec: Mapping[str, Any]) -> str:
+    """The memory plan before the run, and the measured peaks after it."""
+
+    def mib(key: str) -> str:
+        return f"{float(rec[key]) / 2**20:,.0f} MiB"
+
+    parts = [f"planned peak {mib('planned_peak_bytes')} at {rec['peak_phase']} ({rec['device']})"]
+    parts.append(f"free {mib('free_bytes')}")
+    if rec.get("applied"):
+        parts.append("auto_fit applied " + " ".join(rec["applied"]))
+    if "memory/measured_peak_rss_bytes" in rec:
+        parts.append(f"measured peak RSS {mib('memory/measured_peak_rss_bytes')} (with libraries)")
+    if "memory/measured_cuda_peak_bytes" in rec:
+        parts.append(f"measured CUDA peak {mib('memory/measured_cuda_peak_bytes')}")
+    return "memory  " + "  ".join(parts)
+
+
 def format_record(rec: Mapping[str, Any]) -> str:
     """The console line of any record kind."""
     kind = rec.get("kind")
@@ -90,6 +107,8 @@ def format_record(rec: Mapping[str, Any]) -> str:
         return format_data(rec)
     if kind == "resume" and "note" in rec:
         return str(rec["note"])
+    if kind in ("memory_plan", "memory") and rec.get("checked"):
+        return format_memory(rec)
     if kind == "checkpoint" and "path" in rec:
         return f"checkpoint  step {rec.get('step')}  {rec['path']}  ({float(rec.get('seconds', 0.0)):.1f} s)"
     step = record_step(rec)

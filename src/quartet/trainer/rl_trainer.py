@@ -44,6 +44,7 @@ from quartet.trainer.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
+from quartet.trainer.memory import measured_peaks, plan_run
 from quartet.trainer.rollout_records import rollout_rows, write_rollout_records
 from quartet.trainer.step import StepRunner, kl_controller
 from quartet.trainer.validation import validate
@@ -151,7 +152,9 @@ class RLTrainer:
         return rec
 
     def run(self) -> RLResult:
-        cfg, start = self.cfg, time.perf_counter()
+        start = time.perf_counter()
+        planned = plan_run(self.cfg)  # a run that does not fit stops here (or is fitted: trainer.auto_fit)
+        cfg = self.cfg = planned.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # a bad trainer.resume or an incompatible checkpoint fails here, before any worker starts
         checkpoint = find_resume_checkpoint(cfg.trainer.resume, self.run_dir)
@@ -183,6 +186,7 @@ class RLTrainer:
         self.record(
             "data", train=data.train.report.as_dict(), val=data.val.report.as_dict() if data.val else None
         )
+        self.record("memory_plan", **planned.record())
         from quartet.rewards.compute import RewardComputer  # the scorer process pool starts here
 
         reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
@@ -240,6 +244,8 @@ class RLTrainer:
                     self._save(workers, state)
                 if stopping:
                     break
+            if planned.report is not None and result.steps > 0:  # the plan next to what the ranks used
+                self.record("memory", step=result.steps, **planned.record(), **measured_peaks(workers))
             if cfg.trainer.export_final and result.steps == total:
                 workers.actor.export_hf(str(self.run_dir / "hf"))
                 result.hf_dir = self.run_dir / "hf"

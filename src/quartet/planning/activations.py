@@ -1,0 +1,209 @@
+"""Working memory of one micro-batch: what the training engine and the rollout engine allocate while they run.
+
+Notation: a micro-batch of N tokens (rows x T positions, T = prompt + response), N_r of which produce
+logits (rows x (R + 1): the engine asks for `logits_to_keep = R' + 1`); D hidden, I intermediate, q = heads
+x head_dim, V vocabulary, H query heads; f = 4 bytes (float32), c = bytes of the compute dtype (2 under
+bfloat16 autocast, 4 without autocast). Weights are float32 (the engine's master weights).
+
+Training forward/backward (autograd keeps, per token and per decoder layer; counted with
+`torch.autograd.graph.saved_tensors_hooks` on Qwen2 in tests/planning, within a few percent):
+
+    RMSNorm x 2          4 f D   each keeps its float32 input and normalised output (the residual is float32)
+    q/k/v inputs         3 c D   autocast casts the input once per projection (f D, shared, without autocast)
+    attention            4 c q   SDPA keeps q, k, v (GQA-repeated to q: batches are padded, so a mask is
+                                 passed and transformers repeats K/V) and its output (= o_proj's input)
+    attention lse        f H
+    attention mask       c T     SDPA converts the boolean [b, 1, T, T] mask to a float one per layer
+    MLP inputs           2 c D   (f D, shared, without autocast)
+    MLP                  4 c I   gate (SiLU input), SiLU output, up, and their product (down's input)
+    (qwen3 q/k norms     2 f (q + kv);  LoRA under autocast: one more input cast per adapted module)
+
+so about 16 D + 6 D + 8 q + 4 D + 8 I bytes under bfloat16 autocast (70 D for a Qwen2 with I = 3 D).
+Outside the layers: the final norm (2 f D per token), and under autocast the half-precision copies of
+every trainable linear weight, which autocast caches for the whole forward and autograd keeps until
+backward (c bytes per weight). With gradient checkpointing a layer keeps only its float32 input (f D per
+token) and one layer at a time is recomputed in backward. During backward, gradient temporaries of about
+one layer's activations exist on top of what is still saved.
+
+Logits, which dominate small models (V >> D): `response_logprobs` computes z = logits.float() / T per
+chunk of 1024 positions and log p = z[target] - logsumexp(z); autograd keeps each chunk's z (f V N_r).
+While the forward returns, the half-precision logits [b, R'+1, V] and the contiguous copy that the
+reshape of their [:, :-1] slice makes (2 c V N_r) also exist, and in backward their gradients take the
+same room. An entropy bonus keeps one more float32 copy (f V N_r).
+
+No-grad passes (old/reference log-probs, values) free each layer's tensors before the next layer: their
+working set is the float32 residual and norm output plus the larger of attention (inputs, q, repeated
+k/v, output) and MLP (input, gate, up, product), for all N tokens, plus the logits: half-precision logits
+and the reshape copy, then for the entropy (always computed with old log-probs) a float32 copy divided by
+the temperature (two float32 copies at once when the logits are half precision). Autocast caches weight
+casts only for parameters that require grad: the actor and critic hold c bytes per linear weight during
+the pass; a frozen model casts one weight at a time.
+
+Rollout (built-in engine, inference mode, weights in `rollout.dtype` r): the KV cache holds, per slot,
+its longest sequence rounded up to 64 positions (`SlotKVCache`), for every slot of `max_num_seqs`. A
+prefill of up to 8192 prompt tokens (the engine's default `max_prefill_tokens`) needs the residual, norm
+and MLP temporaries of those tokens plus a [G, 1, P, P] mask; decoding needs [S, V] logits and the
+sampler's float32 copies (scaled logits, probabilities, and a sort with int64 indices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quartet.planning.model_shape import HeadKind, ModelShape
+
+__all__ = [
+    "F32",
+    "LOGPROB_CHUNK",
+    "MicroBatch",
+    "forward_working_bytes",
+    "kv_cache_bytes",
+    "layer_saved_bytes_per_token",
+    "rollout_working_bytes",
+    "train_working_bytes",
+]
+
+F32 = 4
+LOGPROB_CHUNK = 1024
+"""Positions per chunk of the log-softmax and of the entropy (`engines.heads`, `core.entropy`)."""
+_KV_QUANTUM = 64  # SlotKVCache grows in whole blocks of positions
+_PREFILL_TOKENS = 8192  # TorchRolloutEngine's default max_prefill_tokens
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward pass on one device."""
+
+    tokens: int
+    """N: positions through the trunk (rows x seq_len, padding included)."""
+
+    seq_len: int
+    """T: positions per row (prompt + response)."""
+
+    logit_positions: int
+    """N_r: positions whose output-head logits are computed (rows x (response + 1))."""
+
+
+def layer_saved_bytes_per_token(
+    shape: ModelShape, compute_bytes: int, seq_len: int, lora_inputs: int = 0
+) -> int:
+    """Bytes autograd keeps per token in one decoder layer (see the module doc's table).
+
+    `lora_inputs`: summed input widths of the LoRA-adapted linear modules of a layer (each adapter casts its
+    input once more under autocast).
+    """
+    d, c = shape.hidden_size, compute_bytes
+    autocast = c < F32
+    norms = 4 * F32 * d
+    inputs = (3 * c * d + 2 * c * d) if autocast else 2 * F32 * d
+    attention = 4 * c * shape.q_dim + F32 * shape.num_heads + c * seq_len
+    mlp = 4 * c * shape.intermediate_size
+    qk_norm = 2 * F32 * (shape.q_dim + shape.kv_dim) if shape.qk_norm else 0
+    lora = c * lora_inputs if autocast else 0
+    return norms + inputs + attention + mlp + qk_norm + lora
+
+
+def _trunk_extra_bytes(shape: ModelShape, mb: MicroBatch, compute_bytes: int) -> int:
+    """Saved outside the layers: final norm, ids, rotary tables, the boolean mask, the head's input casts."""
+    per_token = 2 * F32 * shape.hidden_size + 2 * F32 * shape.head_dim + 16 + mb.seq_len
+    head_inputs = compute_bytes * shape.hidden_size * mb.logit_positions if compute_bytes < F32 else 0
+    return per_token * mb.tokens + head_inputs
+
+
+def _logits_chunk(shape: ModelShape, mb: MicroBatch) -> int:
+    return F32 * shape.vocab_size * min(mb.logit_positions, LOGPROB_CHUNK)
+
+
+def train_working_bytes(
+    shape: ModelShape,
+    mb: MicroBatch,
+    compute_bytes: int,
+    *,
+    head: HeadKind,
+    gradient_checkpointing: bool,
+    trainable_linear_params: int,
+    lora_inputs: int = 0,
+    entropy: bool = False,
+) -> dict[str, int]:
+    """Peak working memory of one micro-batch's forward + backward, by component.
+
+    `trainable_linear_params`: linear weights that require grad (autocast keeps a half-precision copy of
+    each until backward; 0 without autocast).
+    """
+    per_layer = layer_saved_bytes_per_token(shape, compute_bytes, mb.seq_len, lora_inputs) * mb.tokens
+    if gradient_checkpointing:
+        # Each layer keeps its float32 input; backward recomputes one layer and makes its gradients.
+        layers = shape.num_layers * F32 * shape.hidden_size * mb.tokens + 2 * per_layer
+    else:
+        layers = shape.num_layers * per_layer + per_layer  # saved + one layer of gradient temporaries
+    out = {"activations": layers + _trunk_extra_bytes(shape, mb, compute_bytes)}
+    if compute_bytes < F32 and trainable_linear_params:
+        if gradient_checkpointing:  # only the head's cast outlives the forward; one layer's during recompute
+            top = shape.linear_params(head) - shape.num_layers * shape.layer_linear_params
+            kept = min(trainable_linear_params, top + shape.layer_linear_params)
+        else:
+            kept = trainable_linear_params
+        out["autocast_weights"] = compute_bytes * kept
+    if head is HeadKind.CAUSAL_LM:
+        v_nr = shape.vocab_size * mb.logit_positions
+        logits = F32 * v_nr + 2 * compute_bytes * v_nr + 2 * _logits_chunk(shape, mb)
+        out["logits"] = logits + (F32 * v_nr if entropy else 0)
+    return out
+
+
+def forward_working_bytes(
+    shape: ModelShape,
+    mb: MicroBatch,
+    compute_bytes: int,
+    *,
+    head: HeadKind,
+    with_entropy: bool,
+    caches_weights: bool,
+) -> dict[str, int]:
+    """Peak working memory of one no-grad forward (log-probs, values, scores), by component.
+
+    `caches_weights`: the parameters require grad (actor, critic), so autocast keeps a half-precision copy
+    of every linear weight for the whole pass; a frozen model casts one weight at a time.
+    """
+    d, i, c = shape.hidden_size, shape.intermediate_size, compute_bytes
+    attention = c * (d + 4 * shape.q_dim)
+    mlp = c * (d + 3 * i)
+    per_token = 2 * F32 * d + max(attention, mlp) + F32 * d  # residual, norm output, widest block; final norm
+    mask = mb.tokens * mb.seq_len * (1 + F32)  # boolean mask and its float form
+    out = {"activations": per_token * mb.tokens + mask}
+    if c < F32:
+        if caches_weights:
+            out["autocast_weights"] = c * shape.linear_params(head)
+        else:
+            widest = shape.vocab_size * d if head is HeadKind.CAUSAL_LM else max(d * i, d * shape.q_dim)
+            out["autocast_weights"] = c * widest
+    if head is HeadKind.CAUSAL_LM:
+        v_nr = shape.vocab_size * mb.logit_positions
+        logprobs = c * v_nr + 2 * _logits_chunk(shape, mb)
+        entropy = (F32 * v_nr * (2 if c < F32 else 1) + 3 * _logits_chunk(shape, mb)) if with_entropy else 0
+        out["logits"] = c * v_nr + max(logprobs, entropy)
+    return out
+
+
+def kv_cache_bytes(shape: ModelShape, slots: int, tokens_per_slot: int, dtype_bytes: int) -> int:
+    """KV cache of `slots` sequences of up to `tokens_per_slot` positions (rounded up to whole blocks)."""
+    capacity = -(-tokens_per_slot // _KV_QUANTUM) * _KV_QUANTUM
+    return slots * capacity * shape.kv_bytes_per_token(dtype_bytes)
+
+
+def rollout_working_bytes(
+    shape: ModelShape, prompts: int, prompt_len: int, samples: int, dtype_bytes: int
+) -> dict[str, int]:
+    """Peak working memory of generation besides weights and KV cache, by component.
+
+    prompts: prompt groups prefilled together (each sampled `samples / prompts` times); samples: sequences
+    decoded together.
+    """
+    r, d = dtype_bytes, shape.hidden_size
+    groups = max(1, min(prompts, _PREFILL_TOKENS // max(prompt_len, 1)))
+    tokens = groups * prompt_len
+    prefill = tokens * (4 * r * d + 2 * F32 * d + 3 * r * shape.intermediate_size)
+    prefill += groups * prompt_len * prompt_len  # boolean attention mask
+    prefill += samples * prompt_len * 2 * shape.kv_dim * r  # one layer's keys/values repeated per sample
+    sampling = samples * shape.vocab_size * (r + 3 * F32 + 8)  # logits, scaled, probs, sort indices
+    return {"activations": max(prefill, sampling)}

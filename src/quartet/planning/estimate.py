@@ -1,0 +1,418 @@
+"""Estimate the memory of one RL step on one bundle from the config alone: `estimate_memory(cfg)`.
+
+Every role the config starts on the main pool shares the bundle (the single-device case: actor, rollout
+engine, reference, critic, reward model in one process). Per role:
+
+    actor       float32 weights (+ LoRA adapters), AdamW exp_avg + exp_avg_sq (float32) of the trainable
+                parameters, float32 gradients during its update only (the engine frees them after the step)
+    rollout     its own copy of the policy in `rollout.dtype`, and the KV cache during generation (freed
+                while training with `rollout.sleep_while_training`)
+    reference   float32 weights, frozen (absent with LoRA: the actor serves it with adapters disabled)
+    critic      float32 value model (trunk + score head), AdamW states, gradients during its update
+    reward      float32 reward model, frozen
+
+The engines keep float32 master weights whatever `model.dtype` says and compute under autocast
+(`<role>.mixed_precision`), so there is no separate master copy. Working memory of the phase a role works in
+comes from `activations` (micro-batch of the phase's planned size, every row at its maximum length). The
+update's peak is the larger of the micro-batch's forward/backward and the optimizer step's temporaries
+(AdamW on GPU uses foreach kernels: one float32 temporary per trainable parameter; on CPU it steps one
+tensor at a time: two temporaries of the largest one). Optimizer states are planned in the steady state
+(they appear at the first step).
+
+On GPU, switches with `offload` put a role's weights or optimizer states in host memory outside its own
+phases. On CPU nothing moves (the engines skip offloading when the device is the host), device and host
+are one memory and the plan's peak is their sum.
+
+With several bundles (world size > 1), FSDP2 shards a training engine's weights, gradients and optimizer
+states over them; a computing engine also holds the all-gathered root parameters (embedding, head, final
+norm) and two layers (the running one and the prefetched next). That part is an estimate, not measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quartet.config.cluster import DeviceKind
+from quartet.config.model import Dtype
+from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching
+from quartet.config.rollout import RolloutEngineKind
+from quartet.config.root import QuartetConfig
+from quartet.planning.activations import (
+    F32,
+    MicroBatch,
+    forward_working_bytes,
+    kv_cache_bytes,
+    rollout_working_bytes,
+    train_working_bytes,
+)
+from quartet.planning.model_shape import HeadKind, ModelShape, policy_shape, shape_from_path
+from quartet.planning.plan import MemoryPlan, Phase, PlanRow, Role
+
+__all__ = ["DTYPE_BYTES", "RoleShapes", "estimate_memory", "resolve_device", "resolve_shapes"]
+
+DTYPE_BYTES = {Dtype.FLOAT32: 4, Dtype.BFLOAT16: 2, Dtype.FLOAT16: 2}
+
+CPU_RUNTIME_BYTES = 16 * 2**20
+"""What a working phase holds on CPU beyond its tensors: allocator arenas, per-op scratch buffers, the
+Python objects of the pass. Measured 14-27 MiB for tiny models (tests/planning), where it dominates."""
+
+
+@dataclass(frozen=True)
+class RoleShapes:
+    """Model shapes of the run: the policy (actor, rollout, reference), critic and reward model."""
+
+    policy: ModelShape
+    critic: ModelShape | None = None
+    reward: ModelShape | None = None
+
+
+def resolve_shapes(cfg: QuartetConfig) -> RoleShapes:
+    """Read the shapes the config points to (config.json files only; tiny models from `model.tiny`)."""
+    policy = policy_shape(cfg.model)
+    critic = None
+    if cfg.needs_critic:
+        critic = shape_from_path(cfg.critic.model_path) if cfg.critic.model_path else policy
+    reward = shape_from_path(cfg.reward.model_path) if cfg.reward.model_path else None
+    return RoleShapes(policy, critic, reward)
+
+
+def resolve_device(cfg: QuartetConfig, device: DeviceKind | str | None = None) -> str:
+    """`cpu` or `gpu`: the argument, else `cluster.device`; `auto` asks torch whether CUDA is there."""
+    kind = DeviceKind(device) if device is not None else cfg.cluster.device
+    if kind is DeviceKind.AUTO:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return kind.value
+
+
+@dataclass(frozen=True)
+class _Workload:
+    """Rows and lengths one device sees in a step (every row at its maximum length)."""
+
+    cfg: QuartetConfig
+    device: str
+
+    @property
+    def world(self) -> int:
+        return self.cfg.cluster.world_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.data.max_prompt_length + self.cfg.data.max_response_length
+
+    @property
+    def rows_per_step(self) -> int:
+        return -(-self.cfg.data.train_batch_size * self.cfg.rollout.n // self.world)
+
+    @property
+    def prompts_per_step(self) -> int:
+        return -(-self.cfg.data.train_batch_size // self.world)
+
+    def micro(self, rows_available: int, size: int, dynamic: bool, budget: int) -> MicroBatch:
+        """Fixed: `size` rows (at most those available); dynamic: the token budget filled with full rows."""
+        t = self.seq_len
+        if dynamic:
+            tokens = min(max(budget, t), rows_available * t)
+            rows_float = tokens / t
+            return MicroBatch(tokens, t, int(rows_float * (self.cfg.data.max_response_length + 1)))
+        rows = max(1, min(size, rows_available))
+        return MicroBatch(rows * t, t, rows * (self.cfg.data.max_response_length + 1))
+
+    def no_grad(self, m: MicroBatching) -> MicroBatch:
+        return self.micro(
+            self.rows_per_step,
+            m.micro_batch_size_per_device,
+            m.use_dynamic_batch,
+            m.max_tokens_per_micro_batch,
+        )
+
+    def update(self, rc: ActorConfig | CriticConfig) -> MicroBatch:
+        rows = max(1, rc.mini_batch_size * self.cfg.rollout.n // self.world)
+        return self.micro(
+            rows, rc.micro_batch_size_per_device, rc.use_dynamic_batch, rc.max_tokens_per_micro_batch
+        )
+
+    def kv_tokens(self) -> tuple[int, int]:
+        """(slots, tokens per slot) of the rollout engine's KV cache."""
+        rc = self.cfg.rollout
+        per_slot = self.seq_len
+        if rc.kv_cache_tokens:
+            per_slot = min(per_slot, rc.kv_cache_tokens // rc.max_num_seqs)
+        return rc.max_num_seqs, per_slot
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """One training-engine role (actor, reference, critic, reward model) and where its state lives."""
+
+    role: Role
+    shape: ModelShape
+    head: HeadKind
+    params: int
+    trainable: int
+    compute: frozenset[Phase]
+    update: Phase | None = None
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
+    lora = cfg.model.lora if cfg.model.lora.rank > 0 else None
+    policy = shapes.policy
+    actor_params = policy.params() + (policy.lora_params(lora) if lora else 0)
+    actor_phases = {Phase.OLD_LOG_PROB, Phase.UPDATE_ACTOR} | (
+        {Phase.REF} if lora and cfg.needs_reference else set()
+    )
+    out = [
+        _Engine(
+            Role.ACTOR,
+            policy,
+            HeadKind.CAUSAL_LM,
+            actor_params,
+            policy.lora_params(lora) if lora else actor_params,
+            frozenset(actor_phases),
+            Phase.UPDATE_ACTOR,
+            cfg.actor.param_offload,
+            cfg.actor.optimizer_offload,
+        )
+    ]
+    separate = set(cfg.cluster.separate_pools)
+    if cfg.needs_reference and not lora and "reference" not in separate:
+        out.append(
+            _Engine(
+                Role.REFERENCE,
+                policy,
+                HeadKind.CAUSAL_LM,
+                policy.params(),
+                0,
+                frozenset({Phase.REF}),
+                param_offload=cfg.reference.param_offload,
+            )
+        )
+    if shapes.critic is not None and "critic" not in separate:
+        n = shapes.critic.params(HeadKind.VALUE)
+        out.append(
+            _Engine(
+                Role.CRITIC,
+                shapes.critic,
+                HeadKind.VALUE,
+                n,
+                n,
+                frozenset({Phase.VALUES, Phase.UPDATE_CRITIC}),
+                Phase.UPDATE_CRITIC,
+                cfg.critic.param_offload,
+                cfg.critic.optimizer_offload,
+            )
+        )
+    if shapes.reward is not None and "reward_model" not in separate:
+        n = shapes.reward.params(HeadKind.REWARD)
+        out.append(
+            _Engine(Role.REWARD_MODEL, shapes.reward, HeadKind.REWARD, n, 0, frozenset({Phase.REWARD}))
+        )
+    return out
+
+
+def _phases(cfg: QuartetConfig, shapes: RoleShapes) -> list[Phase]:
+    out = [Phase.GEN]
+    if shapes.reward is not None:
+        out.append(Phase.REWARD)
+    out.append(Phase.OLD_LOG_PROB)
+    if cfg.needs_reference:
+        out.append(Phase.REF)
+    if shapes.critic is not None:
+        out += [Phase.VALUES, Phase.UPDATE_CRITIC]
+    return [*out, Phase.UPDATE_ACTOR]
+
+
+def _lora_inputs(cfg: QuartetConfig, shape: ModelShape) -> int:
+    if cfg.model.lora.rank <= 0:
+        return 0
+    shapes = shape.linear_shapes()
+    targets = set(cfg.model.lora.target_modules)
+    if "all-linear" in targets:
+        targets |= set(shapes)
+    return sum(shapes[name][0] for name in targets if name in shapes)
+
+
+def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload) -> dict[str, int]:
+    """Working memory of engine `e` computing in `phase` (excluding its resident state)."""
+    lora = cfg.model.lora.rank > 0
+    if e.role is Role.CRITIC:
+        c = DTYPE_BYTES[cfg.critic.mixed_precision]
+    else:
+        c = DTYPE_BYTES[cfg.actor.mixed_precision]
+    if phase is Phase.UPDATE_ACTOR or phase is Phase.UPDATE_CRITIC:
+        rc: ActorConfig | CriticConfig = cfg.actor if phase is Phase.UPDATE_ACTOR else cfg.critic
+        trainable_linear = 0 if lora and e.role is Role.ACTOR else e.shape.linear_params(e.head)
+        work = train_working_bytes(
+            e.shape,
+            load.update(rc),
+            c,
+            head=e.head,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            trainable_linear_params=trainable_linear if c < F32 else 0,
+            lora_inputs=_lora_inputs(cfg, e.shape) if e.role is Role.ACTOR else 0,
+            entropy=phase is Phase.UPDATE_ACTOR and cfg.actor.entropy_coeff > 0,
+        )
+        step = _optimizer_step_bytes(cfg, e, load)
+        if step > sum(work.values()):
+            work = {"optimizer_step": step}
+    else:
+        micro = {
+            Phase.OLD_LOG_PROB: cfg.actor.logprobs,
+            Phase.REF: cfg.reference.logprobs,
+            Phase.VALUES: cfg.critic.values,
+        }
+        if phase is Phase.REWARD:
+            size = cfg.reward.micro_batch_size_per_device
+            mb = load.micro(load.rows_per_step, size, False, 0)
+        else:
+            mb = load.no_grad(micro[phase])
+        work = forward_working_bytes(
+            e.shape,
+            mb,
+            c,
+            head=e.head,
+            with_entropy=phase is Phase.OLD_LOG_PROB,
+            caches_weights=e.trainable > 0 and not lora,
+        )
+    if load.world > 1:
+        root = e.shape.params(e.head) - e.shape.num_layers * e.shape.layer_params
+        work["fsdp_gather"] = F32 * (root + 2 * e.shape.layer_params)
+    return work
+
+
+def _optimizer_step_bytes(cfg: QuartetConfig, e: _Engine, load: _Workload) -> int:
+    """Temporaries of one AdamW step (see the module doc)."""
+    if load.device == "gpu":  # foreach: one float32 temporary per trainable parameter (sqrt of exp_avg_sq)
+        return F32 * e.trainable // load.world
+    s = e.shape
+    widths = (s.hidden_size, s.intermediate_size, s.q_dim)
+    if e.role is Role.ACTOR and cfg.model.lora.rank > 0:  # the widest adapter matrix
+        largest = cfg.model.lora.rank * max(
+            *widths, s.vocab_size if "lm_head" in cfg.model.lora.target_modules else 0
+        )
+    else:  # the embedding, or the widest layer matrix
+        largest = max(s.vocab_size * s.hidden_size, s.hidden_size * max(widths))
+    return 2 * F32 * min(largest, e.trainable)
+
+
+def _engine_row(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload, unified: bool) -> PlanRow:
+    dev: dict[str, int] = {}
+    host: dict[str, int] = {}
+    world = load.world
+
+    def put(name: str, nbytes: int, offloaded: bool) -> None:
+        if offloaded and not unified:
+            host[f"host.{name}"] = nbytes
+        else:
+            dev[name] = nbytes
+
+    working = phase in e.compute
+    put("weights", F32 * e.params // world, e.param_offload and not working)
+    if e.trainable:
+        put("optimizer", 2 * F32 * e.trainable // world, e.optimizer_offload and phase is not e.update)
+    if phase is e.update:
+        dev["grads"] = F32 * e.trainable // world
+    if working:
+        dev.update(_working(cfg, e, phase, load))
+        if unified:
+            dev["runtime"] = CPU_RUNTIME_BYTES
+    return PlanRow(phase, e.role, sum(dev.values()), sum(host.values()), dev | host)
+
+
+def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: _Workload) -> PlanRow:
+    rc = cfg.rollout
+    r = DTYPE_BYTES[rc.dtype]
+    dev = {"weights": r * policy.params()}
+    if phase is Phase.GEN or not rc.sleep_while_training:
+        slots, per_slot = load.kv_tokens()
+        if rc.engine is RolloutEngineKind.VLLM:  # preallocated to the token budget, no rounding
+            dev["kv_cache"] = (rc.kv_cache_tokens or slots * per_slot) * policy.kv_bytes_per_token(r)
+        else:
+            dev["kv_cache"] = kv_cache_bytes(policy, slots, per_slot, r)
+    if phase is Phase.GEN:
+        groups = min(load.prompts_per_step, max(1, rc.max_num_seqs // rc.n))
+        samples = min(load.rows_per_step, rc.max_num_seqs)
+        dev.update(rollout_working_bytes(policy, groups, cfg.data.max_prompt_length, samples, r))
+        if load.device == "cpu":
+            dev["runtime"] = CPU_RUNTIME_BYTES
+    return PlanRow(phase, Role.ROLLOUT, sum(dev.values()), 0, dev)
+
+
+def _notes(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> tuple[str, ...]:
+    notes = [
+        "every row planned at max_prompt_length + max_response_length tokens; AdamW states in steady state",
+    ]
+    if device == "cpu":
+        notes.append("cpu: device and host are one memory; offload switches move nothing; peaks are combined")
+    elif cfg.actor.param_offload or cfg.actor.optimizer_offload or cfg.critic.param_offload:
+        notes.append(
+            "actor/critic offload assumed between the role's own phases (offload()/onload() around them)"
+        )
+    if cfg.cluster.separate_pools:
+        notes.append(
+            f"roles on pools of their own are not on this bundle: {', '.join(cfg.cluster.separate_pools)}"
+        )
+    if cfg.cluster.world_size > 1:
+        notes.append(
+            "world size > 1: FSDP2 sharding estimated (1/world of states + gathered root and 2 layers)"
+        )
+    if cfg.actor.use_dynamic_batch or cfg.critic.use_dynamic_batch:
+        notes.append("token budgets assumed filled with full-length rows (mixed lengths pad more)")
+    if cfg.rollout.engine is RolloutEngineKind.VLLM:
+        notes.append(
+            "vLLM: weights and KV cache only; its own workspace (CUDA graphs, sampler) is not modelled"
+        )
+    if cfg.model.is_tiny:
+        notes.append(
+            "tiny model: vocabulary planned at model.tiny.vocab_size (the trained tokenizer may be smaller)"
+        )
+    return tuple(notes)
+
+
+def _sizes(cfg: QuartetConfig, load: _Workload, shapes: RoleShapes) -> dict[str, int]:
+    slots, per_slot = load.kv_tokens()
+    sizes = {
+        "seq_len": load.seq_len,
+        "rows_per_step": load.rows_per_step,
+        "kv_cache_tokens": slots * per_slot,
+        "old_log_prob_tokens": load.no_grad(cfg.actor.logprobs).tokens,
+        "update_actor_tokens": load.update(cfg.actor).tokens,
+        "policy_params": shapes.policy.params(),
+    }
+    if cfg.needs_reference:
+        sizes["ref_tokens"] = load.no_grad(cfg.reference.logprobs).tokens
+    if shapes.critic is not None:
+        sizes["values_tokens"] = load.no_grad(cfg.critic.values).tokens
+        sizes["update_critic_tokens"] = load.update(cfg.critic).tokens
+    return sizes
+
+
+def estimate_memory(
+    cfg: QuartetConfig, *, device: DeviceKind | str | None = None, shapes: RoleShapes | None = None
+) -> MemoryPlan:
+    """The memory plan of one bundle for `cfg` (pure arithmetic once the shapes are known).
+
+    Args:
+        cfg: the run's configuration.
+        device: `cpu` or `gpu`; None uses `cluster.device` (`auto`: GPU when torch sees CUDA).
+        shapes: model shapes; None reads them with `resolve_shapes(cfg)` (config.json files only).
+    """
+    kind = resolve_device(cfg, device)
+    shapes = shapes or resolve_shapes(cfg)
+    load = _Workload(cfg, kind)
+    engines = _engines(cfg, shapes)
+    rows: list[PlanRow] = []
+    for phase in _phases(cfg, shapes):
+        rows += [_engine_row(cfg, e, phase, load, kind == "cpu") for e in engines if e.role is Role.ACTOR]
+        rows.append(_rollout_row(cfg, shapes.policy, phase, load))
+        rows += [_engine_row(cfg, e, phase, load, kind == "cpu") for e in engines if e.role is not Role.ACTOR]
+    return MemoryPlan(
+        rows=tuple(rows),
+        device=kind,
+        world_size=load.world,
+        notes=_notes(cfg, kind, shapes),
+        sizes=_sizes(cfg, load, shapes),
+    )

@@ -1,0 +1,295 @@
+"""Does a run fit its device, and what is the cheapest change that makes it fit: `fit_config(cfg)`.
+
+Capacity is what the device has free now: on CPU the host's `MemAvailable` (device and host are one memory),
+on GPU `torch.cuda.mem_get_info` of the first visible device plus the host's `MemAvailable` for offloaded
+state. A plan fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context,
+Python objects the planner does not count).
+
+When it does not fit, candidate changes are tried in order of expected slowdown, cheapest first (the
+figures are rough, from what each change costs per step: extra host<->device copies, more kernel launches,
+recomputation):
+
+    GPU only:  reference.param_offload        its weights cross PCIe once per step       ~2%
+               actor/critic.optimizer_offload  AdamW states cross twice per update       ~5%
+    both:      rollout.max_num_seqs halved     fewer sequences in flight while sampling  ~5-10% of gen
+               log-prob micro-batches halved   more, smaller forward passes              ~5%
+               update micro-batches halved     more, smaller forward/backward passes     ~5-10%
+               model.gradient_checkpointing    one more forward per micro-batch          ~25-30% of update
+    GPU only:  actor/critic.param_offload      weights cross PCIe around every phase     ~30%+
+
+Each change is kept only when it lowers the planned peak and the config still validates (micro-batches
+must divide mini-batches); halvings repeat down to one row (or one sequence of tokens) before the next
+kind of change is tried. `trainer.auto_fit` applies the proposal before the workers start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from quartet.config.errors import ConfigError
+from quartet.config.loader import apply_overrides
+from quartet.config.root import QuartetConfig
+from quartet.config.validate import validate
+from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
+from quartet.planning.plan import MemoryPlan, format_bytes
+
+__all__ = [
+    "HEADROOM",
+    "Capacity",
+    "Change",
+    "FitReport",
+    "detect_capacity",
+    "fit_config",
+    "host_available_bytes",
+]
+
+HEADROOM = 0.9
+"""Fraction of the free memory a plan may use."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Free memory a plan is checked against."""
+
+    device: str
+    """`cpu` or `gpu`."""
+    device_bytes: int
+    """Free device memory (on CPU: the host's available memory)."""
+    host_bytes: int
+    """Free host memory (on CPU: the same figure)."""
+    source: str
+    """Where the figures came from, in words."""
+
+
+def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """`MemAvailable` of /proc/meminfo (Linux), else total physical memory from `os.sysconf`."""
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def detect_capacity(device: str, memory_bytes: int | None = None) -> Capacity:
+    """Free memory of this machine for a `device` plan; `memory_bytes` overrides the device's figure (to
+    plan for a device other than this machine's, e.g. `quartet plan --memory-gib 24`)."""
+    host = host_available_bytes()
+    if memory_bytes is not None:
+        return Capacity(device, memory_bytes, memory_bytes if device == "cpu" else host, "given")
+    if device == "cpu":
+        return Capacity("cpu", host, host, "MemAvailable of /proc/meminfo")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("the plan is for a GPU but torch sees no CUDA device; plan with --device cpu")
+    free, _total = torch.cuda.mem_get_info(0)
+    name = torch.cuda.get_device_name(0)
+    return Capacity("gpu", int(free), host, f"torch.cuda.mem_get_info of {name}; host MemAvailable")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One config change of a proposal: dotted overrides and why."""
+
+    overrides: tuple[str, ...]
+    reason: str
+    peak_after: int
+    """The planned peak (device; combined on CPU) once this change and those before it are applied."""
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """The plan of a config against a capacity, and the proposal when it does not fit."""
+
+    plan: MemoryPlan
+    capacity: Capacity
+    changes: tuple[Change, ...] = ()
+    fitted: QuartetConfig | None = None
+    """The config with every change applied (None when no change was needed or none helped)."""
+    fitted_plan: MemoryPlan | None = None
+
+    @property
+    def fits(self) -> bool:
+        return _fits(self.plan, self.capacity)
+
+    @property
+    def fits_after(self) -> bool:
+        """Whether the proposal (or the config itself, with no proposal) fits."""
+        return _fits(self.fitted_plan or self.plan, self.capacity)
+
+    @property
+    def overrides(self) -> list[str]:
+        """Every override of the proposal, in order (what `trainer.auto_fit` applies)."""
+        return [o for c in self.changes for o in c.overrides]
+
+    def render(self) -> str:
+        """The verdict and the proposal in words."""
+        cap = self.capacity
+        free = format_bytes(cap.device_bytes)
+        limit = f"{format_bytes(HEADROOM * cap.device_bytes)} ({HEADROOM:.0%} of {free} free, {cap.source})"
+        lines = [
+            f"fits: {'yes' if self.fits else 'NO'}: peak {format_bytes(self.plan.peak_device)} vs {limit}"
+        ]
+        if not self.plan.unified:
+            lines.append(
+                f"host: peak {format_bytes(self.plan.peak_host)} vs {format_bytes(HEADROOM * cap.host_bytes)}"
+            )
+        if self.changes:
+            lines.append("proposal, cheapest first (set trainer.auto_fit=true to apply it):")
+            lines += [
+                f"  {' '.join(c.overrides):<60} {c.reason}; peak {format_bytes(c.peak_after)}"
+                for c in self.changes
+            ]
+            verdict = (
+                "fits"
+                if self.fits_after
+                else "still does NOT fit: a smaller model, shorter sequences or more devices"
+            )
+            lines.append(f"with the proposal: {verdict}")
+        elif not self.fits:
+            lines.append(
+                "no config change found that fits: use a smaller model, shorter data.max_*_length, a smaller "
+                "data.train_batch_size or rollout.n, or more devices"
+            )
+        return "\n".join(lines)
+
+
+def _fits(plan: MemoryPlan, cap: Capacity) -> bool:
+    return plan.peak_device <= HEADROOM * cap.device_bytes and plan.peak_host <= HEADROOM * cap.host_bytes
+
+
+def _pressure(plan: MemoryPlan, cap: Capacity) -> tuple[float, int]:
+    """What a change must lower: the larger of the device and host peaks as a fraction of what is free;
+    then the sum of the phases at the device peak, so that shrinking one of two equally large phases counts
+    (the other is shrunk next round) while shrinking a phase below the peak does not."""
+    peak = plan.peak_device
+    at_peak = sum(t for t in (plan.phase_device(p) for p in plan.phases) if t >= 0.99 * peak)
+    return max(peak / max(cap.device_bytes, 1), plan.peak_host / max(cap.host_bytes, 1)), at_peak
+
+
+def _halve(value: int, floor: int) -> int:
+    return max(floor, value // 2)
+
+
+def _candidates(
+    cfg: QuartetConfig, device: str
+) -> Iterator[tuple[Callable[[QuartetConfig], list[str]], str]]:
+    """(change -> overrides for the current config, or [] when it has nothing left to give; why), in order."""
+
+    def switch(key: str, on: Callable[[QuartetConfig], bool]) -> Callable[[QuartetConfig], list[str]]:
+        return lambda c: [] if on(c) else [f"{key}=true"]
+
+    def halve_micro(role: str, section: str) -> Callable[[QuartetConfig], list[str]]:
+        def change(c: QuartetConfig) -> list[str]:
+            m = getattr(getattr(c, role), section) if section else getattr(c, role)
+            prefix = f"{role}.{section}." if section else f"{role}."
+            if m.use_dynamic_batch:
+                seq = c.data.max_prompt_length + c.data.max_response_length
+                new = _halve(m.max_tokens_per_micro_batch, seq)
+                return (
+                    []
+                    if new == m.max_tokens_per_micro_batch
+                    else [f"{prefix}max_tokens_per_micro_batch={new}"]
+                )
+            new = _halve(m.micro_batch_size_per_device, 1)
+            return (
+                [] if new == m.micro_batch_size_per_device else [f"{prefix}micro_batch_size_per_device={new}"]
+            )
+
+        return change
+
+    def halve_seqs(c: QuartetConfig) -> list[str]:
+        new = _halve(c.rollout.max_num_seqs, c.rollout.n)  # at least one prompt's n samples in flight
+        return [] if new == c.rollout.max_num_seqs else [f"rollout.max_num_seqs={new}"]
+
+    gpu = device == "gpu"
+    critic = cfg.needs_critic
+    if gpu:
+        yield (
+            switch("reference.param_offload", lambda c: c.reference.param_offload),
+            "reference weights in host memory",
+        )
+        yield (
+            switch("actor.optimizer_offload", lambda c: c.actor.optimizer_offload),
+            "actor AdamW states in host memory",
+        )
+        if critic:
+            yield (
+                switch("critic.optimizer_offload", lambda c: c.critic.optimizer_offload),
+                "critic AdamW states in host memory",
+            )
+    yield halve_seqs, "fewer sequences in flight (KV cache, activations)"
+    yield halve_micro("actor", "logprobs"), "smaller log-prob micro-batch"
+    yield halve_micro("reference", "logprobs"), "smaller reference micro-batch"
+    if critic:
+        yield halve_micro("critic", "values"), "smaller value micro-batch"
+    yield halve_micro("actor", ""), "smaller actor update micro-batch"
+    if critic:
+        yield halve_micro("critic", ""), "smaller critic update micro-batch"
+    yield (
+        switch("model.gradient_checkpointing", lambda c: c.model.gradient_checkpointing),
+        "gradient checkpointing",
+    )
+    if gpu:
+        yield switch("actor.param_offload", lambda c: c.actor.param_offload), "actor weights in host memory"
+        if critic:
+            yield (
+                switch("critic.param_offload", lambda c: c.critic.param_offload),
+                "critic weights in host memory",
+            )
+
+
+def fit_config(
+    cfg: QuartetConfig,
+    *,
+    device: str | None = None,
+    capacity: Capacity | None = None,
+    shapes: RoleShapes | None = None,
+) -> FitReport:
+    """The plan of `cfg` against `capacity` (None: this machine's free memory) and, when it does not fit, the
+    cheapest changes that make it fit (module docstring)."""
+    kind = resolve_device(cfg, device)
+    shapes = shapes or resolve_shapes(cfg)
+    capacity = capacity or detect_capacity(kind)
+    plan = estimate_memory(cfg, device=kind, shapes=shapes)
+    if _fits(plan, capacity):
+        return FitReport(plan, capacity)
+    candidates = list(_candidates(cfg, kind))
+    current, current_plan, changes = cfg, plan, []
+    while not _fits(current_plan, capacity):  # each round applies the cheapest change that helps
+        for change, reason in candidates:
+            overrides = change(current)
+            if not overrides:
+                continue
+            try:
+                trial = validate(apply_overrides(current, overrides))
+            except ConfigError:  # e.g. a micro-batch that no longer divides the mini-batch
+                continue
+            trial_plan = estimate_memory(trial, device=kind, shapes=shapes)
+            if _pressure(trial_plan, capacity) < _pressure(current_plan, capacity):
+                current, current_plan = trial, trial_plan
+                changes.append(Change(tuple(overrides), reason, trial_plan.peak_device))
+                break
+        else:
+            break  # nothing left that helps
+    changes = _merge(changes)
+    if not changes:
+        return FitReport(plan, capacity)
+    return FitReport(plan, capacity, tuple(changes), current, current_plan)
+
+
+def _merge(changes: list[Change]) -> list[Change]:
+    """Repeated halvings of one key as one change (its final value)."""
+    merged: list[Change] = []
+    for c in changes:
+        keys = tuple(o.split("=", 1)[0] for o in c.overrides)
+        if merged and tuple(o.split("=", 1)[0] for o in merged[-1].overrides) == keys:
+            merged[-1] = dataclasses.replace(c, reason=merged[-1].reason)
+        else:
+            merged.append(c)
+    return merged

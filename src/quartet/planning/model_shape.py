@@ -1,0 +1,266 @@
+"""The shape of a decoder-only transformer, read from its config alone: what the memory planner sizes.
+
+Supported: Llama-style decoders as transformers builds them (`llama`, `mistral`, `qwen2`, `qwen3`), which
+are also what the built-in rollout engine runs. Every layer holds
+
+    q_proj  D x (H * hd)   [+ bias]        input_layernorm           D
+    k_proj  D x (K * hd)   [+ bias]        post_attention_layernorm  D
+    v_proj  D x (K * hd)   [+ bias]        q_norm, k_norm            hd each (qwen3 only)
+    o_proj  (H * hd) x D   [+ bias]
+    gate_proj, up_proj  D x I,  down_proj  I x D   [+ bias]
+
+around an embedding V x D, a final norm D and an output head V x D (none when tied to the embedding).
+D = hidden_size, I = intermediate_size, H / K = query / key-value heads, hd = head_dim, V = vocab_size.
+Biases: qwen2 has them on q/k/v (hard-wired in transformers), llama/qwen3/mistral follow
+`attention_bias` (all four projections) and llama `mlp_bias`.
+
+The heads the engines load change the top only: a value model (critic) has no output head but a
+`score` Linear(D, 1) with bias; a reward model a `score` Linear(D, 1) without bias.
+
+Counting from the config (never from weights) keeps planning free: a 70B config plans in microseconds.
+Any other architecture is refused with `UnknownModelShapeError` rather than sized wrongly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from quartet.config.model import LoraConfig, ModelConfig, TinyArch, TinyModelConfig
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "HeadKind",
+    "ModelShape",
+    "UnknownModelShapeError",
+    "policy_shape",
+    "shape_from_config",
+    "shape_from_path",
+    "shape_from_tiny",
+]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""transformers `model_type`s whose parameter layout this module knows."""
+
+_LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class UnknownModelShapeError(ValueError):
+    """A model config the planner cannot size (unknown architecture or missing fields)."""
+
+
+class HeadKind(StrEnum):
+    """What sits on top of the decoder trunk (as the training engine loads it)."""
+
+    CAUSAL_LM = "causal_lm"  # output head V x D (or tied to the embedding)
+    VALUE = "value"  # token classification, one label: score D x 1 + bias (the critic)
+    REWARD = "reward"  # sequence classification, one label: score D x 1, no bias
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Sizes of a Llama-style decoder; parameter counts are derived (see the module doc)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output: heads x head_dim."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection output: kv heads x head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of each linear module of one decoder layer."""
+        d, i = self.hidden_size, self.intermediate_size
+        return {
+            "q_proj": (d, self.q_dim),
+            "k_proj": (d, self.kv_dim),
+            "v_proj": (d, self.kv_dim),
+            "o_proj": (self.q_dim, d),
+            "gate_proj": (d, i),
+            "up_proj": (d, i),
+            "down_proj": (i, d),
+        }
+
+    @property
+    def layer_linear_params(self) -> int:
+        """Weights (no biases) of the linear modules of one layer."""
+        return sum(a * b for a, b in self.linear_shapes().values())
+
+    @property
+    def layer_params(self) -> int:
+        """All parameters of one decoder layer."""
+        biases = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        biases += self.hidden_size if self.o_bias else 0
+        biases += (2 * self.intermediate_size + self.hidden_size) if self.mlp_bias else 0
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        return self.layer_linear_params + biases + norms
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus an untied output head (both V x D)."""
+        untied_head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.vocab_size * self.hidden_size + untied_head
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Decoder layers and the final norm (the causal LM's total minus `embedding_params`)."""
+        return self.num_layers * self.layer_params + self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        """Parameters of the causal LM (tied weights counted once, as `model.parameters()` does)."""
+        return self.embedding_params + self.non_embedding_params
+
+    def params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
+        """Parameters of the model loaded with `head` on the trunk."""
+        trunk = self.vocab_size * self.hidden_size + self.non_embedding_params
+        if head is HeadKind.CAUSAL_LM:
+            return self.total_params
+        return trunk + self.hidden_size + (1 if head is HeadKind.VALUE else 0)
+
+    def linear_params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
+        """Weights that run through matrix products (layers' linears and the output head or score).
+
+        These are what autocast casts to half precision (the embedding lookup is not autocast).
+        """
+        top = self.vocab_size * self.hidden_size if head is HeadKind.CAUSAL_LM else self.hidden_size
+        return self.num_layers * self.layer_linear_params + top
+
+    def lora_params(self, lora: LoraConfig) -> int:
+        """Adapter parameters (A: r x in, B: out x r) that peft adds for `lora` (0 when rank is 0)."""
+        if lora.rank <= 0:
+            return 0
+        shapes = self.linear_shapes()
+        targets = set(lora.target_modules)
+        if "all-linear" in targets:  # peft's shorthand: every linear layer except the output head
+            targets = (targets - {"all-linear"}) | set(_LAYER_LINEARS)
+        total = 0
+        for name in sorted(targets):
+            if name in shapes:
+                fan_in, fan_out = shapes[name]
+                total += self.num_layers * lora.rank * (fan_in + fan_out)
+            elif name == "lm_head":
+                total += lora.rank * (self.hidden_size + self.vocab_size)
+            else:
+                raise UnknownModelShapeError(
+                    f"LoRA target module '{name}' is not a linear module of a {self.model_type} model; "
+                    f"known: {', '.join(_LAYER_LINEARS)}, lm_head, all-linear"
+                )
+        return total
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV-cache bytes of one token: layers x 2 (key, value) x kv heads x head_dim x dtype bytes."""
+        return self.num_layers * 2 * self.kv_dim * dtype_bytes
+
+
+def _field(config: Any, name: str, model_type: str) -> int:
+    value = getattr(config, name, None)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UnknownModelShapeError(
+            f"the {model_type} config has no positive integer '{name}' (got {value!r}); "
+            "the planner sizes models from hidden_size, intermediate_size, num_hidden_layers, "
+            "num_attention_heads and vocab_size"
+        )
+    return value
+
+
+def _check_model_type(model_type: str) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnknownModelShapeError(
+            f"cannot plan memory for model_type '{model_type or '?'}': the planner knows the parameter "
+            f"layout of {', '.join(SUPPORTED_MODEL_TYPES)} only; other architectures (mixture of experts, "
+            "fused projections, multimodal) would be sized wrongly"
+        )
+
+
+def shape_from_config(config: Any) -> ModelShape:
+    """The shape of a transformers `PretrainedConfig` (or any object with the same attributes).
+
+    Raises `UnknownModelShapeError` for an architecture outside `SUPPORTED_MODEL_TYPES`.
+    """
+    model_type = str(getattr(config, "model_type", "") or "")
+    _check_model_type(model_type)
+    hidden = _field(config, "hidden_size", model_type)
+    heads = _field(config, "num_attention_heads", model_type)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    return ModelShape(
+        model_type=model_type,
+        vocab_size=_field(config, "vocab_size", model_type),
+        hidden_size=hidden,
+        intermediate_size=_field(config, "intermediate_size", model_type),
+        num_layers=_field(config, "num_hidden_layers", model_type),
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=True if model_type == "qwen2" else attention_bias,
+        o_bias=attention_bias and model_type != "qwen2",
+        mlp_bias=bool(getattr(config, "mlp_bias", False)) and model_type == "llama",
+        qk_norm=model_type == "qwen3",
+        max_position_embeddings=int(getattr(config, "max_position_embeddings", 0) or 0),
+    )
+
+
+def shape_from_path(path: str | Path) -> ModelShape:
+    """The shape of the model saved in folder `path` (or of the `config.json` file itself); weights unread.
+
+    The file is parsed by transformers' `AutoConfig`, so defaults missing from the file are the library's.
+    """
+    target = Path(path).expanduser()
+    config_file = target / "config.json" if target.is_dir() else target
+    if not config_file.is_file():
+        raise UnknownModelShapeError(f"no config.json at '{path}' (looked for {config_file})")
+    # Refuse unknown architectures before transformers looks for their config class.
+    _check_model_type(str(json.loads(config_file.read_text()).get("model_type", "")))
+    from transformers import AutoConfig
+
+    return shape_from_config(AutoConfig.from_pretrained(config_file, local_files_only=True))
+
+
+def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
+    """The shape of the tiny model `quartet.models.tiny` builds from `spec`.
+
+    Its vocabulary is `len(tokenizer)` of a BPE trained on generated text, which stops short of large
+    `vocab_size` targets (about 523 tokens at most); `vocab_size` is used as the upper bound.
+    """
+    return ModelShape(
+        model_type=spec.arch.value,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_layers=spec.num_hidden_layers,
+        num_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        qkv_bias=spec.arch is TinyArch.QWEN2,
+        max_position_embeddings=spec.max_position_embeddings,
+    )
+
+
+def policy_shape(model: ModelConfig) -> ModelShape:
+    """The shape of the run's policy: `model.path`'s config.json, else the tiny model of `model.tiny`."""
+    return shape_from_path(model.path) if model.path else shape_from_tiny(model.tiny)

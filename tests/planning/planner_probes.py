@@ -1,0 +1,173 @@
+"""Workloads whose memory the planner tests measure: the real quartet phase code on one local rank.
+
+Each probe runs inside `measure_peak_rss`'s fresh process: it loads a saved model folder into the engine
+the role would use, builds a batch of the planned size (every row at full length; one prompt one token
+shorter, so there is padding and an attention mask, as in RL batches), and runs the phase. Probes that
+measure a no-grad pass or generation first reach the steady state (one optimizer step, so AdamW states
+exist). Every probe resets the peak after its setup (loading the model from safetensors briefly holds
+the file's pages next to the parameters), so the peak is that of the phase; the model's resident memory
+still counts, since it is above the baseline.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quartet.config.model import Dtype
+from quartet.config.optim import OptimConfig
+from quartet.core.batch import Batch, BatchMeta
+from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.planning.measure import reset_peak_rss
+
+__all__ = ["actor_update", "critic_update", "old_logprobs", "rollout_generate", "save_random_model"]
+
+
+def save_random_model(folder: Path, config: dict[str, Any]) -> Path:
+    """A randomly initialised Qwen2 causal LM of `config` (transformers kwargs) saved to `folder`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**config, eos_token_id=None, bos_token_id=None, pad_token_id=0))
+    model.save_pretrained(folder)
+    return folder
+
+
+def _one_rank() -> None:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ[key] = "1" if key == "WORLD_SIZE" else "0"
+
+
+def _settle() -> None:
+    """End of setup: what loading the model left behind is garbage-collected and the peak restarts here."""
+    gc.collect()
+    reset_peak_rss()
+
+
+def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> Batch:
+    """Full-length rows, except one prompt shorter by a token (left padding gives the batch a mask)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(1, vocab, (rows, prompt_len), generator=g)
+    responses = torch.randint(1, vocab, (rows, response_len), generator=g)
+    mask = torch.ones(rows, prompt_len + response_len, dtype=torch.int64)
+    if prompt_len > 1:
+        mask[0, 0] = 0
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "attention_mask": mask,
+        "response_mask": mask[:, prompt_len:].clone(),
+        "advantages": torch.randn(rows, response_len, generator=g),
+        "targets": torch.randn(rows, response_len, generator=g),
+    }
+    return Batch(tensors, meta=BatchMeta(temperature=1.0))
+
+
+def _pg_loss(outputs: ModelOutputs, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, Mapping[str, float]]:
+    assert outputs.logprobs is not None
+    valid = mb["response_mask"] != 0
+    return torch.where(valid, -mb["advantages"] * outputs.logprobs, 0.0).sum() / scale.tokens, {}
+
+
+def _value_loss(
+    outputs: ModelOutputs, mb: Batch, scale: LossScale
+) -> tuple[torch.Tensor, Mapping[str, float]]:
+    assert outputs.values is not None
+    valid = mb["response_mask"] != 0
+    return torch.where(valid, (outputs.values - mb["targets"]) ** 2, 0.0).sum() / scale.tokens, {}
+
+
+def _engine(folder: str, kind: ModelKind, precision: str, checkpointing: bool) -> TrainingEngine:
+    _one_rank()
+    spec = EngineSpec(
+        folder,
+        kind,
+        mixed_precision=Dtype(precision),
+        optim=OptimConfig(lr=1e-4),
+        gradient_checkpointing=checkpointing,
+    )
+    return TrainingEngine(spec)
+
+
+def actor_update(
+    folder: str,
+    precision: str,
+    checkpointing: bool,
+    micro: int,
+    prompt_len: int,
+    response_len: int,
+    vocab: int,
+) -> int:
+    """Two optimizer steps (the second in the steady state), each over two micro-batches of `micro` rows."""
+    engine = _engine(folder, ModelKind.CAUSAL_LM, precision, checkpointing)
+    batch = make_batch(2 * micro, prompt_len, response_len, vocab)
+    _settle()
+    for _ in range(2):
+        engine.train_step(batch, _pg_loss, MicroSpec(size=micro))
+    return engine.steps
+
+
+def critic_update(
+    folder: str,
+    precision: str,
+    checkpointing: bool,
+    micro: int,
+    prompt_len: int,
+    response_len: int,
+    vocab: int,
+) -> int:
+    """As `actor_update`, for a value model (the causal LM's trunk with a fresh value head)."""
+    engine = _engine(folder, ModelKind.VALUE, precision, checkpointing)
+    batch = make_batch(2 * micro, prompt_len, response_len, vocab)
+    _settle()
+    for _ in range(2):
+        engine.train_step(batch, _value_loss, MicroSpec(size=micro))
+    return engine.steps
+
+
+def old_logprobs(
+    folder: str, precision: str, micro: int, prompt_len: int, response_len: int, vocab: int
+) -> int:
+    """The actor's old-log-prob pass (no grad, with entropy) after one small step (AdamW states exist)."""
+    engine = _engine(folder, ModelKind.CAUSAL_LM, precision, False)
+    engine.train_step(make_batch(1, 2, 1, vocab), _pg_loss, MicroSpec(size=1))
+    batch = make_batch(micro, prompt_len, response_len, vocab)
+    _settle()
+    logprobs, _ = engine.forward_logprobs(batch, 1.0, MicroSpec(size=micro), with_entropy=True)
+    return int(logprobs.shape[0])
+
+
+def rollout_generate(
+    folder: str, max_num_seqs: int, prompts: int, n: int, prompt_len: int, response_len: int, vocab: int
+) -> int:
+    """The built-in rollout engine generating n full-length responses to each prompt (EOS ignored)."""
+    from quartet.config.rollout import RolloutConfig, RolloutEngineKind
+    from quartet.rollout.factory import make_engine
+    from quartet.rollout.types import GenerationRequest, SamplingParams
+
+    rollout_cfg = RolloutConfig(n=n, max_num_seqs=max_num_seqs)
+    engine = make_engine(
+        RolloutEngineKind.TORCH,
+        folder,
+        rollout_cfg,
+        max_model_len=prompt_len + response_len,
+        dtype=torch.float32,
+        seed=0,
+    )
+    _settle()
+    g = torch.Generator().manual_seed(0)
+    sampling = SamplingParams(n=n, max_new_tokens=response_len, seed=0, ignore_eos=True)
+    requests = [
+        GenerationRequest(tuple(torch.randint(1, vocab, (prompt_len,), generator=g).tolist()), sampling)
+        for _ in range(prompts)
+    ]
+    try:
+        outputs = engine.generate(requests)
+    finally:
+        engine.shutdown()
+    return sum(len(o.token_ids) for group in outputs for o in group)

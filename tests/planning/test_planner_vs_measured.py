@@ -1,0 +1,140 @@
+"""The memory planner against measured peaks: the real phase code (engine update, log-prob pass, rollout
+generation) runs in a fresh process (`measure_peak_rss`) and its peak RSS increase is set next to the plan's
+row for that role and phase, for a tiny model and a ~100M-parameter one. Within 25% is the goal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import planner_probes as probes
+import pytest
+
+from quartet.config import load_config
+from quartet.planning.estimate import estimate_memory
+from quartet.planning.measure import measure_peak_rss
+from quartet.planning.plan import Phase, Role, format_bytes
+
+TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    config: dict[str, int | bool]
+    micro: int
+    prompt_len: int
+    response_len: int
+
+
+TINY = Size(
+    "tiny",
+    {
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 2048,
+        "tie_word_embeddings": True,
+    },
+    micro=16,
+    prompt_len=64,
+    response_len=64,
+)
+M100 = Size(
+    "100M",
+    {
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "tie_word_embeddings": True,
+    },
+    micro=4,
+    prompt_len=64,
+    response_len=64,
+)
+
+
+@pytest.fixture(
+    scope="module", params=[TINY, pytest.param(M100, marks=pytest.mark.slow)], ids=lambda s: s.name
+)
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Size, Path]:
+    size: Size = request.param
+    folder = probes.save_random_model(tmp_path_factory.mktemp(size.name), dict(size.config))
+    return size, folder
+
+
+def _plan_row(size: Size, folder: Path, phase: Phase, role: Role, extra: list[str] | None = None) -> int:
+    n = 2
+    cfg = load_config(
+        None,
+        [
+            f"model.path={folder}",
+            f"data.max_prompt_length={size.prompt_len}",
+            f"data.max_response_length={size.response_len}",
+            f"data.train_batch_size={size.micro}",
+            f"rollout.n={n}",
+            f"actor.mini_batch_size={size.micro}",
+            f"actor.micro_batch_size_per_device={size.micro}",
+            f"actor.logprobs.micro_batch_size_per_device={size.micro}",
+            "actor.mixed_precision=float32",
+            *(extra or []),
+        ],
+    )
+    plan = estimate_memory(cfg, device="cpu")
+    return plan.row(phase, role).total_bytes
+
+
+def _check(name: str, planned: int, measured: int) -> None:
+    ratio = planned / measured
+    print(f"{name}: planned {format_bytes(planned)}, measured {format_bytes(measured)}, ratio {ratio:.2f}")  # noqa: T201 (-s shows the figures)
+    assert abs(ratio - 1) <= TOLERANCE, (
+        f"{name}: planned {planned} vs measured {measured} (ratio {ratio:.2f})"
+    )
+
+
+def test_actor_update_peak(model: tuple[Size, Path]) -> None:
+    size, folder = model
+    vocab = int(size.config["vocab_size"])
+    m = measure_peak_rss(
+        probes.actor_update,
+        str(folder),
+        "float32",
+        False,
+        size.micro,
+        size.prompt_len,
+        size.response_len,
+        vocab,
+    )
+    _check(
+        f"{size.name} actor update", _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR), m.increase_bytes
+    )
+
+
+def test_old_logprob_peak(model: tuple[Size, Path]) -> None:
+    size, folder = model
+    vocab = int(size.config["vocab_size"])
+    m = measure_peak_rss(
+        probes.old_logprobs, str(folder), "float32", size.micro, size.prompt_len, size.response_len, vocab
+    )
+    _check(
+        f"{size.name} old log-probs",
+        _plan_row(size, folder, Phase.OLD_LOG_PROB, Role.ACTOR),
+        m.increase_bytes,
+    )
+
+
+def test_rollout_generation_peak(model: tuple[Size, Path]) -> None:
+    size, folder = model
+    vocab = int(size.config["vocab_size"])
+    prompts, n, seqs = size.micro // 2, 2, size.micro
+    m = measure_peak_rss(
+        probes.rollout_generate, str(folder), seqs, prompts, n, size.prompt_len, size.response_len, vocab
+    )
+    planned = _plan_row(size, folder, Phase.GEN, Role.ROLLOUT, [f"rollout.max_num_seqs={seqs}"])
+    _check(f"{size.name} rollout generation", planned, m.increase_bytes)
