@@ -14,13 +14,20 @@ EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*/config.yaml")
 
 
 def test_examples_exist() -> None:
-    assert {p.parent.name for p in EXAMPLES} >= {"grpo_arithmetic", "ppo_arithmetic", "grpo_gsm8k"}
+    assert {p.parent.name for p in EXAMPLES} >= {
+        "grpo_arithmetic",
+        "ppo_arithmetic",
+        "grpo_gsm8k",
+        "single_cpu",
+        "single_gpu",
+    }
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
 def test_example_config_validates(path: Path) -> None:
     # the GSM8K example runs on the user's model, named on the command line as its README says
-    overrides = ["model.path=/models/any-hf-folder"] if "gsm8k" in path.parent.name else []
+    needs_model = "gsm8k" in path.parent.name or path.parent.name == "single_gpu"
+    overrides = ["model.path=/models/any-hf-folder"] if needs_model else []
     cfg = load_config(str(path), overrides)
     expected = AdvantageEstimator.GAE if path.parent.name.startswith("ppo") else AdvantageEstimator.GRPO
     assert cfg.algorithm.adv_estimator is expected
