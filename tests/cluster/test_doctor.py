@@ -43,9 +43,14 @@ def test_doctor_lists_the_run_and_discovers_it_from_a_fresh_process(
     )
     try:
         pids = hosts.health()
-        done = _doctor("--address", names.address, "--json")
+        done = _doctor("--address", names.address, "--json", "--no-smoke")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         facts = json.loads(done.stdout)
+        checks = {c["name"]: c for c in facts["checks"]}
+        assert (
+            checks["ray"]["status"] == "ok" and checks["discovery quartet-tests/doctor-run"]["status"] == "ok"
+        )
+        assert all(c["status"] != "fail" for c in facts["checks"]) and facts["smoke"] is None
         (run,) = [r for r in facts["runs"] if r["prefix"] == "doctor-run"]
         assert run["namespace"] == "quartet-tests"
         alive = [a for a in run["actors"] if a["state"] == "ALIVE"]
@@ -58,10 +63,11 @@ def test_doctor_lists_the_run_and_discovers_it_from_a_fresh_process(
         assert sum(n["cpus"] for n in facts["nodes"] if n["alive"]) == 4  # the session cluster's num_cpus
 
         names.save(tmp_path)  # the run folder records where its workers are
-        text = _doctor("--run-dir", str(tmp_path))
+        text = _doctor("--run-dir", str(tmp_path), "--device", "cpu", "--smoke-timeout", "120")
         assert text.returncode == 0, text.stdout[-3000:]
         assert "doctor-run" in text.stdout and "counter:1" in text.stdout and "ALIVE" in text.stdout
         assert "discovery ok" in text.stdout and "2/2 workers" in text.stdout
+        assert "Smoke tiny Qwen2 on cpu passed" in text.stdout and "\n0 failed," in text.stdout
     finally:
         hosts.shutdown()
 
@@ -71,3 +77,40 @@ def test_doctor_without_a_cluster_says_so_and_how_to_fix() -> None:
     assert done.returncode == 2
     assert "No Ray cluster at '127.0.0.1:1'" in done.stdout and "nothing is listening" in done.stdout
     assert "ray start --head" in done.stdout and "torch" in done.stdout
+    assert "FAIL ray: no Ray cluster at '127.0.0.1:1'" in done.stdout
+    assert "fix: start one with `ray start --head`" in done.stdout and "cluster.backend=local" in done.stdout
+
+
+@pytest.mark.ray
+def test_doctor_fails_with_exit_1_and_a_fix_when_a_check_other_than_ray_fails(ray_cluster: None) -> None:
+    import ray
+
+    done = _doctor(
+        "--address", ray.get_runtime_context().gcs_address, "--no-probe", "--smoke-timeout", "0.01"
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        "FAIL smoke" in done.stdout and "fix: on a busy machine retry with --smoke-timeout 60" in done.stdout
+    )
+    assert "ok   ray: cluster at" in done.stdout and "1 failed," in done.stdout
+
+
+def test_doctor_json_without_a_cluster_lists_checks_and_device_facts() -> None:
+    import torch
+
+    done = _doctor("--address", "127.0.0.1:1", "--no-smoke", "--json")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    facts = json.loads(done.stdout)
+    assert facts["address"] == "127.0.0.1:1" and "nothing is listening" in facts["error"]
+    assert "torch" in facts["versions"] and facts["smoke"] is None
+    assert {c["status"] for c in facts["checks"]} <= {"ok", "warn", "fail"}
+    (ray_check,) = [c for c in facts["checks"] if c["name"] == "ray"]
+    assert ray_check["status"] == "fail" and "127.0.0.1:1" in ray_check["message"]
+    assert "ray start --head" in ray_check["fix"] and "cluster.backend=local" in ray_check["fix"]
+    assert [c["name"] for c in facts["checks"] if c["status"] == "fail"] == ["ray"]
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    mem_total = int(next(x for x in meminfo if x.startswith("MemTotal:")).split()[1]) * 1024
+    assert facts["host"]["mem_total_bytes"] == mem_total and facts["host"]["cpus"] == os.cpu_count()
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert len(facts["cuda"]["devices"]) == cuda
+    assert facts["device"] == ("cuda" if cuda else "cpu")

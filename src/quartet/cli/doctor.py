@@ -1,28 +1,58 @@
-"""`quartet doctor [--address A] [--run-dir DIR] [--json]`: what is installed, what the cluster holds,
-and whether a fresh process can find a run's workers.
+"""`quartet doctor`: the first thing to run. What is installed, this machine's CPUs, RAM and CUDA devices,
+what the Ray cluster holds, whether a fresh process can find a run's workers, and a tiny-model smoke test.
 
-Exit status: 0 all good, 1 a discovery round trip failed, 2 no cluster could be reached.
+Every finding is a check (ok / warn / fail, with the fix), listed at the end; `--json` prints the facts and
+the checks as one object. Exit status: 0 no check failed (warnings allowed), 1 a check failed (a discovery
+round trip, the smoke test, the device), 2 no Ray cluster could be reached at the address.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import platform
+from dataclasses import asdict
 from typing import Any
 
+from quartet.cli.doctor_checks import (
+    Check,
+    SmokeResult,
+    cuda_facts,
+    device_checks,
+    host_facts,
+    resolve_device,
+    smoke_check,
+    smoke_test,
+)
 from quartet.cluster.survey import ClusterSurvey, ProbeResult, probe_discovery, reachable, survey
+
+RAY_FIX = (
+    "start one with `ray start --head` (then --address auto), pass --address host:port (`ray status` "
+    "prints it), or train without Ray: cluster.backend=local"
+)
+MARKS = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("doctor", help="check versions, the Ray cluster, quartet runs and discovery")
+    parser = sub.add_parser(
+        "doctor", help="check versions, devices, the Ray cluster, quartet runs, discovery and a tiny model"
+    )
     parser.add_argument(
         "--address", default="auto", help="Ray address (default `auto`: the cluster running on this machine)"
     )
     parser.add_argument("--run-dir", help="a run folder: use its recorded address/namespace/prefix")
     parser.add_argument("--no-probe", action="store_true", help="skip the discovery round trips")
     parser.add_argument("--probe-timeout", type=float, default=20.0, help="seconds per discovery probe")
-    parser.add_argument("--json", action="store_true", help="print the facts as JSON")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="device of the smoke test (auto: cuda when torch sees a CUDA device)",
+    )
+    parser.add_argument("--no-smoke", action="store_true", help="skip the tiny-model smoke test")
+    parser.add_argument("--smoke-timeout", type=float, default=10.0, help="seconds the smoke test may take")
+    parser.add_argument("--json", action="store_true", help="print the facts and checks as JSON")
     parser.set_defaults(run=run)
 
 
@@ -46,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
         names = RunNames.load(args.run_dir)
         address, only = names.address or address, (names.namespace, names.prefix)
+    report: dict[str, Any] = {"versions": versions()}
+    checks = [_package_check(report["versions"])]
     problem = reachable(address)
     facts: ClusterSurvey | None = None
     if problem is None:
@@ -53,35 +85,104 @@ def run(args: argparse.Namespace) -> int:
             facts = survey(address)
         except (ConnectionError, RuntimeError) as err:
             problem = str(err).strip().splitlines()[0]
+    why = problem or "unknown error"
     if facts is None:
-        _no_cluster(console, address, problem or "unknown error", args.json)
-        return 2
-    if not args.no_probe:
-        for run_facts in facts.runs:
-            if run_facts.alive and (only is None or only == (run_facts.namespace, run_facts.prefix)):
-                facts.probes.append(
-                    probe_discovery(
-                        facts.address,
-                        run_facts.namespace,
-                        run_facts.prefix,
-                        run_facts.alive,
-                        args.probe_timeout,
-                    )
-                )
-    if args.json:
-        console.print_json(facts.to_json())
+        report.update(address=address, error=why)
+        checks.append(Check("ray", "fail", f"no Ray cluster at '{address}': {why}", RAY_FIX))
     else:
-        _render(console, facts)
-    return 1 if any(not p.ok for p in facts.probes) else 0
+        if not args.no_probe:
+            for run_facts in facts.runs:
+                if run_facts.alive and (only is None or only == (run_facts.namespace, run_facts.prefix)):
+                    facts.probes.append(
+                        probe_discovery(
+                            facts.address,
+                            run_facts.namespace,
+                            run_facts.prefix,
+                            run_facts.alive,
+                            args.probe_timeout,
+                        )
+                    )
+        report.update(json.loads(facts.to_json()))
+        checks += _cluster_checks(facts)
+    host, cuda = host_facts(), cuda_facts()
+    device = resolve_device(args.device, cuda)
+    checks += device_checks(host, cuda, args.device)
+    smoke: SmokeResult | None = None
+    if not args.no_smoke and (device == "cpu" or (cuda.available and not cuda.error)):
+        smoke = smoke_test(device, args.smoke_timeout)
+        checks.append(smoke_check(smoke))
+    report.update(host=asdict(host), cuda=asdict(cuda), device=device, smoke=smoke and asdict(smoke))
+    report["checks"] = [asdict(c) for c in checks]
+    if args.json:
+        console.print_json(json.dumps(report))
+    else:
+        _render_versions(console)
+        _render_devices(console, report)
+        if facts is None:
+            _no_cluster(console, address, why)
+        else:
+            _render(console, facts)
+        _render_smoke(console, smoke)
+        _render_checks(console, checks)
+    if facts is None:
+        return 2
+    return 1 if any(c.status == "fail" for c in checks) else 0
 
 
-def _no_cluster(console: Any, address: str, problem: str, as_json: bool) -> None:
-    if as_json:
-        import json
+def _package_check(found: dict[str, str]) -> Check:
+    missing = [d for d in ("torch", "ray", "transformers") if d not in found]
+    if missing:
+        return Check(
+            "packages", "fail", f"not installed: {', '.join(missing)}", "pip install -c constraints.txt -e ."
+        )
+    return Check(
+        "packages", "ok", f"quartet {found.get('quartet', '?')}, torch, ray and transformers installed"
+    )
 
-        console.print_json(json.dumps({"address": address, "error": problem, "versions": versions()}))
-        return
-    _render_versions(console)
+
+def _cluster_checks(facts: ClusterSurvey) -> list[Check]:
+    alive = [n for n in facts.nodes if n.alive]
+    cpu = f"CPU {sum(n.free_cpus for n in alive):g}/{sum(n.cpus for n in alive):g} free"
+    gpu = f"GPU {sum(n.free_gpus for n in alive):g}/{sum(n.gpus for n in alive):g} free"
+    out = [Check("ray", "ok", f"cluster at {facts.address}: {len(alive)} node(s) alive, {cpu}, {gpu}")]
+    if not facts.state_api:
+        out.append(
+            Check(
+                "ray state api",
+                "warn",
+                "Ray's state API did not answer (no dashboard, or several Rays on this host)",
+                "start Ray with its dashboard: `ray start --head --include-dashboard=true`",
+            )
+        )
+    for r in facts.runs:
+        down = [f"{a.label}:{a.rank} {a.state}" for a in r.actors if a.state not in ("ALIVE", "unknown")]
+        if down:
+            out.append(
+                Check(
+                    f"run {r.namespace}/{r.prefix}",
+                    "warn",
+                    f"{len(down)} of {len(r.actors)} actors not alive: {', '.join(down)}",
+                    "the run's driver log says why; `ray list actors --detail` shows each death cause",
+                )
+            )
+    for p in facts.probes:
+        where = f"discovery {p.namespace}/{p.prefix}"
+        if p.ok:
+            out.append(Check(where, "ok", f"a fresh process found {len(p.pids)}/{p.expected} workers"))
+        else:
+            out.append(
+                Check(
+                    where,
+                    "fail",
+                    f"a fresh process could not find and ping the workers: {p.error.strip()[-300:]}",
+                    "check cluster.namespace / cluster.run_prefix and that this machine reaches the "
+                    "workers' nodes; --probe-timeout 60 on a busy cluster",
+                )
+            )
+    return out
+
+
+def _no_cluster(console: Any, address: str, problem: str) -> None:
     console.print(f"[bold red]No Ray cluster at '{address}'[/]: {problem}", soft_wrap=True)
     console.print(
         "quartet starts a local Ray for each run when cluster.address is empty; run `quartet doctor` while "
@@ -97,10 +198,56 @@ def _render_versions(console: Any) -> None:
     )
 
 
+def _render_devices(console: Any, report: dict[str, Any]) -> None:
+    host, cuda, gib = report["host"], report["cuda"], 1024**3
+    console.print(
+        f"[bold]Host[/] {host['usable_cpus']}/{host['cpus']} CPUs usable, RAM "
+        f"{host['mem_available_bytes'] / gib:.1f} of {host['mem_total_bytes'] / gib:.1f} GiB available",
+        soft_wrap=True,
+    )
+    if not cuda["devices"]:
+        built = (
+            "torch built without CUDA" if cuda["torch_cuda"] is None else f"torch CUDA {cuda['torch_cuda']}"
+        )
+        console.print(f"[bold]CUDA[/] no device ({built}){': ' + cuda['error'] if cuda['error'] else ''}")
+    for d in cuda["devices"]:
+        console.print(
+            f"[bold]CUDA[/] cuda:{d['index']} {d['name']}: {d['free_bytes'] / gib:.1f} of "
+            f"{d['total_bytes'] / gib:.1f} GiB free",
+            soft_wrap=True,
+        )
+
+
+def _render_smoke(console: Any, s: SmokeResult | None) -> None:
+    if s is None:
+        return
+    from rich.markup import escape
+
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in s.stages.items())
+    verdict = "[green]passed[/]" if s.ok else f"[bold red]FAILED[/] ({escape(s.error)})"
+    console.print(
+        f"[bold]Smoke[/] tiny Qwen2 on {s.device} {verdict} in {s.seconds:.1f} s"
+        + (f" ({stages})" if stages else ""),
+        soft_wrap=True,
+    )
+
+
+def _render_checks(console: Any, checks: list[Check]) -> None:
+    from rich.markup import escape
+
+    console.print("[bold]Checks[/]")
+    for c in checks:
+        console.print(f"  {MARKS[c.status]} {escape(c.name)}: {escape(c.message)}", soft_wrap=True)
+        if c.fix and c.status != "ok":
+            console.print(f"       fix: {c.fix}", soft_wrap=True, markup=False)
+    failed = sum(c.status == "fail" for c in checks)
+    warned = sum(c.status == "warn" for c in checks)
+    console.print(f"{failed} failed, {warned} warning(s), {len(checks) - failed - warned} ok")
+
+
 def _render(console: Any, facts: ClusterSurvey) -> None:
     from rich.table import Table
 
-    _render_versions(console)
     console.print(f"[bold]Cluster[/] {facts.address}")
     nodes = Table("node", "ip", "alive", "CPU free/total", "GPU free/total", "memory GiB")
     for n in facts.nodes:
@@ -122,8 +269,6 @@ def _render(console: Any, facts: ClusterSurvey) -> None:
             runs.add_row(r.namespace, r.prefix, f"{a.label}:{a.rank}", state, str(a.pid), a.node_id[:8])
     if facts.runs:
         console.print(runs)
-    if not facts.state_api:
-        console.print("[yellow]Ray's state API is unavailable (no dashboard): actor states not shown.[/]")
     console.print(
         "Named actors by namespace: "
         + (", ".join(f"'{ns}': {n}" for ns, n in sorted(facts.named_by_namespace.items())) or "none")

@@ -145,7 +145,9 @@ def _runs() -> tuple[list[RunFacts], bool]:
     try:
         from ray.util.state import list_actors
 
-        for actor in list_actors(limit=10000, timeout=10, raise_on_missing_output=False):
+        # the connected cluster's address: without it the state API refuses when several run on the host
+        address = str(ray.get_runtime_context().gcs_address)
+        for actor in list_actors(address=address, limit=10000, timeout=10, raise_on_missing_output=False):
             if actor.name:
                 rows.append(
                     (
