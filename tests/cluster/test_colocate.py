@@ -156,13 +156,20 @@ def test_gloo_all_reduce_inside_actors(ray_cluster: None) -> None:
         hosts.shutdown()
 
 
+def _gcs() -> str:
+    """The connected cluster's address: the state API refuses to guess when several Ray instances run."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
 def _wait_until_dead(handle: object, timeout_s: float = 30.0) -> None:
     from ray.util.state import get_actor
 
     actor_id = handle._actor_id.hex()  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        state = get_actor(actor_id)
+        state = get_actor(actor_id, address=_gcs())
         if state is not None and state.state == "DEAD":
             return
         time.sleep(0.1)
@@ -195,7 +202,9 @@ def test_role_constructor_error_is_reported_and_cleaned_up(ray_cluster: None) ->
     assert info.value.role == "broken"
     time.sleep(1.0)
     alive = [
-        a for a in list_actors(filters=[("state", "=", "ALIVE")]) if (a.name or "").startswith(names.prefix)
+        a
+        for a in list_actors(address=_gcs(), filters=[("state", "=", "ALIVE")])
+        if (a.name or "").startswith(names.prefix)
     ]
     assert alive == []
 
@@ -213,10 +222,14 @@ def test_shutdown_leaves_no_actors_or_placement_groups(ray_cluster: None) -> Non
     while time.monotonic() < deadline:
         alive = [
             a
-            for a in list_actors(filters=[("state", "=", "ALIVE")])
+            for a in list_actors(address=_gcs(), filters=[("state", "=", "ALIVE")])
             if (a.name or "").startswith(names.prefix)
         ]
-        pgs = [p for p in list_placement_groups() if p.placement_group_id in pg_ids and p.state != "REMOVED"]
+        pgs = [
+            p
+            for p in list_placement_groups(address=_gcs())
+            if p.placement_group_id in pg_ids and p.state != "REMOVED"
+        ]
         if not alive and not pgs:
             break
         time.sleep(0.2)

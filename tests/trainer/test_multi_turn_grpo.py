@@ -22,6 +22,7 @@ from quartet.trainer import RLTrainer
 pytestmark = pytest.mark.slow
 
 COMMON = [
+    "cluster.backend=local",  # SFT and GRPO in this process: no Ray, whatever the session has started
     "model.tiny.hidden_size=64",
     "model.tiny.intermediate_size=128",
     "model.tiny.num_hidden_layers=2",

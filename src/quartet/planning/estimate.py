@@ -56,6 +56,9 @@ CPU_RUNTIME_BYTES = 16 * 2**20
 """What a working phase holds on CPU beyond its tensors: allocator arenas, per-op scratch buffers, the
 Python objects of the pass. Measured 14-27 MiB for tiny models (tests/planning), where it dominates."""
 
+CPU_ROLLOUT_RUNTIME_BYTES = 12 * 2**20
+"""The same for the rollout engine's generation (no autograd): measured 13-14 MiB beyond its tensors."""
+
 
 @dataclass(frozen=True)
 class RoleShapes:
@@ -337,7 +340,7 @@ def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: _Wo
         samples = min(load.rows_per_step, rc.max_num_seqs)
         dev.update(rollout_working_bytes(policy, groups, cfg.data.max_prompt_length, samples, r))
         if load.device == "cpu":
-            dev["runtime"] = CPU_RUNTIME_BYTES
+            dev["runtime"] = CPU_ROLLOUT_RUNTIME_BYTES
     return PlanRow(phase, Role.ROLLOUT, sum(dev.values()), 0, dev)
 
 
