@@ -94,6 +94,24 @@ def _engine(folder: str, kind: ModelKind, precision: str, checkpointing: bool) -
     return TrainingEngine(spec)
 
 
+def _two_steps(
+    kind: ModelKind,
+    loss: Any,
+    folder: str,
+    precision: str,
+    checkpointing: bool,
+    micro: int,
+    shape: tuple[int, ...],
+) -> int:
+    """Two optimizer steps (the second in the steady state), each over two micro-batches of `micro` rows."""
+    engine = _engine(folder, kind, precision, checkpointing)
+    batch = make_batch(2 * micro, *shape)
+    _settle()
+    for _ in range(2):
+        engine.train_step(batch, loss, MicroSpec(size=micro))
+    return engine.steps
+
+
 def actor_update(
     folder: str,
     precision: str,
@@ -103,13 +121,9 @@ def actor_update(
     response_len: int,
     vocab: int,
 ) -> int:
-    """Two optimizer steps (the second in the steady state), each over two micro-batches of `micro` rows."""
-    engine = _engine(folder, ModelKind.CAUSAL_LM, precision, checkpointing)
-    batch = make_batch(2 * micro, prompt_len, response_len, vocab)
-    _settle()
-    for _ in range(2):
-        engine.train_step(batch, _pg_loss, MicroSpec(size=micro))
-    return engine.steps
+    """The actor's update: a policy-gradient loss on the causal LM."""
+    shape = (prompt_len, response_len, vocab)
+    return _two_steps(ModelKind.CAUSAL_LM, _pg_loss, folder, precision, checkpointing, micro, shape)
 
 
 def critic_update(
@@ -121,13 +135,9 @@ def critic_update(
     response_len: int,
     vocab: int,
 ) -> int:
-    """As `actor_update`, for a value model (the causal LM's trunk with a fresh value head)."""
-    engine = _engine(folder, ModelKind.VALUE, precision, checkpointing)
-    batch = make_batch(2 * micro, prompt_len, response_len, vocab)
-    _settle()
-    for _ in range(2):
-        engine.train_step(batch, _value_loss, MicroSpec(size=micro))
-    return engine.steps
+    """The critic's update: a value loss on the causal LM's trunk with a fresh value head."""
+    shape = (prompt_len, response_len, vocab)
+    return _two_steps(ModelKind.VALUE, _value_loss, folder, precision, checkpointing, micro, shape)
 
 
 def old_logprobs(

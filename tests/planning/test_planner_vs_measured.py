@@ -138,3 +138,26 @@ def test_rollout_generation_peak(model: tuple[Size, Path]) -> None:
     )
     planned = _plan_row(size, folder, Phase.GEN, Role.ROLLOUT, [f"rollout.max_num_seqs={seqs}"])
     _check(f"{size.name} rollout generation", planned, m.increase_bytes)
+
+
+def test_critic_update_peak(model: tuple[Size, Path]) -> None:
+    size, folder = model
+    vocab = int(size.config["vocab_size"])
+    m = measure_peak_rss(
+        probes.critic_update,
+        str(folder),
+        "float32",
+        False,
+        size.micro,
+        size.prompt_len,
+        size.response_len,
+        vocab,
+    )
+    critic = [
+        "algorithm.adv_estimator=gae",
+        f"critic.mini_batch_size={size.micro}",
+        f"critic.micro_batch_size_per_device={size.micro}",
+        "critic.mixed_precision=float32",
+    ]
+    planned = _plan_row(size, folder, Phase.UPDATE_CRITIC, Role.CRITIC, critic)
+    _check(f"{size.name} critic update", planned, m.increase_bytes)
