@@ -25,7 +25,7 @@ from quartet.core.batch import Batch, BatchMeta
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.planning.measure import reset_peak_rss
 
-__all__ = ["actor_update", "critic_update", "old_logprobs", "rollout_generate", "save_random_model"]
+__all__ = ["old_logprobs", "rollout_generate", "save_random_model", "update"]
 
 
 def save_random_model(folder: Path, config: dict[str, Any]) -> Path:
@@ -94,50 +94,26 @@ def _engine(folder: str, kind: ModelKind, precision: str, checkpointing: bool) -
     return TrainingEngine(spec)
 
 
-def _two_steps(
-    kind: ModelKind,
-    loss: Any,
+def update(
     folder: str,
+    value_model: bool,
     precision: str,
     checkpointing: bool,
     micro: int,
-    shape: tuple[int, ...],
+    prompt_len: int,
+    response_len: int,
+    vocab: int,
 ) -> int:
-    """Two optimizer steps (the second in the steady state), each over two micro-batches of `micro` rows."""
+    """Two optimizer steps (the second in the steady state), each over two micro-batches of `micro` rows:
+    the actor's (policy-gradient loss on the causal LM) or, with `value_model`, the critic's (value loss on
+    the trunk with a fresh value head)."""
+    kind, loss = (ModelKind.VALUE, _value_loss) if value_model else (ModelKind.CAUSAL_LM, _pg_loss)
     engine = _engine(folder, kind, precision, checkpointing)
-    batch = make_batch(2 * micro, *shape)
+    batch = make_batch(2 * micro, prompt_len, response_len, vocab)
     _settle()
     for _ in range(2):
         engine.train_step(batch, loss, MicroSpec(size=micro))
     return engine.steps
-
-
-def actor_update(
-    folder: str,
-    precision: str,
-    checkpointing: bool,
-    micro: int,
-    prompt_len: int,
-    response_len: int,
-    vocab: int,
-) -> int:
-    """The actor's update: a policy-gradient loss on the causal LM."""
-    shape = (prompt_len, response_len, vocab)
-    return _two_steps(ModelKind.CAUSAL_LM, _pg_loss, folder, precision, checkpointing, micro, shape)
-
-
-def critic_update(
-    folder: str,
-    precision: str,
-    checkpointing: bool,
-    micro: int,
-    prompt_len: int,
-    response_len: int,
-    vocab: int,
-) -> int:
-    """The critic's update: a value loss on the causal LM's trunk with a fresh value head."""
-    shape = (prompt_len, response_len, vocab)
-    return _two_steps(ModelKind.VALUE, _value_loss, folder, precision, checkpointing, micro, shape)
 
 
 def old_logprobs(

@@ -5,6 +5,7 @@ row for that role and phase, for a tiny model and a ~100M-parameter one. Within 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,61 +99,21 @@ def _check(name: str, planned: int, measured: int) -> None:
     )
 
 
+def _measured(probe: Callable[..., int], size: Size, folder: Path, *args: object) -> int:
+    """Peak RSS increase of `probe(folder, *args, prompt_len, response_len, vocab)` in a fresh process."""
+    shape = (size.prompt_len, size.response_len, int(size.config["vocab_size"]))
+    return measure_peak_rss(probe, str(folder), *args, *shape).increase_bytes
+
+
 def test_actor_update_peak(model: tuple[Size, Path]) -> None:
     size, folder = model
-    vocab = int(size.config["vocab_size"])
-    m = measure_peak_rss(
-        probes.actor_update,
-        str(folder),
-        "float32",
-        False,
-        size.micro,
-        size.prompt_len,
-        size.response_len,
-        vocab,
-    )
-    _check(
-        f"{size.name} actor update", _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR), m.increase_bytes
-    )
-
-
-def test_old_logprob_peak(model: tuple[Size, Path]) -> None:
-    size, folder = model
-    vocab = int(size.config["vocab_size"])
-    m = measure_peak_rss(
-        probes.old_logprobs, str(folder), "float32", size.micro, size.prompt_len, size.response_len, vocab
-    )
-    _check(
-        f"{size.name} old log-probs",
-        _plan_row(size, folder, Phase.OLD_LOG_PROB, Role.ACTOR),
-        m.increase_bytes,
-    )
-
-
-def test_rollout_generation_peak(model: tuple[Size, Path]) -> None:
-    size, folder = model
-    vocab = int(size.config["vocab_size"])
-    prompts, n, seqs = size.micro // 2, 2, size.micro
-    m = measure_peak_rss(
-        probes.rollout_generate, str(folder), seqs, prompts, n, size.prompt_len, size.response_len, vocab
-    )
-    planned = _plan_row(size, folder, Phase.GEN, Role.ROLLOUT, [f"rollout.max_num_seqs={seqs}"])
-    _check(f"{size.name} rollout generation", planned, m.increase_bytes)
+    measured = _measured(probes.update, size, folder, False, "float32", False, size.micro)
+    _check(f"{size.name} actor update", _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR), measured)
 
 
 def test_critic_update_peak(model: tuple[Size, Path]) -> None:
     size, folder = model
-    vocab = int(size.config["vocab_size"])
-    m = measure_peak_rss(
-        probes.critic_update,
-        str(folder),
-        "float32",
-        False,
-        size.micro,
-        size.prompt_len,
-        size.response_len,
-        vocab,
-    )
+    measured = _measured(probes.update, size, folder, True, "float32", False, size.micro)
     critic = [
         "algorithm.adv_estimator=gae",
         f"critic.mini_batch_size={size.micro}",
@@ -160,4 +121,18 @@ def test_critic_update_peak(model: tuple[Size, Path]) -> None:
         "critic.mixed_precision=float32",
     ]
     planned = _plan_row(size, folder, Phase.UPDATE_CRITIC, Role.CRITIC, critic)
-    _check(f"{size.name} critic update", planned, m.increase_bytes)
+    _check(f"{size.name} critic update", planned, measured)
+
+
+def test_old_logprob_peak(model: tuple[Size, Path]) -> None:
+    size, folder = model
+    measured = _measured(probes.old_logprobs, size, folder, "float32", size.micro)
+    _check(f"{size.name} old log-probs", _plan_row(size, folder, Phase.OLD_LOG_PROB, Role.ACTOR), measured)
+
+
+def test_rollout_generation_peak(model: tuple[Size, Path]) -> None:
+    size, folder = model
+    prompts, n, seqs = size.micro // 2, 2, size.micro
+    measured = _measured(probes.rollout_generate, size, folder, seqs, prompts, n)
+    planned = _plan_row(size, folder, Phase.GEN, Role.ROLLOUT, [f"rollout.max_num_seqs={seqs}"])
+    _check(f"{size.name} rollout generation", planned, measured)
