@@ -103,6 +103,12 @@ class ActorConfig:
     tis_cap: float = 0.0
     """Cap of truncated importance weights between rollout and trainer log-probs (TIS); 0 disables."""
 
+    reuse_update_logprobs: bool = True
+    """When a step's update is ONE optimizer step over the whole batch (epochs 1, mini_batch_size =
+    data.train_batch_size, no KL penalty in the reward), the old policy is the one being updated: the update
+    takes its own log-probs, detached, as the old ones (ratio exactly 1, same gradient) and the no-grad
+    old-log-prob pass is skipped (TRL does the same). False always runs the pass."""
+
     logprobs: MicroBatching = field(default_factory=MicroBatching)
     """Micro-batching of the log-prob pass (no gradient) that gives the old log-probs."""
 

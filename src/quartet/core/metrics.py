@@ -83,6 +83,7 @@ __all__ = [
     "TensorMetrics",
     "batch_data_metrics",
     "explained_variance",
+    "logprob_diff_metrics",
     "masked_count",
     "masked_max",
     "masked_mean",
@@ -305,3 +306,19 @@ def batch_data_metrics(
         if max_prompt_length is not None:
             metrics[PROMPT_LENGTH_CLIP_RATIO] = float((plen >= max_prompt_length).double().mean())
     return metrics
+
+
+def logprob_diff_metrics(
+    rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """`rollout/logprob_diff_max` and `_mean`: |engine - trainer| log-probs of the same tokens, [B, R].
+
+    After a weight sync both sides hold the same weights; what remains is numerics (dtype, kernels). A
+    large mean means the engine samples from another policy than the one being trained (stale weights, a
+    different temperature, a model mismatch) and PPO's ratios are off.
+    """
+    diff = (rollout_logprobs.float() - trainer_logprobs.float()).abs()
+    return {
+        "rollout/logprob_diff_max": float(masked_max(diff, mask)),
+        "rollout/logprob_diff_mean": float(masked_mean(diff, mask)),
+    }

@@ -28,6 +28,7 @@ from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode
 from quartet.core.entropy import entropy_bonus
 from quartet.core.kl import kl_loss_term
+from quartet.core.metrics import ENTROPY, logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.roles.engine_role import EngineRole
@@ -110,12 +111,18 @@ class Actor(EngineRole):
         """
         per_rank = self.ac.mini_batch_size * self.cfg.rollout.n // self.engine.ctx.world
         micro = train_micro_spec(self.ac)
+        on_policy = "old_logprobs" not in batch
+        if on_policy and (self.ac.epochs != 1 or len(batch) > per_rank):
+            raise ValueError(
+                f"the update got no old_logprobs, which only a single optimizer step may do (its own "
+                f"log-probs are then the old ones), but it would make {self.ac.epochs} epoch(s) over "
+                f"{len(batch)} rows in mini-batches of {per_rank}: compute them first (compute_logprobs)"
+            )
+        entropy = self.ac.entropy_coeff > 0 or on_policy  # on-policy: the entropy metric comes from here
         steps = []
         for _ in range(self.ac.epochs):
             for mini in mini_batches(batch, per_rank, self.ac.shuffle, self.generator):
-                steps.append(
-                    self.engine.train_step(mini, self._loss, micro, with_entropy=self.ac.entropy_coeff > 0)
-                )
+                steps.append(self.engine.train_step(mini, self._loss, micro, with_entropy=entropy))
         self.updates += 1
         metrics = mean_metrics(steps)
         return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
@@ -131,10 +138,17 @@ class Actor(EngineRole):
             global_seq_count=scale.sequences,
             norm_constant=self.norm_constant,
         )
+        metrics: dict[str, torch.Tensor | float] = {}
+        if "old_logprobs" in mb:
+            old = mb["old_logprobs"]
+        else:  # one optimizer step over the batch: the policy before it is this one (ratio exactly 1)
+            old = out.logprobs.detach()
+            if "rollout_logprobs" in mb:
+                metrics |= logprob_diff_metrics(mb["rollout_logprobs"], old, mask)
         pg = compute_policy_loss(
             self.ac.policy_loss,
             out.logprobs,
-            mb["old_logprobs"],
+            old,
             mb["advantages"],
             mask,
             clip=self.clip,
@@ -142,13 +156,15 @@ class Actor(EngineRole):
             tis_cap=self.ac.tis_cap,
             **agg,
         )
-        loss, metrics = pg.loss, dict(pg.metrics)
+        loss, metrics = pg.loss, metrics | dict(pg.metrics)
         if self.ac.use_kl_loss:
             kl = kl_loss_term(
                 out.logprobs, mb["ref_logprobs"], mask, self.ac.kl_loss_type, self.ac.kl_loss_coef, **agg
             )
             loss, metrics = loss + kl.loss, metrics | kl.metrics
-        if out.entropy is not None:
+        if out.entropy is not None and self.ac.entropy_coeff == 0:  # the metric alone (on-policy update)
+            metrics[ENTROPY] = entropy_bonus(out.entropy.detach(), mask, 0.0, **agg).metrics[ENTROPY]
+        elif out.entropy is not None:
             bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
             loss, metrics = loss + bonus.loss, metrics | bonus.metrics
         return loss, metrics

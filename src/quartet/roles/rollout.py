@@ -39,7 +39,7 @@ from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.rollout import RolloutMode, SamplingConfig
 from quartet.config.root import QuartetConfig
 from quartet.core.batch import Batch
-from quartet.core.metrics import masked_max, masked_mean
+from quartet.core.metrics import logprob_diff_metrics
 from quartet.engines.weight_export import inference_weights
 from quartet.models.loading import load_tokenizer
 from quartet.rollout.base import RolloutEngine
@@ -59,22 +59,6 @@ __all__ = ["Rollout", "logprob_diff_metrics"]
 log = logging.getLogger(__name__)
 
 _STEP_STRIDE, _RANK_STRIDE = 1_000_003, 10_007  # primes: seeds of (step, rank, row) never collide in a run
-
-
-def logprob_diff_metrics(
-    rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, mask: torch.Tensor
-) -> dict[str, float]:
-    """`rollout/logprob_diff_max` and `_mean`: |engine - trainer| log-probs of the same tokens, [B, R].
-
-    After a weight sync both sides hold the same weights; what remains is numerics (dtype, kernels). A
-    large mean means the engine samples from another policy than the one being trained (stale weights, a
-    different temperature, a model mismatch) and PPO's ratios are off.
-    """
-    diff = (rollout_logprobs.float() - trainer_logprobs.float()).abs()
-    return {
-        "rollout/logprob_diff_max": float(masked_max(diff, mask)),
-        "rollout/logprob_diff_mean": float(masked_mean(diff, mask)),
-    }
 
 
 class Rollout:

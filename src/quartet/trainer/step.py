@@ -119,14 +119,15 @@ class StepRunner:
         if cfg.rollout.sleep_while_training:
             w.rollout.sleep()
         batch = self._balance(batch)
-        with timer("old_log_prob"):
-            batch = batch.union(w.actor.compute_logprobs(batch))
-        if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
-            metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
-        if "rollout_logprobs" in batch:
-            metrics |= logprob_diff_metrics(
-                batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]
-            )
+        if not cfg.skips_old_logprobs:  # else the update's own log-probs are the old ones (and the metrics)
+            with timer("old_log_prob"):
+                batch = batch.union(w.actor.compute_logprobs(batch))
+            if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
+                metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
+            if "rollout_logprobs" in batch:
+                metrics |= logprob_diff_metrics(
+                    batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]
+                )
         if cfg.needs_reference:
             with timer("ref"):
                 batch = batch.union(w.ref_logprobs(batch))
