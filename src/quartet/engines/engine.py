@@ -150,6 +150,7 @@ class TrainingEngine:
         *,
         temperature: float | None = None,
         with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> dict[str, float]:
         """One optimizer step over this rank's share of a mini-batch, cut into micro-batches.
 
@@ -161,6 +162,7 @@ class TrainingEngine:
             micro: micro-batching of the forward/backward passes.
             temperature: divides the logits for log-probs; None uses `batch.meta.temperature`.
             with_entropy: also compute `outputs.entropy` (causal LM).
+            entropy_grad: False computes the entropy without a graph (for a metric: cheaper, no backward).
 
         Returns:
             `loss` (the mini-batch loss: micro-batch losses summed over micro-batches and ranks),
@@ -182,7 +184,7 @@ class TrainingEngine:
         for rows in plan:
             mb, dummy = self._micro_batch(batch, rows)
             mb = mb.to(self.device)
-            outputs = self._run(mb, build_inputs(mb), temp, with_entropy)
+            outputs = self._run(mb, build_inputs(mb), temp, with_entropy, entropy_grad)
             if dummy:  # keeps this rank in step with the others' collectives; contributes nothing
                 loss = sum((t.sum() for t in _present(outputs)), torch.zeros((), device=self.device)) * 0.0
             else:
@@ -353,7 +355,14 @@ class TrainingEngine:
                 **extra,
             )
 
-    def _run(self, mb: Batch, inputs: ModelInputs, temperature: float, with_entropy: bool) -> ModelOutputs:
+    def _run(
+        self,
+        mb: Batch,
+        inputs: ModelInputs,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+    ) -> ModelOutputs:
         """Outputs [b, R] of one micro-batch (graph attached when grad is enabled)."""
         width, full = inputs.response_width, mb["responses"].shape[1]
         valid = inputs.response_mask.to(self.device)
@@ -370,7 +379,10 @@ class TrainingEngine:
         logits = self._model_call(inputs, logits_to_keep=width + 1).logits[:, :-1]
         targets = inputs.input_ids[:, inputs.input_ids.shape[1] - width :].to(self.device)
         logprobs = finish(heads.response_logprobs(logits, targets, temperature))
-        entropy = finish(heads.response_entropy(logits, temperature)) if with_entropy else None
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                entropy = finish(heads.response_entropy(logits, temperature))
         return ModelOutputs(logprobs=logprobs, entropy=entropy)
 
     def _scores_of(self, inputs: ModelInputs) -> torch.Tensor:

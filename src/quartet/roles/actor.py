@@ -122,7 +122,11 @@ class Actor(EngineRole):
         steps = []
         for _ in range(self.ac.epochs):
             for mini in mini_batches(batch, per_rank, self.ac.shuffle, self.generator):
-                steps.append(self.engine.train_step(mini, self._loss, micro, with_entropy=entropy))
+                steps.append(
+                    self.engine.train_step(
+                        mini, self._loss, micro, with_entropy=entropy, entropy_grad=self.ac.entropy_coeff > 0
+                    )
+                )
         self.updates += 1
         metrics = mean_metrics(steps)
         return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
@@ -163,7 +167,7 @@ class Actor(EngineRole):
             )
             loss, metrics = loss + kl.loss, metrics | kl.metrics
         if out.entropy is not None and self.ac.entropy_coeff == 0:  # the metric alone (on-policy update)
-            metrics[ENTROPY] = entropy_bonus(out.entropy.detach(), mask, 0.0, **agg).metrics[ENTROPY]
+            metrics[ENTROPY] = entropy_bonus(out.entropy, mask, 0.0, **agg).metrics[ENTROPY]
         elif out.entropy is not None:
             bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
             loss, metrics = loss + bonus.loss, metrics | bonus.metrics
