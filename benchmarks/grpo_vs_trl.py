@@ -15,7 +15,8 @@ mean response lengths are reported), temperature 1, no top-k/top-p, one optimize
 whole batch in one micro-batch, one PPO epoch, token-mean loss, no KL, the same learning rate, fp32 both
 sides (bf16 autocast is slower on this CPU for both: no AMX), the same number of torch threads.
 
-The floor: the step's FLOPs at the matmul peak measured in this run at the same threads and dtype:
+The floor: the step's FLOPs at the matmul peak measured in this run at the same threads, in the faster of
+the run's dtype and bf16 (on CPUs with AMX bf16 is several times faster; on this one fp32 is):
 training 6 x N x tokens (forward 2N + backward 4N per token), plus 2 x N x tokens for each no-grad
 log-prob pass quartet makes, plus generation 2 x N x (prompt + generated tokens) per sample. Generation of
 64 rows at once reads each weight once per 64 rows (~32 FLOP per byte of fp32 weights), above this CPU's
@@ -111,8 +112,7 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
     prompt = mean_prompt_tokens(w, rows * s.steps)
     response = {k: statistics.fmean(x for r in v for x in r.response_length_mean) for k, v in runs.items()}
     passes = 1 if "old_log_prob" in phases else 0
-    floor = floor_seconds(w.params, rows, prompt, response["quartet"], passes, peak)
-    floor_bf16 = floor_seconds(w.params, rows, prompt, response["quartet"], passes, bf16_peak)
+    floor = floor_seconds(w.params, rows, prompt, response["quartet"], passes, max(peak, bf16_peak))
     summary = {
         "params": w.params,
         "quartet_step_s": spread(q),
@@ -123,7 +123,7 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
         "mean_response_tokens": response,
         "matmul_peak_gflops": {args.dtype: peak, "bfloat16": bf16_peak},
         "floor": floor,
-        "floor_at_bf16_peak": floor_bf16,
+        "floor_peak": "bfloat16" if bf16_peak > peak else args.dtype,
         "quartet_over_floor": statistics.median(q) / floor["total_s"],
         "trl_over_floor": statistics.median(t) / floor["total_s"],
         "process_s": {k: spread([r.process_seconds for r in v]) for k, v in runs.items()},

@@ -7,7 +7,7 @@
 A randomly initialised Qwen2 (built from a config in-process, saved to a temporary folder, loaded back
 through the engine like any checkpoint) is trained with a token-mean policy-gradient loss on random tokens.
 Sizes (tied embeddings; `--batch`, `--micro`, `--prompt-len`, `--response-len`, `--steps` override):
-  20M   hidden 512, 6 layers, vocab 8192:   8 rows x 64+192 tokens, micro-batch 4, 3 rounds
+  20M   hidden 512, 6 layers, vocab 8192:   8 rows x 64+192 tokens, micro-batch 4, 2 rounds
   100M  hidden 768, 12 layers, vocab 32000: 4 rows x 64+128 tokens, micro-batch 4, 2 rounds (smaller
         than 20M's batch so that the default run of both sizes stays under ~4 minutes on a 2-core CPU)
   1M    hidden 128, 4 layers, vocab 2048:   2 rows x 16+32 tokens, 1 round (the smoke run)
@@ -76,7 +76,7 @@ class Size:
 
 SIZES = {
     "1M": Size(hidden=128, layers=4, vocab=2048, batch=2, micro=2, prompt_len=16, response_len=32, steps=1),
-    "20M": Size(hidden=512, layers=6, vocab=8192, batch=8, micro=4, prompt_len=64, response_len=192, steps=3),
+    "20M": Size(hidden=512, layers=6, vocab=8192, batch=8, micro=4, prompt_len=64, response_len=192, steps=2),
     "100M": Size(
         hidden=768, layers=12, vocab=32000, batch=4, micro=4, prompt_len=64, response_len=128, steps=2
     ),
