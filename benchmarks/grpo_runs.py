@@ -50,6 +50,8 @@ class GrpoSettings:
     eval_every: int = 0
     eval_size: int = 200
     target_accuracy: float | None = None
+    quartet_overrides: tuple[str, ...] = ()
+    """Extra `key=value` config overrides for quartet's side only (before/after comparisons)."""
 
 
 @dataclass
@@ -174,7 +176,7 @@ def run_quartet(w: Workdir, s: GrpoSettings, out_dir: Path, name: str, timeout_s
     config.write_text(yaml.safe_dump(quartet_config(w, s, out_dir, name), sort_keys=False))
     start = time.perf_counter()
     proc = subprocess.run(
-        [str(QUARTET), "train", str(config)],
+        [str(QUARTET), "train", str(config), *s.quartet_overrides],
         env=_env(s.threads),
         capture_output=True,
         text=True,

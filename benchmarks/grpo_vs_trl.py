@@ -51,7 +51,8 @@ def mean_prompt_tokens(w: Workdir, rows: int) -> float:
 
     tok = AutoTokenizer.from_pretrained(w.model_dir)
     prompts = [r["prompt"] for r in pq.read_table(w.train_parquet).to_pylist()[:rows]]
-    lengths = [len(tok.apply_chat_template(p, tokenize=True, add_generation_prompt=True)) for p in prompts]
+    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     return statistics.fmean(lengths)
 
 
@@ -85,6 +86,7 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
         dtype=args.dtype,
         threads=args.threads,
         lr=args.lr,
+        quartet_overrides=tuple(args.quartet_override),
     )
     torch.set_num_threads(args.threads)
     runs: dict[str, list[RunResult]] = {"trl": [], "quartet": []}
@@ -145,6 +147,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--quartet-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for quartet's runs only (repeatable), e.g. actor.reuse_update_logprobs=false",
+    )
+    parser.add_argument(
+        "--name", default="grpo_vs_trl", help="the result file's name (benchmarks/results/NAME.json)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny only, 2 rounds of 3 steps, small batch")
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument(
@@ -171,8 +183,8 @@ def main() -> None:
         phases = r["summary"]["quartet_phases_median_s"]
         print(f"quartet {size} phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
     path = write_result(
-        "grpo_vs_trl",
-        {size: r["settings"] for size, r in results.items()} | {"smoke": args.smoke},
+        args.name,
+        {size: r["settings"] for size, r in results.items()} | {"smoke": args.smoke},  # overrides inside
         {size: r["raw"] for size, r in results.items()},
         {size: r["summary"] for size, r in results.items()},
         args.out_dir,

@@ -144,3 +144,19 @@ def test_scaling_smoke(tmp_path: Path) -> None:
         assert [p[key] for p in points] == ([2, 4] if sweep == "prompts" else [8, 16])
         assert all(finite_positive(p["step_s"]) and finite_positive(p["generated_tokens"]) for p in points)
         assert math.isfinite(record["summary"][sweep]["slope_s"])
+
+
+def test_prompt_length_of_the_floor_counts_tokens(tmp_path: Path) -> None:
+    from grpo_runs import prepare
+    from grpo_vs_trl import mean_prompt_tokens
+    from transformers import AutoTokenizer
+
+    w = prepare(tmp_path, "tiny", train_size=64, val_size=8)
+    tok = AutoTokenizer.from_pretrained(w.model_dir)
+    import pyarrow.parquet as pq
+
+    prompts = [r["prompt"] for r in pq.read_table(w.train_parquet).to_pylist()[:16]]
+    rendered = [tok.apply_chat_template(p, add_generation_prompt=True, return_dict=True) for p in prompts]
+    ids = [r["input_ids"] for r in rendered]
+    assert mean_prompt_tokens(w, 16) == pytest.approx(sum(map(len, ids)) / 16)
+    assert mean_prompt_tokens(w, 16) > 8  # the question and the chat markup, not the number of keys of a dict
