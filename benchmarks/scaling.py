@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--base-prompts", type=int, default=16, help="prompts per step of the length sweep")
     parser.add_argument("--base-length", type=int, default=32, help="max new tokens of the prompts sweep")
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="two points per sweep, small")
     parser.add_argument("--out-dir", type=Path, default=None)

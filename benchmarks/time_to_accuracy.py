@@ -120,12 +120,15 @@ def main() -> None:
         )
         runs: dict[str, list[RunResult]] = {"trl": [], "quartet": []}
         for r in range(args.rounds):
+            seeded = dataclasses.replace(
+                s, seed=args.seed + r
+            )  # each round its own sampling; both sides alike
             for side in ["trl", "quartet"] if r % 2 == 0 else ["quartet", "trl"]:
                 out, name = workdir / "runs" / f"{side}-{r}", f"tta-{side}-r{r}"
                 run = (
-                    run_quartet(w, s, out, name)
+                    run_quartet(w, seeded, out, name)
                     if side == "quartet"
-                    else run_trl(trl_python, w, s, out, name)
+                    else run_trl(trl_python, w, seeded, out, name)
                 )
                 runs[side].append(run)
                 print(f"  round {r} {side}: {crossing(run, threshold)}", flush=True)
@@ -152,6 +155,7 @@ def main() -> None:
     print(table(["side", "reached", "steps", "train s to threshold", "step s", "process s"], rows))
     print(f"TRL / quartet time to accuracy: {summary['trl_over_quartet']}")
     settings = dataclasses.asdict(s) | {
+        "seeds": [args.seed + r for r in range(args.rounds)],
         "sft_epochs": args.sft_epochs,
         "gain": args.gain,
         "rounds": args.rounds,
