@@ -27,8 +27,8 @@ def grpo_lines(r: dict[str, Any]) -> list[str]:
         out.append(
             f"  {size} ({s['params'] / 1e6:.2f}M): TRL {s['trl_step_s']['median']:.3f} s, quartet "
             f"{s['quartet_step_s']['median']:.3f} s per step -> TRL/quartet {s['trl_over_quartet']:.2f}x; "
-            f"floor {s['floor']['total_s']:.3f} s: quartet {s['quartet_over_floor']:.2f}x, "
-            f"TRL {s['trl_over_floor']:.2f}x it\n    quartet phases (median s): {phases}"
+            f"floor {s['floor']['total_s']:.3f} s: quartet at {s['quartet_over_floor']:.2f}x the floor, "
+            f"TRL at {s['trl_over_floor']:.2f}x\n    quartet phases (median s): {phases}"
         )
     return out
 
