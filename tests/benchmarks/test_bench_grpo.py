@@ -6,26 +6,17 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from arith_reward import exact_answer
+from bench_smoke import finite_positive, run_smoke
+from grpo_runs import RunResult
+from grpo_vs_trl import floor_seconds
+from scaling import analyse, linear_fit
+from time_to_accuracy import crossing
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-for folder in (BENCH, BENCH / "peers"):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-from arith_reward import exact_answer  # noqa: E402
-from common import validate_result  # noqa: E402
-from grpo_runs import RunResult  # noqa: E402
-from grpo_vs_trl import floor_seconds  # noqa: E402
-from scaling import analyse, linear_fit  # noqa: E402
-from time_to_accuracy import crossing  # noqa: E402
-
-from quartet.data.tasks.arithmetic import compute_score  # noqa: E402
+from quartet.data.tasks.arithmetic import compute_score
 
 
 def test_trl_side_scores_exactly_like_quartet() -> None:
@@ -87,28 +78,10 @@ def test_time_to_accuracy_takes_the_first_evaluation_at_the_threshold() -> None:
     assert crossing(run, 0.5) == {"step": None, "train_seconds": None, "accuracy": 0.4}
 
 
-def run_smoke(script: str, out_dir: Path) -> dict[str, Any]:
-    """`benchmarks/<script> --smoke --out-dir out_dir` in a fresh interpreter; its validated result."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--smoke", "--out-dir", str(out_dir)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=BENCH.parent,
-    )
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    name = script.removesuffix(".py")
-    return validate_result(out_dir / f"{name}.json", name)
-
-
-def finite_positive(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value) and value > 0
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_grpo_vs_trl_smoke(tmp_path: Path) -> None:
-    record = run_smoke("grpo_vs_trl.py", tmp_path)
+    record = run_smoke("grpo_vs_trl.py", tmp_path, timeout_s=900)
     tiny = record["summary"]["tiny"]
     assert record["versions"]["trl"]
     for side in ("quartet_step_s", "trl_step_s"):
@@ -125,7 +98,7 @@ def test_grpo_vs_trl_smoke(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
-    record = run_smoke("time_to_accuracy.py", tmp_path)
+    record = run_smoke("time_to_accuracy.py", tmp_path, timeout_s=900)
     summary = record["summary"]
     assert 0 <= summary["warm_start_accuracy"] <= 1 and summary["threshold"] > summary["warm_start_accuracy"]
     for side in ("quartet", "trl"):
@@ -138,7 +111,7 @@ def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_scaling_smoke(tmp_path: Path) -> None:
-    record = run_smoke("scaling.py", tmp_path)
+    record = run_smoke("scaling.py", tmp_path, timeout_s=900)
     for sweep, key in (("prompts", "prompts"), ("lengths", "max_new_tokens")):
         points = record["summary"][sweep]["points"]
         assert [p[key] for p in points] == ([2, 4] if sweep == "prompts" else [8, 16])

@@ -28,7 +28,7 @@ from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode
 from quartet.core.entropy import entropy_bonus
 from quartet.core.kl import kl_loss_term
-from quartet.core.metrics import ENTROPY, logprob_diff_metrics
+from quartet.core.metrics import logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.roles.engine_role import EngineRole
@@ -166,9 +166,7 @@ class Actor(EngineRole):
                 out.logprobs, mb["ref_logprobs"], mask, self.ac.kl_loss_type, self.ac.kl_loss_coef, **agg
             )
             loss, metrics = loss + kl.loss, metrics | kl.metrics
-        if out.entropy is not None and self.ac.entropy_coeff == 0:  # the metric alone (on-policy update)
-            metrics[ENTROPY] = entropy_bonus(out.entropy, mask, 0.0, **agg).metrics[ENTROPY]
-        elif out.entropy is not None:
+        if out.entropy is not None:  # coefficient 0 (the on-policy update's metric): a zero term, no graph
             bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
             loss, metrics = loss + bonus.loss, metrics | bonus.metrics
         return loss, metrics
