@@ -19,6 +19,12 @@ from quartet.planning.measure import measure_peak_rss
 from quartet.planning.plan import Phase, Role, format_bytes
 
 TOLERANCE = 0.25
+NOISE_BYTES = 8 * 2**20
+"""What the same phase's peak RSS moves by from one environment to another, whatever its size: the runtime's
+own scratch (allocator arenas, thread-local buffers). The tiny rollout phase holds ~5 MiB of tensors over a
+12 MiB runtime constant and measured 16.0-17.4 MiB here but 22.1-23.2 MiB in CI (medians of three), so at
+that size 25% is narrower than the noise; a difference within NOISE_BYTES passes. Every other row is over
+60 MiB, where 25% is the stricter bound."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,9 @@ def _plan_row(size: Size, folder: Path, phase: Phase, role: Role, extra: list[st
 def _check(name: str, planned: int, measured: int) -> None:
     ratio = planned / measured
     print(f"{name}: planned {format_bytes(planned)}, measured {format_bytes(measured)}, ratio {ratio:.2f}")  # noqa: T201 (-s shows the figures)
-    assert abs(ratio - 1) <= TOLERANCE, (
-        f"{name}: planned {planned} vs measured {measured} (ratio {ratio:.2f})"
+    allowed = max(TOLERANCE * measured, NOISE_BYTES)
+    assert abs(planned - measured) <= allowed, (
+        f"{name}: planned {planned} vs measured {measured} (ratio {ratio:.2f}; allowed difference {allowed:.0f})"
     )
 
 
