@@ -109,7 +109,8 @@ def _check(name: str, planned: int, measured: int) -> None:
     print(f"{name}: planned {format_bytes(planned)}, measured {format_bytes(measured)}, ratio {ratio:.2f}")  # noqa: T201 (-s shows the figures)
     allowed = max(TOLERANCE * measured, NOISE_BYTES)
     assert abs(planned - measured) <= allowed, (
-        f"{name}: planned {planned} vs measured {measured} (ratio {ratio:.2f}; allowed difference {allowed:.0f})"
+        f"{name}: planned {planned} vs measured {measured} "
+        f"(ratio {ratio:.2f}; allowed difference {allowed:.0f})"
     )
 
 
