@@ -35,9 +35,9 @@ class Size:
     prompt_len: int
     response_len: int
     repeats: int
-    """Fresh-process measurements per phase; the median counts. A tiny model's peaks are a few MiB, so a
-    busy machine's noise (allocator arenas, thread stacks; 16.7-23.2 MiB seen for one 16.5 MiB phase)
-    would otherwise decide the test."""
+    """Fresh-process measurements per phase; the median counts. At the tiny size glibc's heap decides much
+    of a peak (one update phase: 113-135 MiB over three fresh processes, 83.4 MiB each time with
+    MALLOC_MMAP_THRESHOLD_=131072), so one measurement would let the allocator decide the test."""
 
 
 TINY = Size(
@@ -54,7 +54,7 @@ TINY = Size(
     micro=16,
     prompt_len=64,
     response_len=64,
-    repeats=3,
+    repeats=5,
 )
 M100 = Size(
     "100M",
