@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from quartet.cli.doctor_checks import host_facts
+
 __all__ = [
     "RESULTS_DIR",
     "RESULT_KEYS",
@@ -47,17 +49,11 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    mem = 0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    host = host_facts()
     info: dict[str, Any] = {
         "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "memory_bytes": mem,
+        "logical_cpus": host.cpus,
+        "memory_bytes": host.mem_total_bytes,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
