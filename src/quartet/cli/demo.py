@@ -46,7 +46,7 @@ def _progress(console: Any, source: str) -> Any:
         elif kind == "train" and rec["step"] % 500 == 0:
             console.print(f"  sft  step {rec['step']:>5}  epoch {rec['epoch']:>3}  loss {rec['loss']:.4f}")
         elif kind == "export":
-            console.print(f"  sft  exported {rec['hf_dir']}")
+            console.print(f"  sft  exported {rec['hf_dir']}", markup=False)
         elif kind == "demo_row":
             console.print(f"  eval {rec['name']}: {rec['correct']}/{rec['total']} held-out problems right")
 
@@ -68,14 +68,15 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.WARNING)
-    console = Console(highlight=False)
+    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
     what = "2-digit addition" if args.task == "arithmetic" else "a*b+c with a calculator tool, multi-turn"
     console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT (tiny Qwen2, {what}, CPU)")
     source = cfg.data.builtin_task.value
     try:
         result = run_demo(args.overrides, args.seed, args.quick, _progress(console, source), args.task)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
-        console.print(f"[red]demo failed:[/red] {err}")
+        # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
+        console.print(f"demo failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
     table = Table(title=f"greedy accuracy on {result.rows[0].total} held-out problems (seed {args.seed})")
     for column in ("model", "accuracy", "correct", "train time", "folder"):
@@ -89,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
             row.model_dir,
         )
     console.print(table)
-    console.print(f"whole demo: {result.seconds:.0f} s; run files under {result.run_dir}")
+    console.print(f"whole demo: {result.seconds:.0f} s; run files under {result.run_dir}", markup=False)
     if result.plot is not None:
-        console.print(f"GRPO curves (score, length, KL, entropy, time per phase): {result.plot}")
+        console.print(
+            f"GRPO curves (score, length, KL, entropy, time per phase): {result.plot}", markup=False
+        )
     return 0

@@ -69,7 +69,7 @@ def versions() -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console(stderr=False, highlight=False)
+    console = Console(stderr=False, highlight=False, emoji=False)  # ":1234:" is not an emoji
     address, only = args.address, None
     if args.run_dir:
         from quartet.cluster.naming import RunNames
@@ -183,7 +183,9 @@ def _cluster_checks(facts: ClusterSurvey) -> list[Check]:
 
 
 def _no_cluster(console: Any, address: str, problem: str) -> None:
-    console.print(f"[bold red]No Ray cluster at '{address}'[/]: {problem}", soft_wrap=True)
+    from rich.markup import escape
+
+    console.print(f"[bold red]No Ray cluster at '{escape(address)}'[/]: {escape(problem)}", soft_wrap=True)
     console.print(
         "quartet starts a local Ray for each run when cluster.address is empty; run `quartet doctor` while "
         "it trains, pass --address host:port (`ray status` prints it), or start a shared cluster with "
@@ -199,6 +201,8 @@ def _render_versions(console: Any) -> None:
 
 
 def _render_devices(console: Any, report: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     host, cuda, gib = report["host"], report["cuda"], 1024**3
     console.print(
         f"[bold]Host[/] {host['usable_cpus']}/{host['cpus']} CPUs usable, RAM "
@@ -209,10 +213,11 @@ def _render_devices(console: Any, report: dict[str, Any]) -> None:
         built = (
             "torch built without CUDA" if cuda["torch_cuda"] is None else f"torch CUDA {cuda['torch_cuda']}"
         )
-        console.print(f"[bold]CUDA[/] no device ({built}){': ' + cuda['error'] if cuda['error'] else ''}")
+        error = escape(": " + cuda["error"]) if cuda["error"] else ""
+        console.print(f"[bold]CUDA[/] no device ({escape(built)}){error}", soft_wrap=True)
     for d in cuda["devices"]:
         console.print(
-            f"[bold]CUDA[/] cuda:{d['index']} {d['name']}: {d['free_bytes'] / gib:.1f} of "
+            f"[bold]CUDA[/] cuda:{d['index']} {escape(d['name'])}: {d['free_bytes'] / gib:.1f} of "
             f"{d['total_bytes'] / gib:.1f} GiB free",
             soft_wrap=True,
         )
@@ -246,9 +251,10 @@ def _render_checks(console: Any, checks: list[Check]) -> None:
 
 
 def _render(console: Any, facts: ClusterSurvey) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    console.print(f"[bold]Cluster[/] {facts.address}")
+    console.print(f"[bold]Cluster[/] {escape(facts.address)}")
     nodes = Table("node", "ip", "alive", "CPU free/total", "GPU free/total", "memory GiB")
     for n in facts.nodes:
         nodes.add_row(
@@ -266,19 +272,24 @@ def _render(console: Any, facts: ClusterSurvey) -> None:
     for r in facts.runs:
         for a in r.actors:
             state = a.state if a.state in ("ALIVE", "unknown") else f"[yellow]{a.state}[/]"
-            runs.add_row(r.namespace, r.prefix, f"{a.label}:{a.rank}", state, str(a.pid), a.node_id[:8])
+            runs.add_row(
+                escape(r.namespace), escape(r.prefix), f"{a.label}:{a.rank}", state, str(a.pid), a.node_id[:8]
+            )
     if facts.runs:
         console.print(runs)
     console.print(
         "Named actors by namespace: "
-        + (", ".join(f"'{ns}': {n}" for ns, n in sorted(facts.named_by_namespace.items())) or "none")
+        + (", ".join(f"'{ns}': {n}" for ns, n in sorted(facts.named_by_namespace.items())) or "none"),
+        markup=False,
     )
     for p in facts.probes:
         _render_probe(console, p)
 
 
 def _render_probe(console: Any, p: ProbeResult) -> None:
-    where = f"namespace '{p.namespace}', prefix '{p.prefix}'"
+    from rich.markup import escape
+
+    where = escape(f"namespace '{p.namespace}', prefix '{p.prefix}'")
     if p.ok:
         console.print(
             f"[green]discovery ok[/]: a fresh process found {len(p.pids)}/{p.expected} workers of {where} "
@@ -287,5 +298,6 @@ def _render_probe(console: Any, p: ProbeResult) -> None:
         )
     else:
         console.print(
-            f"[bold red]discovery FAILED[/] for {where} ({p.seconds:.1f} s):\n{p.error}", soft_wrap=True
+            f"[bold red]discovery FAILED[/] for {where} ({p.seconds:.1f} s):\n{escape(p.error)}",
+            soft_wrap=True,
         )

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    console = Console(highlight=False)
+    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
     console.rule("[bold]quartet sft")
     every = max(1, args.log_every)
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 f"= {rec['accuracy']:.1%}  ({rec['seconds']} s)"
             )
         elif kind == "export":
-            console.print(f"export {rec['hf_dir']}")
+            console.print(f"export {rec['hf_dir']}", markup=False)
 
     try:
         result = SFTTrainer(cfg, on_record=show).run()
@@ -93,6 +93,6 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"val loss  {' -> '.join(f'{v:.4f}' for v in s['val_losses'])}")
     console.print(f"accuracy  {acc}")
     console.print(f"time      {s['seconds']:.1f} s")
-    console.print(f"run dir   {s['run_dir']} (metrics.jsonl, summary.json)")
-    console.print(f"model     {s['hf_dir']}")
+    console.print(f"run dir   {s['run_dir']} (metrics.jsonl, summary.json)", markup=False)
+    console.print(f"model     {s['hf_dir']}", markup=False)
     return 0

@@ -45,13 +45,16 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    console = Console(highlight=False)
+    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
     console.rule(f"[bold]quartet train: {cfg.algorithm.adv_estimator} on {cfg.cluster.backend}")
 
     try:
         result = RLTrainer(cfg, console=console).run()
     except (ValueError, FileNotFoundError, RuntimeError, TrackerUnavailableError) as err:
-        console.print(f"[red]run failed:[/red] {err}")
+        # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
+        console.print(f"run failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
-    console.print(f"done: {result.steps} steps in {result.seconds:.1f} s; run folder {result.run_dir}")
+    console.print(
+        f"done: {result.steps} steps in {result.seconds:.1f} s; run folder {result.run_dir}", markup=False
+    )
     return 0
