@@ -14,6 +14,7 @@ from quartet.rollout.factory import make_engine
 from quartet.rollout.model_runner import UnsupportedModelError
 from quartet.rollout.torch_engine import TorchRolloutEngine
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, SamplingParams
+from quartet.rollout.validation import InvalidRequestError
 from quartet.rollout.vllm_engine import VLLMRolloutEngine
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "FinishReason",
     "GenerationOutput",
     "GenerationRequest",
+    "InvalidRequestError",
     "RolloutEngine",
     "SamplingParams",
     "TorchRolloutEngine",

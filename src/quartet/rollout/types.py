@@ -7,6 +7,10 @@ Choices that every engine behind `RolloutEngine` follows (they match vLLM's defa
   vocabulary), so `rollout_logprobs` and the trainer's old log-probs differ only by numerics and weight
   staleness; the truncated distribution that top-k/top-p actually sample from would differ by the log of the
   kept mass. Greedy decoding (T = 0) reports `log_softmax(logits)`, i.e. T = 1.
+  With penalties or `min_tokens` (off by default), `logits` means the processed logits the token was sampled
+  from (penalties applied, stop ids masked), so the log-prob stays that of the distribution actually
+  sampled; the trainer's recomputation knows no penalties, so such rollouts are off-policy by design.
+  `top_logprobs` are taken from the same distribution.
 - **Stop tokens** (the model's end-of-sequence ids unless `ignore_eos`, plus `stop_token_ids`) are generated
   tokens: they are kept at the end of `token_ids` (the policy must learn to emit them), as vLLM keeps them in
   its output ids. `stop_reason` names the id.
@@ -23,8 +27,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.rollout import SamplingConfig
+from quartet.rollout.validation import InvalidRequestError, check_sampling
 
-__all__ = ["FinishReason", "GenerationOutput", "GenerationRequest", "SamplingParams", "new_request_id"]
+__all__ = [
+    "FinishReason",
+    "GenerationOutput",
+    "GenerationRequest",
+    "InvalidRequestError",
+    "SamplingParams",
+    "TopLogprobs",
+    "new_request_id",
+]
+
+TopLogprobs = tuple[tuple[int, float], ...]
+"""The most likely tokens at one position as (token id, log-prob) pairs, most likely first."""
 
 _request_ids = itertools.count()
 
@@ -76,22 +92,31 @@ class SamplingParams:
     return_logprobs: bool = True
     """Return the log-prob of each generated token under `log_softmax(logits / T)`."""
 
+    presence_penalty: float = 0.0
+    """OpenAI's presence penalty in [-2, 2]: subtracted from the logit of every token generated so far in
+    this response (the prompt does not count). 0 disables."""
+
+    frequency_penalty: float = 0.0
+    """OpenAI's frequency penalty in [-2, 2]: `frequency_penalty * count` is subtracted from each token's
+    logit, count = times the token was generated so far in this response. 0 disables."""
+
+    repetition_penalty: float = 1.0
+    """vLLM's / transformers' repetition penalty (> 0): over the tokens of the prompt AND the response so
+    far, positive logits are divided by it and negative ones multiplied by it. 1 disables."""
+
+    min_tokens: int = 0
+    """End-of-sequence and stop token ids are masked (and stop strings not checked) until this many tokens
+    are generated; at most `max_new_tokens`. 0 disables."""
+
+    top_logprobs: int = 0
+    """Return, per generated token, the `top_logprobs` most likely tokens and their log-probs (at most 20)
+    under the distribution the token was sampled from (`GenerationOutput.top_logprobs`). 0 disables."""
+
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
         # Accept lists from callers (YAML, JSON) but store tuples, so params stay hashable and immutable.
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
+        check_sampling(self)  # InvalidRequestError (a ValueError) naming the field
 
     @classmethod
     def from_config(
@@ -121,6 +146,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def uses_penalties(self) -> bool:
+        """True when a penalty or `min_tokens` changes the logits before sampling."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or self.min_tokens > 0
+        )
+
+    @property
     def uses_filter(self) -> bool:
         """True when top-k or top-p truncates the distribution."""
         return self.top_k > 0 or self.top_p < 1.0
@@ -142,7 +177,7 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         ids = tuple(int(t) for t in self.prompt_token_ids)
         if not ids:
-            raise ValueError(f"request {self.request_id}: the prompt is empty")
+            raise InvalidRequestError("prompt_token_ids", "the prompt is empty", self.request_id)
         object.__setattr__(self, "prompt_token_ids", ids)
 
 
@@ -176,3 +211,7 @@ class GenerationOutput:
 
     finish_time: float = 0.0
     """`time.perf_counter()` when it finished."""
+
+    top_logprobs: tuple[TopLogprobs, ...] | None = None
+    """Per generated token [R], its `sampling.top_logprobs` most likely alternatives under the distribution
+    it was sampled from (the same one as `logprobs`); None unless `sampling.top_logprobs > 0`."""
