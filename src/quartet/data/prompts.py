@@ -13,7 +13,11 @@ a template failure, an over-long prompt or a malformed row is reported before an
 time it took is in the report. Over-long prompts are dropped, cut to their last `max_prompt_length` tokens
 (the question's end and the generation prompt survive), or stop the load, as `data.overlong_prompt` says;
 every dropped or cut row is counted. A malformed row raises `DataError` naming file, row, column and the
-fix, or with `data.skip_bad_rows` is counted under its reason and logged once with the first example.
+fix, or with `data.skip_bad_rows` is counted under its reason and logged once with the first example; every
+skipped, dropped or cut row is kept in `DatasetReport.bad` (the trainer writes them to `bad_rows.jsonl`).
+
+`check_source` (given by the trainer when the built-in rule scorers grade the rows) checks each row's
+`data_source` at load: a row no scorer knows is a bad row here, not a crash when it is first drawn.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import difflib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +35,7 @@ import torch
 
 from quartet.config.data import DataConfig, OverlongPrompt
 from quartet.core.batch import Batch
+from quartet.data.bad_rows import BadRow
 from quartet.data.errors import DataError, RowProblem
 from quartet.data.reading import RowSource, SourcedRow, read_files
 
@@ -59,6 +64,8 @@ class DatasetReport:
     """The first skipped row's message, by reason."""
     longest_prompt: int = 0
     """Longest kept prompt, in tokens (after truncation)."""
+    bad: list[BadRow] = field(default_factory=list)
+    """Every skipped, over-long-filtered or truncated row, named (file, row, field, reason)."""
     seconds: float = 0.0
     """Time spent reading, checking and tokenizing."""
 
@@ -92,6 +99,12 @@ class DatasetReport:
     def _count_bad(self, error: DataError, reason: str) -> None:
         self.bad_rows[reason] = self.bad_rows.get(reason, 0) + 1
         self.first_bad.setdefault(reason, str(error))
+        self._name(error, reason)
+
+    def _name(self, error: DataError, reason: str) -> None:
+        self.bad.append(
+            BadRow("load", error.file, error.row, error.column, reason, error.problem, line=error.line)
+        )
 
 
 @dataclass(frozen=True)
@@ -266,15 +279,19 @@ class PromptDataset:
         cfg: DataConfig,
         tokenizer: Any,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        check_source: Callable[[str], None] | None = None,
     ) -> PromptDataset:
         """Load parquet / JSONL files or saved `datasets` folders (concatenated, in order).
 
         tools: the OpenAI tool schemas an agent loop renders into every prompt (multi-turn runs), so that
         prompt lengths are measured as the model will see them.
+        check_source: called with each row's data_source; raises `RowProblem` for one that cannot be
+            scored (the row is then refused, or skipped with `data.skip_bad_rows`).
         """
         if not files:
             raise DataError("(no files)", "no data files were given", fix="set data.train_files=[...]")
-        return cls._load(read_files(files), cfg, tokenizer, tuple(str(f) for f in files), tools)
+        names = tuple(str(f) for f in files)
+        return cls._load(read_files(files), cfg, tokenizer, names, tools, check_source)
 
     @classmethod
     def from_rows(
@@ -284,10 +301,11 @@ class PromptDataset:
         tokenizer: Any,
         source_name: str,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        check_source: Callable[[str], None] | None = None,
     ) -> PromptDataset:
         """Load rows already in memory; `source_name` stands in for the file in messages."""
         sourced = (SourcedRow(RowSource(source_name, i), _as_row(r)) for i, r in enumerate(rows))
-        return cls._load(sourced, cfg, tokenizer, (source_name,), tools)
+        return cls._load(sourced, cfg, tokenizer, (source_name,), tools, check_source)
 
     @classmethod
     def _load(
@@ -297,6 +315,7 @@ class PromptDataset:
         tokenizer: Any,
         files: tuple[str, ...],
         tools: Sequence[Mapping[str, Any]] | None = None,
+        check_source: Callable[[str], None] | None = None,
     ) -> PromptDataset:
         start = time.perf_counter()
         pad_id = pad_token_id(tokenizer)
@@ -311,6 +330,8 @@ class PromptDataset:
                 if isinstance(sourced.value, RowProblem):
                     raise sourced.value
                 row = _check_row(sourced.value, cfg)
+                if check_source is not None:
+                    check_source(row.data_source)
                 tokens = _render(
                     tokenizer, row.messages, cfg.prompt_key, [dict(t) for t in tools or ()] or None
                 )
@@ -320,13 +341,16 @@ class PromptDataset:
                 report._count_bad(sourced.source.error(problem), problem.reason)
                 continue
             if len(tokens) > limit:
+                overlong = sourced.source.error(_overlong(len(tokens), limit, cfg.prompt_key))
                 if cfg.overlong_prompt is OverlongPrompt.ERROR:
-                    raise sourced.source.error(_overlong(len(tokens), limit, cfg.prompt_key))
+                    raise overlong
                 if cfg.overlong_prompt is OverlongPrompt.FILTER:
                     report.filtered_overlong += 1
+                    report._name(overlong, "overlong_filtered")
                     continue
                 tokens = tokens[-limit:]
                 report.truncated += 1
+                report._name(overlong, "overlong_truncated")
             kept.append(row)
             ids.append(tokens)
             sources.append(sourced.source)

@@ -8,6 +8,10 @@ folder is read as its `.parquet` / `.jsonl` / `.json` files in name order (a dow
 Every row carries its `RowSource` (file, 0-based data row, and for JSON Lines the 1-based line), so a
 problem found much later (a template failure, a missing ground truth) still points at the row to fix.
 
+Text that is not valid UTF-8 (a parquet string cell, a JSONL line) makes that row a `RowProblem`
+(`invalid_utf8`, naming the column and the byte), so `data.skip_bad_rows` skips it like any malformed row;
+JSON is read with `surrogateescape` so one bad byte spoils only its row, not the file.
+
 A saved `datasets` folder is read with pyarrow alone: its arrow files are Arrow IPC streams that pyarrow
 reads directly, so the `datasets` package is not needed (nor imported when installed). A `DatasetDict`
 folder (several splits) is refused with the list of its splits: the user names the split folder.
@@ -16,6 +20,7 @@ folder (several splits) is refused with the list of its splits: the user names t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,6 +34,7 @@ __all__ = ["DataFormat", "RowSource", "SourcedRow", "detect_format", "read_files
 _FILE_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 _KNOWN = "parquet (.parquet), JSON Lines (.jsonl, .json) or a folder written by datasets' save_to_disk"
 _PARQUET_BATCH_ROWS = 4096  # rows converted to Python at a time: bounds memory on large files
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # what `surrogateescape` makes of a byte that is not UTF-8
 
 
 class DataFormat(StrEnum):
@@ -135,24 +141,90 @@ def _parquet_rows(path: Path) -> Iterator[SourcedRow]:
         raise DataError(str(path), f"not a readable parquet file: {err}") from err
     row = 0
     for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
-        for value in batch.to_pylist():
+        for value in _batch_rows(batch):
             yield SourcedRow(RowSource(str(path), row), value)
             row += 1
 
 
+def _batch_rows(batch: Any) -> list[dict[str, Any] | RowProblem]:
+    """An Arrow record batch's rows as dicts; a row holding text that is not UTF-8 is a `RowProblem`
+    naming the column (pyarrow's own error names neither row nor column)."""
+    try:
+        rows: list[dict[str, Any] | RowProblem] = batch.to_pylist()
+        return rows
+    except UnicodeDecodeError:
+        pass
+    names = batch.schema.names
+    out: list[dict[str, Any] | RowProblem] = []
+    for i in range(batch.num_rows):
+        value: dict[str, Any] | RowProblem = {}
+        for j, name in enumerate(names):
+            try:
+                value[name] = batch.column(j)[i].as_py()
+            except UnicodeDecodeError as err:
+                bad = err.object[err.start : err.start + 1].hex()
+                value = RowProblem(
+                    "invalid_utf8",
+                    name,
+                    f"the text is not valid UTF-8 (byte 0x{bad} at byte {err.start} of the value)",
+                    "re-encode the file as UTF-8, or fix or drop the row",
+                )
+                break
+        out.append(value)
+    return out
+
+
+def _utf8_problem(value: Any, column: str = "") -> RowProblem | None:
+    """A `RowProblem` naming the first field (e.g. `prompt[0].content`) holding a byte that was not UTF-8
+    (read with `surrogateescape`), else None."""
+    if isinstance(value, str):
+        found = _ESCAPED_BYTE.search(value)
+        if found is None:
+            return None
+        byte = ord(found.group()) - 0xDC00
+        return RowProblem(
+            "invalid_utf8",
+            column,
+            f"the text is not valid UTF-8 (byte 0x{byte:02x} at character {found.start()} of the value)",
+            "re-encode the file as UTF-8, or fix or drop the row",
+        )
+    items: Iterable[tuple[str, Any]] = ()
+    if isinstance(value, dict):
+        items = ((f"{column}.{k}" if column else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{column}[{i}]", v) for i, v in enumerate(value))
+    for name, item in items:
+        problem = _utf8_problem(name, column) if _ESCAPED_BYTE.search(name) else _utf8_problem(item, name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _checked(value: Any, escaped: bool) -> dict[str, Any] | RowProblem:
+    """A parsed JSON row, or its problem: not an object, or text that was not UTF-8 (looked for only when
+    `escaped`: its raw text held an escaped byte)."""
+    if escaped:
+        problem = _utf8_problem(value)
+        if problem is not None:
+            return problem
+    return _check_object(value)
+
+
 def _json_rows(path: Path) -> Iterator[SourcedRow]:
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8", errors="surrogateescape") as fh:
         head = fh.read(4096).lstrip()
         fh.seek(0)
         if head.startswith("["):  # one JSON array of row objects
             try:
-                values = json.load(fh)
+                text = fh.read()
+                bad = _ESCAPED_BYTE.search(text) is not None
+                values = json.loads(text)
             except json.JSONDecodeError as err:
                 raise DataError(str(path), f"not valid JSON ({err.msg})", line=err.lineno) from err
             if not isinstance(values, list):
                 raise DataError(str(path), f"expected an array of row objects, got {type(values).__name__}")
             for i, item in enumerate(values):
-                yield SourcedRow(RowSource(str(path), i), _check_object(item))
+                yield SourcedRow(RowSource(str(path), i), _checked(item, bad))
             return
         row = 0
         for line_no, line in enumerate(fh, start=1):
@@ -160,7 +232,7 @@ def _json_rows(path: Path) -> Iterator[SourcedRow]:
                 continue
             value: dict[str, Any] | RowProblem
             try:
-                value = _check_object(json.loads(line))
+                value = _checked(json.loads(line), _ESCAPED_BYTE.search(line) is not None)
             except json.JSONDecodeError as err:
                 value = RowProblem("invalid_json", "", f"not valid JSON ({err.msg} at column {err.colno})")
             yield SourcedRow(RowSource(str(path), row, line_no), value)
@@ -199,6 +271,6 @@ def _arrow_rows(path: Path) -> Iterator[SourcedRow]:
             batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
         row = 0
         for batch in batches:
-            for value in batch.to_pylist():
+            for value in _batch_rows(batch):
                 yield SourcedRow(RowSource(str(path), row), value)
                 row += 1

@@ -32,6 +32,7 @@ from typing import Any
 from quartet.cluster.naming import RunNames
 from quartet.config import QuartetConfig, to_dict, to_yaml
 from quartet.core.batch import Batch
+from quartet.data.bad_rows import BAD_ROWS_FILE, replace_load_rows
 from quartet.data.prompts import PromptDataset
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
@@ -102,10 +103,36 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
             spec=spec,
         )
         train_files, val_files = [str(train_path)], val_files or [str(val_path)]
-    tools = _tool_schemas(cfg)
-    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools)
-    val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools) if val_files else None
+    tools, check = _tool_schemas(cfg), source_checker(cfg)
+    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check)
+    val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check) if val_files else None
     return RLData(train, val)
+
+
+def source_checker(cfg: QuartetConfig) -> Callable[[str], None] | None:
+    """When the built-in rules score (no `reward.function`, no reward model), a check that a data source
+    has a rule scorer, raising `RowProblem`: run on every row at load, so a row no rule knows is refused
+    (or skipped) there, naming its file and row, instead of crashing the run when it is first drawn."""
+    if cfg.reward.function or cfg.reward.model_path:
+        return None
+    from quartet.data.errors import RowProblem
+    from quartet.rewards.rules.registry import UnknownDataSourceError, known_data_sources, select_scorer
+
+    key = cfg.data.data_source_key
+
+    def check(data_source: str) -> None:
+        try:
+            select_scorer(data_source)
+        except UnknownDataSourceError:
+            raise RowProblem(
+                "unknown_data_source",
+                key,
+                f"no rule scorer for data_source {data_source!r}; known data sources: {known_data_sources()}",
+                "correct the row's data_source, or set reward.function=path/to/file.py:function_name (a "
+                "compute_score(data_source, solution_str, ground_truth, extra_info) that scores it)",
+            ) from None
+
+    return check
 
 
 def _tool_schemas(cfg: QuartetConfig) -> list[dict[str, Any]] | None:
@@ -184,7 +211,10 @@ class RLTrainer:
             self.console,
         )
         self.record(
-            "data", train=data.train.report.as_dict(), val=data.val.report.as_dict() if data.val else None
+            "data",
+            train=data.train.report.as_dict(),
+            val=data.val.report.as_dict() if data.val else None,
+            bad_rows_file=self._name_bad_rows(data),
         )
         self.record("memory_plan", **planned.record())
         from quartet.rewards.compute import RewardComputer  # the scorer process pool starts here
@@ -259,6 +289,20 @@ class RLTrainer:
         self.tracking.close()
         result.seconds = time.perf_counter() - start
         return result
+
+    def _name_bad_rows(self, data: RLData) -> str | None:
+        """Every skipped, over-long or cut row of the data sets into `bad_rows.jsonl`; its path (None when
+        no row was), and one warning line with the counts."""
+        bad = data.train.report.bad + (data.val.report.bad if data.val else [])
+        path = self.run_dir / BAD_ROWS_FILE
+        replace_load_rows(path, bad)
+        if not bad:
+            return None
+        counts: dict[str, int] = {}
+        for row in bad:
+            counts[row.reason] = counts.get(row.reason, 0) + 1
+        log.warning("%d rows skipped, dropped or cut at load %s: each is named in %s", len(bad), counts, path)
+        return str(path)
 
     def _save(self, workers: Workers, state: TrainerState) -> Path:
         def save_roles(folder: Path) -> list[str]:
