@@ -38,6 +38,7 @@ from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
 from quartet.sft.trainer import resolve_model
 from quartet.tracking import Tracking
+from quartet.tracking.jsonl_sink import drop_torn_tail, read_records
 from quartet.trainer.checkpoint import (
     CheckpointError,
     TrainerState,
@@ -350,11 +351,11 @@ class RLTrainer:
             self.metrics_path.rename(aside)
             log.warning("a fresh start: the earlier %s was renamed %s", self.metrics_path.name, aside.name)
             return
+        drop_torn_tail(self.metrics_path)  # a write cut short by a crash: dropped with a warning
         keep, superseded = [], []
-        for line in self.metrics_path.read_text().splitlines():
-            rec = json.loads(line) if line.strip() else {}
+        for rec in read_records(self.metrics_path):  # any other bad line: an error naming file and line
             later = rec.get("kind") in ("step", "val", "checkpoint") and rec.get("step", 0) > resumed_step
-            (superseded if later else keep).append(line)
+            (superseded if later else keep).append(json.dumps(rec))
         if superseded:
             with self.metrics_path.with_name("metrics.superseded.jsonl").open("a") as f:
                 f.write("\n".join(superseded) + "\n")
