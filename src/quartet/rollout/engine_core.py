@@ -9,26 +9,45 @@ One `step()`:
 So a short request leaves the batch as soon as it is done and a waiting one takes its slot at the next step,
 however long the other running sequences are.
 
+One bad sequence fails alone. Requests are checked before they are queued (`check_request`); if a step
+still raises, the step finds the sequence that makes it raise and fails its request only (the sequence's
+`error` is set, its sibling samples are aborted), and the others go on in the same step:
+- decode: bisection over prefixes of the running slots (slots 0..k-1 decode without touching the others;
+  a retried forward rewrites the same cache column, so probing has no lasting effect). The first failing
+  prefix ends with the culprit. Cost: about log2(A) extra forwards of at most A rows per failing sequence.
+  This assumes the failure belongs to a row; a failure of the batch as a whole (out of memory) fails rows
+  one by one from the end until the rest passes, and one that does not reproduce fails the last row.
+- prefill: the admitted groups are prefilled again one at a time; a group that fails alone is failed.
+- stop checks run per sequence.
+
 Nothing here is thread-safe; `TorchRolloutEngine` serialises calls.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 
 import torch
 
 from quartet.rollout.kv_cache import SlotKVCache
 from quartet.rollout.model_runner import DecoderRunner
-from quartet.rollout.sampling import sample_next, sample_seed
+from quartet.rollout.penalties import apply_processing, build_processing
+from quartet.rollout.sampling import sample_next, sample_seed, top_logprobs
 from quartet.rollout.scheduler import Scheduler, split_into_groups
 from quartet.rollout.sequence import SequenceGroup, SequenceState
 from quartet.rollout.slot_table import SlotTable
 from quartet.rollout.stopping import StopChecker
 from quartet.rollout.types import FinishReason, GenerationRequest
+from quartet.rollout.validation import RequestLimits, check_request
+
+_Sampled = tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]
+"""Tokens [A], their log-probs [A] (or None) and the top log-probs and ids [A, k] (or None)."""
 
 __all__ = ["EngineCore"]
+
+log = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -43,11 +62,13 @@ class EngineCore:
         max_model_len: int,
         max_prefill_tokens: int,
         seed: int,
+        max_n: int | None = None,
     ) -> None:
         self.runner = runner
         self.stop_checker = stop_checker
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
+        self.max_n = max_n
         self.scheduler = Scheduler(max_prefill_tokens)
         self.cache: SlotKVCache = runner.new_cache(max_num_seqs)
         self.table: SlotTable | None = None
@@ -55,19 +76,16 @@ class EngineCore:
         self.steps = 0
         self._seed_rng = random.Random(seed)  # seeds of requests that bring none
         self._counter = itertools.count()
+        self._aside: list[SequenceState] = []  # finished outside `running` (failed), returned by step()
 
     # ---- requests ---------------------------------------------------------------------------------------
 
     def add(self, request: GenerationRequest) -> list[SequenceState]:
         """Queue the request's `n` samples; returns their states (they finish in place)."""
         params = request.sampling
+        check_request(request, self.limits)
         self.stop_checker.validate(params)
         prompt_len = len(request.prompt_token_ids)
-        if prompt_len >= self.max_model_len:
-            raise ValueError(
-                f"request {request.request_id}: prompt of {prompt_len} tokens leaves no room in the model's "
-                f"context of {self.max_model_len}"
-            )
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
         stop_ids = self.stop_checker.stop_ids(params)
         max_new = min(params.max_new_tokens, self.max_model_len - prompt_len)
@@ -76,6 +94,11 @@ class EngineCore:
         ]
         self.scheduler.add(split_into_groups(seqs, self.max_num_seqs))
         return seqs
+
+    @property
+    def limits(self) -> RequestLimits:
+        """What a request must fit: the model's vocabulary and context, the cap on samples."""
+        return RequestLimits(self.runner.vocab_size, self.max_model_len, self.max_n)
 
     def has_work(self) -> bool:
         """True while sequences wait or run."""
@@ -121,7 +144,10 @@ class EngineCore:
 
     @torch.inference_mode()
     def step(self) -> list[SequenceState]:
-        """Advance every running sequence by one token and admit waiting ones; returns those finished."""
+        """Advance every running sequence by one token and admit waiting ones; returns those finished.
+
+        Sequences failed by this step are among them, with `error` set.
+        """
         self.steps += 1
         finished: list[SequenceState] = []
         if self.running:
@@ -129,21 +155,65 @@ class EngineCore:
             finished += self._retire()
         groups = self.scheduler.admit(self.max_num_seqs - len(self.running))
         if groups:
-            self._prefill(groups)
+            self._admit(groups)
             finished += self._retire()
+        finished += self._aside
+        self._aside = []
         return finished
 
     def _decode(self) -> None:
+        """One token for every running sequence; a sequence whose decoding raises fails alone."""
+        while self.running:
+            rows = len(self.running)
+            try:
+                tokens, logprobs, tops = self._decode_rows(rows)
+            except Exception as exc:
+                self._isolate(rows, exc)
+                continue
+            assert self.table is not None
+            self.table.record(0, tokens, fed=True)
+            self._append(self.running, tokens, logprobs, tops)
+            return
+
+    def _decode_rows(self, rows: int) -> _Sampled:
+        """Forward and sample slots 0..rows-1 without recording (a repeat rewrites the same cache column)."""
         table = self.table
         assert table is not None  # running sequences imply allocated memory
-        rows = len(self.running)
-        longest = max(s.cached_len for s in self.running) + 1
+        seqs = self.running[:rows]
+        longest = max(s.cached_len for s in seqs) + 1
         logits = self.runner.decode(table.last_token[:rows], table.cached_len[:rows], longest, self.cache)
-        tokens, logprobs = sample_next(
-            logits, table.sampling_rows(0, rows, self.running), table.next_uniforms(0, rows)
-        )
-        table.record(0, tokens, fed=True)
-        self._append(self.running, tokens, logprobs)
+        return self._sample(logits, 0, seqs)
+
+    def _isolate(self, rows: int, exc: Exception) -> None:
+        """Fail the row that makes decoding slots 0..rows-1 raise: the last of the first failing prefix."""
+        lo, hi, error = 1, rows, exc
+        while lo < hi:
+            mid = (lo + hi) // 2
+            try:
+                self._decode_rows(mid)
+            except Exception as probe_exc:
+                hi, error = mid, probe_exc
+            else:
+                lo = mid + 1
+        culprit = self.running[lo - 1]
+        log.warning("rollout: request %s failed in decode: %r", culprit.request.request_id, error)
+        self._fail(culprit, error)
+        self._aside += self._retire()
+
+    def _admit(self, groups: list[SequenceGroup]) -> None:
+        """Prefill `groups`; if that raises, prefill them one at a time and fail those that raise alone."""
+        try:
+            self._prefill(groups)
+        except Exception as exc:
+            if len(groups) > 1:
+                for group in groups:
+                    self._admit([group])
+                return
+            log.warning("rollout: request %s failed in prefill: %r", groups[0].request.request_id, exc)
+            for seq in groups[0].sequences:
+                seq.finish(FinishReason.ABORT, self.steps)
+                self._aside.append(seq)
+            self._fail(groups[0].sequences[0], exc)
 
     def _prefill(self, groups: list[SequenceGroup]) -> None:
         table = self._ensure_memory(groups)
@@ -162,24 +232,63 @@ class EngineCore:
         logits = self.runner.prefill(ids.to(device), lengths.to(device), self.cache, start, expand)
         if expand is not None:
             logits = logits.index_select(0, expand)
-        stop = start + len(seqs)
-        tokens, logprobs = sample_next(
-            logits, table.sampling_rows(start, stop, seqs), table.next_uniforms(start, stop)
-        )
+        tokens, logprobs, tops = self._sample(logits, start, seqs)
         table.record(start, tokens, fed=False)
         for seq in seqs:
             seq.first_step = self.steps
         self.running.extend(seqs)
-        self._append(seqs, tokens, logprobs)
+        self._append(seqs, tokens, logprobs, tops)
 
-    def _append(self, seqs: list[SequenceState], tokens: torch.Tensor, logprobs: torch.Tensor | None) -> None:
-        """Give each sequence its new token (and log-prob) and check whether it stops."""
+    def _sample(self, logits: torch.Tensor, start: int, seqs: list[SequenceState]) -> _Sampled:
+        """Process (penalties, `min_tokens`) and sample the logits [A, V] of slots start.., rows `seqs`."""
+        assert self.table is not None
+        stop = start + len(seqs)
+        processing = build_processing(seqs, logits.shape[-1], logits.device)
+        if processing is not None:
+            logits = apply_processing(logits, processing)
+        rows = self.table.sampling_rows(start, stop, seqs)
+        tokens, logprobs = sample_next(logits, rows, self.table.next_uniforms(start, stop))
+        k = max(s.request.sampling.top_logprobs for s in seqs)
+        tops = top_logprobs(logits, rows.temperature, k) if k > 0 else None
+        return tokens, logprobs, tops
+
+    def _append(
+        self,
+        seqs: list[SequenceState],
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor | None,
+        tops: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        """Give each sequence its new token (and log-probs) and check whether it stops."""
         token_list = tokens.tolist()
         lp_list = logprobs.tolist() if logprobs is not None else [0.0] * len(token_list)
-        for seq, tok, lp in zip(seqs, token_list, lp_list, strict=True):
+        top_values = tops[0].tolist() if tops is not None else None
+        top_ids = tops[1].tolist() if tops is not None else None
+        for i, (seq, tok, lp) in enumerate(zip(seqs, token_list, lp_list, strict=True)):
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)
-            self.stop_checker.check(seq, self.steps)
+            k = seq.request.sampling.top_logprobs
+            if k > 0 and top_values is not None and top_ids is not None:
+                seq.top_logprobs.append(tuple(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
+            try:
+                self.stop_checker.check(seq, self.steps)
+            except Exception as exc:
+                log.warning("rollout: request %s failed its stop check: %r", seq.request.request_id, exc)
+                self._fail(seq, exc)
+
+    def _fail(self, seq: SequenceState, error: BaseException) -> None:
+        """Fail `seq` with `error` and abort the other samples of its request (running or waiting)."""
+        seq.error = error
+        rid = seq.request.request_id
+        if not seq.finished:
+            seq.finish(FinishReason.ABORT, self.steps)
+        for other in self.running:
+            if other.request.request_id == rid and not other.finished:
+                other.finish(FinishReason.ABORT, self.steps)
+        for group in self.scheduler.abort(rid):
+            for other in group.sequences:
+                other.finish(FinishReason.ABORT, self.steps)
+                self._aside.append(other)
 
     def _retire(self) -> list[SequenceState]:
         """Remove finished sequences from the running batch, moving the last running ones into the holes."""

@@ -83,6 +83,11 @@ class DecoderRunner:
         return next(self.model.parameters()).device
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: the token ids a prompt may hold are 0..vocab_size-1."""
+        return int(self.base.embed_tokens.num_embeddings)
+
+    @property
     def dtype(self) -> torch.dtype:
         """Compute dtype (that of the weights)."""
         return next(self.model.parameters()).dtype

@@ -8,7 +8,9 @@ which other sequences share its batch (up to floating-point differences in the l
 per step instead of a generator call per row, and works the same on CPU and GPU.
 
 Log-probs are `log_softmax(logits / T)` at the sampled token, before top-k/top-p
-(see `quartet.rollout.types`).
+(see `quartet.rollout.types`); `top_logprobs` reads the alternatives from the same distribution. The
+`logits` given here are those the engine samples from: after penalties (`quartet.rollout.penalties`) when a
+request asks for them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RowSampling", "draw_uniforms", "sample_next", "sample_seed"]
+__all__ = ["RowSampling", "draw_uniforms", "sample_next", "sample_seed", "top_logprobs"]
 
 _GOLDEN = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads consecutive sample indices over the seed space
 _MASK63 = (1 << 63) - 1
@@ -104,3 +106,17 @@ def sample_next(
         return tokens, None
     logprobs = torch.log_softmax(scaled, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     return tokens, logprobs
+
+
+def top_logprobs(
+    logits: torch.Tensor, temperature: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens of each row and their log-probs under log_softmax(logits / T).
+
+    logits [A, V], temperature [A] float32 (0 = greedy, reported at T = 1, as `sample_next` does).
+    Returns log-probs [A, k] float32 (descending) and token ids [A, k] int64.
+    """
+    temp = torch.where(temperature > 0, temperature, 1.0)
+    logprobs = torch.log_softmax(logits.float() / temp.unsqueeze(1), dim=-1)
+    values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+    return values, ids

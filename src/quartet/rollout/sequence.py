@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest
+from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 
 __all__ = ["SequenceGroup", "SequenceState"]
 
@@ -24,6 +24,10 @@ class SequenceState:
     """Token ids that end this sequence (end-of-sequence ids unless ignored, plus the request's)."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    """Per generated token, its most likely alternatives (filled only when the request asks for them)."""
+    error: BaseException | None = None
+    """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
@@ -66,6 +70,7 @@ class SequenceState:
             first_step=self.first_step,
             finish_step=self.finish_step,
             finish_time=self.finish_time,
+            top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs > 0 else None,
         )
 
 

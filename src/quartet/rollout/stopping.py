@@ -43,6 +43,11 @@ class StopChecker:
     def check(self, seq: SequenceState, step: int) -> None:
         """Finish `seq` (at engine step `step`) if its newest token ends it."""
         token = seq.token_ids[-1]
+        # Under `min_tokens` neither stop ids (masked before sampling) nor stop strings end it (vLLM's rule).
+        if len(seq.token_ids) < seq.request.sampling.min_tokens:
+            if len(seq.token_ids) >= seq.max_new_tokens:
+                seq.finish(FinishReason.LENGTH, step)
+            return
         if token in seq.stop_ids:
             seq.finish(FinishReason.STOP, step, token)
             return

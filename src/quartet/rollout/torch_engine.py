@@ -4,6 +4,11 @@ A background thread owns the `EngineCore` and runs steps while there is work; ca
 wait on futures. So `generate` (a batch) and many concurrent `generate_one` calls (agent loops) all feed the
 same running batch. Weight updates and sleep/wake take the step lock, hence happen between two steps.
 
+A request is checked before it is queued (`InvalidRequestError` for that caller alone), a sequence that
+makes a step raise fails its own request only (see `quartet.rollout.engine_core`), and no caller waits on a
+dead engine thread: the thread fails every pending future when it dies, and waits poll its liveness, so a
+wait raises `EngineStateError` instead of hanging.
+
 Usage:
     engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=64)
     outs = engine.generate([GenerationRequest(ids, SamplingParams(temperature=1.0, n=4, seed=0))])
@@ -18,6 +23,7 @@ import logging
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +39,7 @@ from quartet.rollout.model_runner import DecoderRunner
 from quartet.rollout.sequence import SequenceState
 from quartet.rollout.stopping import StopChecker
 from quartet.rollout.types import GenerationOutput, GenerationRequest
+from quartet.rollout.validation import check_request
 from quartet.rollout.weights import load_named_tensors
 
 if TYPE_CHECKING:  # importing quartet.rollout stays free of transformers until a model is loaded
@@ -42,6 +49,8 @@ __all__ = ["TorchRolloutEngine"]
 
 log = logging.getLogger(__name__)
 
+_LIVENESS_POLL_S = 1.0  # how often a waiting caller checks that the engine thread is still alive
+
 
 @dataclass
 class _Pending:
@@ -50,6 +59,20 @@ class _Pending:
     future: Future[list[GenerationOutput]]
     outputs: list[GenerationOutput | None] = field(default_factory=list)
     remaining: int = 0
+
+
+def _settle(
+    future: Future[list[GenerationOutput]],
+    result: list[GenerationOutput] | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Set a caller's result or error, unless the caller cancelled it (set_result would raise)."""
+    if not future.set_running_or_notify_cancel():  # cancelled; else RUNNING, so no cancel can race us
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result if result is not None else [])
 
 
 def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
@@ -77,6 +100,7 @@ class TorchRolloutEngine(RolloutEngine):
         seed: int = 0,
         eos_token_ids: Iterable[int] | None = None,
         num_threads: int | None = None,
+        max_n: int | None = None,
     ) -> None:
         """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it).
 
@@ -86,6 +110,7 @@ class TorchRolloutEngine(RolloutEngine):
         tokenizer's end-of-sequence ids). num_threads: intra-op threads of the engine's thread (with
         PyTorch's usual OpenMP build this is per thread, so a trainer in the same process keeps its own
         setting; on a busy shared CPU, 1 thread is often much faster than 2). None keeps the default.
+        max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
         The tokenizer is only needed for stop strings.
         """
         if max_num_seqs < 1:
@@ -105,6 +130,7 @@ class TorchRolloutEngine(RolloutEngine):
             max_model_len=limit,
             max_prefill_tokens=max_prefill_tokens,
             seed=seed,
+            max_n=max_n,
         )
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()
@@ -113,6 +139,7 @@ class TorchRolloutEngine(RolloutEngine):
         self._pending: dict[str, _Pending] = {}
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._thread_error: BaseException | None = None  # why the engine thread died, once it has
         self._asleep = False
         self._home_device: torch.device | None = None
         self._num_threads = num_threads
@@ -156,12 +183,21 @@ class TorchRolloutEngine(RolloutEngine):
         for request in requests:
             self._validate(request)
         futures = [self._submit(r) for r in requests]
-        return [f.result() for f in futures]
+        return [self._wait(f) for f in futures]
 
     async def generate_one(self, request: GenerationRequest) -> list[GenerationOutput]:
         """The n responses to one request; concurrent calls share the running batch."""
         self._validate(request)
-        return await asyncio.wrap_future(self._submit(request))
+        future = asyncio.wrap_future(self._submit(request))
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=_LIVENESS_POLL_S)
+                if done:
+                    return future.result()
+                self._check_thread()
+        except asyncio.CancelledError:  # the caller gave up: stop generating for it
+            self.abort(request.request_id)
+            raise
 
     def abort(self, request_id: str) -> None:
         """Stop a request: its samples finish with reason ABORT and the tokens generated so far."""
@@ -170,18 +206,31 @@ class TorchRolloutEngine(RolloutEngine):
             self._cond.notify()
 
     def _validate(self, request: GenerationRequest) -> None:
+        """Raise `InvalidRequestError` (a ValueError) before `request` can reach the batch."""
+        check_request(request, self.core.limits)
         self.stop_checker.validate(request.sampling)
-        if len(request.prompt_token_ids) >= self.core.max_model_len:
-            raise ValueError(
-                f"request {request.request_id}: prompt of {len(request.prompt_token_ids)} tokens does not "
-                f"fit the engine's max_model_len={self.core.max_model_len} with room to generate"
-            )
+
+    def _wait(self, future: Future[list[GenerationOutput]]) -> list[GenerationOutput]:
+        """The future's result; raises `EngineStateError` if the engine thread dies first."""
+        while True:
+            try:
+                return future.result(timeout=_LIVENESS_POLL_S)
+            except FutureTimeoutError:
+                self._check_thread()
+
+    def _check_thread(self) -> None:
+        """Raise `EngineStateError` when the engine thread has stopped while callers still wait."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._closing:
+            raise EngineStateError(f"the rollout engine thread died: {self._thread_error!r}")
 
     def _submit(self, request: GenerationRequest) -> Future[list[GenerationOutput]]:
         future: Future[list[GenerationOutput]] = Future()
         with self._cond:
             if self._closing:
                 raise EngineStateError("the engine is shut down")
+            if self._thread is not None and not self._thread.is_alive():
+                raise EngineStateError(f"the rollout engine thread died: {self._thread_error!r}")
             if self._asleep:
                 raise EngineStateError("the engine is asleep: call wake() before generating")
             if request.request_id in self._pending:
@@ -198,6 +247,15 @@ class TorchRolloutEngine(RolloutEngine):
     # ---- the engine thread --------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # the thread dies: fail its waiters rather than leave them hanging
+            self._thread_error = exc
+            log.exception("rollout engine thread died; failing every request in flight")
+            self._fail_all(EngineStateError(f"the rollout engine thread died: {exc!r}"))
+            raise
+
+    def _serve(self) -> None:
         if self._num_threads is not None:
             torch.set_num_threads(self._num_threads)
         while True:
@@ -214,9 +272,12 @@ class TorchRolloutEngine(RolloutEngine):
 
     def _run_step(self, inbox: list[GenerationRequest], aborts: list[str]) -> list[SequenceState]:
         finished: list[SequenceState] = []
-        try:
-            for request in inbox:
+        for request in inbox:
+            try:
                 self.core.add(request)
+            except Exception as exc:  # checked at submission; still, it fails this request alone
+                self._fail_request(request.request_id, exc)
+        try:
             for request_id in aborts:
                 finished += self.core.abort(request_id)
             if self.core.has_work():
@@ -228,7 +289,16 @@ class TorchRolloutEngine(RolloutEngine):
             return []
         return finished
 
+    def _fail_request(self, request_id: str, exc: BaseException) -> None:
+        with self._cond:
+            pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            _settle(pending.future, error=exc)
+
     def _deliver(self, finished: list[SequenceState]) -> None:
+        for seq in finished:  # a failed sample fails its request; its siblings arrive aborted, unused
+            if seq.error is not None:
+                self._fail_request(seq.request.request_id, seq.error)
         with self._cond:
             for seq in finished:
                 pending = self._pending.get(seq.request.request_id)
@@ -238,14 +308,14 @@ class TorchRolloutEngine(RolloutEngine):
                 pending.remaining -= 1
                 if pending.remaining == 0:
                     del self._pending[seq.request.request_id]
-                    pending.future.set_result([o for o in pending.outputs if o is not None])
+                    _settle(pending.future, [o for o in pending.outputs if o is not None])
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
             pending, self._pending = self._pending, {}
             self._inbox = []
         for p in pending.values():
-            p.future.set_exception(exc)
+            _settle(p.future, error=exc)
 
     # ---- weights and memory -------------------------------------------------------------------------------
 
