@@ -6,6 +6,7 @@ Every answer is checked against a generation done directly through the engine on
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -180,10 +181,50 @@ def test_wrong_or_missing_api_key_is_401(served: Served) -> None:
     assert "API key" in response.json()["error"]["message"]
 
 
-def test_stream_is_refused_with_a_clear_message(served: Served) -> None:
-    with pytest.raises(openai.BadRequestError, match="streaming is not supported") as info:
-        client(served[2]).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, stream=True)
-    assert info.value.status_code == 400
+def test_chat_stream_sends_the_response_as_chunks_with_usage_last(
+    served: Served, serving_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    c = client(served[2])
+    whole = c.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=90)
+    stream = c.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=90,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert deltas[0].role == "assistant"
+    text = "".join(d.content or "" for d in deltas)
+    assert text == whole.choices[0].message.content and len(text) > 0
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and set(finishes[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage  # usage in the last chunk only
+    assert all(ch.usage is None for ch in chunks[:-1])
+
+
+def test_completions_stream_ends_with_done_and_matches_the_whole_response(served: Served) -> None:
+    body = {"model": MODEL_NAME, "prompt": "hello", "temperature": 0, "max_tokens": 12, "n": 2, "seed": 3}
+    whole = httpx.post(f"{served[2]}/completions", json=body, headers=AUTH, timeout=60).json()
+    response = httpx.post(f"{served[2]}/completions", json={**body, "stream": True}, headers=AUTH, timeout=60)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts = ["", ""]
+    for chunk in chunks:
+        [choice] = chunk["choices"]
+        texts[choice["index"]] += choice["text"]
+    assert texts == [ch["text"] for ch in whole["choices"]]
+    assert "usage" not in chunks[-1]  # no include_usage: no usage chunk
+    out = client(served[2]).completions.create(
+        model=MODEL_NAME, prompt="hello", temperature=0, max_tokens=12, stream=True
+    )
+    assert "".join(ch.choices[0].text for ch in out) == whole["choices"][0]["text"]
 
 
 @pytest.mark.parametrize(
@@ -196,22 +237,14 @@ def test_stream_is_refused_with_a_clear_message(served: Served) -> None:
         ("chat/completions", {"messages": [{"content": "hi"}]}, "messages[0].role", "must be a string"),
         ("chat/completions", {"messages": MESSAGES, "temperature": "hot"}, "temperature", "finite number"),
         ("chat/completions", {"messages": MESSAGES, "top_p": 0}, "top_p", "(0, 1]"),
-        ("chat/completions", {"messages": MESSAGES, "max_tokens": 0}, "max_tokens", ">= 1"),
+        ("chat/completions", {"messages": MESSAGES, "max_tokens": 0}, "max_tokens", "[1, 2**31)"),
         ("chat/completions", {"messages": MESSAGES, "n": True}, "n", "integer"),
-        (
-            "chat/completions",
-            {"messages": MESSAGES, "logprobs": True, "top_logprobs": 3},
-            "top_logprobs",
-            "only",
-        ),
-        (
-            "chat/completions",
-            {"messages": MESSAGES, "presence_penalty": 0.5},
-            "presence_penalty",
-            "not supported",
-        ),
+        ("chat/completions", {"messages": MESSAGES, "top_logprobs": 3}, "top_logprobs", "needs 'logprobs'"),
+        ("chat/completions", {"messages": MESSAGES, "frobnicate": 1}, "frobnicate", "unknown"),
+        ("chat/completions", {"messages": MESSAGES, "temprature": 1}, "temprature", "did you mean"),
+        ("chat/completions", {"messages": MESSAGES, "stream_options": {}}, "stream_options", "stream"),
         ("completions", {"prompt": 5}, "prompt", "string or a list of token ids"),
-        ("completions", {"prompt": "hi", "logprobs": 2}, "logprobs", "only supported as 0"),
+        ("completions", {"prompt": "hi", "logprobs": 9}, "logprobs", "[0, 5]"),
         ("quartet/generate", {"sampling": {}}, "prompt_token_ids", "required"),
         ("quartet/generate", {"prompt_token_ids": [1, -2]}, "prompt_token_ids", "token ids"),
         (

@@ -155,10 +155,31 @@ class ServerConfig:
     model_name: str = "policy"
     """The model name the server answers to (`/v1/models`)."""
 
+    max_n: int = 16
+    """Most responses one request may ask for (`n`); a larger `n` is answered 400 before the engine."""
+
+    max_request_tokens: int = 262144
+    """Most tokens one request may cost the engine: prompt tokens + n x max_tokens; above: 400."""
+
+    max_body_bytes: int = 8 * 2**20
+    """Largest request body in bytes (413 above it); text prompts are also refused before tokenizing
+    when longer than 8 characters per allowed token (`max_request_tokens`)."""
+
     def __post_init__(self) -> None:
         require(0 <= self.port < 65536, "port", f"must lie in [0, 65535], got {self.port}")
         require(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")
         require(bool(self.model_name), "model_name", "must not be empty")
+        require(1 <= self.max_n <= 4096, "max_n", f"must lie in [1, 4096], got {self.max_n}")
+        require(
+            2 <= self.max_request_tokens <= 2**24,
+            "max_request_tokens",
+            f"must lie in [2, {2**24}], got {self.max_request_tokens}",
+        )
+        require(
+            1024 <= self.max_body_bytes <= 2**30,
+            "max_body_bytes",
+            f"must lie in [1024, {2**30}] bytes, got {self.max_body_bytes}",
+        )
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,9 @@ class Rollout:
             api_key=sc.api_key or None,
             max_new_tokens_default=self.cfg.data.max_response_length,
             request_timeout_s=sc.request_timeout_s,
+            max_n=sc.max_n,
+            max_request_tokens=sc.max_request_tokens,
+            max_body_bytes=sc.max_body_bytes,
         )
         if self.rc.mode is RolloutMode.ASYNC:
             self.server_thread = ServerThread(self.server)

@@ -14,6 +14,14 @@ from typing import Any
 
 from quartet.rollout.types import SamplingParams
 from quartet.serving.errors import ApiError
+from quartet.serving.limits import (
+    MAX_SEED,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_TEMPERATURE,
+    MAX_TOP_LOGPROBS,
+    MIN_TEMPERATURE,
+)
 
 __all__ = ["bad", "boolean", "build_sampling", "integer", "number", "show", "str_list", "token_ids"]
 
@@ -82,11 +90,26 @@ def token_ids(value: Any, param: str, *, allow_empty: bool = False) -> tuple[int
     return tuple(value)
 
 
-_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "temperature": (lambda v: v >= 0, "must be >= 0 (0 means greedy)"),
-    "top_p": (lambda v: 0 < v <= 1, "must lie in (0, 1]"),
-    "top_k": (lambda v: v >= 0, "must be >= 0 (0 disables)"),
-    "n": (lambda v: v >= 1, "must be >= 1"),
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "temperature": (
+        lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+        f"must be 0 (greedy) or lie in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]",
+    ),
+    "top_p": (lambda v: 1e-6 <= v <= 1, "must lie in (0, 1] (at least 1e-6)"),
+    "top_k": (lambda v: 0 <= v < 2**31, "must lie in [0, 2**31) (0 disables)"),
+    "max_new_tokens": (lambda v: 1 <= v < 2**31, "must lie in [1, 2**31)"),
+    "n": (lambda v: 1 <= v < 2**31, "must be >= 1"),
+    "seed": (lambda v: v is None or -MAX_SEED - 1 <= v <= MAX_SEED, "must lie in [-2**63, 2**63)"),
+    "stop": (
+        lambda v: len(v) <= MAX_STOP and all(len(s) <= MAX_STOP_CHARS for s in v),
+        f"may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters",
+    ),
+    "stop_token_ids": (lambda v: len(v) <= MAX_STOP, f"may hold at most {MAX_STOP} ids"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "must lie in [-2, 2]"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "must lie in [-2, 2]"),
+    "repetition_penalty": (lambda v: 0.01 <= v <= 100, "must lie in [0.01, 100] (1 disables)"),
+    "min_tokens": (lambda v: 0 <= v < 2**31, "must be >= 0"),
+    "top_logprobs": (lambda v: 0 <= v <= MAX_TOP_LOGPROBS, f"must lie in [0, {MAX_TOP_LOGPROBS}]"),
 }
 
 
@@ -94,7 +117,11 @@ def build_sampling(param_prefix: str, **fields: Any) -> SamplingParams:
     """`SamplingParams(**fields)` after range checks that name the offending field."""
     for name, (ok, rule) in _RANGES.items():
         if name in fields and not ok(fields[name]):
-            raise bad(f"'{param_prefix}{name}' {rule}, got {fields[name]}", f"{param_prefix}{name}")
+            raise bad(f"'{param_prefix}{name}' {rule}, got {show(fields[name])}", f"{param_prefix}{name}")
+    if fields.get("min_tokens", 0) > fields.get("max_new_tokens", 2**31):
+        raise bad(
+            f"'{param_prefix}min_tokens' must not exceed the response limit", f"{param_prefix}min_tokens"
+        )
     try:
         return SamplingParams(**fields)
     except ValueError as exc:

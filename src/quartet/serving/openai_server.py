@@ -8,13 +8,23 @@
 
 (`ServerThread` runs one from plain threads: Ray actors, tests.)
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, and the token-level
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, the token-level
 `POST /v1/quartet/generate` (`{"prompt_token_ids", "sampling"}` -> `{"outputs": [...]}`) for agent loops
-that must train on the exact ids the model wrote. Bodies are parsed in `protocol`, answered in `responses`.
+that must train on the exact ids the model wrote, and `GET /openapi.json` (`openapi`). Bodies are parsed in
+`protocol` (and `messages`), checked against the server's limits in `limits`, answered in `responses`
+(`tool_calls` for Hermes tool calls, `streaming` for `stream: true`).
 
 Design:
 - **One path into the engine.** Every request, HTTP or in-process, becomes one `GenerationRequest` awaited
   through `engine.generate_one`, so concurrent requests join the engine's continuous batch.
+- **Nothing invalid reaches the engine.** The engine decodes all requests in one batch, so one bad request
+  could fail the others. Every request is checked in full first: strict JSON (depth, integer size, text
+  encodable), every field (unknown fields refused), token ids against the vocabulary, sampling numbers in
+  safe ranges, `n` <= `max_n`, prompt + n x max_tokens <= `max_request_tokens`, body <= `max_body_bytes`.
+  Each failure is a 4xx with an OpenAI error naming the field; a 5xx is a bug.
+- **The event loop never tokenizes.** Chat rendering, encoding and decoding run on the tokenizer's own
+  thread (`text.TokenizerWorker`), each call bounded in time; text longer than the limits allow is refused
+  before it is tokenized.
 - **Every wait is bounded.** A request the engine has not finished within `request_timeout_s` is aborted
   in the engine (`engine.abort`, which frees its slot at the next step) and answered 504. Engine calls run
   on a private loop (`bridge`), so no caller's cancellation ever reaches the engine's futures.
@@ -23,11 +33,15 @@ Design:
   sleeps the engine; `wake()` undoes it. Refusing was chosen over queueing until wake: a training step can
   outlast any sensible HTTP timeout, held connections would hide the state from callers, a scheduler can
   send the request elsewhere, and the official OpenAI client already retries 503 with back-off.
-- **Streaming is off.** `stream: true` is a 400 saying so: rollouts need whole responses, and the engine
-  returns a sequence only when it finishes.
+- **Streaming sends finished responses.** `stream: true` answers server-sent events (chat and completions,
+  `stream_options.include_usage`, `data: [DONE]`), but the engine returns a sequence only when it
+  finishes, so the chunks are cut from the finished response (`streaming`), not sent token by token.
+- **Tool calls** are parsed from the model's Hermes blocks when the request has tools (`tool_calls`);
+  the tool-call arguments of the history are decoded before the chat template renders them.
 - **Errors are OpenAI-shaped** (`{"error": {"message", "type", "param", "code"}}`): 400 for malformed
   bodies (naming the field), 401 for a wrong or missing bearer token when `api_key` is set, 404 for an
-  unknown model or path, 503 asleep, 504 timeout, 500 for an engine failure.
+  unknown model or path, 413 for a body over `max_body_bytes`, 503 asleep, 504 timeout, 500 for an engine
+  failure.
 - The server does not own the engine: `stop()` closes the HTTP side only; the caller shuts the engine down.
 """
 
@@ -50,13 +64,38 @@ from quartet.serving import protocol, responses
 from quartet.serving.bridge import EngineBridge, wait_in_loop
 from quartet.serving.errors import ApiError, GenerationTimeoutError, ServerAsleepError, error_body
 from quartet.serving.gate import AdmissionGate
-from quartet.serving.text import TokenizerLike, encode_prompt, render_chat
+from quartet.serving.limits import RequestLimits, check_sampling, check_text_size, check_token_ids
+from quartet.serving.openapi import openapi_schema
+from quartet.serving.streaming import chat_chunks, completion_chunks, send_events
+from quartet.serving.text import TokenizerLike, TokenizerWorker, encode_prompt, render_chat, tag_token_ids
+from quartet.serving.tool_calls import HERMES_TAGS
 
-__all__ = ["OpenAIServer"]
+__all__ = ["OpenAIServer", "vocab_size_of"]
 
 log = logging.getLogger(__name__)
 
-_MAX_BODY_BYTES = 16 * 2**20  # long token-id prompts exceed aiohttp's 1 MiB default
+_OPENAI_NAMES = {
+    "n": "n",
+    "max_new_tokens": "max_tokens",
+    "prompt": "prompt",
+    "stop_token_ids": "stop_token_ids",
+}
+_TOKEN_NAMES = {k: f"sampling.{k}" for k in ("n", "max_new_tokens", "stop_token_ids")} | {
+    "prompt": "prompt_token_ids"
+}
+
+
+def vocab_size_of(engine: RolloutEngine, tokenizer: TokenizerLike) -> int:
+    """Ids valid for both: the smaller of the tokenizer's length and the engine model's vocabulary."""
+    sizes = []
+    if hasattr(tokenizer, "__len__"):
+        sizes.append(len(tokenizer))
+    config = getattr(getattr(engine, "model", None), "config", None)
+    if isinstance(getattr(config, "vocab_size", None), int):
+        sizes.append(config.vocab_size)
+    if not sizes:
+        raise ValueError("cannot tell the vocabulary size of this engine and tokenizer: pass vocab_size")
+    return min(sizes)
 
 
 @runtime_checkable
@@ -77,12 +116,21 @@ class OpenAIServer:
         api_key: str | None = None,
         max_new_tokens_default: int = 256,
         request_timeout_s: float = 600.0,
+        *,
+        max_n: int = 16,
+        max_request_tokens: int = 262144,
+        max_body_bytes: int = 8 * 2**20,
+        vocab_size: int | None = None,
+        tokenize_timeout_s: float = 30.0,
     ) -> None:
         """Serve `engine` as the model `model_name` on `host:port` (port 0: a free one, see `start`).
 
         api_key: when set, every request must send `Authorization: Bearer <api_key>`.
         max_new_tokens_default: response limit when a request sets no `max_tokens` / `max_new_tokens`.
         request_timeout_s: longest wait for the engine per request (and for draining it in `sleep`).
+        max_n, max_request_tokens, max_body_bytes: the request limits (`ServerConfig`, `limits`).
+        vocab_size: token ids must lie below it (default: `vocab_size_of(engine, tokenizer)`).
+        tokenize_timeout_s: longest tokenizer call (rendering, encoding, decoding) per request.
         """
         if max_new_tokens_default < 1:
             raise ValueError(f"max_new_tokens_default must be >= 1, got {max_new_tokens_default}")
@@ -96,6 +144,14 @@ class OpenAIServer:
         self.api_key = api_key
         self.max_new_tokens_default = max_new_tokens_default
         self.request_timeout_s = request_timeout_s
+        self.limits = RequestLimits(
+            vocab_size if vocab_size is not None else vocab_size_of(engine, tokenizer),
+            max_n,
+            max_request_tokens,
+            max_body_bytes,
+        )
+        self._worker = TokenizerWorker(tokenize_timeout_s)
+        self._tool_tags = tag_token_ids(tokenizer, HERMES_TAGS)
         self._gate = AdmissionGate()
         self._bridge = EngineBridge(engine)
         self._engine_slept = False
@@ -103,7 +159,8 @@ class OpenAIServer:
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
         """Base URL (`http://host:port/v1`) once started."""
-        self.app = web.Application(middlewares=[self._middleware], client_max_size=_MAX_BODY_BYTES)
+        self.app = web.Application(middlewares=[self._middleware], client_max_size=max_body_bytes)
+        self.app.router.add_get("/openapi.json", self._openapi)
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_post("/v1/completions", self._completions)
@@ -140,6 +197,7 @@ class OpenAIServer:
         with contextlib.suppress(TimeoutError):
             await self._gate.wait_idle(drain_timeout_s)
         await asyncio.to_thread(self._bridge.close)
+        self._worker.close()
 
     @property
     def asleep(self) -> bool:
@@ -182,9 +240,15 @@ class OpenAIServer:
         """The `sampling.n` responses to a prompt of token ids, through the engine's shared batch.
 
         For agent loops in this process (no HTTP). Raises `ServerAsleepError` while asleep,
-        `GenerationTimeoutError` after `request_timeout_s` (the request is aborted in the engine), and the
+        `GenerationTimeoutError` after `request_timeout_s` (the request is aborted in the engine), ValueError
+        for a token id outside the vocabulary (checked here, so it never fails the engine's batch), and the
         engine's own errors (ValueError for a request it cannot take, `EngineStateError`).
         """
+        try:
+            check_token_ids(list(prompt_ids), self.limits, "prompt_token_ids")
+            check_token_ids(sampling.stop_token_ids, self.limits, "stop_token_ids")
+        except ApiError as exc:
+            raise ValueError(exc.message) from None
         request = GenerationRequest(tuple(prompt_ids), sampling)
         self._gate.enter()
         try:
@@ -227,6 +291,11 @@ class OpenAIServer:
         except ApiError as exc:
             headers = {"Retry-After": "1"} if isinstance(exc, ServerAsleepError) else None
             return web.json_response(exc.body(), status=exc.status, headers=headers)
+        except web.HTTPRequestEntityTooLarge:
+            message = (
+                f"the request body is larger than this server's max_body_bytes ({self.limits.max_body_bytes})"
+            )
+            return web.json_response(error_body(message, "invalid_request_error"), status=413)
         except web.HTTPException as exc:  # the router's 404 / 405
             return web.json_response(error_body(exc.reason, "invalid_request_error"), status=exc.status)
         except Exception as exc:
@@ -237,47 +306,94 @@ class OpenAIServer:
     def _authorize(self, request: web.Request) -> None:
         if self.api_key is None:
             return
-        sent = request.headers.get("Authorization", "")
-        if not secrets.compare_digest(sent.encode(), f"Bearer {self.api_key}".encode()):
+        # aiohttp keeps undecodable header bytes as surrogates: encode them back, never fail on them
+        sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not secrets.compare_digest(sent, f"Bearer {self.api_key}".encode()):
             message = "invalid or missing API key: send the header 'Authorization: Bearer <api key>'"
             raise ApiError(401, message, "invalid_request_error", code="invalid_api_key")
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        return protocol.parse_json_object(await request.read())
+        raw = await request.read()
+        return await asyncio.to_thread(protocol.parse_json_object, raw)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(responses.models_response(self.model_name, self._created))
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_schema(self.limits, self.model_name))
+
+    def _render(self, chat: protocol.ChatRequest) -> list[int]:
+        try:
+            return render_chat(self.tokenizer, chat.messages, chat.tools)
+        except Exception as exc:  # a template error is about the caller's messages
+            raise ApiError.bad_request(
+                f"the chat template cannot render these messages: {type(exc).__name__}: {exc}", "messages"
+            ) from None
+
+    def _encode(self, prompt: str) -> list[int]:
+        try:
+            return encode_prompt(self.tokenizer, prompt)
+        except Exception as exc:
+            raise ApiError.bad_request(
+                f"the prompt cannot be tokenized: {type(exc).__name__}: {exc}", "prompt"
+            ) from None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         protocol.check_model(body, self.model_name)
         chat = protocol.parse_chat(body, self.max_new_tokens_default)
-        try:
-            prompt = render_chat(self.tokenizer, chat.messages, chat.tools)
-        except Exception as exc:  # a template error is about the caller's messages
-            raise ApiError.bad_request(
-                f"the chat template cannot render these messages: {exc}", "messages"
-            ) from None
+        check_text_size(chat.text_chars, self.limits, "messages")
+        check_sampling(chat.sampling, 0, self.limits, _OPENAI_NAMES)  # before the cost of rendering
+        prompt = await self._worker.run(self._render, chat)
+        check_sampling(chat.sampling, len(prompt), self.limits, _OPENAI_NAMES | {"prompt": "messages"})
         outputs = await self._engine_call(prompt, chat.sampling)
-        answer = responses.chat_response(self.model_name, len(prompt), outputs, self.tokenizer, chat.logprobs)
+        tags = self._tool_tags if chat.parse_tool_calls else None
+        answer = await self._worker.run(
+            responses.chat_response,
+            self.model_name,
+            len(prompt),
+            outputs,
+            self.tokenizer,
+            chat.logprobs,
+            tags,
+        )
+        if chat.stream:
+            return await send_events(request, chat_chunks(answer, chat.include_usage))
         return web.json_response(answer)
 
-    async def _completions(self, request: web.Request) -> web.Response:
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         protocol.check_model(body, self.model_name)
         completion = protocol.parse_completion(body, self.max_new_tokens_default)
-        prompt = encode_prompt(self.tokenizer, completion.prompt)
+        check_sampling(completion.sampling, 0, self.limits, _OPENAI_NAMES)
+        if isinstance(completion.prompt, str):
+            check_text_size(len(completion.prompt), self.limits, "prompt")
+            prompt = await self._worker.run(self._encode, completion.prompt)
+        else:
+            check_token_ids(completion.prompt, self.limits, "prompt")
+            prompt = list(completion.prompt)
         if not prompt:
             raise ApiError.bad_request("the prompt encodes to no tokens", "prompt")
+        check_sampling(completion.sampling, len(prompt), self.limits, _OPENAI_NAMES)
         outputs = await self._engine_call(prompt, completion.sampling)
-        answer = responses.completion_response(
-            self.model_name, len(prompt), outputs, self.tokenizer, completion.logprobs
+        answer = await self._worker.run(
+            responses.completion_response,
+            self.model_name,
+            len(prompt),
+            outputs,
+            self.tokenizer,
+            completion.logprobs,
+            completion.top_logprobs,
         )
+        if completion.stream:
+            return await send_events(request, completion_chunks(answer, completion.include_usage))
         return web.json_response(answer)
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         token_request = protocol.parse_token_request(body, self.max_new_tokens_default)
+        check_token_ids(token_request.prompt_token_ids, self.limits, "prompt_token_ids")
+        check_sampling(token_request.sampling, len(token_request.prompt_token_ids), self.limits, _TOKEN_NAMES)
         outputs = await self._engine_call(token_request.prompt_token_ids, token_request.sampling)
         request_id = outputs[0].request_id if outputs else ""
         return web.json_response(responses.token_response(request_id, outputs))

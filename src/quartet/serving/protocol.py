@@ -2,25 +2,28 @@
 
 Two kinds of body:
 
-- **OpenAI bodies** (`/v1/chat/completions`, `/v1/completions`). Unknown top-level fields are ignored: the
-  OpenAI API keeps growing and clients send fields such as `user`, `store` or `metadata` that change nothing
-  here. Fields this server cannot honour are refused with a 400 naming the field when they ask for
-  something (`stream: true`, a non-zero penalty, `top_logprobs` above 0, a non-empty `logit_bias`, ...),
-  never silently dropped. vLLM's extra sampling fields `top_k`, `stop_token_ids` and `ignore_eos` are
-  accepted, as agent frameworks written against vLLM send them.
+- **OpenAI bodies** (`/v1/chat/completions`, `/v1/completions`). Every top-level field is either honoured,
+  accepted as metadata that changes nothing here (`METADATA_FIELDS`: `user`, `metadata`, ...), or refused
+  with a 400 naming it: nothing is silently dropped. Fields that take a value this server cannot honour are
+  refused for that value only (`logit_bias` non-empty, `response_format` other than text, `echo`,
+  `tool_choice` "required", ...). vLLM's extra sampling fields `top_k` (-1 or 0 disable), `stop_token_ids`,
+  `ignore_eos`, `repetition_penalty` and `min_tokens` are accepted, as agent frameworks written against
+  vLLM send them. Penalties, `min_tokens` and `top_logprobs` reach the engine through `SamplingParams`
+  fields of the same names; where the installed `SamplingParams` has no such field they are refused.
 - **Our token body** (`/v1/quartet/generate`): `{"prompt_token_ids": [...], "sampling": {...}}`, where
   `sampling` holds `SamplingParams` fields. That object is ours, so unknown keys there are errors (a typo
   must not silently sample with defaults).
 
 `max_tokens` / `max_completion_tokens` / `max_new_tokens` default to the server's `max_new_tokens_default`
 (the OpenAI completions default of 16 tokens would surprise everyone); the engine further caps them to the
-model's context.
+model's context. Limits that depend on the server (vocabulary, `max_n`, `max_request_tokens`) are checked
+in `limits`, once the prompt's length is known.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +31,13 @@ from typing import Any
 from quartet.rollout.types import SamplingParams
 from quartet.serving.errors import ApiError
 from quartet.serving.fields import bad, boolean, build_sampling, integer, number, show, str_list, token_ids
+from quartet.serving.limits import load_json_body
+from quartet.serving.messages import parse_messages, parse_tools, text_chars
 
 __all__ = [
+    "CHAT_FIELDS",
+    "COMPLETION_FIELDS",
+    "METADATA_FIELDS",
     "SAMPLING_FIELD_KINDS",
     "ChatRequest",
     "CompletionRequest",
@@ -43,6 +51,20 @@ __all__ = [
     "sampling_to_json",
 ]
 
+_OPTIONAL_SAMPLING = {
+    "presence_penalty": ("number", 0.0),
+    "frequency_penalty": ("number", 0.0),
+    "repetition_penalty": ("number", 1.0),
+    "min_tokens": ("int", 0),
+    "top_logprobs": ("int", 0),
+}
+"""`SamplingParams` fields this server passes on when the installed `SamplingParams` has them."""
+
+
+def _engine_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(SamplingParams)}
+
+
 SAMPLING_FIELD_KINDS: dict[str, str] = {
     "temperature": "number",
     "top_p": "number",
@@ -54,8 +76,37 @@ SAMPLING_FIELD_KINDS: dict[str, str] = {
     "stop": "str_list",
     "ignore_eos": "bool",
     "return_logprobs": "bool",
+    **{name: kind for name, (kind, _) in _OPTIONAL_SAMPLING.items() if name in _engine_fields()},
 }
 """JSON kind of each `SamplingParams` field, as the token endpoint reads it (a test keeps it complete)."""
+
+METADATA_FIELDS = frozenset(
+    {"model", "user", "metadata", "safety_identifier", "prompt_cache_key", "service_tier", "store"}
+)
+"""Top-level fields accepted and ignored: they identify or label the request and change no output here
+(`store: true` is refused, as nothing is stored)."""
+
+_SAMPLING_BODY_FIELDS = frozenset(
+    {"temperature", "top_p", "top_k", "n", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens"}
+    | {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias"}
+    | {"stream", "stream_options", "logprobs"}
+)
+CHAT_FIELDS = (
+    METADATA_FIELDS
+    | _SAMPLING_BODY_FIELDS
+    | {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_completion_tokens",
+        "top_logprobs",
+        "response_format",
+    }
+)
+"""Every top-level field a chat body may hold."""
+COMPLETION_FIELDS = METADATA_FIELDS | _SAMPLING_BODY_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+"""Every top-level field a completions body may hold."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +117,15 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     sampling: SamplingParams
     logprobs: bool
+    top_logprobs: int = 0
+    """Alternatives per token in the log-prob entries."""
+    stream: bool = False
+    include_usage: bool = False
+    """`stream_options.include_usage`: a last chunk with the usage."""
+    parse_tool_calls: bool = False
+    """Turn the output's Hermes blocks into `message.tool_calls` (tools given, tool_choice auto)."""
+    text_chars: int = 0
+    """Characters of text in the messages and tools (bounded before rendering)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +135,9 @@ class CompletionRequest:
     prompt: str | tuple[int, ...]
     sampling: SamplingParams
     logprobs: bool
+    top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,46 +149,81 @@ class TokenRequest:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying why it is not one."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad(f"the request body is not valid JSON: {exc}", None) from None
-    if not isinstance(body, dict):
-        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
-    return body
+    """The request body as a JSON object, or a 400 saying why it is not one (see `limits.load_json_body`)."""
+    return load_json_body(raw)
+
+
+def _refuse_unknown(body: Mapping[str, Any], known: frozenset[str]) -> None:
+    for name in body:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise bad(f"unknown or unsupported field '{name}'{hint}: this server does not implement it", name)
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
-    if body.get("stream"):
-        raise bad(
-            "streaming is not supported by this server: send 'stream': false (or leave it out) and read "
-            "the whole response",
-            "stream",
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if number(body, name, 0.0, name) != 0.0:
-            raise bad(f"'{name}' is not supported (the rollout engine applies no penalties); use 0", name)
     if body.get("logit_bias"):
         raise bad("'logit_bias' is not supported by the rollout engine", "logit_bias")
+    if body.get("logit_bias") is not None and not isinstance(body["logit_bias"], dict):
+        raise bad("'logit_bias' must be an object", "logit_bias")
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad("only the 'text' response_format is supported (no constrained decoding)", "response_format")
+    if boolean(body, "store", False, "store"):
+        raise bad("'store': true is not supported (this server stores nothing)", "store")
 
 
-def _openai_sampling(body: Mapping[str, Any], max_tokens: int, logprobs: bool) -> SamplingParams:
+def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = boolean(body, "stream", False, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise bad("'stream_options' is only allowed with 'stream': true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise bad("'stream_options' may only hold 'include_usage'", "stream_options")
+    return stream, boolean(options, "include_usage", False, "stream_options.include_usage")
+
+
+def _optional_sampling(body: Mapping[str, Any], top_logprobs: int) -> dict[str, Any]:
+    """Penalties, min_tokens and top_logprobs: passed on when `SamplingParams` has them, else refused."""
+    present = _engine_fields()
+    values: dict[str, Any] = {"top_logprobs": top_logprobs}
+    for name, (kind, default) in _OPTIONAL_SAMPLING.items():
+        if name != "top_logprobs":
+            values[name] = (
+                number(body, name, default, name) if kind == "number" else integer(body, name, default, name)
+            )
+    fields: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in present:
+            fields[name] = value
+        elif value != _OPTIONAL_SAMPLING[name][1]:
+            raise bad(f"'{name}' is not supported by this server's rollout engine; leave it out", name)
+    return fields
+
+
+def _openai_sampling(
+    body: Mapping[str, Any], max_tokens: int, logprobs: bool, top_logprobs: int
+) -> SamplingParams:
+    top_k = integer(body, "top_k", 0, "top_k")
     return build_sampling(
         "",
         temperature=number(body, "temperature", 1.0, "temperature"),
         top_p=number(body, "top_p", 1.0, "top_p"),
-        top_k=integer(body, "top_k", 0, "top_k"),
+        top_k=0 if top_k == -1 else top_k,  # vLLM's spelling of "off"
         max_new_tokens=max_tokens,
         n=integer(body, "n", 1, "n"),
         seed=integer(body, "seed", None, "seed"),
         stop=str_list(body, "stop", "stop"),
-        stop_token_ids=token_ids(body.get("stop_token_ids") or [], "stop_token_ids", allow_empty=True),
+        stop_token_ids=token_ids(
+            [] if body.get("stop_token_ids") is None else body["stop_token_ids"],
+            "stop_token_ids",
+            allow_empty=True,
+        ),
         ignore_eos=boolean(body, "ignore_eos", False, "ignore_eos"),
         return_logprobs=logprobs,
+        **_optional_sampling(body, top_logprobs),
     )
 
 
@@ -133,8 +231,8 @@ def _max_tokens(body: Mapping[str, Any], names: tuple[str, ...], default: int) -
     for name in names:
         value = integer(body, name, None, name)
         if value is not None:
-            if value < 1:
-                raise bad(f"'{name}' must be >= 1, got {value}", name)
+            if not 1 <= value < 2**31:
+                raise bad(f"'{name}' must lie in [1, 2**31), got {value}", name)
             return value
     return default
 
@@ -152,57 +250,44 @@ def check_model(body: Mapping[str, Any], served: str) -> None:
         )
 
 
-def _message(value: Any, index: int) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    if not isinstance(value, dict):
-        raise bad(f"'{where}' must be an object with 'role' and 'content'", where)
-    if not isinstance(value.get("role"), str):
-        raise bad(f"'{where}.role' must be a string, got {show(value.get('role'))}", f"{where}.role")
-    content = value.get("content")
-    if isinstance(content, list):  # content parts: only text can reach a text-only chat template
-        texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        if len(texts) != len(content) or any(p.get("type") != "text" for p in content):
-            raise bad(
-                f"'{where}.content' may only hold text parts ({{'type': 'text', 'text': ...}})",
-                f"{where}.content",
-            )
-        content = "".join(texts)
-    elif content is not None and not isinstance(content, str):
-        raise bad(f"'{where}.content' must be a string, a list of text parts or null", f"{where}.content")
-    return {**value, "content": content}
+def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> bool:
+    """Whether tool calls are parsed out of the output."""
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise bad(
+            "only tool_choice 'auto' and 'none' are supported (no constrained decoding forces a call)",
+            "tool_choice",
+        )
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and parallel is not True:
+        raise bad(
+            "only 'parallel_tool_calls': true is supported (the model may write several calls)",
+            "parallel_tool_calls",
+        )
+    return tools is not None and choice != "none"
 
 
 def parse_chat(body: Mapping[str, Any], default_max_tokens: int) -> ChatRequest:
     """A `/v1/chat/completions` body as a `ChatRequest`."""
+    _refuse_unknown(body, CHAT_FIELDS)
     _refuse_unsupported(body)
-    messages = body.get("messages")
-    if messages is None:
-        raise bad("'messages' is required", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("'messages' must be a non-empty list of messages", "messages")
-    tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise bad("'tools' must be a list of tool objects", "tools")
-    if body.get("tool_choice") not in (None, "auto"):
-        raise bad(
-            "only tool_choice 'auto' is supported: tools go to the chat template, and the model's "
-            "text is returned as it is",
-            "tool_choice",
-        )
+    messages = parse_messages(body.get("messages"))
+    tools = parse_tools(body.get("tools"))
+    parse_calls = _tool_choice(body, tools)
     logprobs = boolean(body, "logprobs", False, "logprobs")
-    if integer(body, "top_logprobs", 0, "top_logprobs") != 0:
-        raise bad(
-            "'top_logprobs' is only supported as 0: the engine returns the log-prob of the sampled "
-            "token, not alternatives",
-            "top_logprobs",
-        )
+    top = integer(body, "top_logprobs", 0, "top_logprobs") or 0
+    if top and not logprobs:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    stream, include_usage = _stream(body)
     max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), default_max_tokens)
-    sampling = _openai_sampling(body, max_tokens, logprobs)
-    return ChatRequest([_message(m, i) for i, m in enumerate(messages)], tools or None, sampling, logprobs)
+    sampling = _openai_sampling(body, max_tokens, logprobs, top)
+    chars = text_chars(messages) + (text_chars(tools) if tools else 0)
+    return ChatRequest(messages, tools, sampling, logprobs, top, stream, include_usage, parse_calls, chars)
 
 
 def parse_completion(body: Mapping[str, Any], default_max_tokens: int) -> CompletionRequest:
     """A `/v1/completions` body as a `CompletionRequest`."""
+    _refuse_unknown(body, COMPLETION_FIELDS)
     _refuse_unsupported(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -217,7 +302,7 @@ def parse_completion(body: Mapping[str, Any], default_max_tokens: int) -> Comple
         parsed = token_ids(prompt, "prompt")
     else:
         raise bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
-    if body.get("echo"):
+    if body.get("echo") is not None and boolean(body, "echo", False, "echo"):
         raise bad("'echo' is not supported", "echo")
     if body.get("suffix"):
         raise bad("'suffix' is not supported", "suffix")
@@ -225,12 +310,12 @@ def parse_completion(body: Mapping[str, Any], default_max_tokens: int) -> Comple
     if body.get("best_of") not in (None, n):
         raise bad("'best_of' is not supported (leave it out, or equal to n)", "best_of")
     top = integer(body, "logprobs", None, "logprobs")
-    if top not in (None, 0):
-        raise bad(
-            "'logprobs' is only supported as 0 (the sampled token's log-prob, no alternatives)", "logprobs"
-        )
+    if top is not None and not 0 <= top <= 5:
+        raise bad(f"'logprobs' must lie in [0, 5] (alternatives per token), got {top}", "logprobs")
+    stream, include_usage = _stream(body)
     max_tokens = _max_tokens(body, ("max_tokens",), default_max_tokens)
-    return CompletionRequest(parsed, _openai_sampling(body, max_tokens, top == 0), top == 0)
+    sampling = _openai_sampling(body, max_tokens, top is not None, top or 0)
+    return CompletionRequest(parsed, sampling, top is not None, top or 0, stream, include_usage)
 
 
 def parse_sampling(obj: Any, default_max_tokens: int, param: str = "sampling") -> SamplingParams:

@@ -2,10 +2,12 @@
 
 Chat and text completions follow the OpenAI API reference (`chat.completion` and `text_completion`
 objects). Usage counts every generated token of every choice, stop tokens included. Finish reasons are the
-engine's: "stop", "length", or "abort" (aborted by the engine, as vLLM reports it). Log-probs, when asked
-for, cover every generated token (the end-of-turn token too) with its text decoded alone; alternatives
-(`top_logprobs`) are always empty, as only the sampled token's log-prob exists. An entry's `bytes` are the
-UTF-8 bytes of its text: a byte-level token holding part of a character reads as U+FFFD (its raw bytes are
+engine's: "stop", "length", or "abort" (aborted by the engine, as vLLM reports it), and "tool_calls" when
+a chat response's Hermes blocks became `message.tool_calls` (`tool_calls`). Log-probs, when asked for,
+cover every generated token (the end-of-turn token too) with its text decoded alone; alternatives
+(`top_logprobs`) are those the engine returns in `GenerationOutput.top_logprobs` (per token, (token id,
+log-prob) pairs, most likely first) and empty where it returns none. An entry's `bytes` are the UTF-8 bytes
+of its text: a byte-level token holding part of a character reads as U+FFFD (its raw bytes are
 tokenizer-specific).
 
 The token body `{"request_id", "outputs": [{"sample_index", "token_ids", "logprobs", "finish_reason",
@@ -22,6 +24,7 @@ from typing import Any
 
 from quartet.rollout.types import FinishReason, GenerationOutput
 from quartet.serving.text import TokenizerLike, decode_response, token_texts
+from quartet.serving.tool_calls import parse_assistant_turn
 
 __all__ = [
     "chat_response",
@@ -46,14 +49,52 @@ def _envelope(kind: str, prefix: str, model: str) -> dict[str, Any]:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
 
 
+def _alternatives(output: GenerationOutput) -> list[list[tuple[int, float]]]:
+    """Per generated token, the engine's (token id, log-prob) alternatives ([] where it returns none)."""
+    top = getattr(output, "top_logprobs", None)
+    if not top:
+        return [[] for _ in output.token_ids]
+    return [[(int(t), float(lp)) for t, lp in entry] for entry in top]
+
+
 def _chat_logprobs(tokenizer: TokenizerLike, output: GenerationOutput) -> dict[str, Any]:
     values = output.logprobs or ()
     texts = token_texts(tokenizer, output.token_ids)
-    content = [
-        {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-        for text, lp in zip(texts, values, strict=True)
-    ]
+    alternatives = _alternatives(output)
+    content = []
+    for text, lp, alts in zip(texts, values, alternatives, strict=True):
+        alt_texts = token_texts(tokenizer, [t for t, _ in alts])
+        top = [
+            {"token": at, "logprob": alp, "bytes": list(at.encode())}
+            for at, (_, alp) in zip(alt_texts, alts, strict=True)
+        ]
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
     return {"content": content, "refusal": None}
+
+
+def _chat_choice(
+    index: int,
+    output: GenerationOutput,
+    tokenizer: TokenizerLike,
+    logprobs: bool,
+    tool_tags: Mapping[int, str] | None,
+) -> dict[str, Any]:
+    finish = output.finish_reason.value
+    message: dict[str, Any] = {"role": "assistant"}
+    if tool_tags is None:
+        message["content"] = decode_response(tokenizer, output)
+    else:
+        turn = parse_assistant_turn(decode_response(tokenizer, output, tool_tags))
+        message["content"] = turn.content
+        if turn.tool_calls:
+            message["tool_calls"] = turn.tool_calls
+            finish = "tool_calls" if finish == "stop" else finish
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": finish,
+        "logprobs": _chat_logprobs(tokenizer, output) if logprobs else None,
+    }
 
 
 def chat_response(
@@ -62,17 +103,14 @@ def chat_response(
     outputs: Sequence[GenerationOutput],
     tokenizer: TokenizerLike,
     logprobs: bool,
+    tool_tags: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """A `chat.completion` object with one choice per output."""
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": decode_response(tokenizer, o)},
-            "finish_reason": o.finish_reason.value,
-            "logprobs": _chat_logprobs(tokenizer, o) if logprobs else None,
-        }
-        for i, o in enumerate(outputs)
-    ]
+    """A `chat.completion` object with one choice per output.
+
+    tool_tags: when set (the request had tools), the response is decoded keeping these tag tokens and its
+    Hermes blocks become `message.tool_calls` (`tool_calls` module); None: plain text.
+    """
+    choices = [_chat_choice(i, o, tokenizer, logprobs, tool_tags) for i, o in enumerate(outputs)]
     return {
         **_envelope("chat.completion", "chatcmpl", model),
         "choices": choices,
@@ -80,13 +118,19 @@ def chat_response(
     }
 
 
-def _completion_logprobs(tokenizer: TokenizerLike, output: GenerationOutput) -> dict[str, Any]:
+def _completion_logprobs(tokenizer: TokenizerLike, output: GenerationOutput, top: int) -> dict[str, Any]:
     texts = token_texts(tokenizer, output.token_ids)
     offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    alternatives = None
+    if top:
+        alternatives = [
+            dict(zip(token_texts(tokenizer, [t for t, _ in alts]), (lp for _, lp in alts), strict=True))
+            for alts in _alternatives(output)
+        ]
     return {
         "tokens": texts,
         "token_logprobs": list(output.logprobs or ()),
-        "top_logprobs": None,
+        "top_logprobs": alternatives,
         "text_offset": offsets,
     }
 
@@ -97,14 +141,15 @@ def completion_response(
     outputs: Sequence[GenerationOutput],
     tokenizer: TokenizerLike,
     logprobs: bool,
+    top_logprobs: int = 0,
 ) -> dict[str, Any]:
-    """A `text_completion` object with one choice per output."""
+    """A `text_completion` object with one choice per output (`top_logprobs` alternatives per token)."""
     choices = [
         {
             "index": i,
             "text": decode_response(tokenizer, o),
             "finish_reason": o.finish_reason.value,
-            "logprobs": _completion_logprobs(tokenizer, o) if logprobs else None,
+            "logprobs": _completion_logprobs(tokenizer, o, top_logprobs) if logprobs else None,
         }
         for i, o in enumerate(outputs)
     ]
