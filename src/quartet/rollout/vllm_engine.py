@@ -15,6 +15,8 @@ quartet's conventions (`quartet.rollout.types`), and how they are met:
 - Stop tokens stay at the end of `token_ids`; for an end-of-sequence stop vLLM's stop_reason is None and
   the engine fills in the id. Stop strings: vLLM matches its incrementally decoded text and keeps the ids up
   to the completing token; text is decoded only for requests that have stop strings.
+- Penalties (presence, frequency, repetition) and `min_tokens` are vLLM's own (same names); `top_logprobs`
+  maps to vLLM's `logprobs=k` (in processed mode, so from the distribution sampled from, like the built-in).
 - Greedy with n > 1: vLLM refuses it; greedy is deterministic, so one sample is run and copied.
 - Abort/shutdown: vLLM's offline engine returns nothing for an aborted request: ABORT with no tokens.
   first_step is the engine step at which a request was handed to vLLM.
@@ -52,7 +54,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from quartet.rollout.base import EngineStateError, RolloutEngine
-from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest
+from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 from quartet.rollout.vllm_support import (
     attention_shape,
     check_cpu_head_size,
@@ -84,6 +86,12 @@ class _Pending:
     request: GenerationRequest
     future: Future[list[GenerationOutput]]
     first_step: int = 0
+
+
+def _top_entries(entry: dict[int, Any], k: int) -> TopLogprobs:
+    """The k most likely (token id, log-prob) pairs of one vLLM position (it adds the sampled token)."""
+    pairs = sorted(((int(t), float(lp.logprob)) for t, lp in entry.items()), key=lambda x: -x[1])
+    return tuple(pairs[:k])
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -323,7 +331,12 @@ class VLLMRolloutEngine(RolloutEngine):
             stop_token_ids=list(p.stop_token_ids),
             stop=list(p.stop),
             ignore_eos=p.ignore_eos,
-            logprobs=0 if p.return_logprobs else None,
+            presence_penalty=p.presence_penalty,  # same names and meaning in vLLM
+            frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty,
+            min_tokens=p.min_tokens,
+            # vLLM returns the `logprobs` most likely tokens plus the sampled one per position
+            logprobs=p.top_logprobs if p.top_logprobs > 0 else (0 if p.return_logprobs else None),
             detokenize=bool(p.stop),  # text is only needed to match stop strings
             output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when it is done
         )
@@ -343,6 +356,10 @@ class VLLMRolloutEngine(RolloutEngine):
             if params.return_logprobs and sample.logprobs is not None:
                 entries = cast("list[dict[int, Any]]", sample.logprobs)
                 logprobs = tuple(float(lp[t].logprob) for lp, t in zip(entries, tokens, strict=True))
+            top = None
+            if params.top_logprobs > 0 and sample.logprobs is not None:
+                entries = cast("list[dict[int, Any]]", sample.logprobs)
+                top = tuple(_top_entries(lp, params.top_logprobs) for lp in entries)
             reason = FinishReason(sample.finish_reason or "abort")
             stop_reason = sample.stop_reason
             if reason is FinishReason.STOP and stop_reason is None and tokens:
@@ -358,6 +375,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     first_step=pending.first_step,
                     finish_step=self._steps,
                     finish_time=now,
+                    top_logprobs=top,
                 )
             )
         if params.greedy and params.n > 1:
