@@ -16,6 +16,14 @@ temporary file, flushed, `os.replace`d). A crash at any point leaves `latest` na
 (or absent, before the first); a half-written `.tmp-*` folder is ignored and removed by the next save.
 `max_checkpoints_to_keep` prunes the oldest complete ones after `latest` moves.
 
+Re-saving a step that already has a checkpoint (a run resumed from an older one reaches it again) never
+deletes the old folder before the new one is in: `latest` is first pointed at the newest other complete
+checkpoint (when it named this step), the old folder is renamed aside to `.old-global_step_N`, the new one
+renamed in, `latest` pointed at it, and only then is the old one deleted. Resuming (and the next save)
+repairs what a crash between those steps left: an `.old-*` folder whose step folder is missing is renamed
+back, one whose step folder is back is deleted; and a `latest` naming a missing or incomplete folder falls
+back, with a warning, to the newest complete checkpoint.
+
 The reference policy is frozen (it is the starting model) and the rollout engine gets the actor's weights
 by a sync after loading, so neither is saved. With several nodes the run folder must be on storage every
 node sees, as in verl.
@@ -86,12 +94,56 @@ def _fsync(path: Path) -> None:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of the run, oldest step first (temporary folders excluded)."""
+    """Complete checkpoints of the run (holding their state file), oldest step first."""
     root = run_dir / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if p.is_dir() and (m := _NAME.match(p.name)) and (p / STATE_FILE).exists()
+    ]
     return [p for _, p in sorted(found)]
+
+
+def _point_latest(root: Path, name: str) -> None:
+    """`latest` names `name`, replaced atomically."""
+    latest_tmp = root / f".{LATEST}.tmp"
+    with latest_tmp.open("w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, root / LATEST)
+    _fsync(root)
+
+
+def _repair(root: Path) -> None:
+    """Finish or undo a re-save a crash interrupted (see the module docstring)."""
+    if not root.is_dir():
+        return
+    for old in root.glob(".old-global_step_*"):
+        final = root / old.name.removeprefix(".old-")
+        if (final / STATE_FILE).exists():
+            shutil.rmtree(old, ignore_errors=True)  # the new one is in: the old one was to be deleted
+        elif (old / STATE_FILE).exists():
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(old, final)  # crashed between moving the old one aside and the new one in
+            _fsync(root)
+            log.warning("restored %s, set aside by a re-save that was interrupted", final)
+
+
+def _set_aside(root: Path, final: Path) -> Path:
+    """Move an existing `final` out of the way of its re-save; `latest` never names a missing folder."""
+    pointer = root / LATEST
+    if pointer.exists() and pointer.read_text().strip() == final.name:
+        others = [p for p in list_checkpoints(root.parent) if p != final]
+        if others:
+            _point_latest(root, others[-1].name)
+    aside = root / f".old-{final.name}"
+    os.rename(final, aside)
+    _fsync(root)
+    return aside
 
 
 def save_checkpoint(
@@ -111,6 +163,7 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
+    _repair(root)
     name = f"global_step_{state.step}"
     tmp, final = root / f".tmp-{name}", root / name
     tmp.mkdir()
@@ -120,17 +173,13 @@ def save_checkpoint(
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
     (tmp / "config.yaml").write_text(config_yaml)
     _fsync_tree(tmp)
-    if final.exists():  # a complete checkpoint of this step from an earlier attempt: replace it
-        shutil.rmtree(final)
+    # a checkpoint of this step from an earlier attempt: replaced, deleted only once the new one is in
+    aside = _set_aside(root, final) if final.exists() else None
     os.rename(tmp, final)
     _fsync(root)
-    latest_tmp = root / f".{LATEST}.tmp"
-    with latest_tmp.open("w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(latest_tmp, root / LATEST)
-    _fsync(root)
+    _point_latest(root, name)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             if old != final:
@@ -140,19 +189,29 @@ def save_checkpoint(
 
 
 def _latest(run_dir: Path) -> Path | None:
-    """The checkpoint `latest` names, else the newest complete one, else None."""
+    """The checkpoint `latest` names, else the newest complete one, else None (after repairing what an
+    interrupted re-save left)."""
     root = run_dir / CHECKPOINTS
+    _repair(root)
     pointer = root / LATEST
+    found = list_checkpoints(run_dir)
     if pointer.exists():
         target = root / pointer.read_text().strip()
-        if not (target / STATE_FILE).exists():
+        if (target / STATE_FILE).exists():
+            return target
+        if not found:
             raise CheckpointError(
-                f"{pointer} names '{target.name}', which is missing or incomplete; "
-                f"complete checkpoints: {[p.name for p in list_checkpoints(run_dir)]}. Fix: point "
-                "trainer.resume at one of them, or set trainer.resume=off to start over"
+                f"{pointer} names '{target.name}', which is missing or incomplete, and there is no other "
+                "complete checkpoint. Fix: set trainer.resume=off to start over"
             )
-        return target
-    found = list_checkpoints(run_dir)
+        log.warning(
+            "%s names '%s', which is missing or incomplete; resuming from the newest complete checkpoint, "
+            "%s (complete: %s)",
+            pointer,
+            target.name,
+            found[-1].name,
+            [p.name for p in found],
+        )
     return found[-1] if found else None
 
 
