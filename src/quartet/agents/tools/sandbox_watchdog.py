@@ -1,0 +1,77 @@
+"""A run's total resident memory, held to a cap by killing the whole run: the aggregate limit.
+
+RLIMIT_AS caps each process alone, so 8 children of 400 MB each held 3 GB. A memory cgroup would be the
+kernel's way; cgroups are not writable in every container this runs in (and v1 or v2 differ), so a
+watchdog on the host polls the run's process tree (every descendant of the process it started: inside a
+PID namespace, and under the boot script's subreaper without one, orphans stay in that tree) and kills
+all of it when the sum of resident set sizes passes the cap. The sum counts shared pages once per process,
+so it errs high. What it cannot hold: memory allocated within one polling interval past the cap (a few
+tens of MB), and tmpfs files, which no process holds (bwrap caps /tmp and /dev/shm by size instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+__all__ = ["kill_tree", "process_tree", "watch_memory"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _scan() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, resident bytes)} of every process in /proc; vanished ones skipped."""
+    found: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            found[int(name)] = (int(fields[1]), int(fields[21]) * _PAGE)
+    return found
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """{pid: resident bytes} of `root` and all its descendants alive now."""
+    table = _scan()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    tree: dict[int, int] = {}
+    stack = [root] if root in table else []
+    while stack:
+        pid = stack.pop()
+        if pid not in tree:
+            tree[pid] = table[pid][1]
+            stack += children.get(pid, [])
+    return tree
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL `root`'s session group and every descendant, a few rounds (a fork may race a round)."""
+    for _ in range(5):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(root, signal.SIGKILL)
+        tree = process_tree(root)
+        if not tree:
+            return
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def watch_memory(root: int, cap_bytes: int, interval_s: float = 0.05) -> int:
+    """Poll `root`'s tree until its resident total passes `cap_bytes`; then kill it, return the total.
+
+    Runs until cancelled otherwise (the caller cancels it when the run ends).
+    """
+    while True:
+        total = sum(process_tree(root).values())
+        if total > cap_bytes:
+            kill_tree(root)
+            return total
+        await asyncio.sleep(interval_s)
