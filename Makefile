@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: install test test-fast lint typecheck demo bench clean install-vllm test-vllm
+.PHONY: install test test-under-load test-fast lint typecheck demo bench clean install-vllm test-vllm
 
 install: $(STAMP)
 
@@ -22,6 +22,12 @@ $(STAMP):
 
 test: install
 	$(PY) -m pytest -q
+
+# The suite while one core is kept busy by another process (a user's machine is not quiet); REPEAT=3 runs
+# it three times. ARGS go to pytest, e.g. make test-under-load ARGS='-m "not slow"'.
+REPEAT ?= 1
+test-under-load: install
+	$(PY) tools/test_under_load.py --busy 1 --repeat $(REPEAT) -- $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -58,6 +58,8 @@ def rollout_lines(r: dict[str, Any]) -> list[str]:
             + (f", vLLM {vllm:.0f} (vLLM/engine {f['vllm_over_engine']:.2f}x)" if vllm else ", vLLM not run")
             + f"; engine at {f['engine_fraction_of_compute_bound']:.0%} of its compute bound"
         )
+        if f.get("suspect"):
+            out.append(f"  WARNING {dtype}: {f['suspect']}")
     return out
 
 
@@ -72,6 +74,7 @@ def train_lines(r: dict[str, Any]) -> list[str]:
                 f"  {size} {dtype}: {f['train_tok_s']:.0f} train tok/s, {f['gflops']:.0f} GFLOP/s = "
                 f"{f['mfu_bf16']:.0%} of the bf16 peak, {f['mfu_fp32']:.0%} of the fp32 peak"
             )
+        out += [f"  WARNING {size}: {warning}" for warning in entry.get("suspect", [])]
     return out
 
 

@@ -261,6 +261,12 @@ def summarize(
             "compute_bound_tok_s": bound,
             "engine_fraction_of_compute_bound": ratio(best["engine"], bound),
         }
+        fraction = out[name]["engine_fraction_of_compute_bound"]
+        if fraction is not None and fraction > 1:
+            out[name]["suspect"] = (
+                f"the engine at {fraction:.2f}x its compute bound: the matmul peak was measured while other "
+                "work held the cores (rerun on a quiet machine)"
+            )
     return out
 
 

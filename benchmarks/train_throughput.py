@@ -169,7 +169,20 @@ def summarize(raw: Mapping[str, Any], peaks: Mapping[str, float]) -> dict[str, A
                 "mfu_fp32": gflops / peaks["float32"],
                 "logprob_tok_s": tokens / min(r["logprob_s"]),
             }
+            own = out[label][name][
+                f"mfu_{peak_key(name)}"
+            ]  # a step can only be over its OWN precision's peak
+            if own > 1:
+                out[label].setdefault("suspect", []).append(
+                    f"{name} at {own:.2f}x the {name} matmul peak: the peak was measured while other work "
+                    "held the cores (rerun on a quiet machine)"
+                )
     return out
+
+
+def peak_key(dtype: str) -> str:
+    """`bfloat16` -> `bf16`, `float32` -> `fp32` (the MFU keys' suffixes)."""
+    return {"bfloat16": "bf16", "float32": "fp32"}[dtype]
 
 
 def print_table(summary: Mapping[str, Any], peaks: Mapping[str, float]) -> None:
