@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from quartet.models.loading import load_causal_lm, load_tokenizer
+from quartet.rollout import SamplingParams
 
 PROMPTS = [
     "What is 12 + 7?",
@@ -85,3 +88,34 @@ def hf_greedy(model: PreTrainedModel, prompts: list[list[int]], max_new: int, pa
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     return [row.tolist() for row in out[:, width:]]
+
+
+def slow_penalised(
+    logits: list[float],
+    prompt: Sequence[int],
+    generated: Sequence[int],
+    params: SamplingParams,
+    stop_ids: Set[int],
+) -> list[float]:
+    """Next-token logits after penalties and `min_tokens`, token by token, from the definitions:
+    repetition (vLLM/transformers) over prompt and response, then frequency and presence (OpenAI) over the
+    response, then the stop ids masked while fewer than `min_tokens` tokens are generated."""
+    out = []
+    for v, x in enumerate(logits):
+        count = sum(1 for t in generated if t == v)
+        if v in prompt or count > 0:
+            x = x / params.repetition_penalty if x > 0 else x * params.repetition_penalty
+        x -= params.frequency_penalty * count
+        if count > 0:
+            x -= params.presence_penalty
+        if len(generated) < params.min_tokens and v in stop_ids:
+            x = -math.inf
+        out.append(x)
+    return out
+
+
+def slow_log_softmax(values: list[float]) -> list[float]:
+    """log_softmax by its definition (entries of -inf stay -inf)."""
+    top = max(values)
+    norm = top + math.log(sum(math.exp(x - top) for x in values))
+    return [x - norm for x in values]
