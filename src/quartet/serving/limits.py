@@ -141,7 +141,8 @@ def load_json_body(raw: bytes) -> dict[str, Any]:
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
     for path, value, depth in _walk(body):
         if depth > MAX_JSON_DEPTH:
-            raise _bad(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", path or None)
+            field = path.split(".")[0].split("[")[0]  # the top-level field that holds it
+            raise _bad(f"'{field}' is nested deeper than {MAX_JSON_DEPTH} levels", field)
         if isinstance(value, str):
             try:
                 value.encode("utf-8")

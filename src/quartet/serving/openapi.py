@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quartet.serving.limits import MAX_SEED, MAX_STOP, MAX_TEMPERATURE, RequestLimits
+from quartet.serving.limits import MAX_SEED, MAX_STOP, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, RequestLimits
 
 __all__ = ["openapi_schema"]
 
@@ -148,7 +148,7 @@ def _chat(limits: RequestLimits) -> dict[str, Any]:
             "parallel_tool_calls": {"type": "boolean", "enum": [True], "nullable": True},
             "max_completion_tokens": {"type": "integer", "minimum": 1, "nullable": True},
             "logprobs": {"type": "boolean", "nullable": True},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 0, "nullable": True},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS, "nullable": True},
         },
     }
 
@@ -167,7 +167,7 @@ def _completion(limits: RequestLimits) -> dict[str, Any]:
                     {"type": "array", "minItems": 1, "items": token},
                 ]
             },
-            "logprobs": {"type": "integer", "minimum": 0, "maximum": 0, "nullable": True},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": 5, "nullable": True},
             "echo": {"type": "boolean", "enum": [False], "nullable": True},
         },
     }
