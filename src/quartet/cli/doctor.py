@@ -25,8 +25,13 @@ from quartet.cli.doctor_checks import (
     smoke_check,
     smoke_test,
 )
+from quartet.cluster.auth import ClusterAuthError
 from quartet.cluster.survey import ClusterSurvey, ProbeResult, probe_discovery, reachable, survey
 
+AUTH_FIX = (
+    "run `quartet doctor` as the user that started the run (Ray reads its token from that user's "
+    "~/.ray/auth_token), or set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"
+)
 RAY_FIX = (
     "start one with `ray start --head` (then --address auto), pass --address host:port (`ray status` "
     "prints it), or train without Ray: cluster.backend=local"
@@ -80,15 +85,21 @@ def run(args: argparse.Namespace) -> int:
     checks = [_package_check(report["versions"])]
     problem = reachable(address)
     facts: ClusterSurvey | None = None
+    refused = False
     if problem is None:
         try:
             facts = survey(address)
+        except ClusterAuthError as err:
+            problem, refused = str(err), True
         except (ConnectionError, RuntimeError) as err:
             problem = str(err).strip().splitlines()[0]
     why = problem or "unknown error"
     if facts is None:
-        report.update(address=address, error=why)
-        checks.append(Check("ray", "fail", f"no Ray cluster at '{address}': {why}", RAY_FIX))
+        report.update(address=address, error=why, auth_refused=refused)
+        if refused:
+            checks.append(Check("ray", "fail", why, AUTH_FIX))
+        else:
+            checks.append(Check("ray", "fail", f"no Ray cluster at '{address}': {why}", RAY_FIX))
     else:
         if not args.no_probe:
             for run_facts in facts.runs:
@@ -118,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         _render_versions(console)
         _render_devices(console, report)
-        if facts is None:
+        if facts is None and refused:
+            console.print(
+                f"Ray authentication refused: {why}", style="bold red", markup=False, soft_wrap=True
+            )
+        elif facts is None:
             _no_cluster(console, address, why)
         else:
             _render(console, facts)

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from quartet.cluster.auth import join
 from quartet.cluster.errors import WorkerDiscoveryError
 from quartet.cluster.naming import parse_actor_name
 
@@ -36,8 +37,8 @@ def find_workers(
     """
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
+    if not ray.is_initialized():  # with the machine's Ray token when the run's cluster requires one
+        join(address or "auto", namespace, log_to_driver=False)
     current = ray.get_runtime_context().namespace
     want = prefix if prefix.endswith(":") else prefix + ":"
     deadline = time.monotonic() + timeout_s

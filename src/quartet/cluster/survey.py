@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from quartet.cluster.auth import join
 from quartet.cluster.naming import parse_actor_name
 
 __all__ = ["ActorFacts", "ClusterSurvey", "NodeFacts", "ProbeResult", "RunFacts", "probe_discovery", "survey"]
@@ -98,10 +99,8 @@ def survey(address: str) -> ClusterSurvey:
     """Join the cluster at `address` (`auto` finds the local one) and read its nodes and quartet runs."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(
-            address=address, namespace=DOCTOR_NAMESPACE, log_to_driver=False, logging_level=logging.ERROR
-        )
+    if not ray.is_initialized():  # token auth on when this machine has a token; a refusal is named
+        join(address, DOCTOR_NAMESPACE, retries=8, log_to_driver=False, logging_level=logging.ERROR)
     facts = ClusterSurvey(str(ray.get_runtime_context().gcs_address))
     facts.nodes = _nodes()
     for named in ray.util.list_named_actors(all_namespaces=True):
