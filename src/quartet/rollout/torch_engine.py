@@ -253,7 +253,6 @@ class TorchRolloutEngine(RolloutEngine):
             self._thread_error = exc
             log.exception("rollout engine thread died; failing every request in flight")
             self._fail_all(EngineStateError(f"the rollout engine thread died: {exc!r}"))
-            raise
 
     def _serve(self) -> None:
         if self._num_threads is not None:
