@@ -8,7 +8,9 @@ memory limit 512 MiB`, `exit status 1; network access is disabled in this sandbo
 reached`), or the reason alone when the program was killed (`killed: wall-clock limit 5 s`, `killed: CPU
 time limit 5 s`). `ToolResult.error` holds that reason, so the executor counts such calls as failed; a
 program that merely exits non-zero (an exception of its own) is a successful call whose output the model
-reads. How each limit is enforced, and what is a guard rather than a boundary: `quartet.agents.tools.sandbox`.
+reads. The tool is built only where it can isolate programs (a bwrap sandbox) unless `allow_unisolated`
+accepts the weaker guard; the description given to the model says which mode runs, and the metric
+`python/isolated` which mode ran. What each mode holds: `quartet.agents.tools.sandbox`.
 """
 
 from __future__ import annotations

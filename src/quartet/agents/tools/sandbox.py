@@ -2,40 +2,43 @@
 
     outcome = await run_python("print(2 ** 10)", SandboxLimits(wall_s=5))   # outcome.stdout == "1024\\n"
 
-Each run gets a fresh interpreter (`sys.executable -I`: no user site, no PYTHON* variables, no script
-directory on the path) in a new session, with stdin closed, a minimal environment, stdout and stderr
-captured (only the first `max_output_chars` kept, so a flood cannot fill the host's memory), and a fresh
-temporary working directory deleted afterwards. The child side is `sandbox_boot.py` (its docstring shows the
-three processes). What holds each limit:
+Two modes. **Isolated** (the default, and the only one unless the config says otherwise): each run is a
+bubblewrap sandbox (`sandbox_boundary.py`), a boundary that holds against native code too. **Unisolated**:
+where bwrap cannot build a sandbox on this host (e.g. Docker's default seccomp policy refuses namespaces),
+`run_python` raises `SandboxUnavailableError` unless `SandboxLimits.allow_unisolated` is set; then the
+program runs under the guard layers alone. `RunOutcome.isolated` says which mode ran.
 
-    wall clock   the sandbox's init kills the program at `wall_s`; the host kills the session a moment
-                 later as a backstop, and at once when the call is cancelled (e.g. the executor's timeout)
-    CPU time     RLIMIT_CPU per process: SIGXCPU at `cpu_s`, SIGKILL a second later
-    memory       RLIMIT_AS per process: allocations fail, Python raises MemoryError (address space, not
-                 resident memory: a library reserving large virtual ranges, like torch, needs more)
-    files        RLIMIT_FSIZE on each file written
-    processes    RLIMIT_NPROC. It counts per real uid and exempts root, so a root host runs the program
-                 under a fresh random uid with no capabilities (keeping filesystem uid 0 so the interpreter,
-                 maybe under /root, loads); a non-root host gets its own count in a user namespace, or
-                 else the limit is set over the user's existing tasks. Where it cannot hold (root without
-                 CAP_SETUID), a budget of `max_processes` Python forks in the audit hook stands in.
-    leftovers    with namespaces, everything dies with the PID namespace's init; without, init is a
-                 subreaper that kills the program's group and every child until none is left; the host
-                 also kills the session's group and, as root, every process of the sandbox's uid
-    network      a new network namespace (only a down loopback) when `unshare` is allowed; in every mode
-                 an audit hook refuses sockets (Unix socketpairs excepted), connect/bind/send and DNS
-    programs     the audit hook refuses exec/spawn/system/subprocess (a new program would lack the hook)
-    signals      the audit hook refuses signals outside the program's group; a PID namespace hides the
-                 host's processes, and a fresh uid without capabilities may not signal them
+Each run gets a fresh interpreter (`sys.executable -I`) in a new session, stdin closed, a minimal
+environment, stdout and stderr captured (only the first `max_output_chars` kept, so a flood cannot fill the
+host's memory), and the boot script (`sandbox_boot.py`) as its first code. What holds, per mode:
 
-Measured on this project's Linux machines (root, kernel 6.x): namespaces and the uid change both work,
-and the tests run every case with and without namespaces (the non-root paths were checked by hand, running
-the bootstrap as `nobody` with the system interpreter). `unshare` is refused under e.g. Docker's default
-seccomp policy; the run then falls back to the rest, and the outcome says which mode ran.
+                        isolated (bwrap)                         unisolated (guard only)
+    host files          read-only view of the system and Python   the host's filesystem; a root host's
+                        folders; nothing else is visible          program keeps file-owner rights on root's
+    writable            /tmp (the scratch, cwd) and /dev/shm:     a fresh host folder (cwd, TMPDIR), but
+                        tmpfs of `scratch_mb` each, gone after    also /dev/shm and whatever the uid may
+    /proc, signals      its own PID namespace: only the run's     the host's processes are visible; the
+                        processes exist                           audit hook refuses foreign signals
+    network             a new network namespace; seccomp: only    seccomp: only AF_UNIX sockets; the audit
+                        AF_UNIX sockets, no io_uring              hook refuses sockets (a readable message)
+    other programs      seccomp refuses execve; the audit hook    the same
+                        refuses subprocess/os.system/exec
+    identity            a fresh uid with no capabilities (root    a fresh uid without capabilities, fsuid 0
+                        host) or the user in a user namespace     (root host); else the user
+    wall clock          the boot's init kills at `wall_s`; the host kills everything a moment later
+                        (backstop) and at once when the call is cancelled (e.g. the executor's timeout)
+    CPU time            RLIMIT_CPU per process: SIGXCPU at `cpu_s`, SIGKILL a second later
+    memory              RLIMIT_AS per process (MemoryError), and `memory_mb` for all processes together:
+                        a watchdog (`sandbox_watchdog.py`) kills the run when its resident total passes it
+    files               RLIMIT_FSIZE per file; the scratch tmpfs size in all (isolated)
+    processes           RLIMIT_NPROC on the run's fresh uid (a root host: see sandbox_boot.py)
+    leftovers           the PID namespace dies with its init (isolated); the subreaper init, the host's
+                        sweep of the process tree and, as root, of the run's uid (both)
 
-This is a guard against accidents and naive code, not a security boundary: native code (ctypes, C
-extensions) can go around the audit hook, and the filesystem is shared (the program can read and write what
-a root-owned file's owner can). Untrusted code at scale belongs in a container or VM of its own.
+The isolated mode is a boundary: the program may be hostile, even with native code (ctypes). What it
+shares with the host: CPU time (within the limits), the read-only view, the kernel. The unisolated mode is
+a guard against accidents and naive code, not a boundary; tests/agents_tools/test_python_sandbox_hostile.py
+shows which hostile cases each mode stops.
 """
 
 from __future__ import annotations

@@ -1,24 +1,29 @@
 """The child side of the Python tool's sandbox: run as a script, `python -I sandbox_boot.py CONFIG_JSON`.
 
-Started by `quartet.agents.tools.sandbox` (whose docstring says what each limit stops and what is only a
-guard); standard library only. Three processes, all in the session the host started, so that one `killpg`
-from the host reaches them:
+Started by `quartet.agents.tools.sandbox` (whose docstring says what each mode holds); standard library
+only, since inside bwrap it is the only file of the project the sandbox can see. Three processes, all in
+the session the host started, so that one `killpg` from the host reaches them:
 
-    outer   unshare(network + PID namespaces, and a user namespace when not root) when allowed; as
-            root, change to the run's fresh uid and drop every capability; set the resource limits; fork:
-    init    PID 1 of the new PID namespace (or, without one, a child subreaper): starts the program,
+    outer   isolated (inside bwrap): on a root host, empty the bounding set and become the run's fresh
+            uid; unisolated: unshare(network + PID namespaces, and a user namespace when not root) when
+            allowed, and as root change to the fresh uid (keeping fsuid 0); then in both the resource
+            limits and the seccomp filter (no execve, no sockets but AF_UNIX, no io_uring); fork:
+    init    PID 1 of the PID namespace (or, without one, a child subreaper): starts the program,
             enforces the wall-clock limit, reaps, kills every process left, reports;
     program in a process group of its own; installs the audit-hook guard and runs `main.py` as __main__.
 
 Why the uid change. RLIMIT_NPROC is checked against the real uid's process count and never applies to
 root (uid 0 is exempt even inside a user namespace), so a root host's program gets a uid no one else uses.
-File access goes by the filesystem uid, which stays 0 so the interpreter loads even from a root-only
-directory; without capabilities that is a file owner's access to root's files, with no override.
+Inside bwrap the change is complete: the mounts are made, and every file the program needs is readable
+by anyone. Unisolated, the filesystem uid stays 0 so the interpreter loads even from a root-only directory;
+without capabilities that is a file owner's access to root's files, with no override (a known gap).
 
-Without a PID namespace init is a child subreaper: orphans re-parent to it, even ones that called
-setsid(), and after the program ends it kills the program's group, then every child it still has, until
-none is left. Status goes to the host as JSON lines over a pipe (fd in the config); the program's process
-closes its copy.
+The seccomp filter and the audit hook are defence in depth inside the boundary and the whole guard
+without it: the hook answers ordinary Python (`socket`, `subprocess`) with a readable refusal, the filter
+holds against native code that never calls the hook. Without a PID namespace init is a child subreaper:
+orphans re-parent to it, even ones that called setsid(), and after the program ends it kills the
+program's group, then every child it still has, until none is left. Status goes to the host as JSON lines
+over a pipe (fd in the config); the program's process closes its copy.
 """
 
 from __future__ import annotations
