@@ -69,7 +69,7 @@ class SamplingParams:
     """Nucleus sampling: keep the most likely tokens whose mass before each reaches `top_p`; 1 disables."""
 
     top_k: int = 0
-    """Keep the k most likely tokens; 0 disables."""
+    """Keep the k most likely tokens; 0 disables (as does any k >= the vocabulary). At most 2**63 - 1."""
 
     max_new_tokens: int = 256
     """Most tokens generated per response (the stop token counts)."""
