@@ -264,6 +264,11 @@ def test_no_boundary_refuses_unless_accepted(tmp_path: Path) -> None:
     entry = {"class": "quartet.agents.tools.python_runner:PythonTool", "config": {"bwrap": MISSING_BWRAP}}
     with pytest.raises(ToolConfigError, match=r"tools\[0\]\.config: .*SandboxUnavailableError"):
         build_tools({"tools": [entry]}, "tools.yaml")
+    refusing = tmp_path / "bwrap"  # a bwrap that runs but cannot make namespaces, as under Docker's policy
+    refusing.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    refusing.chmod(0o755)
+    with pytest.raises(SandboxUnavailableError, match="cannot build a sandbox here .*No permissions"):
+        PythonTool(bwrap=str(refusing))
     accepted = PythonTool(bwrap=MISSING_BWRAP, allow_unisolated=True)
     assert not accepted.isolated and "unisolated" in accepted.description
     result = run(accepted, "print(6 * 7)")

@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 
 __all__ = ["kill_tree", "process_tree", "watch_memory"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_shared: tuple[float, dict[int, tuple[int, int]]] = (float("-inf"), {})  # the last scan, for all watchers
 
 
 def _scan() -> dict[int, tuple[int, int]]:
@@ -35,9 +37,19 @@ def _scan() -> dict[int, tuple[int, int]]:
     return found
 
 
-def process_tree(root: int) -> dict[int, int]:
-    """{pid: resident bytes} of `root` and all its descendants alive now."""
-    table = _scan()
+def _scan_shared(max_age_s: float) -> dict[int, tuple[int, int]]:
+    """`_scan()`, reused while younger than `max_age_s`: concurrent runs' watchdogs share one scan of /proc
+    per interval (a scan costs milliseconds, and they run on the event loop)."""
+    global _shared
+    now = time.monotonic()
+    if now - _shared[0] > max_age_s:
+        _shared = (now, _scan())
+    return _shared[1]
+
+
+def process_tree(root: int, max_age_s: float = 0.0) -> dict[int, int]:
+    """{pid: resident bytes} of `root` and all its descendants (as of a scan at most `max_age_s` old)."""
+    table = _scan_shared(max_age_s) if max_age_s > 0 else _scan()
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
         children.setdefault(parent, []).append(pid)
@@ -70,7 +82,7 @@ async def watch_memory(root: int, cap_bytes: int, interval_s: float = 0.05) -> i
     Runs until cancelled otherwise (the caller cancels it when the run ends).
     """
     while True:
-        total = sum(process_tree(root).values())
+        total = sum(process_tree(root, max_age_s=interval_s / 2).values())
         if total > cap_bytes:
             kill_tree(root)
             return total
