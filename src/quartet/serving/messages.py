@@ -6,6 +6,8 @@
   templates (Qwen's Hermes template among them) render `arguments` with `tojson`, so a string would reach the
   prompt double-encoded (`"{\\"a\\": 1}"`) and the model would see history unlike what it wrote. The
   string is decoded to its object here; an object is accepted as is; anything else is a 400 naming the field.
+  The function's keys are put in the order the model writes them (`name`, then `arguments`): templates that
+  dump the function object keep key order, and the official client sends `arguments` first.
 - `tools` must be a list of objects; each `function` tool needs a `function.name`.
 """
 
@@ -67,7 +69,14 @@ def _tool_call(value: Any, where: str) -> dict[str, Any]:
             ) from None
     if not isinstance(arguments, dict):
         raise bad(f"'{param}' must encode a JSON object, got {show(arguments)}", param)
-    return {**value, "type": "function", "function": {**function, "arguments": arguments}}
+    # name before arguments, as the model writes a Hermes call: templates that dump the function object
+    # keep key order, and clients (the official one among them) send "arguments" first
+    rest = {k: v for k, v in function.items() if k not in ("name", "arguments")}
+    return {
+        **value,
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments, **rest},
+    }
 
 
 def _message(value: Any, index: int) -> dict[str, Any]:
