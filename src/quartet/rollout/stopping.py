@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from quartet.rollout.sequence import SequenceState
 from quartet.rollout.types import FinishReason, SamplingParams
+from quartet.rollout.validation import InvalidRequestError
 
 if TYPE_CHECKING:  # importing quartet.rollout stays free of transformers until a model is loaded
     from transformers import PreTrainedTokenizerBase
@@ -34,10 +35,11 @@ class StopChecker:
         return base | frozenset(params.stop_token_ids)
 
     def validate(self, params: SamplingParams) -> None:
-        """Raise ValueError when `params` needs what this checker lacks (a tokenizer for stop strings)."""
+        """Raise InvalidRequestError when `params` needs a tokenizer (stop strings) and there is none."""
         if params.stop and self.tokenizer is None:
-            raise ValueError(
-                f"stop strings {params.stop} need a tokenizer; give the engine one (or use stop_token_ids)"
+            raise InvalidRequestError(
+                "stop",
+                f"stop strings {params.stop} need a tokenizer; give the engine one (or use stop_token_ids)",
             )
 
     def check(self, seq: SequenceState, step: int) -> None:

@@ -23,8 +23,11 @@ Choices that every engine behind `RolloutEngine` follows (they match vLLM's defa
 from __future__ import annotations
 
 import itertools
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from quartet.config.rollout import SamplingConfig
 from quartet.rollout.validation import InvalidRequestError, check_sampling
@@ -43,6 +46,21 @@ TopLogprobs = tuple[tuple[int, float], ...]
 """The most likely tokens at one position as (token id, log-prob) pairs, most likely first."""
 
 _request_ids = itertools.count()
+
+
+def _token_ids(field_name: str, values: Iterable[Any], request_id: str | None = None) -> tuple[int, ...]:
+    """`values` as a tuple of ints (numpy and torch integers, and floats holding whole numbers, accepted)."""
+    ids: list[int] = []
+    for t in values:
+        try:
+            ids.append(operator.index(t))
+        except TypeError:
+            if not (isinstance(t, float) and t.is_integer()):  # not inf, nan, 1.5, "3"
+                raise InvalidRequestError(
+                    field_name, f"token ids must be integers, got {t!r}", request_id
+                ) from None
+            ids.append(int(t))
+    return tuple(ids)
 
 
 def new_request_id() -> str:
@@ -114,7 +132,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # Accept lists from callers (YAML, JSON) but store tuples, so params stay hashable and immutable.
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
         check_sampling(self)  # InvalidRequestError (a ValueError) naming the field
 
@@ -175,7 +193,7 @@ class GenerationRequest:
     """Caller-chosen id (unique among requests in flight); used by `abort`."""
 
     def __post_init__(self) -> None:
-        ids = tuple(int(t) for t in self.prompt_token_ids)
+        ids = _token_ids("prompt_token_ids", self.prompt_token_ids, self.request_id)
         if not ids:
             raise InvalidRequestError("prompt_token_ids", "the prompt is empty", self.request_id)
         object.__setattr__(self, "prompt_token_ids", ids)
