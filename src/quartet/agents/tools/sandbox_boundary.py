@@ -70,6 +70,20 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
+def _ro_binds(roots: list[str], existing: str = "/") -> list[str]:
+    """Read-only binds of `roots`, each missing parent below `existing` made 0755 first (bwrap would make
+    it 0700, which the unprivileged program could not cross)."""
+    args: list[str] = []
+    made: set[str] = {str(p) for p in (Path(existing), *Path(existing).parents)}
+    for root in roots:
+        for parent in reversed(Path(root).parents[:-1]):
+            if str(parent) not in made:
+                args += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        args += ["--ro-bind", root, root]
+    return args
+
+
 def mount_arguments(tmp_bytes: int) -> list[str]:
     """bwrap's mount arguments: read-only system and Python folders, fresh /proc, /dev, /tmp, /dev/shm."""
     args: list[str] = []
@@ -80,20 +94,13 @@ def mount_arguments(tmp_bytes: int) -> list[str]:
         elif os.path.exists(path):
             args += ["--ro-bind", path, path]
             bound.append(path)
-    made: set[str] = set()
-    for root in _python_roots():
-        if _under(root, bound) or _under(root, [SCRATCH, "/proc", "/dev", "/run"]):
-            continue
-        # bwrap makes missing parents 0700, which the unprivileged program could not cross
-        for parent in reversed(Path(root).parents[:-1]):
-            if str(parent) not in made:
-                args += ["--perms", "0755", "--dir", str(parent)]
-                made.add(str(parent))
-        args += ["--ro-bind", root, root]
-        bound.append(root)
+    roots = [root for root in _python_roots() if not _under(root, [*bound, "/proc", "/dev", "/run"])]
+    in_scratch = [root for root in roots if _under(root, [SCRATCH])]  # e.g. a checkout's venv under /tmp
+    args += _ro_binds([root for root in roots if root not in in_scratch])
     args += ["--proc", "/proc", "--dev", "/dev"]
     size = str(max(tmp_bytes, 1 << 20))
     args += ["--perms", "1777", "--size", size, "--tmpfs", SCRATCH]
+    args += _ro_binds(in_scratch, existing=SCRATCH)  # over the fresh scratch, so it does not hide them
     args += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
     args += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/run/quartet"]
     return args
