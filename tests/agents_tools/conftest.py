@@ -31,7 +31,7 @@ def workdirs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     real = tempfile.mkdtemp
 
     def spy(*args: Any, **kwargs: Any) -> str:
-        path = real(*args, **kwargs)
+        path: str = real(*args, **kwargs)
         made.append(Path(path))
         return path
 
