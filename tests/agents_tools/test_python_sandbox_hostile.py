@@ -9,6 +9,7 @@ ones it cannot hold are skipped with the reason, so the test report lists them:
     create a file in a root-owned folder   stopped   not held: as above
     ctypes socket + connect to loopback    stopped   stopped (seccomp: only AF_UNIX sockets)
     ctypes execv / system                  stopped   stopped (seccomp: no execve)
+    ctypes unshare / ptrace                stopped   stopped (seccomp)
     files left in /dev/shm and /tmp        stopped   not held: the host's /dev/shm is shared
     host processes and a canary in /proc   stopped   not held: the host's procfs is mounted
     8 children x 100 MB under a 256 MB cap stopped   stopped (watchdog on the process tree)
@@ -129,6 +130,25 @@ def test_ctypes_exec_runs_no_program(tool: PythonTool, tmp_path: Path) -> None:
     result = run(tool, code)
     assert "still here" in result.text, result.text
     assert "pwned" not in result.text.replace(shell, "") and not marker.exists(), result.text
+
+
+def test_no_new_namespaces_no_ptrace_but_threads_and_forks_work(tool: PythonTool) -> None:
+    code = (
+        "import ctypes, os, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+        "print('ptrace', libc.ptrace(16, os.getppid(), None, None), ctypes.get_errno())\n"  # ATTACH
+        "got = []\n"
+        "t = threading.Thread(target=got.append, args=(7,))\n"
+        "t.start(); t.join()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(3)\n"
+        "print('thread', got, 'fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    result = run(tool, code)
+    assert "unshare -1 1\n" in result.text and "ptrace -1 1\n" in result.text, result.text
+    assert "thread [7] fork 3" in result.text, result.text
 
 
 def test_nothing_is_left_in_dev_shm_or_tmp(tool: PythonTool) -> None:

@@ -225,33 +225,73 @@ def _kill_all(pgid: int) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+# Syscall numbers: execve, execveat, socket, clone, unshare, setns, ptrace (clone3 and io_uring_setup are
+# 435 and 425 on both).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 59, 322, 41, 56, 272, 308, 101),
+    "aarch64": (0xC00000B7, 221, 281, 198, 220, 97, 268, 117),
+}
+_CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
 def _seccomp_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
-    """A classic BPF program refusing execve/execveat, io_uring and non-Unix sockets (EPERM); None off x86-64
-    and aarch64. Hand-written because it is 14 instructions and the boot script must stay standard-library
-    only (libseccomp's bindings are not a wheel); what it refuses is what native code (ctypes) could use to
-    pass the audit hook: run another program, or reach a network (io_uring can open sockets too)."""
-    arches = {"x86_64": (0xC000003E, 59, 322, 41), "aarch64": (0xC00000B7, 221, 281, 198)}
-    if machine not in arches:
+    """A classic BPF program for the program's processes; None off x86-64 and aarch64.
+
+    Refused (EPERM): execve/execveat (no other program), socket() of any family but AF_UNIX and io_uring
+    (which can open sockets too): what native code (ctypes) could use to pass the audit hook; and unshare,
+    setns, clone with a namespace flag and ptrace: new namespaces are kernel attack surface, and ptrace
+    would reach the boot's own processes. clone3 answers ENOSYS (its flags are behind a pointer), so libc
+    falls back to clone. Hand-written because it is ~25 instructions and this script must stay
+    standard-library only (libseccomp's bindings are not a wheel).
+    """
+    if machine not in _SYSCALLS:
         return None
-    arch, execve, execveat, sock = arches[machine]
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    refuse, allow, kill = 0x00050000 | errno.EPERM, 0x7FFF0000, 0x80000000
-    return [
-        (ld, 0, 0, 4),  # 0: the syscall's architecture
-        (jeq, 1, 0, arch),  # 1: ours -> 3
-        (ret, 0, 0, kill),  # 2: another ABI: kill
-        (ld, 0, 0, 0),  # 3: the syscall number
-        (jge, 8, 0, 0x40000000),  # 4: x32 numbers -> refuse
-        (jeq, 7, 0, execve),  # 5
-        (jeq, 6, 0, execveat),  # 6
-        (jeq, 5, 0, 425),  # 7: io_uring_setup (same number on both)
-        (jeq, 1, 0, sock),  # 8: socket -> check its family
-        (ret, 0, 0, allow),  # 9
-        (ld, 0, 0, 16),  # 10: socket's first argument, the family
-        (jeq, 0, 1, _AF_UNIX),  # 11
-        (ret, 0, 0, allow),  # 12
-        (ret, 0, 0, refuse),  # 13
+    arch, execve, execveat, sock, clone, unshare, setns, ptrace = _SYSCALLS[machine]
+    ld, jeq, jge, ret, and_ = (
+        0x20,
+        0x15,
+        0x35,
+        0x06,
+        0x54,
+    )  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K, ALU|AND|K
+    returns = {"allow": 0x7FFF0000, "refuse": 0x00050000 | errno.EPERM, "nosys": 0x00050000 | errno.ENOSYS}
+    code: list[tuple[int, str | int, str | int, int] | str] = [
+        (ld, 0, 0, 4),  # the syscall's architecture
+        (jeq, 0, "kill", arch),
+        (ld, 0, 0, 0),  # the syscall number
+        (jge, "refuse", 0, 0x40000000),  # x32 numbers
+        *[(jeq, "refuse", 0, nr) for nr in (execve, execveat, 425, unshare, setns, ptrace)],
+        (jeq, "nosys", 0, 435),  # clone3
+        (jeq, "socket", 0, sock),
+        (jeq, "clone", "allow", clone),
+        "socket",
+        (ld, 0, 0, 16),  # the first argument's low 32 bits: the family
+        (jeq, "allow", "refuse", _AF_UNIX),
+        "clone",
+        (ld, 0, 0, 16),  # the first argument's low 32 bits: the flags
+        (and_, 0, 0, _CLONE_NEW_ANY),
+        (jeq, "allow", "refuse", 0),
+        "kill",
+        (ret, 0, 0, 0x80000000),  # another ABI: kill the process
+        *[item for name, value in returns.items() for item in (name, (ret, 0, 0, value))],
     ]
+    labels: dict[str, int] = {}
+    for item in code:
+        if isinstance(item, str):
+            labels[item] = sum(1 for i in code[: code.index(item)] if not isinstance(i, str))
+    program: list[tuple[int, int, int, int]] = []
+    for item in code:
+        if isinstance(item, str):
+            continue
+        op, jt, jf, k = item
+        here = len(program) + 1  # jumps count from the next instruction
+        program.append((
+            op,
+            labels[jt] - here if isinstance(jt, str) else jt,
+            labels[jf] - here if isinstance(jf, str) else jf,
+            k,
+        ))  # fmt: skip
+    return program
 
 
 def _install_seccomp() -> bool:
