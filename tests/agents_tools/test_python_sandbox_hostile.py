@@ -10,6 +10,7 @@ ones it cannot hold are skipped with the reason, so the test report lists them:
     ctypes socket + connect to loopback    stopped   stopped (seccomp: only AF_UNIX sockets)
     ctypes execv / system                  stopped   stopped (seccomp: no execve)
     ctypes unshare / ptrace                stopped   stopped (seccomp)
+    the boot's processes' /proc files      stopped   not held: filesystem uid 0 opens them
     files left in /dev/shm and /tmp        stopped   not held: the host's /dev/shm is shared
     host processes and a canary in /proc   stopped   not held: the host's procfs is mounted
     8 children x 100 MB under a 256 MB cap stopped   stopped (watchdog on the process tree)
@@ -149,6 +150,19 @@ def test_no_new_namespaces_no_ptrace_but_threads_and_forks_work(tool: PythonTool
     result = run(tool, code)
     assert "unshare -1 1\n" in result.text and "ptrace -1 1\n" in result.text, result.text
     assert "thread [7] fork 3" in result.text, result.text
+
+
+def test_the_sandbox_own_processes_are_out_of_reach(tool: PythonTool) -> None:
+    """The boot's init (the program's parent, same uid) holds the status pipe to the host: not reachable."""
+    _not_held(tool, "a root host's program keeps filesystem uid 0, which opens root-owned /proc files")
+    code = (
+        "import os\n"
+        "try:\n"
+        "    print('fds', os.listdir(f'/proc/{os.getppid()}/fd'))\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+    )
+    assert run(tool, code).text == "exit status 0\n[stdout]\nrefused\n"
 
 
 def test_nothing_is_left_in_dev_shm_or_tmp(tool: PythonTool) -> None:

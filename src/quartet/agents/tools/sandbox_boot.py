@@ -43,6 +43,7 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 _PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
 _PR_SET_CHILD_SUBREAPER = 36
@@ -388,6 +389,7 @@ def _init(cfg: dict[str, Any], namespaces: bool) -> None:
     program = os.fork()
     if program == 0:
         os.close(status_fd)
+        _libc.prctl(_PR_SET_DUMPABLE, 1)  # its own processes may read each other's /proc files
         os.setpgid(0, 0)
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         return
@@ -437,6 +439,9 @@ def main() -> None:
     _set_limits(cfg)
     seccomp = _install_seccomp()  # inherited by init and the program
     _report(int(cfg["status_fd"]), namespaces=namespaces, nproc_limit=nproc, seccomp=seccomp)
+    # Not dumpable (this process and init): the program, of the same uid, cannot open their /proc files,
+    # e.g. the status pipe's fd; the program's process sets itself dumpable again.
+    _libc.prctl(_PR_SET_DUMPABLE, 0)
     if os.fork() == 0:  # with namespaces: PID 1 of the new PID namespace
         _init(cfg, namespaces)
         _run_program(cfg, nproc)  # only the program's process gets here
