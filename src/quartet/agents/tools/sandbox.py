@@ -193,14 +193,15 @@ def _read_status(fd: int) -> dict[str, Any]:
     return status
 
 
-def _kill_session(pid: int, uid: int, status: dict[str, Any]) -> None:
+def _kill_session(pid: int, uid: int, status: dict[str, Any], reaped: bool) -> None:
     """SIGKILL what is left of a run: the session's group, the program's group, the sandbox uid's processes.
 
     The program's group id is a host pid only without namespaces, and only needed when init did not report
     its cleanup. As root the sandbox runs under its own random uid, so a sweep of that uid reaches even a
     process that left both groups.
     """
-    kill_tree(pid)  # the session's group and every descendant (orphans stay under the sandbox's init)
+    if not reaped:  # the session's group and every descendant (orphans stay under the sandbox's init)
+        kill_tree(pid)
     groups = [pid]
     if not status.get("namespaces", True) and "wall_limit" not in status and "program_pid" in status:
         groups.append(int(status["program_pid"]))
@@ -308,7 +309,10 @@ async def run_python(
         finally:
             os.close(status_write)
         assert proc.stdout is not None and proc.stderr is not None
-        watchdog = asyncio.create_task(watch_memory(proc.pid, limits.memory_mb << 20))
+        running = proc  # for the closure: alive while asyncio has not reaped it
+        watchdog = asyncio.create_task(
+            watch_memory(proc.pid, limits.memory_mb << 20, lambda: running.returncode is None)
+        )
         tasks = [watchdog, asyncio.create_task(out.pump(proc.stdout))]
         tasks.append(asyncio.create_task(err.pump(proc.stderr)))
         exited = asyncio.create_task(proc.wait())
@@ -320,7 +324,7 @@ async def run_python(
         watchdog.cancel()
         exited.cancel()
         status = _read_status(status_read)
-        _kill_session(proc.pid, uid, status)  # whatever outlived init (normally nothing)
+        _kill_session(proc.pid, uid, status, reaped=proc.returncode is not None)  # normally nothing left
         await proc.wait()
         await asyncio.wait(tasks, timeout=_DRAIN_S)
         stderr = err.text(limits.max_output_chars)
@@ -338,7 +342,7 @@ async def run_python(
     finally:
         try:
             if proc is not None and proc.returncode is None:  # cancelled (or failed) while running
-                _kill_session(proc.pid, uid, status or _read_status(status_read))
+                _kill_session(proc.pid, uid, status or _read_status(status_read), reaped=False)
                 await proc.wait()
         finally:
             for task in tasks:

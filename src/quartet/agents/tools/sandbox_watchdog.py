@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 
 __all__ = ["kill_tree", "process_tree", "watch_memory"]
 
@@ -64,7 +65,9 @@ def process_tree(root: int, max_age_s: float = 0.0) -> dict[int, int]:
 
 
 def kill_tree(root: int) -> None:
-    """SIGKILL `root`'s session group and every descendant, a few rounds (a fork may race a round)."""
+    """SIGKILL `root`'s session group and every descendant, a few rounds (a fork may race a round).
+
+    Only while `root` is unreaped: once reaped, its pid may belong to another process."""
     for _ in range(5):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(root, signal.SIGKILL)
@@ -76,14 +79,17 @@ def kill_tree(root: int) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-async def watch_memory(root: int, cap_bytes: int, interval_s: float = 0.05) -> int:
+async def watch_memory(root: int, cap_bytes: int, alive: Callable[[], bool], interval_s: float = 0.05) -> int:
     """Poll `root`'s tree until its resident total passes `cap_bytes`; then kill it, return the total.
 
-    Runs until cancelled otherwise (the caller cancels it when the run ends).
+    `alive()` says whether `root` is still unreaped (so its pid is not someone else's yet); checked right
+    before each kill, with no await between. Runs until cancelled otherwise (the caller cancels it).
     """
-    while True:
+    while alive():
         total = sum(process_tree(root, max_age_s=interval_s / 2).values())
-        if total > cap_bytes:
+        if total > cap_bytes and alive():
             kill_tree(root)
             return total
         await asyncio.sleep(interval_s)
+    await asyncio.Event().wait()  # ended without a kill: wait for the caller's cancel
+    raise AssertionError("unreachable")
