@@ -76,6 +76,13 @@ class PythonTool(Tool):
         bwrap: str | None = None,
         schema: dict[str, Any] | None = None,
     ) -> None:
+        """Options (a tools YAML entry's `config:`), as in `SandboxLimits`: `timeout_s` (wall clock),
+        `cpu_time_s` (default: the timeout, rounded), `memory_mb` (per process and for all together),
+        `max_processes`, `max_output_chars`, `max_file_mb`, `scratch_mb`, and `allow_unisolated` (False:
+        raise `SandboxUnavailableError` here when no boundary can be built on this host). `bwrap` names
+        the binary (None: the bundled one); `namespaces=False` skips the unisolated mode's own unshare.
+        The default schema's description gets a sentence naming the mode; a given `schema` is used as is.
+        """
         self.limits = SandboxLimits(
             wall_s=timeout_s,
             cpu_s=cpu_time_s if cpu_time_s is not None else max(1, round(timeout_s)),
