@@ -9,7 +9,7 @@ import torch
 from rollout_cases import slow_penalised
 
 from quartet.rollout import GenerationRequest, SamplingParams
-from quartet.rollout.penalties import apply_processing, build_processing, token_counts
+from quartet.rollout.penalties import apply_processing, build_processing
 from quartet.rollout.sampling import top_logprobs
 from quartet.rollout.sequence import SequenceState
 
@@ -66,13 +66,6 @@ def test_min_tokens_lifts_the_mask_once_reached() -> None:
     assert proc is not None
     got = apply_processing(torch.zeros(2, VOCAB), proc)
     assert got[0, 3] == -math.inf and got[1, 3] == 0.0
-
-
-def test_token_counts_count_each_row() -> None:
-    counts = token_counts([[1, 1, 4], [], [0, 15]], 5, torch.device("cpu"))
-    expected = torch.zeros(3, 5)
-    expected[0, 1], expected[0, 4], expected[2, 0] = 2, 1, 1  # 15 is out of range
-    assert torch.equal(counts, expected)
 
 
 def test_top_logprobs_follow_the_scaled_distribution() -> None:

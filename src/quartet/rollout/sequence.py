@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 
@@ -38,6 +39,11 @@ class SequenceState:
     def prompt_len(self) -> int:
         """Tokens in the prompt."""
         return len(self.request.prompt_token_ids)
+
+    @cached_property
+    def prompt_token_set(self) -> frozenset[int]:
+        """The distinct prompt token ids (computed once; the repetition penalty reads it every step)."""
+        return frozenset(self.request.prompt_token_ids)
 
     @property
     def cached_len(self) -> int:
