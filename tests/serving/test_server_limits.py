@@ -17,6 +17,9 @@ import pytest
 from serving_cases import API_KEY, AUTH, MESSAGES, MODEL_NAME, chat_prompt, client, direct
 from transformers import PreTrainedTokenizerBase
 
+from quartet.config.errors import ConfigError
+from quartet.config.loader import from_dict
+from quartet.config.rollout import ServerConfig
 from quartet.rollout import GenerationOutput, GenerationRequest, TorchRolloutEngine
 from quartet.serving import OpenAIServer, ServerThread
 
@@ -297,3 +300,21 @@ def test_openapi_document_describes_the_routes_with_the_limits(small: str) -> No
         == VOCAB - 1
     )
     assert json.dumps(doc)  # plain JSON
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"max_n": 0}, "max_n"),
+        ({"max_request_tokens": 1}, "max_request_tokens"),
+        ({"max_body_bytes": 10}, "max_body_bytes"),
+    ],
+)
+def test_server_config_limits_are_range_checked(overrides: dict[str, int], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ServerConfig(**overrides)
+
+
+def test_server_config_limits_load_from_yaml_keys() -> None:
+    cfg = from_dict(ServerConfig, {"max_n": 3, "max_request_tokens": 1000, "max_body_bytes": 4096})
+    assert (cfg.max_n, cfg.max_request_tokens, cfg.max_body_bytes) == (3, 1000, 4096)

@@ -52,7 +52,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
@@ -87,12 +87,12 @@ _TOKEN_NAMES = {k: f"sampling.{k}" for k in ("n", "max_new_tokens", "stop_token_
 
 def vocab_size_of(engine: RolloutEngine, tokenizer: TokenizerLike) -> int:
     """Ids valid for both: the smaller of the tokenizer's length and the engine model's vocabulary."""
-    sizes = []
-    if hasattr(tokenizer, "__len__"):
+    sizes: list[int] = []
+    if isinstance(tokenizer, Sized):
         sizes.append(len(tokenizer))
-    config = getattr(getattr(engine, "model", None), "config", None)
-    if isinstance(getattr(config, "vocab_size", None), int):
-        sizes.append(config.vocab_size)
+    config_size = getattr(getattr(getattr(engine, "model", None), "config", None), "vocab_size", None)
+    if isinstance(config_size, int):
+        sizes.append(config_size)
     if not sizes:
         raise ValueError("cannot tell the vocabulary size of this engine and tokenizer: pass vocab_size")
     return min(sizes)

@@ -192,7 +192,9 @@ def _optional_sampling(body: Mapping[str, Any], top_logprobs: int) -> dict[str, 
     for name, (kind, default) in _OPTIONAL_SAMPLING.items():
         if name != "top_logprobs":
             values[name] = (
-                number(body, name, default, name) if kind == "number" else integer(body, name, default, name)
+                number(body, name, default, name)
+                if kind == "number"
+                else integer(body, name, int(default), name)
             )
     fields: dict[str, Any] = {}
     for name, value in values.items():
