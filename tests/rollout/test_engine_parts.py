@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from quartet.rollout import GenerationRequest, SamplingParams
+from quartet.rollout import FinishReason, GenerationRequest, SamplingParams
 from quartet.rollout.kv_cache import SlotKVCache
 from quartet.rollout.scheduler import Scheduler, split_into_groups
 from quartet.rollout.sequence import SequenceState
+from quartet.rollout.stopping import StopChecker
 from quartet.rollout.weights import load_named_tensors
 
 
@@ -111,3 +112,20 @@ def test_importing_rollout_does_not_import_transformers() -> None:
     code = "import sys, quartet.rollout\nassert 'transformers' not in sys.modules\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_min_tokens_defers_stop_ids_and_strings_but_not_the_length_limit() -> None:
+    checker = StopChecker([5], tokenizer=None)
+    request = GenerationRequest((1, 2), SamplingParams(min_tokens=3, max_new_tokens=4))
+    seq = SequenceState(request, 0, 0, 4, checker.stop_ids(request.sampling))
+    for token in (5, 1):  # a stop id among the first min_tokens - 1 tokens does not end it
+        seq.token_ids.append(token)
+        checker.check(seq, 0)
+        assert not seq.finished
+    seq.token_ids.append(5)  # the min_tokens-th token may stop it (vLLM's rule)
+    checker.check(seq, 0)
+    assert seq.finish_reason is FinishReason.STOP and seq.stop_reason == 5
+    short = SequenceState(request, 0, 0, 2, frozenset({5}))  # context left room for 2 tokens only
+    short.token_ids += [5, 5]
+    checker.check(short, 0)
+    assert short.finish_reason is FinishReason.LENGTH
