@@ -212,3 +212,22 @@ def _assert_host_unharmed() -> None:
 def test_host_unharmed_after_runs(tool: PythonTool) -> None:
     run(tool, "x = bytearray(10**10)")
     _assert_host_unharmed()
+
+
+def test_forked_children_sharing_pages_are_not_counted_twice(tool: PythonTool) -> None:
+    """12 children of a parent holding numpy (~30 MB resident each by RSS, 360 MB summed) share those
+    pages: the total-memory cap (256 MiB) counts them once (PSS), so an ordinary worker pool runs."""
+    code = (
+        "import os, time\n"
+        "import numpy\n"
+        "children = []\n"
+        "for _ in range(12):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(0.6)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "print(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children))\n"
+    )
+    result = run(tool, code)
+    assert result.text == "exit status 0\n[stdout]\n12\n", result.text

@@ -4,8 +4,9 @@ RLIMIT_AS caps each process alone, so 8 children of 400 MB each held 3 GB. A mem
 kernel's way; cgroups are not writable in every container this runs in (and v1 or v2 differ), so a
 watchdog on the host polls the run's process tree (every descendant of the process it started: inside a
 PID namespace, and under the boot script's subreaper without one, orphans stay in that tree) and kills
-all of it when the sum of resident set sizes passes the cap. The sum counts shared pages once per process,
-so it errs high. What it cannot hold: memory allocated within one polling interval past the cap (a few
+all of it when the sum of its proportional set sizes (PSS: a page shared by n processes counts 1/n to
+each, so forked children that share their parent's pages are not counted n times) passes the cap. What
+it cannot hold: memory allocated within one polling interval past the cap (a few
 tens of MB), and tmpfs files, which no process holds (bwrap caps /tmp and /dev/shm by size instead).
 """
 
@@ -36,6 +37,19 @@ def _scan() -> dict[int, tuple[int, int]]:
                 continue
             found[int(name)] = (int(fields[1]), int(fields[21]) * _PAGE)
     return found
+
+
+def _proportional(process: tuple[int, int]) -> int:
+    """A process's PSS in bytes (/proc/PID/smaps_rollup); its resident size where that is unreadable."""
+    pid, resident = process
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) << 10  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return resident
 
 
 def _scan_shared(max_age_s: float) -> dict[int, tuple[int, int]]:
@@ -86,7 +100,7 @@ async def watch_memory(root: int, cap_bytes: int, alive: Callable[[], bool], int
     before each kill, with no await between. Runs until cancelled otherwise (the caller cancels it).
     """
     while alive():
-        total = sum(process_tree(root, max_age_s=interval_s / 2).values())
+        total = sum(map(_proportional, process_tree(root, max_age_s=interval_s / 2).items()))
         if total > cap_bytes and alive():
             kill_tree(root)
             return total
