@@ -22,6 +22,7 @@ from quartet.config.loader import from_dict
 from quartet.config.rollout import ServerConfig
 from quartet.rollout import GenerationOutput, GenerationRequest, TorchRolloutEngine
 from quartet.serving import OpenAIServer, ServerThread
+from quartet.serving.responses import output_from_json
 
 VOCAB = 512  # the tiny model's vocabulary (tokenizer and embedding table)
 
@@ -318,3 +319,22 @@ def test_server_config_limits_are_range_checked(overrides: dict[str, int], field
 def test_server_config_limits_load_from_yaml_keys() -> None:
     cfg = from_dict(ServerConfig, {"max_n": 3, "max_request_tokens": 1000, "max_body_bytes": 4096})
     assert (cfg.max_n, cfg.max_request_tokens, cfg.max_body_bytes) == (3, 1000, 4096)
+
+
+def test_token_endpoint_returns_top_logprobs_that_read_back(
+    small: str, serving_engine: TorchRolloutEngine
+) -> None:
+    [ref] = direct(serving_engine, [5, 6, 7], temperature=0.0, max_new_tokens=4, top_logprobs=2)
+    body = {
+        "prompt_token_ids": [5, 6, 7],
+        "sampling": {"temperature": 0, "max_new_tokens": 4, "top_logprobs": 2},
+    }
+    response = post(small, "quartet/generate", body)
+    assert response.status_code == 200, response.text
+    [out] = response.json()["outputs"]
+    back = output_from_json(out, "r")
+    assert ref.top_logprobs is not None and back.top_logprobs is not None
+    assert [[t for t, _ in e] for e in back.top_logprobs] == [[t for t, _ in e] for e in ref.top_logprobs]
+    assert [lp for e in back.top_logprobs for _, lp in e] == pytest.approx(
+        [lp for e in ref.top_logprobs for _, lp in e], abs=1e-4
+    )

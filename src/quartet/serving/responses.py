@@ -11,7 +11,8 @@ of its text: a byte-level token holding part of a character reads as U+FFFD (its
 tokenizer-specific).
 
 The token body `{"request_id", "outputs": [{"sample_index", "token_ids", "logprobs", "finish_reason",
-"stop_reason", "first_step", "finish_step"}]}` maps one to one onto `GenerationOutput`
+"stop_reason", "first_step", "finish_step", "top_logprobs"}]}` (`top_logprobs`: per token, [id, log-prob]
+pairs, or null) maps one to one onto `GenerationOutput`
 (`output_from_json` reads it back).
 """
 
@@ -51,7 +52,7 @@ def _envelope(kind: str, prefix: str, model: str) -> dict[str, Any]:
 
 def _alternatives(output: GenerationOutput) -> list[list[tuple[int, float]]]:
     """Per generated token, the engine's (token id, log-prob) alternatives ([] where it returns none)."""
-    top = getattr(output, "top_logprobs", None)
+    top = output.top_logprobs
     if not top:
         return [[] for _ in output.token_ids]
     return [[(int(t), float(lp)) for t, lp in entry] for entry in top]
@@ -178,6 +179,9 @@ def output_to_json(output: GenerationOutput) -> dict[str, Any]:
         "stop_reason": output.stop_reason,
         "first_step": output.first_step,
         "finish_step": output.finish_step,
+        "top_logprobs": None
+        if not output.top_logprobs
+        else [[list(p) for p in e] for e in output.top_logprobs],
     }
 
 
@@ -189,6 +193,7 @@ def token_response(request_id: str, outputs: Sequence[GenerationOutput]) -> dict
 def output_from_json(obj: Mapping[str, Any], request_id: str) -> GenerationOutput:
     """`output_to_json` read back (KeyError / ValueError on a malformed object)."""
     logprobs = obj["logprobs"]
+    top = obj.get("top_logprobs")
     return GenerationOutput(
         request_id=request_id,
         sample_index=int(obj["sample_index"]),
@@ -198,4 +203,5 @@ def output_from_json(obj: Mapping[str, Any], request_id: str) -> GenerationOutpu
         stop_reason=obj.get("stop_reason"),
         first_step=int(obj.get("first_step", 0)),
         finish_step=int(obj.get("finish_step", 0)),
+        top_logprobs=None if top is None else tuple(tuple((int(t), float(lp)) for t, lp in e) for e in top),
     )
