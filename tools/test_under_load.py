@@ -18,8 +18,10 @@ per run (the issue asks for 3 runs of 3).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -60,10 +62,25 @@ def summary_of(output: str) -> str:
     return "no pytest summary line"
 
 
+def stop_tree(proc: subprocess.Popen[str]) -> None:
+    """End pytest and whatever it started (its own session): SIGTERM, then SIGKILL after 30 s."""
+    if proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_once(pytest_args: list[str], busy: int) -> tuple[int, str]:
     """Run pytest once under `busy` spinning processes; its exit status and a one-line summary."""
     procs = start_busy(busy)
     start = time.monotonic()
+    proc: subprocess.Popen[str] | None = None
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", *pytest_args],
@@ -71,14 +88,18 @@ def run_once(pytest_args: list[str], busy: int) -> tuple[int, str]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # stopped as a group if this script is stopped
         )
         assert proc.stdout is not None
         lines = []
         for line in proc.stdout:  # echo as it runs, keep it for the summary
             sys.stdout.write(line)
+            sys.stdout.flush()
             lines.append(line)
         code = proc.wait()
     finally:
+        if proc is not None:
+            stop_tree(proc)
         stop_busy(procs)
     elapsed = time.monotonic() - start
     load = os.getloadavg()[0]
@@ -98,6 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.busy < 0 or args.repeat < 1:
         parser.error("--busy must be >= 0 and --repeat >= 1")
+    # SIGTERM (a CI timeout, `kill`) ends the run through the finally blocks: no orphaned pytest or spinner
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = [run_once(args.pytest_args, args.busy) for _ in range(args.repeat)]
     print()
     for i, (_, line) in enumerate(results, 1):
