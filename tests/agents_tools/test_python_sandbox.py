@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import assert_clean, leftovers, run
+from sandbox_helpers import assert_clean, leftovers, make_tool, run
 
 from quartet.agents.tools.base import ToolResult
 from quartet.agents.tools.executor import run_tool_calls
@@ -214,7 +214,7 @@ def test_host_unharmed_after_runs(tool: PythonTool) -> None:
     _assert_host_unharmed()
 
 
-def test_forked_children_sharing_pages_are_not_counted_twice(tool: PythonTool) -> None:
+def test_forked_children_sharing_pages_are_not_counted_twice(mode: str) -> None:
     """12 children of a parent holding numpy (~30 MB resident each by RSS, 360 MB summed) share those
     pages: the total-memory cap (256 MiB) counts them once (PSS), so an ordinary worker pool runs."""
     code = (
@@ -229,5 +229,5 @@ def test_forked_children_sharing_pages_are_not_counted_twice(tool: PythonTool) -
         "    children.append(pid)\n"
         "print(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children))\n"
     )
-    result = run(tool, code)
+    result = run(make_tool(mode, timeout_s=10, cpu_time_s=10, memory_mb=256, max_processes=16), code)
     assert result.text == "exit status 0\n[stdout]\n12\n", result.text
