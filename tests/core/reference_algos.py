@@ -177,7 +177,7 @@ def aggregate(
     n_seq: float | None = None,
     norm: float | None = None,
 ) -> float:
-    """The four modes, as loops; n_tok / n_seq / norm override the local denominators."""
+    """The five modes, as loops; n_tok / n_seq / norm override the local denominators."""
     seq_sums, seq_means, tokens, seqs = [], [], 0, 0
     for i in range(len(mask)):
         pos = valid_positions(mask[i])
@@ -199,6 +199,8 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":
         c = norm if norm is not None else len(mask[0])
         return sum(seq_sums) / (c * n_seq)
+    if mode == "token-sum":  # verl: the masked sum, no denominator
+        return sum(seq_sums)
     raise ValueError(mode)
 
 
@@ -275,21 +277,45 @@ def value_tokens(v: Rows, old: Rows, ret: Rows, clip: float) -> tuple[Rows, Rows
     return losses, flags
 
 
-def kl_value(logp: float, ref: float, kind: str) -> float:
+def kl_forward(logp: float, ref: float, name: str) -> float:
+    """verl's `kl_penalty` forward value for a name without "+" (from verl's docs and Schulman 2020).
+
+    k1 / kl: log pi - log pi_ref; abs: its magnitude; k2 / mse: half its square; k3 / low_var_kl:
+    with y = log pi_ref - log pi clipped to [-20, 20], e^y - y - 1 clipped to [-10, 10].
+    """
     x = logp - ref
-    if kind in ("k1", "k1+"):
+    if name in ("k1", "kl"):
         return x
-    if kind == "abs":
+    if name == "abs":
         return abs(x)
-    if kind in ("k2", "mse"):
+    if name in ("k2", "mse"):
         return 0.5 * x * x
-    if kind in ("k3", "k3+"):
-        rho = math.exp(-x)
-        return rho - 1.0 - math.log(rho)
-    if kind == "low_var_kl":
+    if name in ("k3", "low_var_kl"):
         y = min(max(-x, -20.0), 20.0)
         return min(max(math.exp(y) - y - 1.0, -10.0), 10.0)
-    raise ValueError(kind)
+    raise ValueError(name)
+
+
+def kl_value(logp: float, ref: float, kind: str) -> float:
+    """The forward value: a "+" name has the value of the name without it."""
+    return kl_forward(logp, ref, kind.removesuffix("+"))
+
+
+def kl_grad(logp: float, ref: float, kind: str) -> float:
+    """d k / d logp, by hand: a "+" name has the gradient of k2 (x); the others their own derivative."""
+    x = logp - ref
+    if kind.endswith("+") or kind in ("k2", "mse"):
+        return x
+    if kind in ("k1", "kl"):
+        return 1.0
+    if kind == "abs":
+        return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
+    # k3: d/dlogp of e^y - y - 1 with y = -x is 1 - e^y inside both clamps, 0 where either clamp bites
+    y = -x
+    if abs(y) > 20.0:
+        return 0.0
+    value = math.exp(y) - y - 1.0
+    return 0.0 if value > 10.0 else 1.0 - math.exp(y)
 
 
 def entropy(logits: list[float]) -> float:

@@ -24,13 +24,26 @@ from quartet.core.kl import (
 )
 from quartet.core.metrics import KL_COEF, KL_LOSS, REWARD_KL_PENALTY, REWARD_KL_PENALTY_COEF
 
+COMPUTABLE = [k for k in KLPenalty if k is not KLPenalty.FULL]
+PLUS = [k for k in KLPenalty if k.value.endswith("+")]
+
 
 def test_every_kl_penalty_has_an_estimator() -> None:
     assert set(KL_ESTIMATORS) == set(KLPenalty)
     assert KLPenalty("k3+").straight_through and not KLPenalty.K3.straight_through
+    # every name verl 0.9.1 accepts for kl_penalty / kl_loss_type
+    verl_names = {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"}
+    verl_names |= {"kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"}
+    assert {k.value for k in KLPenalty} == verl_names
 
 
-@pytest.mark.parametrize("kind", list(KLPenalty))
+def test_full_is_refused_with_the_reason() -> None:
+    x = torch.zeros(1, 2)
+    with pytest.raises(NotImplementedError, match="vocabulary"):
+        kl_estimate(x, x, KLPenalty.FULL)
+
+
+@pytest.mark.parametrize("kind", COMPUTABLE)
 @settings(max_examples=40, deadline=None)
 @given(
     x=st.lists(st.floats(-25.0, 25.0, allow_nan=False), min_size=1, max_size=12),
@@ -52,7 +65,8 @@ def test_k3_is_nonnegative_and_k1_can_be_negative() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "value_of"), [(KLPenalty.K3_PLUS, KLPenalty.K3), (KLPenalty.K1_PLUS, KLPenalty.K1)]
+    ("kind", "value_of"),
+    [(k, k.base) for k in PLUS if k.base not in (KLPenalty.K2, KLPenalty.MSE)],
 )
 def test_straight_through_value_of_one_gradient_of_k2(kind: KLPenalty, value_of: KLPenalty) -> None:
     g = torch.Generator().manual_seed(1)
@@ -72,7 +86,7 @@ def test_straight_through_value_of_one_gradient_of_k2(kind: KLPenalty, value_of:
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=cases(), kind=st.sampled_from(list(KLPenalty)), mode=st.sampled_from(list(LossAggMode)))
+@given(case=cases(), kind=st.sampled_from(COMPUTABLE), mode=st.sampled_from(list(LossAggMode)))
 def test_kl_loss_term_matches_reference(case: Case, kind: KLPenalty, mode: LossAggMode) -> None:
     out = kl_loss_term(case.logp, case.ref, case.mask_arg, kind, coef=0.3, agg_mode=mode)
     lp, rp, m = ref.rows(case.logp), ref.rows(case.ref), ref.bools(case.mask)
@@ -97,7 +111,7 @@ def test_kl_loss_gradient_flows_to_the_policy_only() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=cases(), kind=st.sampled_from(list(KLPenalty)))
+@given(case=cases(), kind=st.sampled_from(COMPUTABLE))
 def test_kl_penalty_in_reward_matches_reference(case: Case, kind: KLPenalty) -> None:
     out = apply_kl_penalty(case.rewards, case.old, case.ref, case.mask_arg, coef=0.05, kind=kind)
     m = ref.bools(case.mask)
@@ -169,4 +183,51 @@ def test_k3_is_accurate_for_tiny_log_ratios() -> None:
     x = torch.tensor([1e-9], dtype=torch.float64)
     # x^2 / 2 to leading order; a naive exp(-x) - 1 + x loses all digits here
     assert float(kl_estimate(x, torch.zeros_like(x), KLPenalty.K3)) == pytest.approx(5e-19, rel=1e-6)
+    assert float(kl_estimate(x, torch.zeros_like(x), KLPenalty.LOW_VAR_KL)) == pytest.approx(5e-19, rel=1e-6)
     assert math.isfinite(float(kl_estimate(torch.tensor([100.0]), torch.tensor([0.0]), KLPenalty.LOW_VAR_KL)))
+
+
+K3_NAMES = [KLPenalty.K3, KLPenalty.LOW_VAR_KL, KLPenalty.K3_PLUS, KLPenalty.LOW_VAR_KL_PLUS]
+
+
+@pytest.mark.parametrize("kind", K3_NAMES)
+def test_k3_is_clamped_as_verl_at_extreme_log_ratios(kind: KLPenalty) -> None:
+    # x = logp - ref = -25: y = 25 is clipped to 20, e^20 - 21 = 4.85e8 is clipped to 10 (raw k3: 7.2e10).
+    # x = +25: y = -25 clipped to -20, e^-20 + 20 - 1 = 19.000000002 clipped to 10.
+    # x = -2: y = 2, e^2 - 3 = 4.389 (no clamp bites).
+    logp = torch.tensor([[-25.0, 25.0, -2.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    ref_logp = torch.zeros(1, 4, dtype=torch.float64)
+    value = kl_estimate(logp, ref_logp, kind)
+    expected = [10.0, 10.0, math.exp(2.0) - 3.0, 0.0]
+    torch.testing.assert_close(value.detach(), torch.tensor([expected], dtype=torch.float64))
+    assert math.exp(25.0) - 26.0 > 7e10  # what an unclamped k3 gives at -25
+    (grad,) = torch.autograd.grad(value.sum(), logp)
+    assert torch.isfinite(grad).all()
+    by_hand = [ref.kl_grad(a, 0.0, str(kind)) for a in logp.detach()[0].tolist()]
+    torch.testing.assert_close(grad, torch.tensor([by_hand], dtype=torch.float64))
+    loss = kl_loss_term(logp, ref_logp, torch.ones(1, 4), kind, coef=1.0)
+    assert torch.isfinite(loss.loss) and float(loss.loss.detach()) <= 10.0
+
+
+def test_adaptive_coefficient_never_goes_negative() -> None:
+    # e = -0.2 (KL far under target), n_steps = 10 * horizon: factor 1 - 0.2 * 10 = -1 (verl: beta -> -beta)
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
+    ctrl.update(0.0, n_steps=100)
+    assert ctrl.value == 0.0
+    # exactly at the boundary factor 0, and an ordinary step still moves as Ziegler's rule says
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
+    ctrl.update(0.0, n_steps=50)
+    assert ctrl.value == pytest.approx(0.0, abs=1e-15)
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
+    ctrl.update(0.0, n_steps=1)
+    assert ctrl.value == pytest.approx(0.05 * 0.98)
+
+
+@pytest.mark.parametrize("kind", [KLPenalty.K2_PLUS, KLPenalty.MSE_PLUS])
+def test_k2_plus_is_k2(kind: KLPenalty) -> None:
+    logp = torch.tensor([[-0.3, -2.0, -7.0]], dtype=torch.float64, requires_grad=True)
+    ref_logp = torch.tensor([[-1.0, -0.5, -0.1]], dtype=torch.float64)
+    (grad,) = torch.autograd.grad(kl_estimate(logp, ref_logp, kind).sum(), logp)
+    x = (logp - ref_logp).detach()
+    torch.testing.assert_close(kl_estimate(logp, ref_logp, kind).detach(), 0.5 * x * x)
+    torch.testing.assert_close(grad, x)

@@ -32,6 +32,7 @@ def test_modes_hand_computed() -> None:
         LossAggMode.SEQ_MEAN_TOKEN_SUM: (6 + 4) / 2,  # the empty row is not a sequence
         LossAggMode.SEQ_MEAN_TOKEN_MEAN: (6 / 3 + 4 / 1) / 2,
         LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM: (6 + 4) / (4 * 2),  # C = T = 4
+        LossAggMode.TOKEN_SUM: 6 + 4,  # no denominator
     }
     for mode, value in expected.items():
         assert float(aggregate_loss(loss, mask, mode)) == pytest.approx(value), mode
@@ -91,6 +92,6 @@ def test_string_value_and_bad_constant() -> None:
     loss, mask = torch.ones(1, 2), torch.ones(1, 2)
     assert float(aggregate_loss(loss, mask, "token-mean")) == 1.0  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        aggregate_loss(loss, mask, "token-sum")  # type: ignore[arg-type]
+        aggregate_loss(loss, mask, "token-total")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="norm_constant"):
         aggregate_loss(loss, mask, LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM, norm_constant=0)

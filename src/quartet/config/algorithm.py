@@ -72,3 +72,10 @@ class AlgorithmConfig:
         require(0.0 <= self.gamma <= 1.0, "gamma", f"must lie in [0, 1], got {self.gamma}")
         require(0.0 <= self.lam <= 1.0, "lam", f"must lie in [0, 1], got {self.lam}")
         require(self.max_num_gen_batches >= 1, "max_num_gen_batches", "must be >= 1")
+        require(
+            self.kl_penalty != KLPenalty.FULL,
+            "kl_penalty",
+            "'full' needs full-vocabulary log-probs, which quartet does not carry (verl 0.9.1 raises "
+            "NotImplementedError for it too)",
+            "use 'kl' (k1, verl's default for the in-reward penalty) or 'low_var_kl'",
+        )

@@ -132,6 +132,13 @@ class ActorConfig:
             "use 3.0 as in the dual-clip paper, or 0 to disable",
         )
         require(self.kl_loss_coef >= 0, "kl_loss_coef", "must be >= 0")
+        require(
+            self.kl_loss_type != KLPenalty.FULL,
+            "kl_loss_type",
+            "'full' needs full-vocabulary log-probs, which quartet does not carry (verl 0.9.1 raises "
+            "NotImplementedError for it too)",
+            "use 'low_var_kl' (k3, verl's default for the KL loss) or 'k3+'",
+        )
         require(self.loss_agg_norm_constant >= 0, "loss_agg_norm_constant", "must be >= 0")
         require(self.entropy_chunk_size > 0, "entropy_chunk_size", "must be > 0")
         require(

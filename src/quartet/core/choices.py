@@ -4,6 +4,8 @@ The functions behind these names live in `quartet.core` (advantages, losses, KL)
 function plus a new member here, never a free string looked up at run time.
 """
 
+from __future__ import annotations
+
 from enum import StrEnum
 
 __all__ = ["AdvantageEstimator", "KLControl", "KLPenalty", "LossAggMode", "PolicyLoss"]
@@ -58,6 +60,7 @@ class LossAggMode(StrEnum):
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
     SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+    TOKEN_SUM = "token-sum"  # plain sum over valid tokens, no denominator (verl's name)
 
 
 class KLPenalty(StrEnum):
@@ -67,18 +70,30 @@ class KLPenalty(StrEnum):
     """
 
     K1 = "k1"  # log(pi/pi_ref): unbiased, high variance, can be negative
+    KL = "kl"  # verl's default name for k1 (same function)
     ABS = "abs"  # |log(pi/pi_ref)|
     K2 = "k2"  # 0.5 * log(pi/pi_ref)^2: biased, low variance, non-negative
     MSE = "mse"  # verl's other name for k2 (same function)
-    K3 = "k3"  # pi_ref/pi - 1 - log(pi_ref/pi): unbiased, low variance, non-negative
-    LOW_VAR_KL = "low_var_kl"  # k3 with verl's clamps (log-ratio to +-20, value to +-10)
+    K3 = "k3"  # pi_ref/pi - 1 - log(pi_ref/pi) with verl's clamps (log-ratio to +-20, value to +-10)
+    LOW_VAR_KL = "low_var_kl"  # verl's other name for k3 (same function, same clamps)
+    FULL = "full"  # exact KL over the vocabulary: a name verl accepts but does not implement (refused)
     K1_PLUS = "k1+"  # straight-through: value of k1, gradient of k2
-    K3_PLUS = "k3+"  # straight-through: value of k3, gradient of k2
+    KL_PLUS = "kl+"  # = k1+
+    ABS_PLUS = "abs+"  # value of abs, gradient of k2
+    K2_PLUS = "k2+"  # value and gradient of k2 (= k2)
+    MSE_PLUS = "mse+"  # = k2+
+    K3_PLUS = "k3+"  # value of the clamped k3, gradient of k2
+    LOW_VAR_KL_PLUS = "low_var_kl+"  # = k3+
 
     @property
     def straight_through(self) -> bool:
         """Forward value of one estimator with the gradient of k2 (verl's "+" suffix)."""
-        return self in (KLPenalty.K1_PLUS, KLPenalty.K3_PLUS)
+        return self.value.endswith("+")
+
+    @property
+    def base(self) -> KLPenalty:
+        """The estimator whose forward value this one has: `k3+` -> `k3`, `kl` -> `kl`."""
+        return KLPenalty(self.value.removesuffix("+"))
 
 
 class KLControl(StrEnum):

@@ -4,18 +4,24 @@ coefficient controllers.
 Estimators (Schulman, "Approximating KL Divergence", 2020). Tokens are sampled from pi, and with
 x = log pi(a) - log pi_ref(a) (so that E_pi[x] = KL(pi || pi_ref)) and rho = pi_ref / pi = exp(-x):
 
-    k1   = x                        unbiased, high variance, can be negative
+    k1   = x  ("kl")            unbiased, high variance, can be negative
     abs  = |x|
     k2   = x^2 / 2  ("mse")         biased (exact to second order), low variance, >= 0
-    k3   = rho - 1 - log rho        unbiased, low variance, >= 0
-    low_var_kl = clip(k3, -10, 10) with x clipped to [-20, 20] first (verl's numerically guarded k3)
-    k1+, k3+ (straight-through): forward value of k1 / k3, gradient of k2:
-        k = k2 - sg[k2] + sg[k_1 or k_3]
+    k3   = rho - 1 - log rho  ("low_var_kl")   unbiased, low variance, >= 0, computed as verl does:
+           x clamped to [-20, 20] before exp and the value clamped to [-10, 10]. At x = -25 the raw k3 is
+           e^25 - 26 = 7.2e10 with a gradient as large; clamped it is 10 with gradient 0. The clamp makes
+           k3 biased where |x| is large, which is where one stale or outlier token would otherwise
+           dominate the loss.
+    full: the exact KL summed over the vocabulary. verl accepts the name but raises NotImplementedError;
+           it needs full-vocabulary log-probs, which the batch does not carry, so it is refused here too
+           (by the config, with the reason).
+    name+ (straight-through; k1+ = kl+, abs+, k2+ = mse+, k3+ = low_var_kl+): forward value of `name`,
+           gradient of k2:   k = k2 - sg[k2] + sg[k_name]   (so k2+ is k2)
 
 Why straight-through: used as a loss on samples of pi, the gradient of k1 has expectation 0 and that of
 k3, (1 - rho) grad log pi, has the expectation of the gradient of the reverse KL(pi_ref || pi); the gradient
 of k2, x grad log pi, has the expectation of grad KL(pi || pi_ref). So the "+" variants optimise the KL
-they report, with the value of the estimator (verl's "k1+" / "k3+").
+they report, with the value of the estimator (verl's "+" suffix, Schulman 2020).
 
 Two uses:
 - KL as a loss term (GRPO style): L_kl = coef * aggregate(k(x)) added to the actor loss; gradient through
@@ -25,6 +31,9 @@ Two uses:
   adaptive controller. The adaptive controller (Ziegler et al. 2019, sec. 2.2):
         e = clip(KL_current / KL_target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
   with n_steps the number of samples since the last update (the batch size), as in verl and TRL.
+  Guard (departure from verl): the factor 1 + e * n_steps / horizon is negative when n_steps > 5 * horizon
+  (e = -0.2), which in verl flips beta's sign, so the penalty would pay the policy for moving away from the
+  reference. Here beta is clamped at 0 after each update (`AdaptiveKLController.update`).
 
 Departure from verl: the batch KL given to the controller is the mean over sequences with at least one
 valid token of the per-sequence token-mean KL (verl averages over all rows, empty ones included).
@@ -76,12 +85,21 @@ def _k2(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x.square()
 
 
+K3_LOG_RATIO_CLAMP = 20.0  # verl's bound on x before exp in k3
+K3_VALUE_CLAMP = 10.0  # verl's bound on the value of k3
+
+
 def _k3(x: torch.Tensor) -> torch.Tensor:
-    return torch.expm1(-x) + x  # rho - 1 - log rho with rho = exp(-x); expm1 keeps small x accurate
+    # rho - 1 - log rho with rho = exp(-x); expm1 keeps small x accurate. verl's two clamps (see above).
+    x = torch.clamp(x, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    return torch.clamp(torch.expm1(-x) + x, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
 
 
-def _low_var_kl(x: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(_k3(torch.clamp(x, -20.0, 20.0)), -10.0, 10.0)
+def _full(x: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError(
+        "kl 'full' needs the log-probs of the whole vocabulary, which quartet does not carry (verl raises "
+        "NotImplementedError for it too); use 'low_var_kl' (k3) or 'k3+'"
+    )
 
 
 def _straight_through(
@@ -94,16 +112,22 @@ def _straight_through(
     return estimator
 
 
+_BASE: dict[KLPenalty, Callable[[torch.Tensor], torch.Tensor]] = {
+    KLPenalty.K1: _k1,
+    KLPenalty.KL: _k1,
+    KLPenalty.ABS: _abs,
+    KLPenalty.K2: _k2,
+    KLPenalty.MSE: _k2,
+    KLPenalty.K3: _k3,
+    KLPenalty.LOW_VAR_KL: _k3,
+    KLPenalty.FULL: _full,
+}
+
 KL_ESTIMATORS: Mapping[KLPenalty, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType(
     {
-        KLPenalty.K1: _k1,
-        KLPenalty.ABS: _abs,
-        KLPenalty.K2: _k2,
-        KLPenalty.MSE: _k2,
-        KLPenalty.K3: _k3,
-        KLPenalty.LOW_VAR_KL: _low_var_kl,
-        KLPenalty.K1_PLUS: _straight_through(_k1),
-        KLPenalty.K3_PLUS: _straight_through(_k3),
+        kind: (_straight_through(_BASE[kind.base]) if kind.straight_through else _BASE[kind])
+        for kind in KLPenalty
+        if kind.base in _BASE
     }
 )
 """Each `KLPenalty` member's estimator as a function of x = logp - logp_ref (read-only)."""
@@ -226,7 +250,11 @@ class FixedKLController(KLController):
 
 
 class AdaptiveKLController(KLController):
-    """Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon."""
+    """Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon, kept >= 0.
+
+    Departure from verl: a factor below 0 (n_steps > 5 * horizon with the KL under target) gives beta = 0
+    instead of a negative beta, which would turn the KL penalty into a bonus for leaving the reference.
+    """
 
     kind = KLControl.ADAPTIVE
 
@@ -240,7 +268,9 @@ class AdaptiveKLController(KLController):
     def update(self, current_kl: float, n_steps: int) -> None:
         """Move the coefficient toward the target: up when the KL is above it, down when below."""
         error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_steps / self.horizon
+        # Clamped at 0: with n_steps > 5 * horizon the factor is negative and verl's beta changes sign,
+        # which would reward moving away from the reference (see the module docstring).
+        self.value = max(0.0, self.value * (1.0 + error * n_steps / self.horizon))
 
 
 def make_kl_controller(

@@ -1,14 +1,18 @@
 """Reduction of a per-token loss matrix to the scalar that goes to backward.
 
 For per-token losses l[i, t], a mask m[i, t] (1 = token written by the model), sequences S = rows with at
-least one valid token, n_i = sum_t m[i, t], and the four modes of `LossAggMode`:
+least one valid token, n_i = sum_t m[i, t], and the five modes of `LossAggMode`:
 
     token-mean               L = sum_{i,t} m l / N_tok,  N_tok = sum_{i,t} m         (DAPO; verl's default)
     seq-mean-token-sum       L = sum_{i in S} (sum_t m l) / N_seq,  N_seq = |S|
     seq-mean-token-mean      L = sum_{i in S} (sum_t m l / n_i) / N_seq              (GRPO paper)
     seq-mean-token-sum-norm  L = sum_{i in S} (sum_t m l) / (C N_seq), C constant    (Dr.GRPO)
+    token-sum                L = sum_{i,t} m l                                       (verl's token-sum)
 
-Gradient accumulation and data parallelism. Every mode is a SUM over tokens or sequences divided by a
+`token-sum` has no denominator: the loss (and its gradient) grows with the number of tokens, so the
+learning rate must be tuned for the batch's token count; micro-batch values sum to the big batch's.
+
+Gradient accumulation and data parallelism. Every other mode is a SUM over tokens or sequences divided by a
 denominator. If the caller passes the denominator of the whole mini-batch (`global_token_count` = N_tok or
 `global_seq_count` = N_seq, counted over all micro-batches and all ranks, see `count_valid_tokens` /
 `count_valid_sequences`) the returned value is this micro-batch's share, and the shares SUM to the loss of
@@ -17,15 +21,15 @@ denominators are local (what verl computes per micro-batch), which weights a mic
 much as one with many. Data-parallel wrappers (DDP, FSDP) AVERAGE gradients over ranks, so a caller that
 uses global counts over ranks multiplies the loss by the data-parallel world size before backward.
 
-Departures from verl:
-- Sequences without any valid token are not counted in N_seq and contribute 0 (verl divides 0 by 0 in
-  seq-mean-token-mean and counts such rows in the mean). Padding rows added to balance ranks therefore do
-  not dilute the loss.
-- Dr.GRPO's constant C defaults to the mask's width T; pass the configured maximum response length as
-  `norm_constant` so micro-batches trimmed to different widths use the same C. verl divides the summed
-  sequence losses by C only and relies on a later scaling by the mini-batch size; here the division by
-  N_seq is part of the mode, so the four modes share one contract.
-- An empty micro-batch (no valid token) gives a loss of exactly 0 that is still connected to the graph.
+Where verl 0.9.1 stands:
+- Sequences without any valid token are not counted in N_seq and contribute 0, as in verl 0.9.1 (its
+  seq-mean modes mask such rows out of the sequence count). Padding rows added to balance ranks therefore
+  do not dilute the loss. (Older verl releases averaged over all rows; the rule here is verl 0.9.1's.)
+- Dr.GRPO's constant C defaults to the mask's width T, as in verl; pass the configured maximum response
+  length as `norm_constant` so micro-batches trimmed to different widths use the same C. Like verl 0.9.1,
+  seq-mean-token-sum-norm divides by N_seq and by C.
+- Departure: an empty micro-batch (no valid token) gives a loss of exactly 0 that is still connected to
+  the graph (denominators are clamped at 1; verl's local token-mean would divide 0 by 0).
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ def aggregate_loss(
     valid = mask if mask.dtype == torch.bool else mask != 0
     zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
     kept = torch.where(valid, loss_mat, zero)
+    if mode is LossAggMode.TOKEN_SUM:
+        return kept.sum()
     token_sums = kept.sum(dim=-1)  # [B]
     if mode is LossAggMode.TOKEN_MEAN:
         denom = _denominator(global_token_count, valid.sum(), loss_mat)

@@ -13,8 +13,9 @@ GSPO (Zheng et al. 2025), sequence-level ratio, in its GSPO-token form:
     s_i = exp( (1/n_i) sum_t m (logp - logp_old) ),   s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t])
     l = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - eps_low, 1 + eps_high))
   s_{i,t} has the value of s_i and, aggregated with `seq-mean-token-mean`, exactly the gradient of the
-  paper's sequence objective. The paper (and verl, which forces it) aggregates with seq-mean-token-mean;
-  here the caller's mode is used as given (validate the config instead). No dual clip. The log of s_{i,t}
+  paper's sequence objective. The paper aggregates with seq-mean-token-mean; verl 0.9.1 does not force it
+  either: its GSPO loss uses the configured `loss_agg_mode`, and its GSPO example sets seq-mean-token-mean.
+  Here too the caller's mode is used as given. No dual clip. The log of s_{i,t}
   is clamped at 10 (verl's guard).
 REINFORCE:  l = -A logp (Williams 1992); its gradient equals PPO's at r = 1, without clipping.
 Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you
