@@ -97,8 +97,11 @@ async def send_events(request: web.Request, chunks: Iterator[dict[str, Any]]) ->
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
     await response.prepare(request)
-    for chunk in chunks:
-        await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+    try:
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:  # the client left mid-stream: nothing left to answer
+        pass
     return response
