@@ -43,7 +43,7 @@ tools:
         description: another calculator
         parameters: {{type: object, properties: {{expression: {{type: string}}}}, required: [expression]}}
   - class: quartet.agents.tools.python_runner:PythonTool
-    config: {{timeout_s: 2, memory_mb: 256}}
+    config: {{timeout_s: 2, memory_mb: 256, allow_unisolated: true}}  # builds where bwrap cannot
 """
     )
     tools = load_tools(path)
@@ -53,6 +53,7 @@ tools:
     assert isinstance(other, CalculatorTool) and other.description == "another calculator"
     assert other.limits.max_digits == 100  # the default
     assert isinstance(python, PythonTool) and python.limits.wall_s == 2 and python.limits.memory_mb == 256
+    assert python.limits.allow_unisolated
     assert calc.arguments_error({}) == "'expression' is a required property"
 
 
