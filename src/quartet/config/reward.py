@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from quartet.config.errors import require
 
-__all__ = ["RewardConfig"]
+__all__ = ["RewardConfig", "RuleMode"]
+
+
+class RuleMode(StrEnum):
+    """How the built-in rule scorers judge GSM8K answers."""
+
+    VERL = "verl"  # exactly verl 0.9.1's gsm8k scorer: last 300 characters, `#### <number>`, string equality
+    LENIENT = "lenient"  # whole response, `####42` / `#### 42.0` accepted, numbers compared by value
 
 
 @dataclass(frozen=True)
@@ -15,6 +23,11 @@ class RewardConfig:
 
     function: str = ""
     """Custom scorer as `path/to/file.py:function` or `package.module:function`. Empty: built-in rules."""
+
+    rule_mode: RuleMode = RuleMode.VERL
+    """Built-in GSM8K rule (no `reward.function`): `verl` gives verl 0.9.1's verdicts exactly (reads the last
+    300 characters, only `#### <number>` with one space, string equality with the ground truth); `lenient`
+    reads the whole response and accepts `####42`, `####  42`, `18.0` for `18`."""
 
     model_path: str = ""
     """Folder of a sequence-classification reward model. Empty: no reward model."""

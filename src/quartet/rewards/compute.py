@@ -42,7 +42,7 @@ from quartet.core.metrics import Metrics
 from quartet.core.reward_shaping import last_valid_index, overlong_penalty, place_outcome_score
 from quartet.rewards.backend import ScoringBackend
 from quartet.rewards.pool import ScorePool
-from quartet.rewards.rules.registry import select_scorer
+from quartet.rewards.rules.registry import RULE_FUNCTIONS, select_scorer
 from quartet.rewards.scoring import (
     REWARD_ERROR_COUNT,
     REWARD_EXTRA_PREFIX,
@@ -91,7 +91,8 @@ class RewardComputer:
             self._backend = self._start_pool()
 
     def _start_pool(self) -> ScorePool:
-        return ScorePool(self.cfg.function, num_workers=self.cfg.num_workers, timeout_s=self.cfg.timeout_s)
+        function = self.cfg.function or RULE_FUNCTIONS[str(self.cfg.rule_mode)]
+        return ScorePool(function, num_workers=self.cfg.num_workers, timeout_s=self.cfg.timeout_s)
 
     def _scorer(self) -> ScoringBackend:
         """The backend, started on first use when only a reward model was expected to score."""

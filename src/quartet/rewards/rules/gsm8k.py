@@ -1,4 +1,14 @@
-"""GSM8K: the final number of a response against the reference answer.
+"""GSM8K: the final number of a response against the reference answer, as verl scores it or leniently.
+
+verl's rule (`compute_score_verl`, the default, `reward.rule_mode=verl`), from verl 0.9.1's documented
+`gsm8k` scorer: only the LAST 300 characters of the response are read. strict: the answer is the last
+`#### ` (four `#`, exactly one space) followed by a run of digits, `.` and `,` with an optional leading `-`;
+`####42`, `####  42` and `####\n42` give no answer. Commas are removed. flexible: the last run of that
+alphabet (commas kept) that is not `.` alone. The verdict is `score` when the answer string EQUALS
+str(ground_truth), `format_score` when it does not, 0 without an answer (so `18.0` against `18` is wrong,
+as in verl). Use it to compare rewards with a verl run on the same data.
+
+The lenient rule (`compute_score`, `reward.rule_mode=lenient`) reads the whole response and accepts more:
 
 Extraction, in two modes (as in the GSM8K paper's format and verl's `gsm8k` scorer):
 - strict (default): the number after the LAST `####` marker; a response without one has no answer.
@@ -22,12 +32,22 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-__all__ = ["compute_score", "extract_solution", "normalize_number"]
+__all__ = [
+    "compute_score",
+    "compute_score_verl",
+    "extract_solution",
+    "extract_solution_verl",
+    "normalize_number",
+]
 
 Method = Literal["strict", "flexible"]
 
 _STRICT = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
 _ANY_NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+
+VERL_CLIP_CHARS = 300  # verl reads only the response's tail (its regexes are slow on long strings)
+_VERL_STRICT = re.compile(r"#### (-?[0-9.,]+)")
+_VERL_ANY = re.compile(r"(-?[0-9.,]+)")
 
 
 def normalize_number(text: str) -> str:
@@ -90,3 +110,37 @@ def compute_score(
     if answer is None:
         return 0.0
     return score if _same_number(answer, _reference(ground_truth)) else format_score
+
+
+def extract_solution_verl(solution_str: str, method: Method = "strict") -> str | None:
+    """verl's extraction (see the module docstring): the last 300 characters, `#### <number>` or last run."""
+    tail = solution_str[-VERL_CLIP_CHARS:]
+    if method == "strict":
+        found: list[str] = _VERL_STRICT.findall(tail)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    if method == "flexible":
+        runs: list[str] = _VERL_ANY.findall(tail)
+        if not runs:
+            return None
+        kept = [r for r in runs if r not in ("", ".")]
+        # all runs are "." alone: verl's loop ends on the first run it visited last, runs[0]
+        return kept[-1] if kept else runs[0]
+    raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
+
+
+def compute_score_verl(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any = None,
+    *,
+    method: Method = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """verl's verdict: `score` if the extracted answer string equals str(ground_truth), else `format_score`;
+    0 without an answer. Arguments as `compute_score`; the ground truth is compared as given."""
+    answer = extract_solution_verl(solution_str, method)
+    if answer is None:
+        return 0.0
+    return score if answer == str(ground_truth) else format_score

@@ -2,11 +2,18 @@
 
 | data_source                                                 | scorer                                    |
 |-------------------------------------------------------------|-------------------------------------------|
-| `openai/gsm8k`, `gsm8k`                                     | `gsm8k.compute_score` (strict `####`)     |
+| `openai/gsm8k`, `gsm8k`                                     | `gsm8k.compute_score_verl` (verl's rule)  |
+|                                                             | or `gsm8k.compute_score` (lenient)        |
 | `lighteval/MATH`, `math`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500`                |
 |                                                             | `math_answers.compute_score` (last box)   |
 | `math_dapo`, `aime...` (any name starting with `aime`)      | the same, or the last `Answer:` line      |
 | a built-in task's name (`arithmetic`, ...)                  | the task's own verifier                   |
+
+Two modes (`reward.rule_mode`, see `RULE_FUNCTIONS`): `verl` (the default, `default_compute_score`) scores
+GSM8K exactly as verl 0.9.1 does (last 300 characters, `#### <number>`, string equality), so rewards on
+verl's data match a verl run; `lenient` (`lenient_compute_score`) uses quartet's lenient GSM8K rule
+(whole response, `####42` and `#### 42.0` accepted). The math sources use `math_answers` in both modes
+(no verl-exact math rule yet; its departures are listed in `math_answers`).
 
 Anything else is an `UnknownDataSourceError` that names the data source, the known ones, and the fix
 (`reward.function`). The choice is an explicit table, not a plug-in registry: a custom scorer is one
@@ -28,6 +35,8 @@ from quartet.rewards.scoring import ScoreFn
 
 __all__ = [
     "GSM8K_SOURCES",
+    "RULE_FUNCTIONS",
+    "lenient_compute_score",
     "MATH_SOURCES",
     "UnknownDataSourceError",
     "default_compute_score",
@@ -101,10 +110,13 @@ def known_data_sources() -> list[str]:
 
 
 @functools.lru_cache(maxsize=256)
-def select_scorer(data_source: str) -> ScoreFn:
-    """The rule scorer of `data_source` (verl's signature); `UnknownDataSourceError` when there is none."""
+def select_scorer(data_source: str, mode: str = "verl") -> ScoreFn:
+    """The rule scorer of `data_source` (verl's signature) in `mode` (`verl` or `lenient`, see the module
+    docstring); `UnknownDataSourceError` when there is none."""
+    if mode not in RULE_FUNCTIONS:
+        raise ValueError(f"rule mode must be one of {sorted(RULE_FUNCTIONS)}, got {mode!r}")
     if data_source in GSM8K_SOURCES:
-        return gsm8k.compute_score
+        return gsm8k.compute_score_verl if mode == "verl" else gsm8k.compute_score
     if data_source in MATH_SOURCES:
         return math_answers.compute_score
     if data_source in ANSWER_LINE_SOURCES or data_source.startswith(ANSWER_LINE_PREFIX):
@@ -127,14 +139,23 @@ class _RuleScorer:
     time limit it would time that item out.
     """
 
-    __name__ = "default_compute_score"
+    def __init__(self, mode: str, name: str) -> None:
+        self.mode = mode
+        self.__name__ = name
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
-        return select_scorer(str(data_source))(data_source, solution_str, ground_truth, extra_info)
+        return select_scorer(str(data_source), self.mode)(data_source, solution_str, ground_truth, extra_info)
 
     def warm_up(self) -> None:
         """Import what scoring may need, outside any item's time limit."""
         _task_module()
 
 
-default_compute_score = _RuleScorer()
+default_compute_score = _RuleScorer("verl", "default_compute_score")
+lenient_compute_score = _RuleScorer("lenient", "lenient_compute_score")
+
+RULE_FUNCTIONS: Mapping[str, str] = {
+    "verl": f"{__name__}:default_compute_score",
+    "lenient": f"{__name__}:lenient_compute_score",
+}
+"""The function spec scoring workers load for each `reward.rule_mode` (when `reward.function` is empty)."""
