@@ -14,6 +14,7 @@ from quartet.cluster.hostset import HostSet
 from quartet.cluster.local import colocate_local
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
+from quartet.cluster.reaper import start_reaper
 from quartet.config.cluster import Backend, ClusterConfig
 
 __all__ = ["connect", "launch"]
@@ -57,7 +58,24 @@ def connect(cfg: ClusterConfig) -> str:
         ) from err
     address = str(ray.get_runtime_context().gcs_address)
     log.info("connected to Ray at %s, namespace '%s'", address, cfg.namespace)
+    _watch_local_session()
     return address
+
+
+def _watch_local_session() -> None:
+    """When this process started its Ray (not joined one), its agents leave with it, even on a SIGKILL
+    (`quartet.cluster.reaper`; Ray's own agents would outlive it by ~62 s)."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)  # private: no public "did I start it"
+    if node is None or not getattr(node, "head", False):
+        return
+    try:
+        session = str(node.get_session_dir_path())
+    except Exception as err:  # pragma: no cover - another Ray version: Ray's own timing applies
+        log.debug("no session folder to watch: %s", err)
+        return
+    start_reaper(session)
 
 
 def launch(cfg: ClusterConfig, names: RunNames, label: str = "", **roles: RoleSpec) -> HostSet:
