@@ -23,6 +23,7 @@ from quartet.config.rollout import ServerConfig
 from quartet.rollout import GenerationOutput, GenerationRequest, TorchRolloutEngine
 from quartet.serving import OpenAIServer, ServerThread
 from quartet.serving.responses import output_from_json
+from quartet.serving.text import LARGE_TEXT_CHARS
 
 VOCAB = 512  # the tiny model's vocabulary (tokenizer and embedding table)
 
@@ -244,16 +245,22 @@ def test_top_logprobs_are_the_engines_alternatives(
 
 
 class _GatedTokenizer:
-    """The real tokenizer, whose chat rendering waits until the test releases it."""
+    """The real tokenizer, whose chat rendering of prompts of at least `min_chars` characters waits until the
+    test releases it (a deep copy, as the server's bulk lane makes, shares the gate)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, min_chars: int = 0) -> None:
         self.tokenizer = tokenizer
+        self.min_chars = min_chars
         self.entered = threading.Event()
         self.release = threading.Event()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GatedTokenizer:
+        return self
+
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
-        self.entered.set()
-        assert self.release.wait(60)
+        if sum(len(m["content"] or "") for m in conversation) >= self.min_chars:
+            self.entered.set()
+            assert self.release.wait(60)
         return self.tokenizer.apply_chat_template(conversation, **kwargs)
 
     def encode(self, text: str, **kwargs: Any) -> Any:
@@ -284,6 +291,30 @@ def test_rendering_runs_off_the_event_loop_and_is_bounded_in_time(
         [timed_out] = answers
         assert timed_out.status_code == 400 and timed_out.json()["error"]["code"] == "tokenizer_timeout"
         assert post(url, "chat/completions", body, headers={}).status_code == 200  # released: served again
+
+
+def test_a_large_prompt_being_rendered_does_not_hold_up_small_ones(
+    serving_engine: TorchRolloutEngine, serving_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    gated = _GatedTokenizer(serving_tokenizer, min_chars=LARGE_TEXT_CHARS + 1)
+    server = OpenAIServer(serving_engine, gated, MODEL_NAME, vocab_size=VOCAB)
+    with ServerThread(server) as thread:
+        url = thread.start()
+        answers: list[httpx.Response] = []
+        large = {"messages": [{"role": "user", "content": "x" * (LARGE_TEXT_CHARS + 1)}], "max_tokens": 2}
+        sender = threading.Thread(
+            target=lambda: answers.append(post(url, "chat/completions", large, headers={}))
+        )
+        sender.start()
+        try:
+            assert gated.entered.wait(30)
+            small = post(url, "chat/completions", {"messages": MESSAGES, "max_tokens": 2}, headers={})
+            assert small.status_code == 200 and answers == []  # served while the large one is still held
+        finally:
+            gated.release.set()
+            sender.join(60)
+        [answer] = answers
+        assert answer.status_code < 500  # rendered once released (over the tiny model's context: a 400)
 
 
 def test_openapi_document_describes_the_routes_with_the_limits(small: str) -> None:

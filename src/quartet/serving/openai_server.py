@@ -24,7 +24,8 @@ Design:
   Each failure is a 4xx with an OpenAI error naming the field; a 5xx is a bug.
 - **The event loop never tokenizes.** Chat rendering, encoding and decoding run on the tokenizer's own
   thread (`text.TokenizerWorker`), each call bounded in time; text longer than the limits allow is refused
-  before it is tokenized.
+  before it is tokenized. Prompts over `LARGE_TEXT_CHARS` characters take a second lane (thread) with its
+  own copy of the tokenizer, so large prompts queue behind each other, never in front of ordinary ones.
 - **Every wait is bounded.** A request the engine has not finished within `request_timeout_s` is aborted
   in the engine (`engine.abort`, which frees its slot at the next step) and answered 504. Engine calls run
   on a private loop (`bridge`), so no caller's cancellation ever reaches the engine's futures.
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import secrets
 import time
@@ -67,7 +69,14 @@ from quartet.serving.gate import AdmissionGate
 from quartet.serving.limits import RequestLimits, check_sampling, check_text_size, check_token_ids
 from quartet.serving.openapi import openapi_schema
 from quartet.serving.streaming import chat_chunks, completion_chunks, send_events
-from quartet.serving.text import TokenizerLike, TokenizerWorker, encode_prompt, render_chat, tag_token_ids
+from quartet.serving.text import (
+    LARGE_TEXT_CHARS,
+    TokenizerLike,
+    TokenizerWorker,
+    encode_prompt,
+    render_chat,
+    tag_token_ids,
+)
 from quartet.serving.tool_calls import HERMES_TAGS
 
 __all__ = ["OpenAIServer", "vocab_size_of"]
@@ -151,6 +160,8 @@ class OpenAIServer:
             max_body_bytes,
         )
         self._worker = TokenizerWorker(tokenize_timeout_s)
+        self._bulk = TokenizerWorker(tokenize_timeout_s)  # prompts over LARGE_TEXT_CHARS, own tokenizer copy
+        self._bulk_tokenizer: TokenizerLike | None = None
         self._tool_tags = tag_token_ids(tokenizer, HERMES_TAGS)
         self._gate = AdmissionGate()
         self._bridge = EngineBridge(engine)
@@ -198,6 +209,7 @@ class OpenAIServer:
             await self._gate.wait_idle(drain_timeout_s)
         await asyncio.to_thread(self._bridge.close)
         self._worker.close()
+        self._bulk.close()
 
     @property
     def asleep(self) -> bool:
@@ -322,17 +334,29 @@ class OpenAIServer:
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_schema(self.limits, self.model_name))
 
-    def _render(self, chat: protocol.ChatRequest) -> list[int]:
+    def _lane(self, chars: int) -> TokenizerWorker:
+        """The bulk lane for large texts, so that they only ever wait for each other."""
+        return self._bulk if chars > LARGE_TEXT_CHARS else self._worker
+
+    def _tokenizer_of(self, lane: TokenizerWorker) -> TokenizerLike:
+        """The tokenizer of a lane, called on its thread (a fast tokenizer must be entered by one thread)."""
+        if lane is not self._bulk:
+            return self.tokenizer
+        if self._bulk_tokenizer is None:
+            self._bulk_tokenizer = copy.deepcopy(self.tokenizer)
+        return self._bulk_tokenizer
+
+    def _render(self, chat: protocol.ChatRequest, lane: TokenizerWorker) -> list[int]:
         try:
-            return render_chat(self.tokenizer, chat.messages, chat.tools)
+            return render_chat(self._tokenizer_of(lane), chat.messages, chat.tools)
         except Exception as exc:  # a template error is about the caller's messages
             raise ApiError.bad_request(
                 f"the chat template cannot render these messages: {type(exc).__name__}: {exc}", "messages"
             ) from None
 
-    def _encode(self, prompt: str) -> list[int]:
+    def _encode(self, prompt: str, lane: TokenizerWorker) -> list[int]:
         try:
-            return encode_prompt(self.tokenizer, prompt)
+            return encode_prompt(self._tokenizer_of(lane), prompt)
         except Exception as exc:
             raise ApiError.bad_request(
                 f"the prompt cannot be tokenized: {type(exc).__name__}: {exc}", "prompt"
@@ -344,7 +368,8 @@ class OpenAIServer:
         chat = protocol.parse_chat(body, self.max_new_tokens_default)
         check_text_size(chat.text_chars, self.limits, "messages")
         check_sampling(chat.sampling, 0, self.limits, _OPENAI_NAMES)  # before the cost of rendering
-        prompt = await self._worker.run(self._render, chat)
+        lane = self._lane(chat.text_chars)
+        prompt = await lane.run(self._render, chat, lane)
         check_sampling(chat.sampling, len(prompt), self.limits, _OPENAI_NAMES | {"prompt": "messages"})
         outputs = await self._engine_call(prompt, chat.sampling)
         tags = self._tool_tags if chat.parse_tool_calls else None
@@ -368,7 +393,8 @@ class OpenAIServer:
         check_sampling(completion.sampling, 0, self.limits, _OPENAI_NAMES)
         if isinstance(completion.prompt, str):
             check_text_size(len(completion.prompt), self.limits, "prompt")
-            prompt = await self._worker.run(self._encode, completion.prompt)
+            lane = self._lane(len(completion.prompt))
+            prompt = await lane.run(self._encode, completion.prompt, lane)
         else:
             check_token_ids(completion.prompt, self.limits, "prompt")
             prompt = list(completion.prompt)

@@ -32,6 +32,7 @@ from quartet.rollout.types import GenerationOutput
 from quartet.serving.errors import ApiError
 
 __all__ = [
+    "LARGE_TEXT_CHARS",
     "TokenizerLike",
     "TokenizerWorker",
     "decode_keeping",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+LARGE_TEXT_CHARS = 65536
+"""Prompts with more characters than this are tokenized on the server's second ("bulk") lane."""
 
 
 class TokenizerLike(Protocol):
