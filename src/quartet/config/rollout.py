@@ -155,8 +155,9 @@ class ServerConfig:
     model_name: str = "policy"
     """The model name the server answers to (`/v1/models`)."""
 
-    max_n: int = 16
-    """Most responses one request may ask for (`n`); a larger `n` is answered 400 before the engine."""
+    max_n: int = 64
+    """Most responses one request may ask for (`n`; the engine's default batch width); a larger `n` is
+    answered 400 before the engine."""
 
     max_request_tokens: int = 262144
     """Most tokens one request may cost the engine: prompt tokens + n x max_tokens; above: 400."""

@@ -67,7 +67,7 @@ class RequestLimits:
 
     vocab_size: int
     """Token ids must lie in [0, vocab_size): the engine's embedding rows that the tokenizer knows."""
-    max_n: int = 16
+    max_n: int = 64
     """Most responses per request."""
     max_request_tokens: int = 262144
     """Most tokens per request: prompt + n x max_tokens."""

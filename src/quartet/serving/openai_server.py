@@ -126,7 +126,7 @@ class OpenAIServer:
         max_new_tokens_default: int = 256,
         request_timeout_s: float = 600.0,
         *,
-        max_n: int = 16,
+        max_n: int = 64,
         max_request_tokens: int = 262144,
         max_body_bytes: int = 8 * 2**20,
         vocab_size: int | None = None,
