@@ -22,10 +22,11 @@ Design:
   encodable), every field (unknown fields refused), token ids against the vocabulary, sampling numbers in
   safe ranges, `n` <= `max_n`, prompt + n x max_tokens <= `max_request_tokens`, body <= `max_body_bytes`.
   Each failure is a 4xx with an OpenAI error naming the field; a 5xx is a bug.
-- **The event loop never tokenizes.** Chat rendering, encoding and decoding run on the tokenizer's own
-  thread (`text.TokenizerWorker`), each call bounded in time; text longer than the limits allow is refused
-  before it is tokenized. Prompts over `LARGE_TEXT_CHARS` characters take a second lane (thread) with its
-  own copy of the tokenizer, so large prompts queue behind each other, never in front of ordinary ones.
+- **The event loop never tokenizes** (nor parses: bodies are decoded and checked in worker threads).
+  Chat rendering, encoding and decoding run on the tokenizer's own thread (`text.TokenizerWorker`), each
+  call bounded in time; text longer than the limits allow is refused before it is tokenized. Prompts over
+  `LARGE_TEXT_CHARS` characters take a second lane (thread) with its own copy of the tokenizer, so large
+  prompts queue behind each other, never in front of ordinary ones.
 - **Every wait is bounded.** A request the engine has not finished within `request_timeout_s` is aborted
   in the engine (`engine.abort`, which frees its slot at the next step) and answered 504. Engine calls run
   on a private loop (`bridge`), so no caller's cancellation ever reaches the engine's futures.
@@ -365,7 +366,7 @@ class OpenAIServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         protocol.check_model(body, self.model_name)
-        chat = protocol.parse_chat(body, self.max_new_tokens_default)
+        chat = await asyncio.to_thread(protocol.parse_chat, body, self.max_new_tokens_default)
         check_text_size(chat.text_chars, self.limits, "messages")
         check_sampling(chat.sampling, 0, self.limits, _OPENAI_NAMES)  # before the cost of rendering
         lane = self._lane(chat.text_chars)
@@ -389,14 +390,14 @@ class OpenAIServer:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         protocol.check_model(body, self.model_name)
-        completion = protocol.parse_completion(body, self.max_new_tokens_default)
+        completion = await asyncio.to_thread(protocol.parse_completion, body, self.max_new_tokens_default)
         check_sampling(completion.sampling, 0, self.limits, _OPENAI_NAMES)
         if isinstance(completion.prompt, str):
             check_text_size(len(completion.prompt), self.limits, "prompt")
             lane = self._lane(len(completion.prompt))
             prompt = await lane.run(self._encode, completion.prompt, lane)
         else:
-            check_token_ids(completion.prompt, self.limits, "prompt")
+            await asyncio.to_thread(check_token_ids, completion.prompt, self.limits, "prompt")
             prompt = list(completion.prompt)
         if not prompt:
             raise ApiError.bad_request("the prompt encodes to no tokens", "prompt")
@@ -417,8 +418,12 @@ class OpenAIServer:
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        token_request = protocol.parse_token_request(body, self.max_new_tokens_default)
-        check_token_ids(token_request.prompt_token_ids, self.limits, "prompt_token_ids")
+        token_request = await asyncio.to_thread(
+            protocol.parse_token_request, body, self.max_new_tokens_default
+        )
+        await asyncio.to_thread(
+            check_token_ids, token_request.prompt_token_ids, self.limits, "prompt_token_ids"
+        )
         check_sampling(token_request.sampling, len(token_request.prompt_token_ids), self.limits, _TOKEN_NAMES)
         outputs = await self._engine_call(token_request.prompt_token_ids, token_request.sampling)
         request_id = outputs[0].request_id if outputs else ""
