@@ -3,6 +3,7 @@ raises or hangs costs those samples their reward, is counted, and never stops tr
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -69,3 +70,17 @@ def test_raising_and_hanging_rewards_do_not_stop_training(
     # rows 0..3 of the unshuffled second step hold one raising and one hanging prompt, n=2 samples each
     assert last["reward/error_count"] == 2 and last["reward/timeout_count"] == 2
     assert last["critic/score/mean"] == pytest.approx(0.5)  # the other half scored 1
+    # each failed response is named by its prompt's dataset row, in the run folder
+    named = [json.loads(line) for line in (result.run_dir / "bad_rows.jsonl").read_text().splitlines()]
+    assert all(n["stage"] == "reward" for n in named)
+    train = [n for n in named if n["file"].endswith("rl_train.parquet")]
+    assert len(train) == 8  # per step: one raising and one hanging prompt, 2 responses each
+    assert {(n["step"], n["row"], n["reason"]) for n in train} == {
+        (1, 1, "error"),
+        (1, 2, "timeout"),
+        (2, 5, "error"),
+        (2, 6, "timeout"),
+    }
+    val = [n for n in named if n["file"].endswith("rl_val.parquet")]  # the validation after the last step
+    assert val and all(n["step"] == 2 and n["row"] % 4 in (1, 2) for n in val)
+    assert {n["message"] for n in named if n["reason"] == "error"} == {"RuntimeError: scorer bug on purpose"}

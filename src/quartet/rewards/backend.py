@@ -10,7 +10,7 @@ import logging
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -48,6 +48,8 @@ class PoolResult:
     """Wall time of the call."""
     restarts: int = 0
     """Workers replaced during the call (after a timeout or a crash)."""
+    reasons: dict[int, str] = field(default_factory=dict)
+    """Why each failed item failed, by item position (one line: the exception, the timeout, the crash)."""
 
     @property
     def error_count(self) -> int:
@@ -103,7 +105,8 @@ class InlineScorer:
         for i, item in enumerate(items):
             try:
                 value = read_score(self._fn(*item))
-            except Exception:
+            except Exception as err:
+                result.reasons[i] = f"{type(err).__name__}: {err}"
                 self._log(
                     "errors",
                     "reward function raised on item %d (%r):\n%s",

@@ -21,6 +21,10 @@ Reward model. When the batch holds `rm_scores` [B] (the reward-model role ran):
 - and `reward.function` is set, the function decides: it is called as usual with `extra_info` extended by
   `"rm_score": rm_scores_i` (a dict copy; None becomes a dict), so a function can add, gate or replace.
 
+Failed items (the function raised, timed out, or its worker died: scored 0) are kept as `ScoreFailure`s
+with the row's dataset index (the batch's `index` column), for the trainer to name them in
+`bad_rows.jsonl`: `take_failures()` hands them over.
+
 Metrics: `reward/error_count`, `reward/timeout_count`, `reward/worker_restarts`, `reward/score_time_s`, the
 overlong penalty's `reward/overlong_penalty/mean` and `reward/overlong_fraction`, and for each extra numeric
 key a score function returned in a dict, `reward/extra/<key>`: its mean over the rows that returned it.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +45,7 @@ from quartet.config.reward import RewardConfig
 from quartet.core.batch import Batch
 from quartet.core.metrics import Metrics
 from quartet.core.reward_shaping import last_valid_index, overlong_penalty, place_outcome_score
-from quartet.rewards.backend import ScoringBackend
+from quartet.rewards.backend import ItemStatus, ScoringBackend
 from quartet.rewards.pool import ScorePool
 from quartet.rewards.rules.registry import RULE_FUNCTIONS, select_scorer
 from quartet.rewards.scoring import (
@@ -52,9 +57,24 @@ from quartet.rewards.scoring import (
     ScoreItem,
 )
 
-__all__ = ["RewardComputer"]
+__all__ = ["RewardComputer", "ScoreFailure"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoreFailure:
+    """One response whose score call failed (it scored 0)."""
+
+    position: int
+    """Its position in the scored batch."""
+    row: int | None
+    """The dataset row of its prompt (the batch's `index` column); None when the batch has none."""
+    status: str
+    """`error` or `timeout`."""
+    reason: str
+    """Why, in one line."""
+    data_source: str | None
 
 
 class RewardComputer:
@@ -87,6 +107,7 @@ class RewardComputer:
         self._backend = backend
         self._owns_backend = backend is None
         self._warned_rm_extra_info = False
+        self._failures: list[ScoreFailure] = []
         if backend is None and not (cfg.model_path and not cfg.function):
             self._backend = self._start_pool()
 
@@ -99,6 +120,11 @@ class RewardComputer:
         if self._backend is None:
             self._backend = self._start_pool()
         return self._backend
+
+    def take_failures(self) -> list[ScoreFailure]:
+        """The score calls that failed since the last call of this method (their rows scored 0)."""
+        out, self._failures = self._failures, []
+        return out
 
     def close(self) -> None:
         """Stop the scoring processes (when this object started them)."""
@@ -155,6 +181,12 @@ class RewardComputer:
     def _rule_scores(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         items = self._items(batch, self.response_texts(batch))
         result = self._scorer().score(items)
+        rows = list(batch.non_tensors["index"]) if "index" in batch.non_tensors else [None] * len(items)
+        for i, status in enumerate(result.statuses):
+            if status is not ItemStatus.OK:
+                row = None if rows[i] is None else int(rows[i])
+                reason = result.reasons.get(i, "the score call failed")
+                self._failures.append(ScoreFailure(i, row, str(status), reason, items[i].data_source))
         metrics: Metrics = {
             REWARD_ERROR_COUNT: float(result.error_count),
             REWARD_TIMEOUT_COUNT: float(result.timeout_count),

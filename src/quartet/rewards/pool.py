@@ -252,6 +252,7 @@ class ScorePool:
             if not live:
                 for i in pending:
                     result.statuses[i] = ItemStatus.ERROR
+                    result.reasons[i] = "no scoring worker could be started"
                 break
             waiting = [w.deadline for w in live if w.state in ("busy", "starting")]
             timeout = max(0.0, min(waiting) - time.monotonic()) if waiting else None
@@ -268,7 +269,8 @@ class ScorePool:
                 index = pending.popleft()
                 try:
                     payload = pickle.dumps((index, tuple(items[index])), protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception:
+                except Exception as err:
+                    result.reasons[index] = f"cannot be sent to a scoring worker: {type(err).__name__}: {err}"
                     self._log(
                         "errors",
                         "reward item %d cannot be sent to a worker:\n%s",
@@ -310,6 +312,8 @@ class ScorePool:
                 self._log("ignored", "score function returned non-numeric keys %s (not metrics)", message[4])
         else:
             source = self._items[index].data_source if index < len(self._items) else "?"
+            lines = str(message[2]).strip().splitlines()
+            result.reasons[index] = lines[-1] if lines else "the score function raised"
             self._log("errors", "reward function raised on item %d (%r):\n%s", index, source, message[2])
         worker.state, worker.item = "idle", -1
 
@@ -317,6 +321,7 @@ class ScorePool:
         code = worker.proc.poll()
         if worker.state == "busy" and result is not None:
             result.statuses[worker.item] = ItemStatus.ERROR
+            result.reasons[worker.item] = f"the scoring worker exited with code {code} while scoring it"
             message = "scoring worker pid %d exited with code %s while scoring item %d"
             self._log("crashes", message, worker.proc.pid, code, worker.item)
         if worker.state == "starting":
@@ -338,6 +343,7 @@ class ScorePool:
                 _kill(worker)
                 continue
             result.statuses[worker.item] = ItemStatus.TIMEOUT
+            result.reasons[worker.item] = f"the score function passed reward.timeout_s={self.timeout_s:g}"
             if "timeouts" not in self._log.seen:
                 self._log(
                     "timeouts",

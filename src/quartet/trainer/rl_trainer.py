@@ -32,7 +32,7 @@ from typing import Any
 from quartet.cluster.naming import RunNames
 from quartet.config import QuartetConfig, to_dict, to_yaml
 from quartet.core.batch import Batch
-from quartet.data.bad_rows import BAD_ROWS_FILE, replace_load_rows
+from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, append_bad_rows, replace_load_rows
 from quartet.data.prompts import PromptDataset
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
@@ -243,6 +243,7 @@ class RLTrainer:
             records = RolloutRecorder(cfg, tokenizer, self.run_dir)
             if data.val is not None and cfg.trainer.val_before_train and state is None:
                 val = validate(cfg, workers, data.val, reward, 0, records.val_writer(0))
+                self._name_reward_failures(reward, data.val, 0)
                 result.validations.append(self.record("val", step=0, **val))
             first = result.steps + 1
             for step in range(first, total + 1):
@@ -252,6 +253,7 @@ class RLTrainer:
                     return self._prompts(data.train, sampler.next_indices(), step, draw=k)
 
                 batch, metrics = runner.run(prompts, step, more)
+                self._name_reward_failures(reward, data.train, step)
                 metrics["training/epoch"] = float(sampler.epoch)
                 result.train_seconds += metrics["timing_s/step"]
                 records.train(batch, step)
@@ -260,6 +262,7 @@ class RLTrainer:
                 freq = cfg.trainer.test_freq
                 if data.val is not None and ((freq and step % freq == 0) or step == total):
                     val = validate(cfg, workers, data.val, reward, step, records.val_writer(step))
+                    self._name_reward_failures(reward, data.val, step)
                     result.validations.append(self.record("val", step=step, **val))
                 stopping = self.stop_after is not None and step - first + 1 >= self.stop_after
                 save_freq = cfg.trainer.save_freq
@@ -304,6 +307,31 @@ class RLTrainer:
             counts[row.reason] = counts.get(row.reason, 0) + 1
         log.warning("%d rows skipped, dropped or cut at load %s: each is named in %s", len(bad), counts, path)
         return str(path)
+
+    def _name_reward_failures(self, reward: Any, dataset: PromptDataset, step: int) -> None:
+        """The responses whose score call failed (scored 0) since the last look, by dataset row, appended
+        to `bad_rows.jsonl`, with one warning naming the rows and the file."""
+        failures = reward.take_failures()
+        if not failures:
+            return
+        bad = []
+        for f in failures:
+            src = dataset.source(f.row) if f.row is not None and 0 <= f.row < len(dataset) else None
+            file, row, line = (src.file, src.row, src.line) if src else ("(unknown)", None, None)
+            bad.append(BadRow("reward", file, row, "reward", f.status, f.reason, line=line, step=step))
+        path = self.run_dir / BAD_ROWS_FILE
+        append_bad_rows(path, bad)
+        where = sorted({f"{Path(b.file).name}:{b.row}" for b in bad})
+        log.warning(
+            "step %d: %d responses scored 0 because their score call failed (rows %s%s; first: %s); "
+            "each is named in %s",
+            step,
+            len(bad),
+            ", ".join(where[:10]),
+            ", ..." if len(where) > 10 else "",
+            bad[0].message,
+            path,
+        )
 
     def _save(self, workers: Workers, state: TrainerState) -> Path:
         def save_roles(folder: Path) -> list[str]:
