@@ -369,3 +369,20 @@ def test_token_endpoint_returns_top_logprobs_that_read_back(
     assert [lp for e in back.top_logprobs for _, lp in e] == pytest.approx(
         [lp for e in ref.top_logprobs for _, lp in e], abs=1e-4
     )
+
+
+def test_completions_logprobs_k_gives_k_alternatives(
+    small: str, serving_engine: TorchRolloutEngine, serving_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    [ref] = direct(serving_engine, [5, 6, 7], temperature=0.0, max_new_tokens=4, top_logprobs=2)
+    assert ref.top_logprobs is not None
+    out = client(small).completions.create(
+        model=MODEL_NAME, prompt=[5, 6, 7], temperature=0, max_tokens=4, logprobs=2
+    )
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.top_logprobs is not None
+    expected = [{serving_tokenizer.decode([t]): lp for t, lp in e} for e in ref.top_logprobs]
+    assert [list(e) for e in logprobs.top_logprobs] == [list(e) for e in expected]
+    assert [v for e in logprobs.top_logprobs for v in e.values()] == pytest.approx(
+        [v for e in expected for v in e.values()], abs=1e-4
+    )
