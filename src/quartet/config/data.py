@@ -83,7 +83,8 @@ class DataConfig:
     """What to do with prompts longer than `max_prompt_length`."""
 
     skip_bad_rows: bool = False
-    """Count and log malformed rows instead of stopping at the first one."""
+    """Skip malformed rows (bad columns, invalid JSON or UTF-8, a data_source no rule scorer knows) instead of
+    stopping at the first one; each is counted, and named in `<run dir>/bad_rows.jsonl`."""
 
     train_batch_size: int = 8
     """Prompts per training step, global (each is sampled `rollout.n` times)."""
