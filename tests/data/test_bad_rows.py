@@ -143,3 +143,13 @@ def test_every_bad_and_overlong_row_is_named_and_written(tmp_path: Path, chat_to
     assert sorted(line["row"] for line in lines if line["stage"] == "load") == [1, 2, 3]
     assert [line["step"] for line in lines if line["stage"] == "reward"] == [3]
     assert all(line["file"] == str(path) for line in lines)
+
+
+def test_invalid_utf8_in_a_json_array_file_spoils_only_its_row(tmp_path: Path, chat_tokenizer: Any) -> None:
+    path = tmp_path / "train.json"
+    text = json.dumps([_row(0), _row(1, question="What is 1?"), _row(2)]).encode()
+    path.write_bytes(text.replace(b"What is 1?", b"What is \xfe?"))
+    ds = PromptDataset.from_files([str(path)], _cfg(skip_bad_rows=True), chat_tokenizer)
+    assert len(ds) == 2 and list(ds.batch([0, 1])["ground_truth"]) == ["0", "2"]
+    assert [(b.row, b.field, b.reason) for b in ds.report.bad] == [(1, "prompt[0].content", "invalid_utf8")]
+    assert "byte 0xfe" in ds.report.bad[0].message
