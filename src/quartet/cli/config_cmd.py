@@ -1,12 +1,20 @@
-"""`quartet config show [--config FILE] [--doc] [key=value ...]`: print the resolved config as YAML."""
+"""`quartet config show [--config FILE] [--doc] [key=value ...]`: print the resolved config as YAML.
+
+`quartet config from-verl [OVERRIDES...] [--file verl.yaml] [--out FILE]`: translate a verl command line
+or config into a quartet config (YAML or overrides on stdout or `--out`); unmapped keys and converted
+values are listed on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from quartet.config import ConfigError, QuartetConfig, iter_field_docs, load_config, to_dict, to_yaml
+from quartet.config.from_verl import Translation, translate_overrides, translate_tree
+from quartet.config.yaml_io import dump_yaml, load_yaml
 
 
 def add_parser(sub: Any) -> None:
@@ -18,6 +26,24 @@ def add_parser(sub: Any) -> None:
     show.add_argument("--no-validate", action="store_true", help="skip the cross-field checks")
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-5 rollout.n=4")
     show.set_defaults(run=run_show)
+    verl = actions.add_parser(
+        "from-verl", help="translate verl Hydra overrides or a verl YAML config into a quartet config"
+    )
+    verl.add_argument("overrides", nargs="*", help="verl overrides, e.g. actor_rollout_ref.rollout.n=5")
+    verl.add_argument(
+        "--file", "-f", help="a verl YAML config (overrides on the command line apply after it)"
+    )
+    verl.add_argument("--out", "-o", help="write the quartet config here instead of stdout")
+    verl.add_argument(
+        "--format", choices=["yaml", "overrides"], default="yaml", help="a YAML config or key=value lines"
+    )
+    verl.add_argument(
+        "--quartet-defaults",
+        action="store_true",
+        help="keys the verl input does not set keep quartet's defaults (default: verl's, where they differ)",
+    )
+    verl.add_argument("--no-validate", action="store_true", help="skip quartet's cross-field checks")
+    verl.set_defaults(run=run_from_verl)
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -49,3 +75,55 @@ def _flatten(cfg: QuartetConfig) -> dict[str, Any]:
 
     walk(to_dict(cfg), "")
     return out
+
+
+def run_from_verl(args: argparse.Namespace) -> int:
+    """Translate, report unmapped keys and conversions on stderr, write the config; 2 if it fails checks."""
+    try:
+        translation = _translate(args)
+    except (OSError, ConfigError) as err:
+        print(f"from-verl: {err}", file=sys.stderr)
+        return 2
+    _report(translation)
+    status = 0
+    try:
+        translation.build(check=not args.no_validate)
+    except ConfigError as err:
+        print(f"from-verl: {err}", file=sys.stderr)
+        status = 2
+    if args.format == "yaml":
+        text = "# Translated from verl by `quartet config from-verl`; unset fields keep quartet's defaults.\n"
+        text += dump_yaml(translation.tree())
+    else:
+        text = "".join(f"{o}\n" for o in translation.overrides())
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"from-verl: wrote {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return status
+
+
+def _translate(args: argparse.Namespace) -> Translation:
+    use_verl_defaults = not args.quartet_defaults
+    if not args.file:
+        if not args.overrides:
+            raise ConfigError("", "nothing to translate", "give verl overrides or --file verl.yaml")
+        return translate_overrides(args.overrides, use_verl_defaults)
+    tree = load_yaml(Path(args.file).read_text())
+    if not isinstance(tree, dict):
+        raise ConfigError("", f"{args.file} does not hold a mapping of verl config sections")
+    return translate_tree(tree, use_verl_defaults, args.overrides)
+
+
+def _report(translation: Translation) -> None:
+    for u in translation.unmapped:
+        print(f"unmapped: {u.key}={u.value!r}: {u.reason}", file=sys.stderr)
+    for c in translation.conversions:
+        if c.how and translation.quartet_values.get(c.quartet_key) == c.quartet_value:
+            origin = "verl default " if c.from_default else ""
+            change = f"{c.verl_key}={c.verl_value!r} -> {c.quartet_key}={c.quartet_value!r}"
+            print(f"converted: {origin}{change} ({c.how})", file=sys.stderr)
+    defaults = [c for c in translation.conversions if c.from_default and not c.how]
+    for c in defaults:
+        print(f"verl default: {c.verl_key}={c.verl_value!r} -> {c.quartet_key}", file=sys.stderr)

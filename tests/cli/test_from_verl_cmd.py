@@ -1,0 +1,90 @@
+"""`quartet config from-verl`, run as a user would: the config on stdout or --out, the report on stderr."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quartet.cli.main import main
+from quartet.config import load_config
+
+# verl examples/grpo_trainer/run_qwen2-7b.sh (volcengine/verl @ 3f388066192c), the keys that shape the run.
+GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=1024",
+    "data.max_prompt_length=512",
+    "data.max_response_length=1024",
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.rollout.n=5",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=1",
+    "trainer.save_freq=-1",
+    "trainer.total_epochs=15",
+]
+
+
+def test_yaml_on_stdout_and_report_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "from-verl", *GRPO]) == 0
+    out, err = capsys.readouterr()
+    (tmp_path / "run.yaml").write_text(out)
+    cfg = load_config(tmp_path / "run.yaml")
+    assert (cfg.rollout.n, cfg.actor.mini_batch_size, cfg.actor.micro_batch_size_per_device) == (5, 256, 40)
+    assert (cfg.trainer.save_freq, cfg.cluster.world_size, cfg.model.path) == (0, 8, "Qwen/Qwen2-7B-Instruct")
+    assert "unmapped: actor_rollout_ref.model.use_remove_padding=True:" in err
+    assert "converted: trainer.save_freq=-1 -> trainer.save_freq=0" in err
+    assert "unmapped" not in out and "converted" not in out
+
+
+def test_out_file_and_overrides_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "over.txt"
+    assert main(["config", "from-verl", "--format", "overrides", "--out", str(target), *GRPO]) == 0
+    assert capsys.readouterr().out == ""
+    lines = target.read_text().splitlines()
+    assert "rollout.n=5" in lines and "actor.kl_loss_coef=0.001" not in lines
+    assert load_config(overrides=lines).actor.use_kl_loss is True
+
+
+def test_verl_yaml_file_with_overrides_after_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verl = {
+        "data": {"train_batch_size": 64, "max_prompt_length": 128, "max_response_length": 128},
+        "actor_rollout_ref": {
+            "model": {"path": "/models/m"},
+            "actor": {"ppo_mini_batch_size": 16, "ppo_micro_batch_size_per_gpu": 2},
+            "rollout": {"n": 4},
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"n_gpus_per_node": 2},
+    }
+    path = tmp_path / "verl.yaml"
+    path.write_text(yaml.safe_dump(verl))
+    assert main(["config", "from-verl", "--file", str(path), "actor_rollout_ref.rollout.n=8"]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["rollout"]["n"] == 8 and tree["data"]["train_batch_size"] == 64
+    assert tree["cluster"]["bundles_per_node"] == 2
+
+
+def test_failing_values_exit_2_naming_the_verl_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "from-verl", *GRPO, "data.train_batch_size=1000"]) == 2
+    err = capsys.readouterr().err
+    assert "the translated config does not validate" in err
+    assert "translated from: actor_rollout_ref.actor.ppo_mini_batch_size=256" in err
+
+
+def test_typo_is_named_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "from-verl", *GRPO, "actor_rollout_ref.rollout.tensor_model_paralel_size=2"]) == 0
+    err = capsys.readouterr().err
+    assert "did you mean 'actor_rollout_ref.rollout.tensor_model_parallel_size'" in err
+
+
+def test_nothing_to_translate_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "from-verl"]) == 2
+    assert "give verl overrides or --file" in capsys.readouterr().err
