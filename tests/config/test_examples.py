@@ -24,11 +24,17 @@ def test_examples_exist() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
-def test_example_config_validates(path: Path) -> None:
+def test_example_config_validates(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the GSM8K example runs on the user's model, named on the command line as its README says
     needs_model = "gsm8k" in path.parent.name or path.parent.name == "single_gpu"
     overrides = ["model.path=/models/any-hf-folder"] if needs_model else []
+    monkeypatch.chdir(path.parents[2])  # examples name their files relative to the repository root
     cfg = load_config(str(path), overrides)
+    if path.parent.name == "custom_algorithm":  # a registered estimator from the example's own module
+        assert cfg.algorithm.adv_estimator == "median_baseline" and cfg.algorithm.needs_group
+        assert cfg.algorithm.custom_module == str(path.parent / "my_algo.py")
+        assert not cfg.needs_critic
+        return
     expected = AdvantageEstimator.GAE if path.parent.name.startswith("ppo") else AdvantageEstimator.GRPO
     assert cfg.algorithm.adv_estimator is expected
     assert cfg.needs_critic == (expected is AdvantageEstimator.GAE)

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
-from quartet.config.errors import require
-from quartet.core.choices import AdvantageEstimator, KLControl, KLPenalty
+from quartet.config.errors import ConfigError, require
+from quartet.core.choices import AdvantageEstimator, KLControl, KLPenalty, PolicyLoss
+from quartet.core.registry import (
+    CustomModuleError,
+    estimator_names,
+    import_custom_module,
+    registered_estimators,
+    resolve_module_spec,
+)
 
-__all__ = ["AlgorithmConfig", "KLControl", "KLControlConfig"]
+__all__ = ["AlgorithmConfig", "KLControl", "KLControlConfig", "builtin_choice", "unknown_name_fix"]
+
+
+def unknown_name_fix(name: str, builtin: list[str], registered: list[str], decorator: str) -> str:
+    """The fix of an unknown estimator / policy loss name: the closest name, every name, how to add one."""
+    close = difflib.get_close_matches(name, builtin + registered, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (
+        f"{hint}use a built-in name {builtin} or a registered one {registered or '(none registered)'}, or "
+        f"register it with @{decorator} in the module named by algorithm.custom_module"
+    )
+
+
+def builtin_choice(value: str, choices: type[AdvantageEstimator] | type[PolicyLoss]) -> str:
+    """The enum member for a built-in name (matched as the config loader matches enums), else the name."""
+    for member in choices:
+        if value.lower() in (member.value.lower(), member.name.lower()):
+            return member
+    return value
 
 
 @dataclass(frozen=True)
@@ -36,8 +62,15 @@ class KLControlConfig:
 class AlgorithmConfig:
     """Which estimator turns rewards into advantages, and the KL-in-reward penalty."""
 
-    adv_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
-    """Advantage estimator; `gae` trains a critic, the others are critic-free."""
+    adv_estimator: str = AdvantageEstimator.GRPO
+    """Advantage estimator: a built-in name (`gae` trains a critic, the others are critic-free) or a name
+    registered with `@register_estimator` in `custom_module` (critic-free)."""
+
+    custom_module: str = ""
+    """User module imported first (driver and every worker that computes losses), whose
+    `@register_estimator` / `@register_policy_loss` / `@register_reward` functions the config may name:
+    a path to a .py file (relative paths are made absolute against the current directory) or a dotted
+    module name. Empty: none. See docs/custom_algorithms.md."""
 
     gamma: float = 1.0
     """Discount factor (GAE, REINFORCE++)."""
@@ -69,6 +102,20 @@ class AlgorithmConfig:
     filled with dropped ones (`dynamic_sampling/padded_groups`)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "custom_module", resolve_module_spec(self.custom_module))
+        try:
+            import_custom_module(self.custom_module)
+        except CustomModuleError as exc:
+            fix = "fix the module, or set custom_module to ''"
+            raise ConfigError("custom_module", str(exc), fix) from exc
+        object.__setattr__(self, "adv_estimator", builtin_choice(self.adv_estimator, AdvantageEstimator))
+        builtin, registered = estimator_names()
+        require(
+            isinstance(self.adv_estimator, AdvantageEstimator) or self.adv_estimator in registered,
+            "adv_estimator",
+            f"'{self.adv_estimator}' is neither a built-in nor a registered estimator",
+            unknown_name_fix(self.adv_estimator, builtin, registered, "register_estimator"),
+        )
         require(0.0 <= self.gamma <= 1.0, "gamma", f"must lie in [0, 1], got {self.gamma}")
         require(0.0 <= self.lam <= 1.0, "lam", f"must lie in [0, 1], got {self.lam}")
         require(self.max_num_gen_batches >= 1, "max_num_gen_batches", "must be >= 1")
@@ -79,3 +126,16 @@ class AlgorithmConfig:
             "NotImplementedError for it too)",
             "use 'kl' (k1, verl's default for the in-reward penalty) or 'low_var_kl'",
         )
+
+    @property
+    def needs_critic(self) -> bool:
+        """Only GAE bootstraps from a learned value function (registered estimators are critic-free)."""
+        return isinstance(self.adv_estimator, AdvantageEstimator) and self.adv_estimator.needs_critic
+
+    @property
+    def needs_group(self) -> bool:
+        """The estimator compares the samples of one prompt (built-in, or registered with needs_group)."""
+        if isinstance(self.adv_estimator, AdvantageEstimator):
+            return self.adv_estimator.needs_group
+        custom = registered_estimators().get(self.adv_estimator)
+        return custom is not None and custom.needs_group

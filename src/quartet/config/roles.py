@@ -67,8 +67,9 @@ class ActorConfig:
     shuffle: bool = True
     """Shuffle responses between mini-batches within a step."""
 
-    policy_loss: PolicyLoss = PolicyLoss.PPO
-    """Surrogate objective."""
+    policy_loss: str = PolicyLoss.PPO
+    """Surrogate objective: `ppo`, `gspo`, `reinforce`, or a name registered with `@register_policy_loss`
+    in `algorithm.custom_module` (checked by the config's validation)."""
 
     clip_ratio_low: float = 0.2
     """Lower clip of the importance ratio: ratio >= 1 - clip_ratio_low."""
@@ -123,6 +124,9 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         _check_update_sizes(self)
+        for member in PolicyLoss:  # a built-in name becomes its member; another is checked in validate()
+            if self.policy_loss.lower() in (member.value, member.name.lower()):
+                object.__setattr__(self, "policy_loss", member)
         require(self.clip_ratio_low >= 0, "clip_ratio_low", "must be >= 0")
         require(self.clip_ratio_high >= 0, "clip_ratio_high", "must be >= 0")
         require(

@@ -57,7 +57,7 @@ class QuartetConfig:
     @property
     def needs_critic(self) -> bool:
         """A critic is built only for estimators that bootstrap from values."""
-        return self.algorithm.adv_estimator.needs_critic
+        return self.algorithm.needs_critic
 
     @property
     def skips_old_logprobs(self) -> bool:

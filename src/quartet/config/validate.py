@@ -11,9 +11,11 @@ components together, mostly batch sizes that must divide across the data-paralle
 
 from __future__ import annotations
 
+from quartet.config.algorithm import unknown_name_fix
 from quartet.config.errors import ConfigError, raise_problems
 from quartet.config.roles import ActorConfig, CriticConfig
 from quartet.config.root import QuartetConfig
+from quartet.core.registry import policy_loss_names
 
 __all__ = ["validate"]
 
@@ -84,11 +86,21 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
 def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
     est = cfg.algorithm.adv_estimator
-    if est.needs_group and cfg.rollout.n < 2:
+    builtin_losses, registered_losses = policy_loss_names()
+    loss = cfg.actor.policy_loss
+    if loss not in builtin_losses + registered_losses:
+        out.append(
+            ConfigError(
+                "actor.policy_loss",
+                f"'{loss}' is neither a built-in nor a registered policy loss",
+                unknown_name_fix(loss, builtin_losses, registered_losses, "register_policy_loss"),
+            )
+        )
+    if cfg.algorithm.needs_group and cfg.rollout.n < 2:
         out.append(
             ConfigError(
                 "rollout.n",
-                f"algorithm.adv_estimator={est.value} compares the samples of one prompt, "
+                f"algorithm.adv_estimator={est} compares the samples of one prompt, "
                 f"but rollout.n={cfg.rollout.n} gives groups of one (every advantage would be 0)",
                 "set rollout.n >= 2 (4 to 16 is usual), or use algorithm.adv_estimator=reinforce_plus_plus",
             )

@@ -42,7 +42,8 @@ Whitening (verl's `masked_whiten`): (x - mean) / sqrt(var + 1e-8), mean and unbi
 with fewer than two valid tokens the variance is taken as 0.
 
 Adding an estimator: write the function, add a member to `AdvantageEstimator` and an entry in
-`ESTIMATORS`; a test checks that every member has an entry.
+`ESTIMATORS`; a test checks that every member has an entry. Outside quartet, `@register_estimator` in a
+user module (`quartet.core.registry`) adds one under a new name; `compute_advantages` finds it by name.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import torch
 
 from quartet.core.choices import AdvantageEstimator
 from quartet.core.metrics import ADV_SINGLETON_GROUPS, Metrics, masked_mean, masked_var
+from quartet.core.registry import get_estimator
 
 __all__ = [
     "ESTIMATORS",
@@ -426,14 +428,16 @@ ESTIMATORS: Mapping[AdvantageEstimator, EstimatorFn] = MappingProxyType(
 
 
 def compute_advantages(
-    estimator: AdvantageEstimator, inputs: AdvantageInputs, params: AdvantageParams | None = None
+    estimator: AdvantageEstimator | str, inputs: AdvantageInputs, params: AdvantageParams | None = None
 ) -> AdvantageOutput:
     """Advantages and returns by the chosen estimator, under `torch.no_grad` (they are targets, not outputs).
 
-    Raises ValueError when the estimator's inputs are missing (values for GAE, index for the group
-    estimators, reward_baselines for ReMax) or shapes disagree.
+    `estimator` is a built-in name or one registered with `@register_estimator` (KeyError naming both
+    kinds otherwise). Raises ValueError when the estimator's inputs are missing (values for GAE, index for
+    the group estimators, reward_baselines for ReMax) or shapes disagree.
     """
-    estimator = AdvantageEstimator(estimator)
+    builtin = estimator in {e.value for e in AdvantageEstimator}
+    fn = ESTIMATORS[AdvantageEstimator(estimator)] if builtin else get_estimator(str(estimator)).fn
     rewards, mask = inputs.token_level_rewards, inputs.response_mask
     if rewards.dim() != 2 or mask.shape != rewards.shape:
         raise ValueError(
@@ -443,4 +447,10 @@ def compute_advantages(
     if inputs.values is not None and inputs.values.shape != rewards.shape:
         raise ValueError(f"values {tuple(inputs.values.shape)} must match rewards {tuple(rewards.shape)}")
     with torch.no_grad():
-        return ESTIMATORS[estimator](inputs, params or AdvantageParams())
+        out = fn(inputs, params or AdvantageParams())
+    if out.advantages.shape != rewards.shape or out.returns.shape != rewards.shape:
+        raise ValueError(
+            f"estimator {str(estimator)!r} returned advantages {tuple(out.advantages.shape)} and returns "
+            f"{tuple(out.returns.shape)}; both must be {tuple(rewards.shape)} like token_level_rewards"
+        )
+    return out

@@ -53,6 +53,7 @@ from quartet.core.metrics import (
     TensorMetrics,
     masked_mean,
 )
+from quartet.core.registry import get_policy_loss
 
 __all__ = [
     "POLICY_LOSSES",
@@ -237,7 +238,7 @@ POLICY_LOSSES: Mapping[PolicyLoss, TokenLossFn] = MappingProxyType(
 
 
 def compute_policy_loss(
-    loss_type: PolicyLoss,
+    loss_type: PolicyLoss | str,
     logprob: torch.Tensor,
     old_logprob: torch.Tensor,
     advantages: torch.Tensor,
@@ -254,7 +255,7 @@ def compute_policy_loss(
     """The actor's policy-gradient loss of one micro-batch and its metrics.
 
     Args:
-        loss_type: PPO, GSPO or REINFORCE.
+        loss_type: PPO, GSPO, REINFORCE, or a name registered with `@register_policy_loss`.
         logprob, old_logprob, advantages, response_mask: [B, T] (see `ppo_token_losses`).
         agg_mode: reduction of the per-token losses (`loss_agg.aggregate_loss`).
         clip: ratio clipping for PPO/GSPO.
@@ -266,7 +267,9 @@ def compute_policy_loss(
     Returns:
         `loss` (0-d) to add to the other terms and backward, and metrics including `actor/pg_loss`.
     """
-    token = POLICY_LOSSES[PolicyLoss(loss_type)](logprob, old_logprob, advantages, response_mask, clip)
+    builtin = loss_type in {p.value for p in PolicyLoss}
+    fn = POLICY_LOSSES[PolicyLoss(loss_type)] if builtin else get_policy_loss(str(loss_type))
+    token = fn(logprob, old_logprob, advantages, response_mask, clip)
     losses, metrics = token.losses, dict(token.metrics)
     if rollout_logprob is not None and tis_cap > 0:
         tis = truncated_importance_weights(old_logprob, rollout_logprob, response_mask, tis_cap)

@@ -30,6 +30,7 @@ from quartet.core.entropy import entropy_bonus
 from quartet.core.kl import kl_loss_term
 from quartet.core.metrics import logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
+from quartet.core.registry import import_custom_module
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.roles.engine_role import EngineRole
 from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
@@ -50,6 +51,7 @@ class Actor(EngineRole):
     """The policy on one rank: log-probs, updates, checkpoints, export."""
 
     def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
+        import_custom_module(cfg.algorithm.custom_module)  # its registered losses, in this process too
         self.cfg, self.ac = cfg, cfg.actor
         lora: LoraConfig | None = cfg.model.lora if cfg.model.lora.rank > 0 else None
         self.engine = TrainingEngine(

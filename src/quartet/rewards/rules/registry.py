@@ -30,6 +30,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from quartet.rewards.registry import import_inherited_modules, registered_rewards
 from quartet.rewards.rules import gsm8k, math_answers
 from quartet.rewards.scoring import ScoreFn
 
@@ -101,6 +102,7 @@ def _task_scorer(data_source: str) -> ScoreFn | None:
 def known_data_sources() -> list[str]:
     """Every data source with a rule scorer (`aime*` stands for any name starting with `aime`)."""
     return [
+        *registered_rewards(),
         *GSM8K_SOURCES,
         *MATH_SOURCES,
         *ANSWER_LINE_SOURCES,
@@ -115,6 +117,9 @@ def select_scorer(data_source: str, mode: str = "verl") -> ScoreFn:
     docstring); `UnknownDataSourceError` when there is none."""
     if mode not in RULE_FUNCTIONS:
         raise ValueError(f"rule mode must be one of {sorted(RULE_FUNCTIONS)}, got {mode!r}")
+    custom = registered_rewards().get(data_source)  # @register_reward in algorithm.custom_module
+    if custom is not None:
+        return custom
     if data_source in GSM8K_SOURCES:
         return gsm8k.compute_score_verl if mode == "verl" else gsm8k.compute_score
     if data_source in MATH_SOURCES:
@@ -144,10 +149,12 @@ class _RuleScorer:
         self.__name__ = name
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+        import_inherited_modules()  # a scoring worker: the driver's @register_reward modules (once each)
         return select_scorer(str(data_source), self.mode)(data_source, solution_str, ground_truth, extra_info)
 
     def warm_up(self) -> None:
         """Import what scoring may need, outside any item's time limit."""
+        import_inherited_modules()
         _task_module()
 
 
