@@ -1,7 +1,9 @@
 """Typed names of the algorithm pieces a config can choose.
 
-The functions behind these names live in `quartet.core` (advantages, losses, KL); a new estimator is a new
-function plus a new member here, never a free string looked up at run time.
+The functions behind these names live in `quartet.core` (advantages, losses, KL); a new built-in estimator
+is a new function plus a new member here. A user's estimator or policy loss is registered by name from
+their own module instead (`quartet.core.registry`), and the config checks that name before any worker
+starts.
 """
 
 from __future__ import annotations
