@@ -289,6 +289,29 @@ def test_converted_values(override: str, key: str, value: object) -> None:
     assert translate_overrides([override]).quartet_values[key] == value
 
 
+def test_dynamic_batching_follows_the_actor_as_in_verl() -> None:
+    t = translate_overrides(
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+            "critic.ppo_micro_batch_size_per_gpu=2",
+        ]
+    )
+    for key in ("actor.logprobs", "reference.logprobs"):
+        assert t.quartet_values[f"{key}.use_dynamic_batch"] is True
+        assert t.quartet_values[f"{key}.max_tokens_per_micro_batch"] == 24000
+    assert t.quartet_values["critic.use_dynamic_batch"] is True
+    assert t.quartet_values["critic.values.micro_batch_size_per_device"] == 2
+    # an explicit value wins over the followed one
+    t = translate_overrides(
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False",
+        ]
+    )
+    assert t.quartet_values["actor.logprobs.use_dynamic_batch"] is False
+
+
 def test_clip_ratio_sets_both_sides_and_reward_function_joins_path_and_name() -> None:
     t = translate_overrides(
         [

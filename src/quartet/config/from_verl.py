@@ -241,13 +241,20 @@ def _derived(
     out: list[Conversion] = []
     targets = {c.quartet_key for c in done}
     actor = "actor_rollout_ref.actor"
-    follow = {
+    follow = {  # verl's config interpolates these from the actor's (or the critic's own) keys
         "critic.mini_batch_size": f"{actor}.ppo_mini_batch_size",
         "critic.epochs": f"{actor}.ppo_epochs",
+        "critic.use_dynamic_batch": f"{actor}.use_dynamic_bsz",
+        "critic.values.use_dynamic_batch": f"{actor}.use_dynamic_bsz",
+        "actor.logprobs.use_dynamic_batch": f"{actor}.use_dynamic_bsz",
+        "reference.logprobs.use_dynamic_batch": f"{actor}.use_dynamic_bsz",
+        "actor.logprobs.max_tokens_per_micro_batch": f"{actor}.ppo_max_token_len_per_gpu",
+        "reference.logprobs.max_tokens_per_micro_batch": f"{actor}.ppo_max_token_len_per_gpu",
+        "critic.values.micro_batch_size_per_device": "critic.ppo_micro_batch_size_per_gpu",
     }
     for target, source in follow.items():
         if target not in targets and source in effective:
-            how = f"verl's critic default is the actor's ({source})"
+            how = f"verl's default for it follows {source}"
             out.append(
                 Conversion(source, effective[source], target, effective[source], how, source not in given)
             )

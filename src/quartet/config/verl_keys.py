@@ -277,6 +277,10 @@ RULES: dict[str, Rule] = {
     "critic.ppo_micro_batch_size_per_gpu": Rule("critic.micro_batch_size_per_device", note="per device"),
     "critic.ppo_micro_batch_size": Rule("critic.micro_batch_size_per_device", _per_device, _PER_DEV),
     "critic.forward_micro_batch_size_per_gpu": Rule("critic.values.micro_batch_size_per_device"),
+    "critic.forward_micro_batch_size": Rule(
+        "critic.values.micro_batch_size_per_device", _per_device, _PER_DEV
+    ),
+    "critic.forward_max_token_len_per_gpu": Rule("critic.values.max_tokens_per_micro_batch"),
     "critic.use_dynamic_bsz": Rule("critic.use_dynamic_batch"),
     "critic.ppo_max_token_len_per_gpu": Rule("critic.max_tokens_per_micro_batch"),
     "critic.ppo_epochs": Rule("critic.epochs", note="unset: the actor's (as verl)"),
@@ -287,6 +291,7 @@ RULES: dict[str, Rule] = {
     # reward
     "reward_model.model.path": Rule("reward.model_path"),
     "reward_model.micro_batch_size_per_gpu": Rule("reward.micro_batch_size_per_device"),
+    "reward_model.micro_batch_size": Rule("reward.micro_batch_size_per_device", _per_device, _PER_DEV),
     "custom_reward_function.path": Rule("reward.function", _reward_fn, "path + name -> 'path:name'"),
     # algorithm
     "algorithm.adv_estimator": Rule("algorithm.adv_estimator", _adv, note="verl's default gae when unset"),
@@ -380,6 +385,29 @@ UNMAPPED: dict[str, str] = {
     "trainer.use_legacy_worker_impl": "quartet has one worker implementation",
     "trainer.max_critic_ckpt_to_keep": "quartet keeps actor and critic checkpoints together",
     "trainer.ray_wait_register_center_timeout": "see cluster.pool_timeout_s",
+    "trainer.rollout_data_dir": "quartet writes rollouts to the run folder (trainer.rollout_freq)",
+    "trainer.validation_data_dir": "quartet writes validation generations to the run folder",
+    "data.return_raw_input_ids": "quartet re-renders prompts for a reward model itself",
+    "data.video_key": "quartet trains text-only models",
+    f"{AR}.model.return_last_hidden_state": _NO_SWITCH,
+    f"{AR}.model.use_fused_loss": _NO_SWITCH,
+    f"{AR}.actor.use_torch_compile": _NO_SWITCH,
+    f"{AR}.actor.checkpoint.contents": "quartet always saves model, optimizer and extra state",
+    f"{AR}.ref.use_torch_compile": _NO_SWITCH,
+    f"{AR}.rollout.chat_scheduler": "quartet's async mode drives agent loops itself (rollout.mode=async)",
+    f"{AR}.rollout.use_fire_sampling": "quartet has no FIRE sampling",
+    f"{AR}.rollout.max_model_len": "quartet sizes the engine from data.max_*_length",
+    f"{AR}.rollout.disable_log_stats": "vLLM engine tuning quartet does not expose",
+    f"{AR}.rollout.do_sample": "training rollouts always sample (set rollout.temperature)",
+    f"{AR}.rollout.multi_turn.max_turns": "older verl name; quartet has max_assistant_turns / max_user_turns",
+    "critic.rollout_n": "quartet reads rollout.n",
+    "critic.shuffle": "quartet's critic shuffles as actor.shuffle says",
+    "critic.checkpoint.contents": "quartet always saves model, optimizer and extra state",
+    "reward_model.model.input_tokenizer": "quartet re-renders prompts with the reward model's tokenizer",
+    "reward_model.max_length": _NO_SWITCH,
+    "reward_model.launch_reward_fn_async": "quartet runs rule scorers in reward.num_workers processes",
+    "reward_model.use_dynamic_bsz": _NO_SWITCH,
+    "reward_model.forward_max_token_len_per_gpu": _NO_SWITCH,
 }
 
 # Whole subtrees quartet has no counterpart for.
