@@ -88,3 +88,12 @@ def test_typo_is_named_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> 
 def test_nothing_to_translate_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "from-verl"]) == 2
     assert "give verl overrides or --file" in capsys.readouterr().err
+
+
+def test_unreadable_verl_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "verl.yaml"
+    bad.write_text("data: [1\n")
+    assert main(["config", "from-verl", "--file", str(bad)]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+    assert main(["config", "from-verl", "--file", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err

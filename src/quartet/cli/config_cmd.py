@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from quartet.config import ConfigError, QuartetConfig, iter_field_docs, load_config, to_dict, to_yaml
 from quartet.config.from_verl import Translation, translate_overrides, translate_tree
 from quartet.config.yaml_io import dump_yaml, load_yaml
@@ -108,11 +110,14 @@ def _translate(args: argparse.Namespace) -> Translation:
     use_verl_defaults = not args.quartet_defaults
     if not args.file:
         if not args.overrides:
-            raise ConfigError("", "nothing to translate", "give verl overrides or --file verl.yaml")
+            raise ConfigError("overrides", "nothing to translate", "give verl overrides or --file verl.yaml")
         return translate_overrides(args.overrides, use_verl_defaults)
-    tree = load_yaml(Path(args.file).read_text())
+    try:
+        tree = load_yaml(Path(args.file).read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("--file", f"{args.file} is not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(tree, dict):
-        raise ConfigError("", f"{args.file} does not hold a mapping of verl config sections")
+        raise ConfigError("--file", f"{args.file} does not hold a mapping of verl config sections")
     return translate_tree(tree, use_verl_defaults, args.overrides)
 
 
