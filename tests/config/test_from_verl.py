@@ -200,6 +200,7 @@ def test_grpo_gsm8k_example_translates_and_validates() -> None:
     # 256 prompts x 5 responses over 8 GPUs = 160 per GPU, 4 micro-batches of 40: verl's own arithmetic.
     assert 256 * 5 // 8 // cfg.actor.micro_batch_size_per_device == 4
     assert {u.key for u in t.unmapped} == {"data.truncation", "actor_rollout_ref.model.use_remove_padding"}
+    assert not [k for k in t.quartet_values if k.startswith("critic.")]  # GRPO trains no critic
     assert all(u.reason for u in t.unmapped)
 
 

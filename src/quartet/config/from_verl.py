@@ -225,6 +225,11 @@ def translate(values: Mapping[str, Any], verl_defaults: bool = True) -> Translat
         for target in (rule.target, *rule.also):
             conversions.append(Conversion(key, value, target, converted, rule.how, key not in given))
     conversions += _derived(effective, given, conversions)
+    if str(effective.get("algorithm.adv_estimator", "")) != "gae":
+        # No critic in the run: drop critic values that only verl's defaults or the actor's keys produced.
+        conversions = [
+            c for c in conversions if not c.quartet_key.startswith("critic.") or _given_critic(c, given)
+        ]
     if "actor_rollout_ref.model.path" not in given:
         reason = "not given: verl's default is a placeholder folder; quartet builds its tiny test model"
         unmapped.append(Unmapped("actor_rollout_ref.model.path", None, reason))
@@ -265,6 +270,10 @@ def _derived(
             Conversion("trainer.device", "cuda", "cluster.device", "gpu", how, "trainer.device" not in given)
         )
     return out
+
+
+def _given_critic(c: Conversion, given: Mapping[str, Any]) -> bool:
+    return c.verl_key in given and c.verl_key.startswith("critic.")
 
 
 def _merge(conversions: Sequence[Conversion]) -> tuple[dict[str, Any], list[Unmapped]]:
