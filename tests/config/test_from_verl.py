@@ -400,6 +400,30 @@ def test_yaml_tree_resolves_references_and_applies_overrides_after_it() -> None:
     assert t.build().data.train_batch_size == 64
 
 
+def test_null_values_of_a_verl_yaml_keep_quartet_defaults() -> None:
+    tree = {
+        "data": {"val_batch_size": None, "train_batch_size": 64},
+        "actor_rollout_ref": {
+            "model": {"path": "/models/m"},
+            "actor": {
+                "ppo_mini_batch_size": 16,
+                "ppo_micro_batch_size": None,
+                "optim": {"min_lr_ratio": None},
+            },
+            "rollout": {"n": 2, "log_prob_micro_batch_size_per_gpu": None},
+        },
+        "trainer": {"total_training_steps": None, "n_gpus_per_node": 1},
+    }
+    t = translate_tree(tree)
+    reasons = {u.key: u.reason for u in t.unmapped}
+    assert "quartet's default for data.val_batch_size" in reasons["data.val_batch_size"]
+    assert "null" in reasons["actor_rollout_ref.actor.ppo_micro_batch_size"]
+    assert "null" in reasons["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"]
+    assert t.quartet_values["trainer.total_steps"] == 0 and t.quartet_values["actor.optim.min_lr_ratio"] == 0
+    cfg = t.build()
+    assert cfg.data.val_batch_size == QuartetConfig().data.val_batch_size
+
+
 def test_every_rule_targets_a_real_quartet_field() -> None:
     fields = {path for path, _ in iter_field_docs(QuartetConfig)}
     targets = {t for rule in RULES.values() for t in (rule.target, *rule.also)}

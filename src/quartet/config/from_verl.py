@@ -214,6 +214,12 @@ def translate(values: Mapping[str, Any], verl_defaults: bool = True) -> Translat
         if rule is None:
             unmapped.append(Unmapped(key, value, _reason(key)))
             continue
+        if value is None and not rule.takes_null:
+            reason = (
+                f"null (unset in verl, no default of its own): quartet's default for {rule.target} applies"
+            )
+            unmapped.append(Unmapped(key, value, reason))
+            continue
         try:
             converted = rule.convert(value, ctx) if rule.convert else value
         except Skip as skip:

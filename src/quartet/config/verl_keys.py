@@ -53,6 +53,11 @@ class Rule:
     note: str = ""
     also: tuple[str, ...] = ()  # more quartet fields that take the same converted value
 
+    @property
+    def takes_null(self) -> bool:
+        """Whether `null` has a meaning this rule converts (else null means "unset in verl")."""
+        return self.convert in (_null_zero, _reward_fn)
+
 
 def _per_device(value: Any, ctx: Context) -> int:
     world = ctx.world_size
