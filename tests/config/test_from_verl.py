@@ -325,6 +325,34 @@ def test_clip_ratio_sets_both_sides_and_reward_function_joins_path_and_name() ->
     assert t.quartet_values["reward.function"] == "rw.py:score"
 
 
+def test_clip_ratio_yields_to_explicit_sides() -> None:
+    t = translate_overrides(
+        ["actor_rollout_ref.actor.clip_ratio=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28"]
+    )
+    assert (t.quartet_values["actor.clip_ratio_low"], t.quartet_values["actor.clip_ratio_high"]) == (
+        0.2,
+        0.28,
+    )
+    assert not [u for u in t.unmapped if u.key.startswith("actor_rollout_ref.actor.clip")]
+
+
+def test_subtree_keys_get_the_subtree_reason_and_typos_inside_still_a_suggestion() -> None:
+    t = translate_overrides(
+        [
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",
+            "actor_rollout_ref.actor.fsdp_config.param_ofload=True",
+            "actor_rollout_ref.rollout.multi_turn.format=chatml",
+        ]
+    )
+    reasons = {u.key: u.reason for u in t.unmapped}
+    assert "FSDP detail" in reasons["actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params"]
+    assert (
+        "did you mean 'actor_rollout_ref.actor.fsdp_config.param_offload'"
+        in reasons["actor_rollout_ref.actor.fsdp_config.param_ofload"]
+    )
+    assert "hermes" in reasons["actor_rollout_ref.rollout.multi_turn.format"]
+
+
 def test_global_micro_batch_that_does_not_split_over_gpus_is_named() -> None:
     t = translate_overrides(["actor_rollout_ref.actor.ppo_micro_batch_size=100"])  # 8 GPUs by default
     (u,) = [u for u in t.unmapped if u.key == "actor_rollout_ref.actor.ppo_micro_batch_size"]

@@ -57,6 +57,7 @@ class Conversion:
     quartet_value: Any
     how: str = ""
     from_default: bool = False  # verl's default, applied because the command line did not set it
+    fallback: bool = False  # yields to any other source of the same quartet field (verl's `clip_ratio`)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,9 @@ def translate(values: Mapping[str, Any], verl_defaults: bool = True) -> Translat
             unmapped.append(Unmapped(key, value, f"value cannot be converted ({err})"))
             continue
         for target in (rule.target, *rule.also):
-            conversions.append(Conversion(key, value, target, converted, rule.how, key not in given))
+            conversions.append(
+                Conversion(key, value, target, converted, rule.how, key not in given, rule.fallback)
+            )
     conversions += _derived(effective, given, conversions)
     if str(effective.get("algorithm.adv_estimator", "")) != "gae":
         # No critic in the run: drop critic values that only verl's defaults or the actor's keys produced.
@@ -288,11 +291,11 @@ def _merge(conversions: Sequence[Conversion]) -> tuple[dict[str, Any], list[Unma
     out: dict[str, Any] = {}
     owner: dict[str, Conversion] = {}
     clashes: list[Unmapped] = []
-    for c in sorted(conversions, key=lambda c: c.from_default):
+    for c in sorted(conversions, key=lambda c: (c.from_default, c.fallback)):
         first = owner.get(c.quartet_key)
         if first is None:
             out[c.quartet_key], owner[c.quartet_key] = c.quartet_value, c
-        elif first.quartet_value != c.quartet_value and not c.from_default:
+        elif first.quartet_value != c.quartet_value and not c.from_default and not c.fallback:
             reason = f"conflicts with {first.verl_key}={_format_value(first.verl_value)} ({c.quartet_key})"
             clashes.append(Unmapped(c.verl_key, c.verl_value, reason))
     return out, clashes
@@ -309,8 +312,11 @@ def _is_known(key: str) -> bool:
 def _reason(key: str) -> str:
     if key in UNMAPPED:
         return UNMAPPED[key]
+    close = difflib.get_close_matches(key, _known_keys(), n=2, cutoff=0.92)  # a typo inside a known subtree
+    if close:
+        return "unknown verl key; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
     for prefix, reason in PREFIX_REASONS.items():
-        if key.startswith(prefix):
+        if key.startswith(prefix) or key == prefix.rstrip("."):
             return reason
     close = difflib.get_close_matches(key, _known_keys(), n=2, cutoff=0.8)
     if close:

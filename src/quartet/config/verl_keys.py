@@ -52,6 +52,7 @@ class Rule:
     how: str = ""
     note: str = ""
     also: tuple[str, ...] = ()  # more quartet fields that take the same converted value
+    fallback: bool = False  # yields to any other verl key that sets the same quartet field
 
     @property
     def takes_null(self) -> bool:
@@ -165,6 +166,12 @@ def _filter(value: Any, ctx: Context) -> str:
     return "filter"
 
 
+def _tool_format(value: Any, ctx: Context) -> str:
+    if str(value) != "hermes":
+        raise Skip(f"tool-call format '{value}' is not built in; quartet writes tool calls as hermes")
+    return "hermes"
+
+
 def _lora_targets(value: Any, ctx: Context) -> list[str]:
     if isinstance(value, str):
         raise Skip(f"'{value}' is a verl shorthand; quartet needs module names (model.lora.target_modules)")
@@ -215,7 +222,10 @@ RULES: dict[str, Rule] = {
     f"{AR}.actor.ppo_epochs": Rule("actor.epochs"),
     f"{AR}.actor.shuffle": Rule("actor.shuffle"),
     f"{AR}.actor.clip_ratio": Rule(
-        "actor.clip_ratio_low", how="copied to both clip_ratio_low and _high", also=("actor.clip_ratio_high",)
+        "actor.clip_ratio_low",
+        how="copied to both clip_ratio_low and _high unless those are given",
+        also=("actor.clip_ratio_high",),
+        fallback=True,
     ),
     f"{AR}.actor.clip_ratio_low": Rule("actor.clip_ratio_low"),
     f"{AR}.actor.clip_ratio_high": Rule("actor.clip_ratio_high"),
@@ -260,7 +270,9 @@ RULES: dict[str, Rule] = {
     f"{AR}.rollout.multi_turn.tool_config_path": Rule("rollout.multi_turn.tool_config_path"),
     f"{AR}.rollout.multi_turn.interaction_config_path": Rule("rollout.multi_turn.interaction_config_path"),
     f"{AR}.rollout.multi_turn.max_tool_response_length": Rule("rollout.multi_turn.max_tool_response_length"),
-    f"{AR}.rollout.multi_turn.format": Rule("rollout.multi_turn.tool_call_format"),
+    f"{AR}.rollout.multi_turn.format": Rule(
+        "rollout.multi_turn.tool_call_format", _tool_format, "hermes only"
+    ),
     # reference
     f"{AR}.ref.log_prob_micro_batch_size_per_gpu": Rule("reference.logprobs.micro_batch_size_per_device"),
     f"{AR}.ref.log_prob_micro_batch_size": Rule(
@@ -428,6 +440,10 @@ PREFIX_REASONS: dict[str, str] = {
     "ray_init.": "quartet starts or joins Ray from its cluster section",
     "global_profiler.": "quartet has no profiler settings",
     "data.apply_chat_template_kwargs.": "quartet applies the tokenizer's template without extra kwargs",
+    f"{AR}.actor.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
+    f"{AR}.ref.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
+    "critic.model.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
+    "reward_model.model.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
 }
 
 # verl's defaults where quartet's differ and the difference changes the algorithm or the batch shape: a verl
