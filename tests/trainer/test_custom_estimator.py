@@ -7,6 +7,7 @@ within each group (an untrained tiny model scores 0 on arithmetic, which would m
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
@@ -100,3 +101,57 @@ def _forget_reward(data_source: str) -> None:
 
     registry._REWARDS.pop(data_source, None)
     select_scorer.cache_clear()
+
+
+LOSS_MODULE = """
+import os
+
+import torch
+
+from quartet.core.policy_loss import TokenLosses, reinforce_token_losses
+from quartet.core.registry import register_policy_loss
+
+
+@register_policy_loss("marked_reinforce")
+def marked_reinforce(logprob, old_logprob, advantages, response_mask, clip):
+    base = reinforce_token_losses(logprob, old_logprob, advantages, response_mask, clip)
+    # the process that computed the loss, and a constant that only this function reports
+    marks = {"custom/loss_pid": torch.tensor(float(os.getpid())), "custom/marker": torch.tensor(42.0)}
+    return TokenLosses(base.losses, {**base.metrics, **marks})
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_registered_policy_loss_runs_in_the_ray_actor(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # The actor is a Ray actor in another process: the custom module must be imported THERE (the config
+    # arrives pickled, and registrations live in the importing process), or the loss lookup fails.
+    module = tmp_path / "loss_module.py"
+    module.write_text(LOSS_MODULE)
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            f"model.path={tiny_model_dir}",
+            f"trainer.output_dir={tmp_path}",
+            "cluster.namespace=quartet-tests",
+            f"algorithm.custom_module={module}",
+            "actor.policy_loss=marked_reinforce",
+        ],
+    )
+    tokenizer = load_tokenizer(cfg.model.path)
+    data = prepare_rl_data(cfg, tokenizer, tmp_path)
+    reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
+    workers = start_workers(cfg, cfg.model.path, RunNames.new(cfg.cluster.namespace, "custom-loss"), 1)
+    try:
+        runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
+        _, metrics = runner.run(RLTrainer._prompts(data.train, [0, 1, 2, 3], 1), 1)
+        actor_pid = workers.actor.execute(lambda _: os.getpid())[0]
+        assert actor_pid != os.getpid()
+        assert metrics["custom/marker"] == 42.0
+        assert metrics["custom/loss_pid"] == float(actor_pid)  # computed in the Ray actor's process
+    finally:
+        workers.shutdown()
+        reward.close()
