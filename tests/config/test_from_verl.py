@@ -470,3 +470,17 @@ def test_translation_round_trips_through_plain_mapping() -> None:
     cfg = translate(values).build()
     assert (cfg.rollout.n, str(cfg.algorithm.adv_estimator)) == (6, "rloo")
     assert dataclasses.is_dataclass(cfg)
+
+
+def test_agent_loop_names_translate() -> None:
+    t = translate_overrides(
+        [
+            "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
+            "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=512",
+        ]
+    )
+    assert t.quartet_values["rollout.multi_turn.default_agent"] == "single_turn"
+    assert t.quartet_values["rollout.multi_turn.max_tool_response_length"] == 512
+    t = translate_overrides(["actor_rollout_ref.rollout.agent.default_agent_loop=my_loop"])
+    (u,) = [u for u in t.unmapped if u.key.endswith("default_agent_loop")]
+    assert "my_loop" in u.reason

@@ -172,6 +172,13 @@ def _tool_format(value: Any, ctx: Context) -> str:
     return "hermes"
 
 
+def _agent_loop(value: Any, ctx: Context) -> str:
+    loops = {"single_turn_agent": "single_turn", "tool_agent": "tool_agent"}
+    if str(value) not in loops:
+        raise Skip(f"agent loop '{value}' is not built in (quartet has single_turn, tool_agent, user_sim)")
+    return loops[str(value)]
+
+
 def _lora_targets(value: Any, ctx: Context) -> list[str]:
     if isinstance(value, str):
         raise Skip(f"'{value}' is a verl shorthand; quartet needs module names (model.lora.target_modules)")
@@ -269,7 +276,12 @@ RULES: dict[str, Rule] = {
     f"{AR}.rollout.multi_turn.max_user_turns": Rule("rollout.multi_turn.max_user_turns"),
     f"{AR}.rollout.multi_turn.tool_config_path": Rule("rollout.multi_turn.tool_config_path"),
     f"{AR}.rollout.multi_turn.interaction_config_path": Rule("rollout.multi_turn.interaction_config_path"),
-    f"{AR}.rollout.multi_turn.max_tool_response_length": Rule("rollout.multi_turn.max_tool_response_length"),
+    f"{AR}.rollout.multi_turn.max_tool_response_length": Rule(
+        "rollout.multi_turn.max_tool_response_length", note="characters in both"
+    ),
+    f"{AR}.rollout.agent.default_agent_loop": Rule(
+        "rollout.multi_turn.default_agent", _agent_loop, "single_turn_agent -> single_turn, tool_agent kept"
+    ),
     f"{AR}.rollout.multi_turn.format": Rule(
         "rollout.multi_turn.tool_call_format", _tool_format, "hermes only"
     ),
@@ -417,6 +429,10 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.rollout.disable_log_stats": "vLLM engine tuning quartet does not expose",
     f"{AR}.rollout.do_sample": "training rollouts always sample (set rollout.temperature)",
     f"{AR}.rollout.multi_turn.max_turns": "older verl name; quartet has max_assistant_turns / max_user_turns",
+    f"{AR}.rollout.multi_turn.max_parallel_calls": "quartet runs all of a turn's tool calls at once (no cap)",
+    f"{AR}.rollout.multi_turn.tool_response_truncate_side": "quartet keeps the head and marks the cut",
+    f"{AR}.rollout.multi_turn.function_tool_path": "declare tools in rollout.multi_turn.tool_config_path",
+    f"{AR}.rollout.agent.num_workers": "quartet's agent loops run in the rollout workers (no separate pool)",
     "critic.rollout_n": "quartet reads rollout.n",
     "critic.shuffle": "quartet's critic shuffles as actor.shuffle says",
     "critic.checkpoint.contents": "quartet always saves model, optimizer and extra state",
