@@ -13,8 +13,8 @@ __all__ = ["RewardConfig", "RuleMode"]
 class RuleMode(StrEnum):
     """How the built-in rule scorers judge GSM8K answers."""
 
-    VERL = "verl"  # exactly verl 0.9.1's gsm8k scorer: last 300 characters, `#### <number>`, string equality
-    LENIENT = "lenient"  # whole response, `####42` / `#### 42.0` accepted, numbers compared by value
+    VERL = "verl"  # verl 0.9.1's gsm8k and Hendrycks-style MATH rules (string comparisons after verl's norm)
+    LENIENT = "lenient"  # quartet's rules: whole response, `####42` accepted, numbers compared by value
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,10 @@ class RewardConfig:
     """Custom scorer as `path/to/file.py:function` or `package.module:function`. Empty: built-in rules."""
 
     rule_mode: RuleMode = RuleMode.VERL
-    """Built-in GSM8K rule (no `reward.function`): `verl` gives verl 0.9.1's verdicts exactly (reads the last
-    300 characters, only `#### <number>` with one space, string equality with the ground truth); `lenient`
-    reads the whole response and accepts `####42`, `####  42`, `18.0` for `18`."""
+    """Built-in GSM8K / MATH rules (no `reward.function`): `verl` gives verl 0.9.1's verdicts (GSM8K: the
+    last 300 characters, only `#### <number>` with one space, string equality; MATH sources: verl's
+    Hendrycks normalisation of the last box); `lenient` reads the whole response, accepts `####42`,
+    `18.0` for `18`, and compares math answers as exact rationals (`rules/registry.py` lists the sources)."""
 
     model_path: str = ""
     """Folder of a sequence-classification reward model. Empty: no reward model."""

@@ -5,15 +5,18 @@
 | `openai/gsm8k`, `gsm8k`                                     | `gsm8k.compute_score_verl` (verl's rule)  |
 |                                                             | or `gsm8k.compute_score` (lenient)        |
 | `lighteval/MATH`, `math`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500`                |
-|                                                             | `math_answers.compute_score` (last box)   |
+|                                                             | `math_verl` (verl's rule; not `math`)     |
+|                                                             | or `math_answers` (lenient, last box)     |
 | `math_dapo`, `aime...` (any name starting with `aime`)      | the same, or the last `Answer:` line      |
 | a built-in task's name (`arithmetic`, ...)                  | the task's own verifier                   |
 
 Two modes (`reward.rule_mode`, see `RULE_FUNCTIONS`): `verl` (the default, `default_compute_score`) scores
 GSM8K exactly as verl 0.9.1 does (last 300 characters, `#### <number>`, string equality), so rewards on
 verl's data match a verl run; `lenient` (`lenient_compute_score`) uses quartet's lenient GSM8K rule
-(whole response, `####42` and `#### 42.0` accepted). The math sources use `math_answers` in both modes
-(no verl-exact math rule yet; its departures are listed in `math_answers`).
+(whole response, `####42` and `#### 42.0` accepted). The MATH sources verl scores with its Hendrycks-style
+rule (`VERL_MATH_SOURCES`) use `math_verl` in verl mode and `math_answers` in lenient mode. `math`,
+`math_dapo` and `aime*` use `math_answers` in both modes: verl scores them with its DAPO rule (+1/-1,
+`Answer:` line), which quartet does not reproduce (a departure; use `reward.function` for it).
 
 Anything else is an `UnknownDataSourceError` that names the data source, the known ones, and the fix
 (`reward.function`). The choice is an explicit table, not a plug-in registry: a custom scorer is one
@@ -31,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from quartet.rewards.registry import import_inherited_modules, registered_rewards
-from quartet.rewards.rules import gsm8k, math_answers
+from quartet.rewards.rules import gsm8k, math_answers, math_verl
 from quartet.rewards.scoring import ScoreFn
 
 __all__ = [
@@ -47,6 +50,8 @@ __all__ = [
 
 GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")
 MATH_SOURCES = ("lighteval/MATH", "math", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+VERL_MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+"""The sources verl scores with its Hendrycks-style `math` rule (`math_verl`) in `rule_mode=verl`."""
 ANSWER_LINE_SOURCES = ("math_dapo",)
 ANSWER_LINE_PREFIX = "aime"
 
@@ -122,6 +127,8 @@ def select_scorer(data_source: str, mode: str = "verl") -> ScoreFn:
         return custom
     if data_source in GSM8K_SOURCES:
         return gsm8k.compute_score_verl if mode == "verl" else gsm8k.compute_score
+    if data_source in VERL_MATH_SOURCES and mode == "verl":
+        return math_verl.compute_score
     if data_source in MATH_SOURCES:
         return math_answers.compute_score
     if data_source in ANSWER_LINE_SOURCES or data_source.startswith(ANSWER_LINE_PREFIX):
