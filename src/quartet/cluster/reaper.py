@@ -11,7 +11,7 @@ from the driver; end-of-file means the driver is gone, however it died. Meanwhil
 children (the agents and workers; their command line is renamed `ray::DashboardAgent` and their
 environment may be overwritten by that renaming, so parenthood is what identifies them, and only while the
 raylet lives), each with its start time so a reused pid is never taken for one: the driver passes those it
-sees when it starts the watcher, and the watcher looks again every 50 ms for its first 10 s (when Ray
+sees when it starts the watcher, and the watcher looks again every 0.1 s for its first 5 s (when Ray
 starts them), then twice a second. When the driver is gone it terminates (SIGTERM,
 then SIGKILL after 2 s) the processes noted, and those whose command line passes them the session folder
 (`--session-dir=`, `--session_dir=`, `--log-dir=`, `--logs-dir=`: the GCS, raylet, dashboard, monitors).
@@ -40,7 +40,7 @@ __all__ = ["session_pids", "start_reaper"]
 
 log = logging.getLogger(__name__)
 _GRACE_S = 2.0  # after SIGTERM, before SIGKILL
-_TICKS_S = (0.05, 10.0, 0.5)  # the watcher notes the raylet's children every 50 ms for 10 s, then 0.5 s
+_TICKS_S = (0.1, 5.0, 0.5)  # the watcher notes the raylet's children every 0.1 s for 5 s, then 0.5 s
 _watchers: list[subprocess.Popen[bytes]] = []  # held so their pipes stay open while this process lives
 Noted = dict[int, int]  # pid -> start time (clock ticks since boot, /proc/<pid>/stat field 22)
 
