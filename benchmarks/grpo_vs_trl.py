@@ -89,11 +89,14 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
         quartet_overrides=tuple(args.quartet_override),
     )
     torch.set_num_threads(args.threads)
+    peak_n = (
+        256 if args.smoke else 1024
+    )  # the smoke checks the pipeline; a 1024^2 bf16 matmul is ~7 s on AVX2
     runs: dict[str, list[RunResult]] = {"trl": [], "quartet": []}
     peaks: list[float] = []
     for r in range(args.rounds):
         order = ["trl", "quartet"] if r % 2 == 0 else ["quartet", "trl"]
-        peaks.append(matmul_peak_gflops(args.dtype))
+        peaks.append(matmul_peak_gflops(args.dtype, n=peak_n))
         for side in order:
             out = workdir / "runs" / f"{size}-{side}-{r}"
             name = f"{side}-{size}-r{r}"
@@ -105,7 +108,7 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
                 f"  {size} round {r} {side}: steps {[round(t, 3) for t in result.step_seconds]}", flush=True
             )
     peak = max(peaks)
-    bf16_peak = matmul_peak_gflops("bfloat16")
+    bf16_peak = matmul_peak_gflops("bfloat16", n=peak_n)
     q, t = steady(runs["quartet"]), steady(runs["trl"])
     phases: dict[str, float] = {}
     for name in runs["quartet"][0].phase_seconds:

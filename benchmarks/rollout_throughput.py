@@ -327,7 +327,9 @@ def main() -> None:
         build_model(folder, args.shape)
         params = sum(p.numel() for p in load(folder, torch.float32).parameters())
         for name in dtypes:
-            peaks[name] = matmul_peak_gflops(name)
+            peaks[name] = matmul_peak_gflops(
+                name, n=256 if args.smoke else 1024
+            )  # smoke: see train_throughput
             print(
                 f"\n{name}: Qwen2 {params / 1e6:.2f}M params, {args.prompts} prompts x n={args.n} "
                 f"x {args.new_tokens} new tokens; matmul peak {peaks[name]:.0f} GFLOP/s"
