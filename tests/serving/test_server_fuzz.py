@@ -11,6 +11,7 @@ finish in a few tokens):
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -142,6 +143,9 @@ VALID = {
 """Bodies valid but for the odd value, so that many requests reach the engine."""
 
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 def _bodies(route: str) -> st.SearchStrategy[dict[str, Any]]:
     names = ROUTE_FIELDS[route]
     fields = {name: PLAUSIBLE[name] | JSON for name in names}
@@ -162,8 +166,8 @@ def test_hypothesis_bodies_never_get_a_server_error(fuzz_url: str, route: str) -
         def fuzz(body: dict[str, Any] | bytes) -> None:
             if isinstance(body, bytes):
                 _check(http.post(f"/{route}", content=body), seen)
-            else:
-                _check(http.post(f"/{route}", json=body), seen)
+            else:  # encoded here: escapes (a lone surrogate as \\ud800) reach the server; httpx refuses
+                _check(http.post(f"/{route}", content=json.dumps(body), headers=JSON_HEADERS), seen)
 
         fuzz()
     assert sum(seen.values()) >= 300

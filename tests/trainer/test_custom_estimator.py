@@ -17,7 +17,7 @@ from test_rl_steps import BASE, _changed, _weights
 
 from quartet.cluster.naming import RunNames
 from quartet.config import load_config
-from quartet.core.registry import registered_estimators
+from quartet.core.registry import CUSTOM_MODULES_ENV, registered_estimators
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
 from quartet.trainer.rl_trainer import RLTrainer, prepare_rl_data
@@ -50,6 +50,14 @@ def _median_baseline_by_hand(
         a = scores[i] - statistics.median_low(group)
         out.append([a if m else 0.0 for m in row])
     return out
+
+
+@pytest.fixture(autouse=True)
+def _inherited_modules_stay_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing a custom module lists it in `QUARTET_CUSTOM_MODULES` for the processes this one starts; the
+    variable is restored after each test, so later tests' reward workers do not import these modules (one
+    registers a reward for `arithmetic`)."""
+    monkeypatch.setenv(CUSTOM_MODULES_ENV, "")
 
 
 @pytest.mark.usefixtures("one_local_rank")
