@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,26 @@ def _history(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _rows_once_written(path: Path, expected: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The history rows of `path` once `expected` of them are there (or whatever is there at the timeout).
+
+    wandb's service process writes the offline file on its own schedule: on a busy machine `finish()` has
+    been seen to return before the history records reached the file (0 rows read back), so the test waits
+    for the writer instead of assuming it is done."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            history = _history(path)
+        except Exception:  # a record being written as it is read: read again, unless time is up
+            if time.monotonic() > deadline:
+                raise
+            history = []
+        rows = [{k: v for k, v in r.items() if not k.startswith("_") or k == "_step"} for r in history]
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
 def test_offline_run_logs_metrics_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import wandb
 
@@ -62,7 +83,7 @@ def test_offline_run_logs_metrics_and_config(tmp_path: Path, monkeypatch: pytest
     assert wandb.run is None  # finished on close
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
     (data,) = folder.glob("run-*.wandb")
-    rows = [{k: v for k, v in row.items() if not k.startswith("_") or k == "_step"} for row in _history(data)]
+    rows = _rows_once_written(data, expected=3)
     assert rows == [
         {"_step": 0, "val-core/arith/reward/mean@1": 0.0},
         {"_step": 1, "critic/score/mean": 0.5},
