@@ -36,11 +36,9 @@ the same file).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from quartet.core.choices import AdvantageEstimator, PolicyLoss
+from quartet.core.module_files import load_module_file
 
 if TYPE_CHECKING:
     from quartet.core.advantages import AdvantageInputs, AdvantageOutput, AdvantageParams
@@ -218,21 +217,10 @@ def _import_file(path: str) -> ModuleType:
             f"algorithm.custom_module {path!r}: no such file. Fix: give a path to a .py file (relative to "
             "the directory quartet is started from) or a dotted module name on PYTHONPATH"
         )
-    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
-    name = f"quartet_custom_{Path(path).stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise CustomModuleError(f"algorithm.custom_module {path!r} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
     try:
-        loader_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+        return load_module_file(Path(path), "quartet_custom")
+    except ImportError as exc:
+        raise CustomModuleError(f"algorithm.custom_module {path!r}: {exc}") from exc
 
 
 if TYPE_CHECKING:

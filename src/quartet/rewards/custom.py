@@ -18,16 +18,15 @@ paid inside the first item's time limit. Module-level imports of the file are lo
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from quartet.core.module_files import load_module_file
 from quartet.rewards.scoring import ScoreFn
 
 __all__ = ["RewardFunctionError", "load_function", "resolve_spec", "split_spec"]
@@ -66,23 +65,12 @@ def _load_file(location: str) -> ModuleType:
         raise RewardFunctionError(
             f"reward.function: no file {str(path)!r} (from {location!r}, current directory {os.getcwd()!r})"
         )
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    module_name = f"quartet_reward_{path.stem}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise RewardFunctionError(f"reward.function: cannot load {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
     try:
-        loader_spec.loader.exec_module(module)
+        return load_module_file(path, "quartet_reward")
     except Exception as err:
-        del sys.modules[module_name]
         raise RewardFunctionError(
             f"reward.function: importing {str(path)!r} failed: {type(err).__name__}: {err}"
         ) from err
-    return module
 
 
 def _load_module(location: str) -> ModuleType:
