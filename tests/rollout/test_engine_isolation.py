@@ -41,7 +41,7 @@ def submit_together(
     eng: TorchRolloutEngine, requests: list[GenerationRequest]
 ) -> list[Future[list[GenerationOutput]]]:
     """Queue the requests so the engine thread takes them in one step (its condition lock is reentrant)."""
-    with eng._cond:
+    with eng._thread.cond:
         return [eng._submit(r) for r in requests]
 
 
@@ -172,7 +172,7 @@ def test_waits_end_when_the_engine_thread_stops_silently(
     tiny_model_dir: Path, caller: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     eng = TorchRolloutEngine(shared_model(tiny_model_dir), max_num_seqs=2)
-    monkeypatch.setattr(eng, "_serve", lambda: None)  # the thread ends at once, settling no future
+    monkeypatch.setattr(eng._thread, "_serve", lambda: None)  # the thread ends at once, settling no future
     request = GenerationRequest(tuple(prompt_ids(tiny_model_dir)[0]), sampled(1))
     if caller == "generate":
         result = in_thread(lambda: eng.generate([request]))

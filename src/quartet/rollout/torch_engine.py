@@ -1,8 +1,9 @@
 """The built-in PyTorch rollout engine: continuous batching on CPU or GPU with no extra dependency.
 
-A background thread owns the `EngineCore` and runs steps while there is work; callers submit requests and
-wait on futures. So `generate` (a batch) and many concurrent `generate_one` calls (agent loops) all feed the
-same running batch. Weight updates and sleep/wake take the step lock, hence happen between two steps.
+A background thread (`quartet.rollout.engine_thread`, shared with the vLLM engine) owns the `EngineCore`
+and runs steps while there is work; callers submit requests and wait on futures. So `generate` (a batch)
+and many concurrent `generate_one` calls (agent loops) all feed the same running batch. Weight updates
+and sleep/wake take the step lock, hence happen between two steps.
 
 A request is checked before it is queued (`InvalidRequestError` for that caller alone), a sequence that
 makes a step raise fails its own request only (see `quartet.rollout.engine_core`), and no caller waits on a
@@ -18,12 +19,9 @@ Usage:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +33,7 @@ from torch import nn
 from quartet.config.rollout import RolloutConfig
 from quartet.rollout.base import EngineStateError, RolloutEngine
 from quartet.rollout.engine_core import EngineCore
+from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.model_runner import DecoderRunner
 from quartet.rollout.sequence import SequenceState
 from quartet.rollout.stopping import StopChecker
@@ -49,8 +48,6 @@ __all__ = ["TorchRolloutEngine"]
 
 log = logging.getLogger(__name__)
 
-_LIVENESS_POLL_S = 1.0  # how often a waiting caller checks that the engine thread is still alive
-
 
 @dataclass
 class _Pending:
@@ -59,20 +56,6 @@ class _Pending:
     future: Future[list[GenerationOutput]]
     outputs: list[GenerationOutput | None] = field(default_factory=list)
     remaining: int = 0
-
-
-def _settle(
-    future: Future[list[GenerationOutput]],
-    result: list[GenerationOutput] | None = None,
-    error: BaseException | None = None,
-) -> None:
-    """Set a caller's result or error, unless the caller cancelled it (set_result would raise)."""
-    if not future.set_running_or_notify_cancel():  # cancelled; else RUNNING, so no cancel can race us
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result if result is not None else [])
 
 
 def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
@@ -132,17 +115,17 @@ class TorchRolloutEngine(RolloutEngine):
             seed=seed,
             max_n=max_n,
         )
-        self._cond = threading.Condition()
-        self._step_lock = threading.Lock()
-        self._inbox: list[GenerationRequest] = []
-        self._aborts: list[str] = []
-        self._pending: dict[str, _Pending] = {}
-        self._thread: threading.Thread | None = None
-        self._closing = False
-        self._thread_error: BaseException | None = None  # why the engine thread died, once it has
+        self._pending: dict[str, _Pending] = {}  # request id -> its future, guarded by the thread's cond
         self._asleep = False
         self._home_device: torch.device | None = None
         self._num_threads = num_threads
+        self._thread: EngineThread[GenerationRequest] = EngineThread(
+            "quartet-rollout",
+            step=self._step,
+            has_work=self.core.has_work,
+            on_death=self._fail_all,
+            on_start=self._on_thread_start,
+        )
 
     @classmethod
     def from_pretrained(
@@ -183,91 +166,45 @@ class TorchRolloutEngine(RolloutEngine):
         for request in requests:
             self._validate(request)
         futures = [self._submit(r) for r in requests]
-        return [self._wait(f) for f in futures]
+        return [self._thread.wait(f) for f in futures]
 
     async def generate_one(self, request: GenerationRequest) -> list[GenerationOutput]:
         """The n responses to one request; concurrent calls share the running batch."""
         self._validate(request)
-        future = asyncio.wrap_future(self._submit(request))
-        try:
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=_LIVENESS_POLL_S)
-                if done:
-                    return future.result()
-                self._check_thread()
-        except asyncio.CancelledError:  # the caller gave up: stop generating for it
-            self.abort(request.request_id)
-            raise
+        future = self._submit(request)  # a cancelled caller gave up: stop generating for it
+        return await self._thread.wait_async(future, on_cancel=lambda: self.abort(request.request_id))
 
     def abort(self, request_id: str) -> None:
         """Stop a request: its samples finish with reason ABORT and the tokens generated so far."""
-        with self._cond:
-            self._aborts.append(request_id)
-            self._cond.notify()
+        self._thread.abort(request_id)
 
     def _validate(self, request: GenerationRequest) -> None:
         """Raise `InvalidRequestError` (a ValueError) before `request` can reach the batch."""
         check_request(request, self.core.limits)
         self.stop_checker.validate(request.sampling)
 
-    def _wait(self, future: Future[list[GenerationOutput]]) -> list[GenerationOutput]:
-        """The future's result; raises `EngineStateError` if the engine thread dies first."""
-        while True:
-            try:
-                return future.result(timeout=_LIVENESS_POLL_S)
-            except FutureTimeoutError:
-                self._check_thread()
-
-    def _check_thread(self) -> None:
-        """Raise `EngineStateError` when the engine thread has stopped while callers still wait."""
-        thread = self._thread
-        if thread is not None and not thread.is_alive() and not self._closing:
-            raise EngineStateError(f"the rollout engine thread died: {self._thread_error!r}")
-
     def _submit(self, request: GenerationRequest) -> Future[list[GenerationOutput]]:
         future: Future[list[GenerationOutput]] = Future()
-        with self._cond:
-            if self._closing:
-                raise EngineStateError("the engine is shut down")
-            if self._thread is not None and not self._thread.is_alive():
-                raise EngineStateError(f"the rollout engine thread died: {self._thread_error!r}")
+
+        def admit() -> None:  # under the thread's lock, so no other submission interleaves
             if self._asleep:
                 raise EngineStateError("the engine is asleep: call wake() before generating")
             if request.request_id in self._pending:
                 raise ValueError(f"request id '{request.request_id}' is already in flight")
             n = request.sampling.n
             self._pending[request.request_id] = _Pending(future, [None] * n, n)
-            self._inbox.append(request)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="quartet-rollout", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+
+        self._thread.submit(request, admit)
         return future
 
-    # ---- the engine thread --------------------------------------------------------------------------------
+    # ---- on the engine thread -----------------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        try:
-            self._serve()
-        except BaseException as exc:  # the thread dies: fail its waiters rather than leave them hanging
-            self._thread_error = exc
-            log.exception("rollout engine thread died; failing every request in flight")
-            self._fail_all(EngineStateError(f"the rollout engine thread died: {exc!r}"))
-
-    def _serve(self) -> None:
+    def _on_thread_start(self) -> None:
         if self._num_threads is not None:
             torch.set_num_threads(self._num_threads)
-        while True:
-            with self._cond:
-                while not (self._inbox or self._aborts or self._closing or self.core.has_work()):
-                    self._cond.wait()
-                if self._closing:
-                    return
-                inbox, self._inbox = self._inbox, []
-                aborts, self._aborts = self._aborts, []
-            with self._step_lock:
-                finished = self._run_step(inbox, aborts)
-            self._deliver(finished)
+
+    def _step(self, inbox: list[GenerationRequest], aborts: list[str]) -> None:
+        self._deliver(self._run_step(inbox, aborts))
 
     def _run_step(self, inbox: list[GenerationRequest], aborts: list[str]) -> list[SequenceState]:
         finished: list[SequenceState] = []
@@ -289,16 +226,16 @@ class TorchRolloutEngine(RolloutEngine):
         return finished
 
     def _fail_request(self, request_id: str, exc: BaseException) -> None:
-        with self._cond:
+        with self._thread.cond:
             pending = self._pending.pop(request_id, None)
         if pending is not None:
-            _settle(pending.future, error=exc)
+            settle(pending.future, error=exc)
 
     def _deliver(self, finished: list[SequenceState]) -> None:
         for seq in finished:  # a failed sample fails its request; its siblings arrive aborted, unused
             if seq.error is not None:
                 self._fail_request(seq.request.request_id, seq.error)
-        with self._cond:
+        with self._thread.cond:
             for seq in finished:
                 pending = self._pending.get(seq.request.request_id)
                 if pending is None:
@@ -307,26 +244,26 @@ class TorchRolloutEngine(RolloutEngine):
                 pending.remaining -= 1
                 if pending.remaining == 0:
                     del self._pending[seq.request.request_id]
-                    _settle(pending.future, [o for o in pending.outputs if o is not None])
+                    settle(pending.future, [o for o in pending.outputs if o is not None])
 
     def _fail_all(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._thread.cond:
             pending, self._pending = self._pending, {}
-            self._inbox = []
+        self._thread.take_queued()
         for p in pending.values():
-            _settle(p.future, error=exc)
+            settle(p.future, error=exc)
 
     # ---- weights and memory -------------------------------------------------------------------------------
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy trainer weights into the model between two steps; returns the number of tensors copied."""
-        with self._step_lock:
+        with self._thread.step_lock:
             return load_named_tensors(self.model, named_tensors)
 
     def sleep(self, offload_weights: bool = False) -> None:
         """Free the KV cache (and move the weights to CPU with `offload_weights`); the engine must be idle."""
-        with self._step_lock, self._cond:
-            if self.core.has_work() or self._inbox:
+        with self._thread.step_lock, self._thread.cond:
+            if self.core.has_work() or self._thread.has_queued():
                 raise EngineStateError("cannot sleep while requests are in flight; wait for them first")
             self.core.free_cache()
             if offload_weights and self.runner.device.type != "cpu":
@@ -336,7 +273,7 @@ class TorchRolloutEngine(RolloutEngine):
 
     def wake(self) -> None:
         """Weights back on their device; the KV cache is allocated again by the next request."""
-        with self._step_lock, self._cond:
+        with self._thread.step_lock, self._thread.cond:
             if self._home_device is not None:
                 nn.Module.to(self.model, self._home_device)
                 self._home_device = None
@@ -349,17 +286,14 @@ class TorchRolloutEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         """Abort what is in flight (callers get ABORT outputs), stop the thread, free the cache."""
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
-        with self._step_lock:
-            for request in self._inbox:
+        if self._thread.closing:
+            return
+        if not self._thread.stop():  # a step is wedged and holds the step lock: fail the callers, leave it
+            self._fail_all(EngineStateError("the engine shut down while its thread was stuck in a step"))
+            return
+        with self._thread.step_lock:
+            for request in self._thread.take_queued():
                 self.core.add(request)
-            self._inbox = []
             finished = self.core.abort_all()
             self.core.free_cache()
         self._deliver(finished)
