@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RunNames", "parse_actor_name"]
+__all__ = ["RunNames", "parse_actor_name", "write_json_atomic"]
 
 LOCATION_FILE = "cluster.json"
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write `data` as JSON to `path` through a temporary file and a rename: a reader (or a crash) never
+    sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -31,15 +43,19 @@ class RunNames:
     def actor_name(self, label: str, rank: int) -> str:
         return f"{self.actor_prefix(label)}{rank}"
 
-    def save(self, run_dir: str | Path) -> Path:
-        """Record the names in the run folder, for `quartet doctor` and processes that attach later."""
-        path = Path(run_dir) / LOCATION_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
+    def save(self, run_dir: str | Path, ranks: dict[str, list[dict[str, Any]]] | None = None) -> Path:
+        """Record the names in the run folder, for `quartet doctor` and processes that attach later.
+
+        `ranks`: where each host ran, by host label, one `{rank, node_id, ip, pid}` per rank
+        (`quartet.cluster.run_record.record_hosts` fills it); written as the `ranks` key."""
+        data: dict[str, Any] = asdict(self)
+        if ranks is not None:
+            data["ranks"] = ranks
+        return write_json_atomic(Path(run_dir) / LOCATION_FILE, data)
 
     @staticmethod
     def load(run_dir: str | Path) -> RunNames:
+        """The names of a run folder's `cluster.json` (any version: keys added later are ignored here)."""
         data = json.loads((Path(run_dir) / LOCATION_FILE).read_text())
         return RunNames(data["namespace"], data["prefix"], data.get("address", ""))
 

@@ -46,8 +46,13 @@ class TrainerConfig:
     val_before_train: bool = True
     """Validate once before the first step."""
 
-    save_freq: int = 0
-    """Checkpoint every this many steps; 0 saves only at the end."""
+    save_freq: int = 10
+    """Checkpoint every this many steps (and at the end); 0 saves only at the end. The default bounds what a
+    lost node costs to 10 steps, while `max_checkpoints_to_keep` bounds the disk (verl's default is never,
+    TRL's every 500 of its much shorter steps). On top of it, a failure the driver catches (a raising reward
+    function, a role error, a bug) checkpoints the last completed step if every rank still answers a ping,
+    then re-raises: only a step no update has touched yet, never a half-updated one (a failure during
+    `update_critic`/`update_actor`/`update_weights` saves nothing; see `quartet.trainer.failure_save`)."""
 
     max_checkpoints_to_keep: int = 2
     """Keep this many most recent checkpoints; 0 keeps all."""

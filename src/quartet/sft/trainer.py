@@ -32,6 +32,7 @@ import torch
 from quartet.cluster.colocate import RoleSpec
 from quartet.cluster.group import RoleGroup
 from quartet.cluster.naming import RunNames
+from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
 from quartet.config.data import BuiltinTask
@@ -199,15 +200,24 @@ class SFTTrainer:
             if cluster.run_prefix
             else RunNames.new(cluster.namespace, self.cfg.trainer.experiment_name)
         )
-        hosts = launch(self.cfg.cluster, names, "sft", sft=RoleSpec(SFTWorker, self.cfg, model_path, total))
+        mark_running(self.run_dir)
+        hosts = None
         try:
-            if hosts.backend == "ray":
-                hosts.names.save(self.run_dir)
+            hosts = launch(
+                self.cfg.cluster, names, "sft", sft=RoleSpec(SFTWorker, self.cfg, model_path, total)
+            )
+            if hosts.backend == "ray":  # names, and the node of each rank
+                record_hosts(self.run_dir, hosts.names, [hosts])
             group: RoleGroup[SFTWorker] = hosts.groups["sft"]
             self.train(group, data, sampler, total, tokenizer.pad_token_id, result)
             group.export_hf(str(result.hf_dir))
+        except BaseException as exc:
+            mark_failed(self.run_dir, exc)
+            raise
         finally:
-            hosts.shutdown()
+            if hosts is not None:
+                hosts.shutdown()
+        mark_finished(self.run_dir)
         self.record("export", hf_dir=str(result.hf_dir))
         result.after = self.exact_match("after", str(result.hf_dir), tokenizer, data)
         result.seconds = time.perf_counter() - start

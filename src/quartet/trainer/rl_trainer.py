@@ -26,10 +26,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from quartet.cluster.naming import RunNames
+from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.config import QuartetConfig, to_dict, to_yaml
 from quartet.core.batch import Batch
 from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, append_bad_rows, replace_load_rows
@@ -46,6 +48,7 @@ from quartet.trainer.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
+from quartet.trainer.failure_save import StepBoundary, save_on_failure
 from quartet.trainer.memory import measured_peaks, plan_run
 from quartet.trainer.rollout_records import rollout_rows, write_rollout_records
 from quartet.trainer.step import StepRunner, kl_controller
@@ -225,10 +228,12 @@ class RLTrainer:
         if cfg.cluster.run_prefix:
             names = RunNames(cfg.cluster.namespace, cfg.cluster.run_prefix)
         workers = None
+        boundary = StepBoundary(saved_step=result.steps)  # what a caught failure may still checkpoint
+        mark_running(self.run_dir)
         try:
             workers = start_workers(cfg, model_path, names, total)
-            if cfg.cluster.backend == "ray":
-                workers.hosts.names.save(self.run_dir)
+            if cfg.cluster.backend == "ray":  # names, and the node of each rank
+                record_hosts(self.run_dir, workers.hosts.names, [workers.hosts, *workers.separate.values()])
             if checkpoint is not None:
                 self._restore(workers, checkpoint)
                 note = f"resumed from {checkpoint} at step {result.steps} of {total}"
@@ -239,7 +244,13 @@ class RLTrainer:
                     )
                     log.warning(note)
                 self.record("resume", step=result.steps, checkpoint=str(checkpoint), note=note)
-            runner = StepRunner(cfg, workers, reward, kl_ctrl, data.train.pad_id, self.tracking.phase)
+            tracking = self.tracking
+
+            def on_phase(name: str) -> None:
+                boundary.phase(name)
+                tracking.phase(name)
+
+            runner = StepRunner(cfg, workers, reward, kl_ctrl, data.train.pad_id, on_phase)
             records = RolloutRecorder(cfg, tokenizer, self.run_dir)
             if data.val is not None and cfg.trainer.val_before_train and state is None:
                 val = validate(cfg, workers, data.val, reward, 0, records.val_writer(0))
@@ -256,6 +267,16 @@ class RLTrainer:
                 self._name_reward_failures(reward, data.train, step)
                 metrics["training/epoch"] = float(sampler.epoch)
                 result.train_seconds += metrics["timing_s/step"]
+                boundary.completed(  # the state of the finished step, before the next one draws prompts
+                    TrainerState(
+                        step,
+                        sampler.state_dict(),
+                        kl_ctrl.state_dict(),
+                        result.train_seconds,
+                        cfg.cluster.world_size,
+                        model_path,
+                    )
+                )
                 records.train(batch, step)
                 self.record("step", step=step, **metrics)
                 result.steps, result.last_metrics = step, metrics
@@ -266,16 +287,9 @@ class RLTrainer:
                     result.validations.append(self.record("val", step=step, **val))
                 stopping = self.stop_after is not None and step - first + 1 >= self.stop_after
                 save_freq = cfg.trainer.save_freq
-                if (save_freq and step % save_freq == 0) or step == total or stopping:
-                    state = TrainerState(
-                        step,
-                        sampler.state_dict(),
-                        kl_ctrl.state_dict(),
-                        result.train_seconds,
-                        cfg.cluster.world_size,
-                        model_path,
-                    )
-                    self._save(workers, state)
+                if ((save_freq and step % save_freq == 0) or step == total or stopping) and boundary.last:
+                    self._save(workers, boundary.last)
+                    boundary.saved_step = step
                 if stopping:
                     break
             if planned.report is not None and result.steps > 0:  # the plan next to what the ranks used
@@ -284,6 +298,11 @@ class RLTrainer:
                 workers.actor.export_hf(str(self.run_dir / "hf"))
                 result.hf_dir = self.run_dir / "hf"
         except BaseException as exc:
+            if workers is not None:  # the last completed step, when every rank still answers
+                save_on_failure(
+                    boundary, exc, [workers.hosts, *workers.separate.values()], partial(self._save, workers)
+                )
+            mark_failed(self.run_dir, exc)
             self.tracking.__exit__(type(exc), exc, exc.__traceback__)  # trackers mark the run failed
             raise
         finally:
@@ -291,6 +310,7 @@ class RLTrainer:
                 workers.shutdown()
             reward.close()
         self.tracking.close()
+        mark_finished(self.run_dir)
         result.seconds = time.perf_counter() - start
         return result
 
