@@ -22,7 +22,8 @@ def ray_cluster() -> Iterator[None]:
     """A real local Ray shared by every test that needs one; shut down at the end of the session."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=True, log_to_driver=False, namespace="quartet-tests")
+    # address="local": a private Ray, even where a `ray start` cluster runs or RAY_ADDRESS is set
+    ray.init(address="local", num_cpus=4, include_dashboard=True, log_to_driver=False, namespace="quartet-tests")
     try:
         yield
     finally:

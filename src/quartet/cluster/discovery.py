@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any
 
-from quartet.cluster.auth import join
+from quartet.cluster.connect import join_bounded, target_of
 from quartet.cluster.errors import WorkerDiscoveryError
 from quartet.cluster.naming import parse_actor_name
 
@@ -33,12 +33,14 @@ def find_workers(
     """Handles of the actors named `<prefix>:<label>:<rank>` in `namespace`, sorted by (label, rank).
 
     Joins the cluster at `address` (`auto`, `host:port`, `ray://...`) in `namespace` if this process is not
-    connected yet. Polls until `expected` workers are found or `timeout_s` passes, then raises.
+    connected yet (within `timeout_s`, else `RayConnectError` naming the cause). Polls until `expected`
+    workers are found or `timeout_s` passes, then raises.
     """
     import ray
 
-    if not ray.is_initialized():  # with the machine's Ray token when the run's cluster requires one
-        join(address or "auto", namespace, log_to_driver=False)
+    if not ray.is_initialized():  # bounded by timeout_s; the machine's Ray token when the cluster needs one
+        target = target_of(address, "find_workers(address=...)")
+        join_bounded(target, namespace, timeout_s, log_to_driver=False)
     current = ray.get_runtime_context().namespace
     want = prefix if prefix.endswith(":") else prefix + ":"
     deadline = time.monotonic() + timeout_s

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from quartet.cluster.dispatch import DataRank
 from quartet.cluster.errors import WorkerError
+from quartet.cluster.failures import failure_report
 from quartet.cluster.host import LocalRef
 from quartet.cluster.naming import RunNames
 
@@ -108,24 +109,17 @@ class HostSet:
                 )
 
     def _raise_first_failure(self, role: str, method: str, refs: list[Any]) -> None:
-        """Raise a WorkerError for the lowest finished rank whose call failed."""
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
+        """Raise the WorkerError of the failed call: the lost node and its ranks first when a node died,
+        else the rank whose actor died or raised (`quartet.cluster.failures`)."""
+        error = failure_report(role, method, refs, self.node_of, self._node_id_of)
+        if error is not None:
+            raise error
 
-        for rank, ref in enumerate(refs):
-            if not ray.wait([ref], timeout=0)[0]:
-                continue
-            try:
-                ray.get(ref, timeout=0)
-            except RayActorError as err:
-                raise WorkerError(
-                    role, rank, self.node_of(rank), f"{method}(): the actor died: {err}"
-                ) from err
-            except RayTaskError as err:
-                cause = err.cause if err.cause is not None else err
-                raise WorkerError(
-                    role, rank, self.node_of(rank), f"{method}() raised {type(cause).__name__}: {cause}"
-                ) from err
+    def _node_id_of(self, rank: int) -> str | None:
+        if rank < len(self.nodes):
+            return str(self.nodes[rank]["node_id"])
+        slot = self.pool.slots[rank] if self.pool and rank < len(self.pool.slots) else None
+        return slot.node_id if slot else None
 
     def health(self, timeout_s: float = 10.0) -> list[int]:
         """Ping every host; their pids in rank order, or a WorkerError naming the first silent one."""

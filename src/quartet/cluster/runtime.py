@@ -10,6 +10,7 @@ import dataclasses
 import logging
 
 from quartet.cluster.colocate import RoleSpec, colocate
+from quartet.cluster.connect import join_bounded, resolve_target
 from quartet.cluster.hostset import HostSet
 from quartet.cluster.local import colocate_local
 from quartet.cluster.naming import RunNames
@@ -27,7 +28,8 @@ _LOCAL_RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
 
 
 def connect(cfg: ClusterConfig) -> str:
-    """Join the Ray cluster at `cfg.address` (or start a local one) in `cfg.namespace`; its GCS address.
+    """Join the Ray cluster `cfg.address` means (`quartet.cluster.connect`), or start a local one, in
+    `cfg.namespace`; its GCS address. The log says which, and why.
 
     A process already connected keeps its connection, but must be in the run's namespace: named actors
     live in one namespace, and a mismatch is how other tools end up finding "0 actors".
@@ -42,22 +44,25 @@ def connect(cfg: ClusterConfig) -> str:
                 f"'{cfg.namespace}'; set cluster.namespace={current} or call ray.shutdown() first"
             )
         return str(ray.get_runtime_context().gcs_address)
-    try:
+    target = resolve_target(cfg.address, min(cfg.connect_timeout_s, 5.0))
+    if target.mode == "join":
+        if cfg.num_cpus:
+            log.warning(
+                "cluster.num_cpus=%d applies to a local Ray this run starts; ignored: joining %s",
+                cfg.num_cpus,
+                target.describe(),
+            )
+        join_bounded(target, cfg.namespace, cfg.connect_timeout_s, log_to_driver=True)
+    else:
         ray.init(
-            address=cfg.address or None,
+            address="local",  # never a stale `ray start` record or RAY_ADDRESS: resolve_target decided
             namespace=cfg.namespace,
-            num_cpus=(cfg.num_cpus or None) if not cfg.address else None,
+            num_cpus=cfg.num_cpus or None,
             log_to_driver=True,
-            _system_config=None if cfg.address else _LOCAL_RAY_SYSTEM_CONFIG,
+            _system_config=_LOCAL_RAY_SYSTEM_CONFIG,
         )
-    except ConnectionError as err:
-        raise ConnectionError(
-            f"cannot join the Ray cluster at cluster.address='{cfg.address}': {err}. Fix: start it "
-            "(`ray start --head`), pass its address (`ray status` prints it), or leave cluster.address empty "
-            "to start a local Ray for this run"
-        ) from err
     address = str(ray.get_runtime_context().gcs_address)
-    log.info("connected to Ray at %s, namespace '%s'", address, cfg.namespace)
+    log.info("Ray: %s at %s, namespace '%s'", target.describe(), address, cfg.namespace)
     _watch_local_session()
     return address
 

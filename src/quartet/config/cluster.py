@@ -43,7 +43,14 @@ class ClusterConfig:
     """`ray` (actors on placement groups) or `local` (roles as plain objects in the driver, world size 1)."""
 
     address: str = ""
-    """Ray address to join (`auto`, `ray://...`, `host:port`). Empty: start a local Ray for this run."""
+    """Which Ray the run uses. Empty: the cluster this environment points at (`RAY_ADDRESS`, which
+    `ray job submit` sets, or a `ray start` cluster on this machine), else a local Ray for this run.
+    `auto`: an existing cluster, required. `local`: always a local Ray for this run. `host:port` (the GCS
+    address) or `ray://host:port`: that cluster. The log says which was used and why."""
+
+    connect_timeout_s: float = 30.0
+    """Longest wait to join a cluster; past it (or at once, when nothing listens) the run fails naming the
+    address, the cause and the fix."""
 
     namespace: str = "quartet"
     """Ray namespace of the run's named actors; discovery from other processes uses it."""
@@ -87,6 +94,7 @@ class ClusterConfig:
         require(bool(self.namespace), "namespace", "must not be empty", "name the run's Ray namespace")
         require(self.pool_timeout_s > 0, "pool_timeout_s", "must be > 0")
         require(self.call_timeout_s > 0, "call_timeout_s", "must be > 0")
+        require(self.connect_timeout_s > 0, "connect_timeout_s", "must be > 0")
         for role in self.separate_pools:
             require(
                 role in SEPARABLE_ROLES,
