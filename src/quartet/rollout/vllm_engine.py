@@ -3,9 +3,10 @@
 In-process: `VLLM_ENABLE_V1_MULTIPROCESSING=0` is set before vLLM is imported, so its engine core and its one
 worker run in the caller's process (quartet's colocated Ray actor, next to the trainer) and weights reach it
 by reference. Start ~2 s on CPU, plus ~5 s to import vLLM once. As in `TorchRolloutEngine`, a background
-thread owns vLLM's `LLMEngine` and steps it while there is work; callers wait on futures, so `generate`
-batches and concurrent `generate_one` calls share vLLM's continuous batch, and weight loads take the step
-lock (between two steps).
+thread (the shared `quartet.rollout.engine_thread`) owns vLLM's `LLMEngine` and steps it while there is
+work; callers wait on futures, so `generate` batches and concurrent `generate_one` calls share vLLM's
+continuous batch, and weight loads take the step lock (between two steps). A caller whose engine thread
+died gets `EngineStateError` naming why, never a hang.
 
 quartet's conventions (`quartet.rollout.types`), and how they are met:
 - Log-probs: `logprobs_mode="processed_logprobs"` with `logprobs=0` gives log_softmax(logits / T) of the
@@ -39,12 +40,10 @@ request whose prompt is prefilled in chunks fails, so chunked prefill is off on 
 
 from __future__ import annotations
 
-import asyncio
-import difflib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,15 +53,16 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from quartet.rollout.base import EngineStateError, RolloutEngine
+from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 from quartet.rollout.vllm_support import (
+    CheckedWeights,
     attention_shape,
     check_cpu_head_size,
     checkpoint_shapes,
     import_vllm,
     reload_in_worker,
 )
-from quartet.rollout.weights import _strip_wrappers  # the built-in engine's DDP/compile/FSDP1 name parts
 
 if TYPE_CHECKING:  # vLLM is imported lazily: `import quartet.rollout` never imports it
     from vllm import LLM
@@ -72,7 +72,6 @@ __all__ = ["VLLMRolloutEngine", "import_vllm"]  # import_vllm re-exported from v
 
 log = logging.getLogger(__name__)
 
-_JOIN_TIMEOUT_S = 60.0
 # In-process engines not yet shut down. vLLM's parallel groups are process-wide: each engine's start sets
 # them and its teardown (shutdown, or garbage collection) removes them, breaking any other live engine.
 _live_lock = threading.Lock()
@@ -118,14 +117,15 @@ class VLLMRolloutEngine(RolloutEngine):
         self._on_cpu = bool(current_platform.is_cpu())
         self.sleep_frees_memory = not self._on_cpu
         """Whether `sleep` releases memory (GPU); vLLM on CPU has no sleep mode."""
-        self._cond = threading.Condition()
-        self._step_lock = threading.Lock()
-        self._inbox: list[_Pending] = []
-        self._aborts: list[str] = []
         self._pending: dict[str, _Pending] = {}  # request id -> pending, from submission to delivery
         self._running: set[str] = set()  # ids handed to vLLM and not finished
-        self._thread: threading.Thread | None = None
-        self._closing = False
+        self._thread: EngineThread[_Pending] = EngineThread(
+            "quartet-vllm",
+            step=self._run_step,
+            has_work=lambda: bool(self._running),
+            on_death=self._fail_all,
+            on_start=self._on_thread_start,
+        )
         self._asleep = False
         self._steps = 0
         self._warned_filter = False
@@ -213,18 +213,17 @@ class VLLMRolloutEngine(RolloutEngine):
         for request in requests:
             self._validate(request)
         futures = [self._submit(r) for r in requests]
-        return [self._wait(f) for f in futures]
+        return [self._thread.wait(f) for f in futures]
 
     async def generate_one(self, request: GenerationRequest) -> list[GenerationOutput]:
         """The n responses to one request; concurrent calls share vLLM's running batch."""
         self._validate(request)
-        return await asyncio.wrap_future(self._submit(request))
+        future = self._submit(request)  # a cancelled caller gave up: stop generating for it
+        return await self._thread.wait_async(future, on_cancel=lambda: self.abort(request.request_id))
 
     def abort(self, request_id: str) -> None:
         """Stop a request: its samples finish with reason ABORT (and no tokens: vLLM returns none)."""
-        with self._cond:
-            self._aborts.append(request_id)
-            self._cond.notify()
+        self._thread.abort(request_id)
 
     def _validate(self, request: GenerationRequest) -> None:
         params = request.sampling
@@ -243,50 +242,26 @@ class VLLMRolloutEngine(RolloutEngine):
             )
 
     def _submit(self, request: GenerationRequest) -> Future[list[GenerationOutput]]:
-        future: Future[list[GenerationOutput]] = Future()
-        with self._cond:
-            if self._closing:
-                raise EngineStateError("the engine is shut down")
+        pending = _Pending(request, Future())
+
+        def admit() -> None:  # under the thread's lock, so no other submission interleaves
             if self._asleep:
                 raise EngineStateError("the engine is asleep: call wake() before generating")
             if self._weights_broken:
                 raise EngineStateError("a weight load failed half-way: load the full weights again first")
             if request.request_id in self._pending:
                 raise ValueError(f"request id '{request.request_id}' is already in flight")
-            pending = _Pending(request, future)
             self._pending[request.request_id] = pending
-            self._inbox.append(pending)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="quartet-vllm", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        return future
 
-    def _wait(self, future: Future[list[GenerationOutput]]) -> list[GenerationOutput]:
-        """The future's result; fails instead of hanging if the engine thread has died."""
-        while True:
-            try:
-                return future.result(timeout=1.0)
-            except TimeoutError:
-                if self._thread is not None and not self._thread.is_alive() and not future.done():
-                    raise EngineStateError("the vLLM engine thread stopped with requests in flight") from None
+        self._thread.submit(pending, admit)
+        return pending.future
 
-    # ---- the engine thread --------------------------------------------------------------------------------
+    # ---- on the engine thread -----------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _on_thread_start(self) -> None:
         # vLLM's CPU attention fails ("metadata->thread_num == thread_num") unless this new thread's OpenMP
         # team matches torch's setting: the process's own value, via torch._C (vLLM no-oped the public one)
         torch._C.set_num_threads(self._num_threads)
-        while True:
-            with self._cond:
-                while not (self._inbox or self._aborts or self._closing or self._running):
-                    self._cond.wait()
-                if self._closing:
-                    return
-                inbox, self._inbox = self._inbox, []
-                aborts, self._aborts = self._aborts, []
-            with self._step_lock:
-                self._run_step(inbox, aborts)
 
     def _run_step(self, inbox: list[_Pending], aborts: list[str]) -> None:
         for pending in inbox:
@@ -409,14 +384,22 @@ class VLLMRolloutEngine(RolloutEngine):
         ]
 
     def _finish(self, request_id: str, result: list[GenerationOutput] | BaseException) -> None:
-        with self._cond:
+        with self._thread.cond:
             pending = self._pending.pop(request_id, None)
-        if pending is None or pending.future.done():
+        if pending is None:
             return
         if isinstance(result, BaseException):
-            pending.future.set_exception(result)
+            settle(pending.future, error=result)
         else:
-            pending.future.set_result(result)
+            settle(pending.future, result)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """Fail every caller (the engine thread died, or shutdown found it stuck in a step)."""
+        self._thread.take_queued()
+        with self._thread.cond:
+            pending, self._pending = self._pending, {}
+        for p in pending.values():
+            settle(p.future, error=exc)
 
     # ---- weights and memory -------------------------------------------------------------------------------
 
@@ -430,52 +413,25 @@ class VLLMRolloutEngine(RolloutEngine):
         partial update must carry every tensor of each fused layer it touches. In-flight sequences are
         recomputed with the new weights (the prefix cache is reset).
         """
-        problems: list[Exception] = []
-        count = 0
-
-        def stream() -> Iterator[tuple[str, torch.Tensor]]:
-            nonlocal count
-            for raw_name, tensor in named_tensors:
-                try:
-                    item = self._checked(raw_name, tensor)
-                except (KeyError, ValueError) as exc:
-                    problems.append(exc)  # end the stream: vLLM restores its layers, then we raise
-                    return
-                count += 1
-                yield item
-
-        with self._step_lock:
-            if self._closing:
+        stream = CheckedWeights(named_tensors, self._shapes)
+        with self._thread.step_lock:
+            if self._thread.closing:
                 raise EngineStateError("the engine is shut down")
             try:
-                self.llm.collective_rpc(reload_in_worker, args=(stream(), self._on_cpu))
+                self.llm.collective_rpc(reload_in_worker, args=(iter(stream), self._on_cpu))
             except Exception:
                 self._weights_broken = True
                 raise
             self.llm.reset_prefix_cache(reset_running_requests=True)
-            self._weights_broken = bool(problems) and count > 0
-        if problems:
-            raise problems[0]
-        return count
-
-    def _checked(self, raw_name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
-        """(checkpoint name, full tensor) of one trainer weight; KeyError/ValueError when it does not fit."""
-        shapes, name = self._shapes, raw_name
-        if shapes is None or name not in shapes:
-            name = _strip_wrappers(name)
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        if shapes is not None:
-            if name not in shapes:
-                close = difflib.get_close_matches(name, list(shapes), n=3)
-                raise KeyError(f"no weight '{raw_name}' in the engine's checkpoint; close names: {close}")
-            if tuple(full.shape) != shapes[name]:
-                raise ValueError(f"'{raw_name}' has shape {tuple(full.shape)}, the model's is {shapes[name]}")
-        return name, full.detach()
+            self._weights_broken = stream.problem is not None and stream.count > 0
+        if stream.problem is not None:
+            raise stream.problem
+        return stream.count
 
     def sleep(self, offload_weights: bool = False) -> None:
         """GPU: release the KV cache (and weights, with `offload_weights`). CPU: frees nothing (see top)."""
-        with self._step_lock, self._cond:
-            if self._running or self._inbox:
+        with self._thread.step_lock, self._thread.cond:
+            if self._running or self._thread.has_queued():
                 raise EngineStateError("cannot sleep while requests are in flight; wait for them first")
             if self._asleep:
                 return
@@ -490,7 +446,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def wake(self) -> None:
         """Undo `sleep`."""
-        with self._step_lock, self._cond:
+        with self._thread.step_lock, self._thread.cond:
             if self._asleep and self.sleep_frees_memory:
                 self.llm.wake_up()
                 self.llm.reset_prefix_cache()
@@ -498,25 +454,21 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         """Abort what is in flight (callers get ABORT outputs), stop the thread, shut vLLM's engine down."""
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=_JOIN_TIMEOUT_S)
-            if self._thread.is_alive():
-                log.warning("the vLLM engine thread did not stop within %.0f s", _JOIN_TIMEOUT_S)
-        with self._step_lock:
+        if self._thread.closing:
+            return
+        global _live_engines
+        with _live_lock:
+            _live_engines -= 1
+        if not self._thread.stop():  # a step is wedged and holds the step lock: fail the callers, leave it
+            self._fail_all(EngineStateError("the engine shut down while its thread was stuck in a step"))
+            return
+        with self._thread.step_lock:
             self._abort_in_vllm(sorted(self._running))
-            with self._cond:
-                self._inbox = []
+            self._thread.take_queued()
+            with self._thread.cond:
                 left = list(self._pending.values())
             for pending in left:
                 self._finish(pending.request.request_id, self._aborted(pending))
-            global _live_engines
-            with _live_lock:
-                _live_engines -= 1
             try:
                 self.llm.llm_engine.engine_core.shutdown()
             except Exception:

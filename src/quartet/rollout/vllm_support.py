@@ -1,4 +1,5 @@
-"""vLLM helpers that need no engine: the guarded import, the in-worker weight reload, checkpoint shapes.
+"""vLLM helpers that need no engine: the guarded import, the in-worker weight reload and the checked weight
+stream it reads, checkpoint shapes.
 
 `reload_in_worker` runs inside vLLM's worker (through `collective_rpc`, in-process): on CPU through
 `reload_weights`, because CPU vLLM repacks linear weights and `load_weights` on the live model trips over
@@ -7,16 +8,26 @@ the packed layout; then the output layer's CPU matmul is re-dispatched. On GPU `
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["attention_shape", "check_cpu_head_size", "checkpoint_shapes", "import_vllm", "reload_in_worker"]
+from quartet.rollout.weights import _strip_wrappers  # the built-in engine's DDP/compile/FSDP1 name parts
+
+__all__ = [
+    "CheckedWeights",
+    "attention_shape",
+    "check_cpu_head_size",
+    "checkpoint_shapes",
+    "import_vllm",
+    "reload_in_worker",
+]
 
 _HINT = "install it with `pip install 'quartet[vllm]'`, or run `make test-vllm` (it builds .venv-vllm)"
 
@@ -53,6 +64,47 @@ def reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]], o
     method = getattr(lm_head, "quant_method", None)
     if method is not None:
         method.process_weights_after_loading(lm_head)  # re-dispatch its CPU matmul
+
+
+class CheckedWeights:
+    """A trainer's (name, tensor) stream as `reload_in_worker` takes it: checkpoint names, full tensors.
+
+    Names and shapes are checked against the checkpoint on the way. At the first weight that does not fit,
+    the stream ends instead of raising inside vLLM's reload (so vLLM finishes restoring its layers) and the
+    problem is kept in `problem` for the engine to raise; `count` is how many tensors went through.
+    """
+
+    def __init__(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]] | None
+    ) -> None:
+        self._named_tensors = named_tensors
+        self._shapes = shapes
+        self.count = 0
+        self.problem: KeyError | ValueError | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for raw_name, tensor in self._named_tensors:
+            try:
+                item = self._checked(raw_name, tensor)
+            except (KeyError, ValueError) as exc:
+                self.problem = exc
+                return
+            self.count += 1
+            yield item
+
+    def _checked(self, raw_name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """(checkpoint name, full tensor) of one trainer weight; KeyError/ValueError when it does not fit."""
+        shapes, name = self._shapes, raw_name
+        if shapes is None or name not in shapes:
+            name = _strip_wrappers(name)
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        if shapes is not None:
+            if name not in shapes:
+                close = difflib.get_close_matches(name, list(shapes), n=3)
+                raise KeyError(f"no weight '{raw_name}' in the engine's checkpoint; close names: {close}")
+            if tuple(full.shape) != shapes[name]:
+                raise ValueError(f"'{raw_name}' has shape {tuple(full.shape)}, the model's is {shapes[name]}")
+        return name, full.detach()
 
 
 def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
