@@ -127,7 +127,7 @@ def test_constructor_refusal_names_config(tmp_path: Path) -> None:
 
 
 def test_document_shape_errors(tmp_path: Path) -> None:
-    with pytest.raises(ToolConfigError, match=re.escape("x.yaml: expected a top-level 'tools:' list")):
+    with pytest.raises(ToolConfigError, match=re.escape("x.yaml: tool: unknown top-level key; did you mean")):
         build_tools({"tool": []}, "x.yaml")
     with pytest.raises(ToolConfigError, match=re.escape("x.yaml: tools[0]: expected a mapping")):
         build_tools({"tools": ["calculator"]}, "x.yaml")
