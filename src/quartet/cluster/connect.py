@@ -195,10 +195,11 @@ def check_listening(address: str, source: str, timeout_s: float) -> None:
 
 def _explain(err: BaseException, address: str, source: str) -> str | None:
     text = str(err)
+    flat = " ".join(text.split())
     if "Version mismatch" in text or "version mismatch" in text:
         return (
             f"cannot join the Ray cluster at {address} (from {source}): Ray or Python versions differ "
-            f"between the cluster and this process ({text.strip().splitlines()[0]}). Fix: install the "
+            f"between the cluster and this process ({flat}). Fix: install the "
             "cluster's Ray version with the same Python minor version here (or restart the cluster with "
             "this environment's)"
         )

@@ -141,7 +141,8 @@ class ServerConfig:
     """The OpenAI-compatible server of each rollout replica (`rollout.mode=async`)."""
 
     host: str = "127.0.0.1"
-    """Interface to listen on; 0.0.0.0 serves other machines too (set an api_key then)."""
+    """Interface to listen on; 0.0.0.0 serves other machines too (set an api_key then), and the URL then
+    names this node's address (Ray's node IP), not the wildcard."""
 
     port: int = 0
     """Port of rank 0's server (rank r listens on port + r); 0 picks free ports."""

@@ -64,6 +64,7 @@ from aiohttp.typedefs import Handler
 from quartet.rollout.base import EngineStateError, RolloutEngine
 from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
 from quartet.serving import protocol, responses
+from quartet.serving.address import advertised_host
 from quartet.serving.bridge import EngineBridge, wait_in_loop
 from quartet.serving.errors import ApiError, GenerationTimeoutError, ServerAsleepError, error_body
 from quartet.serving.gate import AdmissionGate
@@ -193,7 +194,8 @@ class OpenAIServer:
             raise
         self._runner = runner
         port = runner.addresses[0][1]
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        reachable = advertised_host(self.host)
+        host = f"[{reachable}]" if ":" in reachable else reachable
         self.url = f"http://{host}:{port}/v1"
         log.info("OpenAI-compatible server for '%s' at %s", self.model_name, self.url)
         return self.url
