@@ -24,7 +24,7 @@ def node_ip() -> str:
         import ray
 
         if ray.is_initialized():
-            return str(ray.util.get_node_ip_address())
+            return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
     except Exception as err:  # no Ray, or not connected: the socket lookup below
         log.debug("no Ray node address: %s", err)
     try:
