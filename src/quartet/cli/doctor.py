@@ -19,14 +19,24 @@ from quartet.cli.doctor_checks import (
     Check,
     SmokeResult,
     cuda_facts,
+    dead_node_checks,
     device_checks,
     host_facts,
     resolve_device,
+    run_checks,
     smoke_check,
     smoke_test,
 )
 from quartet.cluster.auth import ClusterAuthError
-from quartet.cluster.survey import ClusterSurvey, ProbeResult, probe_discovery, reachable, survey
+from quartet.cluster.run_record import RankPlace
+from quartet.cluster.survey import (
+    ClusterSurvey,
+    ProbeResult,
+    RunRecord,
+    probe_discovery,
+    reachable,
+    survey,
+)
 
 AUTH_FIX = (
     "run `quartet doctor` as the user that started the run (Ray reads its token from that user's "
@@ -76,11 +86,10 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=False, highlight=False, emoji=False)  # ":1234:" is not an emoji
     address, only = args.address, None
+    record: RunRecord | None = None
     if args.run_dir:
-        from quartet.cluster.naming import RunNames
-
-        names = RunNames.load(args.run_dir)
-        address, only = names.address or address, (names.namespace, names.prefix)
+        record = RunRecord.load(args.run_dir)
+        address, only = record.names.address or address, (record.names.namespace, record.names.prefix)
     report: dict[str, Any] = {"versions": versions()}
     checks = [_package_check(report["versions"])]
     problem = reachable(address)
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     refused = False
     if problem is None:
         try:
-            facts = survey(address)
+            facts = survey(address, only)
         except ClusterAuthError as err:
             problem, refused = str(err), True
         except (ConnectionError, RuntimeError) as err:
@@ -101,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             checks.append(Check("ray", "fail", f"no Ray cluster at '{address}': {why}", RAY_FIX))
     else:
+        if record is not None:
+            record.apply(facts)
         if not args.no_probe:
             for run_facts in facts.runs:
-                if run_facts.alive and (only is None or only == (run_facts.namespace, run_facts.prefix)):
+                if run_facts.alive and run_facts.status == "live":
                     facts.probes.append(
                         probe_discovery(
                             facts.address,
@@ -114,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                         )
                     )
         report.update(json.loads(facts.to_json()))
-        checks += _cluster_checks(facts)
+        checks += _cluster_checks(facts, record.ranks if record else None)
     host, cuda = host_facts(), cuda_facts()
     device = resolve_device(args.device, cuda)
     checks += device_checks(host, cuda, args.device)
@@ -155,7 +166,7 @@ def _package_check(found: dict[str, str]) -> Check:
     )
 
 
-def _cluster_checks(facts: ClusterSurvey) -> list[Check]:
+def _cluster_checks(facts: ClusterSurvey, ranks: dict[str, list[RankPlace]] | None = None) -> list[Check]:
     alive = [n for n in facts.nodes if n.alive]
     cpu = f"CPU {sum(n.free_cpus for n in alive):g}/{sum(n.cpus for n in alive):g} free"
     gpu = f"GPU {sum(n.free_gpus for n in alive):g}/{sum(n.gpus for n in alive):g} free"
@@ -169,17 +180,8 @@ def _cluster_checks(facts: ClusterSurvey) -> list[Check]:
                 "start Ray with its dashboard: `ray start --head --include-dashboard=true`",
             )
         )
-    for r in facts.runs:
-        down = [f"{a.label}:{a.rank} {a.state}" for a in r.actors if a.state not in ("ALIVE", "unknown")]
-        if down:
-            out.append(
-                Check(
-                    f"run {r.namespace}/{r.prefix}",
-                    "warn",
-                    f"{len(down)} of {len(r.actors)} actors not alive: {', '.join(down)}",
-                    "the run's driver log says why; `ray list actors --detail` shows each death cause",
-                )
-            )
+    out += dead_node_checks(facts.nodes, facts.runs, ranks)
+    out += run_checks(facts.runs)
     for p in facts.probes:
         where = f"discovery {p.namespace}/{p.prefix}"
         if p.ok:
@@ -267,7 +269,7 @@ def _render_checks(console: Any, checks: list[Check]) -> None:
 
 def _render(console: Any, facts: ClusterSurvey) -> None:
     from rich.markup import escape
-    from rich.table import Table
+    from rich.table import Column, Table
 
     console.print(f"[bold]Cluster[/] {escape(facts.address)}")
     nodes = Table("node", "ip", "alive", "CPU free/total", "GPU free/total", "memory GiB")
@@ -283,15 +285,21 @@ def _render(console: Any, facts: ClusterSurvey) -> None:
     console.print(nodes)
     if not facts.runs:
         console.print("No quartet runs (no actors named <prefix>:<host>:<rank>).")
-    runs = Table("namespace", "run prefix", "actor", "state", "pid", "node")
-    for r in facts.runs:
+    for r in facts.runs:  # the whole prefix on its own line: two runs of one experiment differ at its end
+        style = {"live": "green", "finished": "green", "failed": "yellow", "crashed": "yellow"}[r.status]
+        cause = f": {escape(r.cause)}" if r.cause else ""
+        console.print(
+            f"[bold]Run[/] {escape(r.namespace)}/{escape(r.prefix)} [{style}]{r.status}[/]{cause}",
+            soft_wrap=True,
+        )
+        if not r.actors:
+            continue
+        actors = Table("actor", "state", "pid", "node", Column("death cause", overflow="fold"))
         for a in r.actors:
             state = a.state if a.state in ("ALIVE", "unknown") else f"[yellow]{a.state}[/]"
-            runs.add_row(
-                escape(r.namespace), escape(r.prefix), f"{a.label}:{a.rank}", state, str(a.pid), a.node_id[:8]
-            )
-    if facts.runs:
-        console.print(runs)
+            death = f"{a.death_reason}: {a.death_cause}" if a.death_reason else ""
+            actors.add_row(f"{a.label}:{a.rank}", state, str(a.pid), a.node_id[:8], escape(death))
+        console.print(actors)
     console.print(
         "Named actors by namespace: "
         + (", ".join(f"'{ns}': {n}" for ns, n in sorted(facts.named_by_namespace.items())) or "none"),

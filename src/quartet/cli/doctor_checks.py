@@ -1,4 +1,6 @@
-"""What `quartet doctor` checks without a cluster: host memory, CUDA devices, and a tiny-model smoke test.
+"""What `quartet doctor` checks: host memory, CUDA devices, a tiny-model smoke test, and the findings on a
+cluster's runs (live / finished / failed / crashed) and dead nodes, from the facts `quartet.cluster.survey`
+gathers.
 
 Each finding becomes a `Check` (ok / warn / fail, a message, and the command or config key that fixes it),
 so the doctor can end with one list a user reads top to bottom and an exit status scripts can test.
@@ -14,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from quartet.cluster.run_record import RankPlace
+from quartet.cluster.survey import NodeFacts, RunFacts
+
 __all__ = [
     "Check",
     "CudaDevice",
@@ -21,9 +26,11 @@ __all__ = [
     "HostFacts",
     "SmokeResult",
     "cuda_facts",
+    "dead_node_checks",
     "device_checks",
     "host_facts",
     "resolve_device",
+    "run_checks",
     "smoke_check",
     "smoke_test",
 ]
@@ -278,3 +285,55 @@ def smoke_check(result: SmokeResult) -> Check:
 
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f}"
+
+
+RUN_FIX = "the run's driver log says why; `ray list actors --detail` shows each death cause"
+
+
+def run_checks(runs: list[RunFacts]) -> list[Check]:
+    """One finding per run: live and finished are ok, failed and crashed warn with the cause."""
+    out = []
+    for r in runs:
+        name = f"run {r.namespace}/{r.prefix}"
+        alive = f"{r.alive} of {len(r.actors)} actors alive"
+        if r.status == "live":
+            out.append(Check(name, "ok", f"live: {alive}"))
+        elif r.status == "finished":
+            how = (
+                "its run_state.json says finished" if r.run_state else "its actors were shut down (ray.kill)"
+            )
+            out.append(Check(name, "ok", f"finished: {how}"))
+        elif r.status == "failed":
+            fix = "the driver log has the traceback; trainer.resume=auto continues from the last checkpoint"
+            out.append(Check(name, "warn", f"failed: {r.cause}", fix))
+        else:
+            out.append(Check(name, "warn", f"crashed ({alive}): {r.cause}", RUN_FIX))
+    return out
+
+
+def dead_node_checks(
+    nodes: list[NodeFacts], runs: list[RunFacts], recorded: dict[str, list[RankPlace]] | None = None
+) -> list[Check]:
+    """A warning per dead node: its id and IP, and the ranks of the listed runs that were there (from the
+    actors' node ids, and from the run folder's recorded `ranks` when given)."""
+    out = []
+    for n in nodes:
+        if n.alive:
+            continue
+        there = [f"{r.prefix} {a.label}:{a.rank}" for r in runs for a in r.actors if a.node_id == n.node_id]
+        prefix = runs[0].prefix if len(runs) == 1 else ""
+        for label, places in (recorded or {}).items():
+            there += [f"{prefix} {label}:{p.rank}".strip() for p in places if p.node_id == n.node_id]
+        ranks = (
+            f"ranks there: {', '.join(dict.fromkeys(there))}" if there else "no listed run had a rank there"
+        )
+        out.append(
+            Check(
+                f"node {n.node_id}",
+                "warn",
+                f"node {n.node_id} ({n.ip}) is dead; {ranks}",
+                "`ray status` and the node's raylet log say why; runs with ranks there resume from their "
+                "last checkpoint (trainer.resume=auto) once the cluster has the nodes again",
+            )
+        )
+    return out

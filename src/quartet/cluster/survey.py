@@ -15,15 +15,30 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quartet.cluster.auth import join
-from quartet.cluster.naming import parse_actor_name
+from quartet.cluster.naming import RunNames, parse_actor_name
+from quartet.cluster.run_record import RankPlace, RunState, load_ranks, load_run_state
 
-__all__ = ["ActorFacts", "ClusterSurvey", "NodeFacts", "ProbeResult", "RunFacts", "probe_discovery", "survey"]
+__all__ = [
+    "ActorFacts",
+    "ClusterSurvey",
+    "NodeFacts",
+    "ProbeResult",
+    "RunFacts",
+    "RunRecord",
+    "classify_run",
+    "death_of",
+    "probe_discovery",
+    "survey",
+]
 
 log = logging.getLogger(__name__)
 DOCTOR_NAMESPACE = "quartet-doctor"
+ENDED_BY_DRIVER = frozenset({"RAY_KILL", "OUT_OF_SCOPE"})  # a shutdown's ray.kill, its handles dropped
+MAX_CAUSE = 300
 
 
 @dataclass
@@ -46,6 +61,11 @@ class ActorFacts:
     state: str  # ALIVE, PENDING_CREATION, RESTARTING, DEAD; "unknown" without the state API
     pid: int
     node_id: str
+    death_reason: str = ""
+    """Ray's reason of a DEAD actor: RAY_KILL (a shutdown's `ray.kill`), WORKER_DIED, OWNER_DIED, NODE_DIED,
+    OUT_OF_SCOPE, ... (`ray list actors --detail`'s death_cause)."""
+    death_cause: str = ""
+    """Ray's message about the death, shortened."""
 
 
 @dataclass
@@ -53,6 +73,14 @@ class RunFacts:
     namespace: str
     prefix: str
     actors: list[ActorFacts] = field(default_factory=list)
+    status: str = "live"
+    """`live` (actors alive or starting), `finished` (its shutdown killed them, or its run_state.json says
+    so), `failed` (run_state.json: the driver caught an error), `crashed` (an actor or the driver died
+    otherwise); see `classify_run`."""
+    cause: str = ""
+    """Why a run is not live or finished: the error or the first death that was not a shutdown."""
+    run_state: dict[str, Any] | None = None
+    """The run folder's run_state.json (with --run-dir)."""
 
     @property
     def alive(self) -> int:
@@ -83,6 +111,31 @@ class ClusterSurvey:
         return json.dumps(asdict(self), indent=2)
 
 
+@dataclass
+class RunRecord:
+    """What a run folder records (`quartet.cluster.run_record`): names, state, where each rank ran."""
+
+    names: RunNames
+    state: RunState | None
+    ranks: dict[str, list[RankPlace]]
+
+    @staticmethod
+    def load(run_dir: str | Path) -> RunRecord:
+        return RunRecord(RunNames.load(run_dir), load_run_state(run_dir), load_ranks(run_dir))
+
+    def apply(self, facts: ClusterSurvey) -> None:
+        """Classify the folder's run anew with its state record; a run the cluster no longer lists any actor
+        of is added from the record alone."""
+        key = (self.names.namespace, self.names.prefix)
+        runs = [r for r in facts.runs if (r.namespace, r.prefix) == key]
+        if not runs and self.state is not None:
+            runs = [RunFacts(*key)]
+            facts.runs.append(runs[0])
+        for r in runs:
+            r.status, r.cause = classify_run(r, self.state)
+            r.run_state = asdict(self.state) if self.state else None
+
+
 def reachable(address: str, timeout_s: float = 3.0) -> str | None:
     """None if something listens at `host:port`, else why not (checked before Ray's long connect retries)."""
     host, _, port = address.rpartition(":")
@@ -95,8 +148,9 @@ def reachable(address: str, timeout_s: float = 3.0) -> str | None:
         return f"nothing is listening at {address} ({err})"
 
 
-def survey(address: str) -> ClusterSurvey:
-    """Join the cluster at `address` (`auto` finds the local one) and read its nodes and quartet runs."""
+def survey(address: str, only: tuple[str, str] | None = None) -> ClusterSurvey:
+    """Join the cluster at `address` (`auto` finds the local one) and read its nodes and quartet runs
+    (only the run `(namespace, prefix)` when given), each classified by `classify_run`."""
     import ray
 
     if not ray.is_initialized():  # token auth on when this machine has a token; a refusal is named
@@ -106,7 +160,43 @@ def survey(address: str) -> ClusterSurvey:
     for named in ray.util.list_named_actors(all_namespaces=True):
         facts.named_by_namespace[named["namespace"]] = facts.named_by_namespace.get(named["namespace"], 0) + 1
     facts.runs, facts.state_api = _runs()
+    if only is not None:
+        facts.runs = [r for r in facts.runs if (r.namespace, r.prefix) == only]
+    for run in facts.runs:
+        run.status, run.cause = classify_run(run)
     return facts
+
+
+def classify_run(run: RunFacts, state: RunState | None = None) -> tuple[str, str]:
+    """(status, cause) of a run from its actors and, when known, its run folder's state record.
+
+    A shutdown kills its actors with `ray.kill` (reason RAY_KILL), so a run whose actors all died that way
+    ended: `finished` (the record tells a failed run apart). Any other death (worker process, owner or node
+    died) is a crash, and so is a rank killed while others live, or actors killed while the record says
+    running. An actor superseded by a live one of the same name (a relaunch) is not counted.
+    """
+    live_names = {a.name for a in run.actors if a.state != "DEAD"}
+    current = [a for a in run.actors if a.state != "DEAD" or a.name not in live_names]
+    dead = [a for a in current if a.state == "DEAD"]
+    crashes = [a for a in dead if a.death_reason not in ENDED_BY_DRIVER]
+    crash = "; ".join(f"{a.label}:{a.rank} {a.death_reason or 'DEAD'}: {a.death_cause}" for a in crashes[:3])
+    if state is not None and state.state == "failed":
+        return "failed", state.error + (f" ({crash})" if crash else "")
+    if crashes:
+        return "crashed", crash
+    if state is not None and state.state == "finished":
+        return "finished", ""
+    if dead and len(dead) < len(current):
+        down = ", ".join(f"{a.label}:{a.rank}" for a in dead)
+        return "crashed", f"{down} killed by ray.kill while the other ranks live"
+    if state is not None and state.state == "running":
+        if state.driver_alive() is False:
+            return "crashed", f"the driver (pid {state.driver_pid} on {state.hostname}) is gone"
+        if dead:
+            return "crashed", "its actors were killed (ray.kill) while run_state.json says running"
+    if dead:
+        return "finished", ""
+    return "live", ""
 
 
 def _nodes() -> list[NodeFacts]:
@@ -140,13 +230,18 @@ def _runs() -> tuple[list[RunFacts], bool]:
     """quartet runs by (namespace, prefix), from the state API (with states) or the named-actor list."""
     import ray
 
-    rows: list[tuple[str, str, str, int, str]] = []  # namespace, name, state, pid, node
+    rows: list[
+        tuple[str, str, str, int, str, dict[str, Any] | None]
+    ] = []  # ns, name, state, pid, node, death
     try:
         from ray.util.state import list_actors
 
         # the connected cluster's address: without it the state API refuses when several run on the host
         address = str(ray.get_runtime_context().gcs_address)
-        for actor in list_actors(address=address, limit=10000, timeout=10, raise_on_missing_output=False):
+        listed = list_actors(
+            address=address, limit=10000, timeout=10, detail=True, raise_on_missing_output=False
+        )
+        for actor in listed:
             if actor.name:
                 rows.append(
                     (
@@ -155,24 +250,37 @@ def _runs() -> tuple[list[RunFacts], bool]:
                         str(actor.state),
                         actor.pid or 0,
                         actor.node_id or "",
+                        actor.death_cause,
                     )
                 )
         state_api = True
     except Exception as err:  # no dashboard: live named actors only, without states
         log.debug("state API unavailable: %s", err)
-        rows = [(a["namespace"], a["name"], "unknown", 0, "") for a in ray.util.list_named_actors(True)]
+        rows = [(a["namespace"], a["name"], "unknown", 0, "", None) for a in ray.util.list_named_actors(True)]
         state_api = False
     runs: dict[tuple[str, str], RunFacts] = {}
-    for namespace, name, state, pid, node in rows:
+    for namespace, name, state, pid, node, death in rows:
         parsed = parse_actor_name(name)
         if parsed is None:
             continue
         prefix, label, rank = parsed
         run = runs.setdefault((namespace, prefix), RunFacts(namespace, prefix))
-        run.actors.append(ActorFacts(name, label, rank, state, pid, node or ""))
+        run.actors.append(ActorFacts(name, label, rank, state, pid, node or "", *death_of(death)))
     for run in runs.values():
         run.actors.sort(key=lambda a: (a.label, a.rank, a.state != "ALIVE"))
     return sorted(runs.values(), key=lambda r: (r.namespace, r.prefix)), state_api
+
+
+def death_of(cause: dict[str, Any] | None) -> tuple[str, str]:
+    """(reason, short message) of a state-API `death_cause` ({"actor_died_error_context": {"reason": ...,
+    "error_message": ...}} or another context); ("", "") for a live actor."""
+    if not cause:
+        return "", ""
+    kind, context = next(iter(cause.items()))
+    context = context if isinstance(context, dict) else {}
+    reason = str(context.get("reason") or kind.removesuffix("_context").upper())
+    message = " ".join(str(context.get("error_message", "")).split())
+    return reason, message[:MAX_CAUSE] + ("..." if len(message) > MAX_CAUSE else "")
 
 
 def _probe(argv: list[str]) -> dict[str, Any]:
