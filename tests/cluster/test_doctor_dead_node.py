@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent(
     """
-    import json, time
+    import json, socket, time
     import ray
     from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -27,7 +27,11 @@ SCRIPT = textwrap.dedent(
         def ping(self):
             return 1
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True})
+    with socket.socket() as sock:  # a free dashboard port: the session's Ray holds the default one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    head = {"num_cpus": 1, "include_dashboard": True, "dashboard_port": port}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     worker = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="deadnode", log_to_driver=False)
