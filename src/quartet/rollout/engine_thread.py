@@ -175,9 +175,11 @@ class EngineThread(Generic[W]):
         return inbox
 
     def is_alive(self) -> bool:
+        """Whether the thread has started and not ended."""
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after `stop`, or once it died); no-op before it started."""
         if self._thread is not None:
             self._thread.join(timeout)
 
