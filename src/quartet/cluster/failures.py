@@ -12,6 +12,7 @@ failures as consequences.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,30 @@ def dead_nodes() -> dict[str, str]:
         return {}
 
 
+def unreachable_nodes(node_ids: set[str], timeout_s: float = 2.0) -> dict[str, str]:
+    """Node id -> IP of those of `node_ids` whose raylet does not accept a connection: a node whose
+    processes or machine are gone, known at once (Ray marks it dead only after its missed health checks)."""
+    import ray
+
+    try:
+        nodes = [n for n in ray.nodes() if n["NodeID"] in node_ids]  # type: ignore[no-untyped-call]
+    except Exception as err:
+        log.debug("ray.nodes() failed: %s", err)
+        return {}
+    out = {}
+    for node in nodes:
+        ip, port = node.get("NodeManagerAddress", ""), node.get("NodeManagerPort", 0)
+        if not node.get("Alive"):
+            out[node["NodeID"]] = ip
+            continue
+        try:
+            with socket.create_connection((ip, int(port)), timeout=timeout_s):
+                pass
+        except (OSError, ValueError):
+            out[node["NodeID"]] = ip
+    return out
+
+
 def failures_of(refs: list[Any], method: str) -> list[RankFailure]:
     """The failures among the finished refs (one per rank)."""
     import ray
@@ -112,6 +137,8 @@ def failure_report(
                 break
         failures = failures_of(refs, method)
     dead = dead_nodes()
+    suspects = {str(node_id_of(f.rank)) for f in failures if f.died and node_id_of(f.rank) is not None}
+    dead.update(unreachable_nodes(suspects - set(dead)))
     lost_ranks = [r for r in range(len(refs)) if node_id_of(r) in dead]
 
     def priority(f: RankFailure) -> tuple[int, int]:
@@ -123,7 +150,7 @@ def failure_report(
     if lost_ranks:
         ids = sorted({str(node_id_of(r)) for r in lost_ranks})
         where = ", ".join(f"{dead[i]} (node {i[:8]})" for i in ids)
-        cause = f"node {where} died (Ray marks it dead); ranks on it: {lost_ranks}. {cause}"
+        cause = f"lost node {where} (dead, or its raylet does not answer); ranks on it: {lost_ranks}. {cause}"
         if first.rank not in lost_ranks:  # the lost rank has not reported yet: name it anyway
             first = RankFailure(lost_ranks[0], True, cause, first.error)
     others = [f for f in failures if f.rank != first.rank]
