@@ -18,13 +18,22 @@ from quartet.cluster.pool import ResourcePool
 from quartet.cluster.reaper import start_reaper
 from quartet.config.cluster import Backend, ClusterConfig
 
-__all__ = ["connect", "launch"]
+__all__ = ["connect", "connection", "launch"]
 
 log = logging.getLogger(__name__)
 # A local Ray started by quartet sends objects up to 1 MiB inline with the call instead of through the
 # object store (Ray's default is 100 KiB): a split call on a 1 MiB Batch over 4 ranks went from ~19 ms
 # to ~13 ms (benchmarks/dispatch_overhead.py --inline-kib 1024). Larger Batches still use the store.
 _LOCAL_RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
+
+
+_CONNECTION = {"ray": ""}  # how this process got its Ray (for the run's log)
+
+
+def connection() -> str:
+    """How this process got its Ray, e.g. "joined the Ray cluster at 10.0.0.5:6379 (RAY_ADDRESS is set
+    ...)"; empty before `connect`."""
+    return _CONNECTION["ray"]
 
 
 def connect(cfg: ClusterConfig) -> str:
@@ -62,7 +71,9 @@ def connect(cfg: ClusterConfig) -> str:
             _system_config=_LOCAL_RAY_SYSTEM_CONFIG,
         )
     address = str(ray.get_runtime_context().gcs_address)
-    log.info("Ray: %s at %s, namespace '%s'", target.describe(), address, cfg.namespace)
+    verb = "joined" if target.mode == "join" else "started"
+    _CONNECTION["ray"] = f"{verb} {target.describe()}: GCS {address}, namespace '{cfg.namespace}'"
+    log.info("Ray: %s", _CONNECTION["ray"])
     _watch_local_session()
     return address
 

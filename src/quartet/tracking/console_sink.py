@@ -105,6 +105,8 @@ def format_record(rec: Mapping[str, Any]) -> str:
         return format_val(rec)
     if kind == "data":
         return format_data(rec)
+    if kind == "cluster" and "ray" in rec:
+        return f"ray  {rec['ray']}"
     if kind == "resume" and "note" in rec:
         return str(rec["note"])
     if kind in ("memory_plan", "memory") and rec.get("checked"):

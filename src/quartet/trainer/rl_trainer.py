@@ -32,6 +32,7 @@ from typing import Any
 
 from quartet.cluster.naming import RunNames
 from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
+from quartet.cluster.runtime import connection
 from quartet.config import QuartetConfig, to_dict, to_yaml
 from quartet.core.batch import Batch
 from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, append_bad_rows, replace_load_rows
@@ -234,6 +235,7 @@ class RLTrainer:
             workers = start_workers(cfg, model_path, names, total)
             if cfg.cluster.backend == "ray":  # names, and the node of each rank
                 record_hosts(self.run_dir, workers.hosts.names, [workers.hosts, *workers.separate.values()])
+                self.record("cluster", ray=connection(), prefix=workers.hosts.names.prefix)
             if checkpoint is not None:
                 self._restore(workers, checkpoint)
                 note = f"resumed from {checkpoint} at step {result.steps} of {total}"
