@@ -19,6 +19,7 @@ from quartet.data.prompts import PromptDataset
 from quartet.models.loading import load_tokenizer
 from quartet.roles.rollout import Rollout
 from quartet.rollout.types import GenerationRequest
+from quartet.trainer.workers import run_values
 
 API_KEY = "test-key"
 OVERRIDES = [
@@ -56,7 +57,7 @@ def prompt_rows(cfg: QuartetConfig, model_dir: Path, role: Rollout) -> Any:
 @pytest.mark.usefixtures("one_local_rank")
 def test_async_rollout_serves_openai_and_runs_agent_loops(tiny_model_dir: Path) -> None:
     cfg = config("async")
-    role = Rollout(cfg, str(tiny_model_dir))
+    role = Rollout(cfg.rollout, run_values(cfg, str(tiny_model_dir)))
     try:
         url = role.server_url()
         assert url is not None and url.startswith("http://127.0.0.1:")
@@ -104,7 +105,7 @@ def test_async_rollout_serves_openai_and_runs_agent_loops(tiny_model_dir: Path) 
 @pytest.mark.usefixtures("one_local_rank")
 def test_sync_mode_runs_agent_loops_without_http(tiny_model_dir: Path) -> None:
     cfg = config("sync")
-    role = Rollout(cfg, str(tiny_model_dir))
+    role = Rollout(cfg.rollout, run_values(cfg, str(tiny_model_dir)))
     try:
         assert role.server_url() is None
         batch = role.generate(prompt_rows(cfg, tiny_model_dir, role))

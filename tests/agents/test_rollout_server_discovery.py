@@ -17,6 +17,7 @@ from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.config import load_config
 from quartet.roles.rollout import Rollout
+from quartet.trainer.workers import run_values
 
 pytestmark = pytest.mark.ray
 
@@ -63,7 +64,9 @@ def test_second_process_finds_rollout_servers_or_is_told_why(ray_cluster: None, 
     )
     names = RunNames("quartet-tests", "async-rollout")
     pool = ResourcePool(1, 2, 0.5, use_gpu=False, timeout_s=60).create()
-    hosts = colocate(pool, names, label="rl", rollout=RoleSpec(Rollout, cfg, str(tiny_model_dir)))
+    hosts = colocate(
+        pool, names, label="rl", rollout=RoleSpec(Rollout, cfg.rollout, run_values(cfg, str(tiny_model_dir)))
+    )
     address = ray.get_runtime_context().gcs_address
     try:
         urls = hosts.groups["rollout"].server_url()

@@ -25,10 +25,6 @@ class Doubler:
         x = batch["x"] if "x" in batch else batch["twice"]  # a chained call gets the previous output
         return Batch({"twice": x * 2 + self.offset, "rank": torch.full((n,), rank)})
 
-    @dispatch(Split.BY_DP_RANK, blocking=False)
-    def double_later(self, batch: Batch) -> Batch:
-        return self.double(batch)
-
     @dispatch(Split.BROADCAST)
     def rank_and_arg(self, value: int) -> tuple[int, int]:
         return int(os.environ["RANK"]), value

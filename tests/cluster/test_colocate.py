@@ -51,25 +51,39 @@ def test_split_pads_to_world_and_unpads_in_order(four: HostSet) -> None:
     assert torch.equal(out["twice"], x * 2 + 1.0)
     # 10 rows padded to 12 -> 3 rows per rank; the 2 padding rows (rank 3) are removed.
     assert out["rank"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
-    typed = group.call(Doubler.double, Batch({"x": x}))
+    typed = group.call_batch(Doubler.double, Batch({"x": x}))
     assert typed == out
+    per_rank = group.call(Doubler.double, Batch({"x": x}))  # unjoined: one Batch per rank, padding kept
+    assert [len(b) for b in per_rank] == [3, 3, 3, 3]
+    assert [b["rank"].tolist() for b in per_rank] == [[r] * 3 for r in range(4)]
 
 
 def test_broadcast_and_rank_zero(four: HostSet) -> None:
     group = four.groups["doubler"]
     assert group.rank_and_arg(7) == [(0, 7), (1, 7), (2, 7), (3, 7)]
     assert group.only_zero(3) == (0, 30)
+    assert group.call(Doubler.rank_and_arg, 7) == [(0, 7), (1, 7), (2, 7), (3, 7)]
+    assert group.call_rank_zero(Doubler.only_zero, 3) == (0, 30)
 
 
-def test_non_blocking_result_feeds_next_call_without_driver_wait(four: HostSet) -> None:
+def test_typed_call_form_must_match_the_declared_split(four: HostSet) -> None:
+    group = four.groups["doubler"]
+    with pytest.raises(DispatchError, match=r"declared rank_zero; call it with \.call_rank_zero"):
+        group.call(Doubler.only_zero, 3)
+    with pytest.raises(DispatchError, match=r"declared broadcast; call it with \.call\(\)"):
+        group.call_batch(Doubler.rank_and_arg, 7)  # type: ignore[arg-type]
+    with pytest.raises(DispatchError, match=r"declared by_dp_rank; call it with \.call\(\)"):
+        group.call_rank_zero(Doubler.double, Batch({"x": torch.arange(2.0)}))
+
+
+def test_submitted_call_returns_pending_and_joins_on_get(four: HostSet) -> None:
     group = four.groups["doubler"]
     x = torch.arange(6.0)
-    pending = group.double_later(Batch({"x": x}))
+    pending = group.submit_batch(Doubler.double, Batch({"x": x}))
     assert isinstance(pending, Pending)
-    chained = group.double(Batch({"x": pending.get()["twice"]}))  # through the driver
-    direct = group.double(group.double_later(Batch({"x": x})))  # Pending passed straight through
-    assert torch.equal(direct["twice"], (x * 2 + 1) * 2 + 1)
-    assert torch.equal(chained["twice"], direct["twice"])
+    assert group.rank_and_arg(5) == [(r, 5) for r in range(4)]  # the driver went on meanwhile
+    out = pending.get()
+    assert torch.equal(out["twice"], x * 2 + 1) and out["rank"].tolist() == [0, 0, 1, 1, 2, 2]
 
 
 def test_tensor_parallel_peers_share_a_chunk_and_only_collectors_return(ray_cluster: None) -> None:
@@ -85,7 +99,7 @@ def test_tensor_parallel_peers_share_a_chunk_and_only_collectors_return(ray_clus
         seen = group.execute(lambda role, b: role.seen(b), Batch({"x": x}).pad_to_divisor(2)[0].chunk(2)[0])
         assert seen == [[0.0, 1.0, 2.0]] * 4
         assert group.my_rank() == [0, 2]  # broadcast: the collecting ranks' outputs, in data-parallel order
-        chained = group.tag(group.call(TensorParallelEcho.tag, Batch({"x": x})))
+        chained = group.tag(group.call_batch(TensorParallelEcho.tag, Batch({"x": x})))
         assert torch.equal(chained["x"], x)
     finally:
         hosts.shutdown()

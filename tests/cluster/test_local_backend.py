@@ -44,9 +44,9 @@ def test_local_roles_live_in_this_process_and_dispatch_like_ray() -> None:
         out = doubler.double(Batch({"x": x}))
         assert torch.equal(out["twice"], x * 2 + 1) and out["rank"].tolist() == [0] * 5
         assert doubler.rank_and_arg(4) == [(0, 4)] and doubler.only_zero(2) == (0, 20)
-        pending = doubler.double_later(Batch({"x": x}))
+        pending = doubler.submit_batch(Doubler.double, Batch({"x": x}))
         assert isinstance(pending, Pending)
-        assert torch.equal(doubler.double(pending)["twice"], (x * 2 + 1) * 2 + 1)
+        assert torch.equal(doubler.double(pending.get())["twice"], (x * 2 + 1) * 2 + 1)
         assert counter.add(2) == [5] and counter.add(1) == [6]  # own state per role
         assert doubler.execute(lambda role, k: role.offset * k, 3) == [3.0]
         assert live_runs()[names.actor_prefix("doubler-counter")] is hosts

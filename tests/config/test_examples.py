@@ -33,11 +33,11 @@ def test_example_config_validates(path: Path, monkeypatch: pytest.MonkeyPatch) -
     if path.parent.name == "custom_algorithm":  # a registered estimator from the example's own module
         assert cfg.algorithm.adv_estimator == "median_baseline" and cfg.algorithm.needs_group
         assert cfg.algorithm.custom_module == str(path.parent / "my_algo.py")
-        assert not cfg.needs_critic
+        assert not cfg.algorithm.needs_critic
         return
     expected = AdvantageEstimator.GAE if path.parent.name.startswith("ppo") else AdvantageEstimator.GRPO
     assert cfg.algorithm.adv_estimator is expected
-    assert cfg.needs_critic == (expected is AdvantageEstimator.GAE)
+    assert cfg.algorithm.needs_critic == (expected is AdvantageEstimator.GAE)
 
 
 @pytest.mark.parametrize("quick", [False, True])

@@ -207,7 +207,7 @@ def test_grpo_gsm8k_example_translates_and_validates() -> None:
 def test_ppo_example_translates_with_critic_and_validates() -> None:
     t = translate_overrides(PPO_DEEPSEEK)
     cfg = t.build()
-    assert cfg.needs_critic
+    assert cfg.algorithm.needs_critic
     _check_fields(
         cfg,
         {

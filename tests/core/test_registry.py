@@ -99,7 +99,7 @@ def test_config_checks_names_after_importing_the_module(tmp_path: Path) -> None:
         ]
     )
     assert cfg.algorithm.adv_estimator == est and cfg.actor.policy_loss == pl
-    assert cfg.algorithm.needs_group and not cfg.needs_critic
+    assert cfg.algorithm.needs_group and not cfg.algorithm.needs_critic
     assert str(module) in os.environ[registry.CUSTOM_MODULES_ENV].split(os.pathsep)  # for child processes
     with pytest.raises(ConfigError) as info:  # a group estimator with groups of one
         load_config(

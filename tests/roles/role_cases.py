@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from quartet.cluster.colocate import HostSet, RoleSpec
+from quartet.cluster.naming import RunNames
+from quartet.cluster.runtime import launch
+from quartet.config import Backend, ClusterConfig
 from quartet.core.batch import Batch, BatchMeta
 
 
@@ -31,3 +35,8 @@ def rl_batch(rows: int, prompt_len: int = 6, response_len: int = 5, seed: int = 
         {"uid": [f"p{i // 4}" for i in range(rows)]},
         meta=BatchMeta(temperature=1.0),
     )
+
+
+def local(**roles: RoleSpec) -> HostSet:
+    """The roles on the local backend (one rank, in this process)."""
+    return launch(ClusterConfig(backend=Backend.LOCAL), RunNames("roles", "local"), **roles)

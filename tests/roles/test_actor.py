@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
-from role_cases import rl_batch
+from role_cases import local, rl_batch
 from transformers import AutoModelForCausalLM
 
-from quartet.cluster.colocate import HostSet, RoleSpec
-from quartet.cluster.naming import RunNames
-from quartet.cluster.runtime import launch
-from quartet.config import Backend, QuartetConfig
-from quartet.config.model import LoraConfig
+from quartet.cluster.colocate import RoleSpec
+from quartet.config import ActorConfig, Dtype, LoraConfig, ReferenceConfig
 from quartet.roles.actor import Actor
 from quartet.roles.reference import Reference
+from quartet.roles.run_values import RunValues
 
 
 @pytest.fixture(autouse=True)
 def _restore_env(one_local_rank: None) -> None:
     """Local hosts set RANK/WORLD_SIZE/MASTER_* in this process; restore them after each test."""
-
-
-def _local(cfg: QuartetConfig, **roles: RoleSpec) -> HostSet:
-    cluster = dataclasses.replace(cfg.cluster, backend=Backend.LOCAL)
-    return launch(cluster, RunNames("roles", "local"), **roles)
 
 
 def _reference_logprobs(
@@ -48,9 +40,9 @@ def _reference_logprobs(
 
 
 def test_actor_logprobs_and_update_on_the_local_backend(
-    role_config: QuartetConfig, tiny_model_dir: Path
+    actor_config: ActorConfig, run_values: RunValues, tiny_model_dir: Path
 ) -> None:
-    hosts = _local(role_config, actor=RoleSpec(Actor, role_config, str(tiny_model_dir), 10))
+    hosts = local(actor=RoleSpec(Actor, actor_config, run_values))
     try:
         actor = hosts.groups["actor"]
         batch = rl_batch(8)
@@ -70,15 +62,11 @@ def test_actor_logprobs_and_update_on_the_local_backend(
 
 
 def test_lora_actor_serves_the_reference_with_adapters_disabled(
-    role_config: QuartetConfig, tiny_model_dir: Path
+    actor_config: ActorConfig, run_values: RunValues
 ) -> None:
-    cfg = dataclasses.replace(
-        role_config, model=dataclasses.replace(role_config.model, lora=LoraConfig(rank=4, alpha=8))
-    )
-    hosts = _local(
-        cfg,
-        actor=RoleSpec(Actor, cfg, str(tiny_model_dir), 10),
-        reference=RoleSpec(Reference, role_config, str(tiny_model_dir)),
+    hosts = local(
+        actor=RoleSpec(Actor, actor_config, run_values, lora=LoraConfig(rank=4, alpha=8)),
+        reference=RoleSpec(Reference, ReferenceConfig(), run_values, Dtype.FLOAT32),
     )
     try:
         actor, reference = hosts.groups["actor"], hosts.groups["reference"]

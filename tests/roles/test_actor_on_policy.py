@@ -5,7 +5,6 @@ step: parameters after it equal those of the update fed by a separate old-log-pr
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +13,10 @@ from role_cases import rl_batch
 from quartet.cluster.colocate import HostSet, RoleSpec
 from quartet.cluster.naming import RunNames
 from quartet.cluster.runtime import launch
-from quartet.config import Backend, QuartetConfig, load_config
+from quartet.config import ActorConfig, Backend, ClusterConfig
 from quartet.core.batch import Batch
 from quartet.roles.actor import Actor
+from quartet.roles.run_values import RunValues
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +24,10 @@ def _restore_env(one_local_rank: None) -> None:
     """Local hosts set RANK/WORLD_SIZE/MASTER_* in this process; restore them after each test."""
 
 
-def _actor(cfg: QuartetConfig, model_dir: Path, tag: str) -> HostSet:
-    cluster = dataclasses.replace(cfg.cluster, backend=Backend.LOCAL)
-    return launch(cluster, RunNames("on-policy", tag), actor=RoleSpec(Actor, cfg, str(model_dir), 10))
+def _actor(cfg: ActorConfig, run: RunValues, tag: str) -> HostSet:
+    return launch(
+        ClusterConfig(backend=Backend.LOCAL), RunNames("on-policy", tag), actor=RoleSpec(Actor, cfg, run)
+    )
 
 
 def _params(hosts: HostSet) -> dict[str, torch.Tensor]:
@@ -37,10 +38,10 @@ def _params(hosts: HostSet) -> dict[str, torch.Tensor]:
 
 
 def test_update_without_old_logprobs_is_the_same_step(
-    role_config: QuartetConfig, tiny_model_dir: Path
+    actor_config: ActorConfig, run_values: RunValues
 ) -> None:
     batch = rl_batch(8)
-    separate, fused = _actor(role_config, tiny_model_dir, "a"), _actor(role_config, tiny_model_dir, "b")
+    separate, fused = _actor(actor_config, run_values, "a"), _actor(actor_config, run_values, "b")
     try:
         a, b = separate.groups["actor"], fused.groups["actor"]
         old = a.compute_logprobs(batch)
@@ -65,26 +66,11 @@ def test_update_without_old_logprobs_is_the_same_step(
 
 
 def test_several_optimizer_steps_without_old_logprobs_are_refused(
-    role_config: QuartetConfig, tiny_model_dir: Path
+    actor_config: ActorConfig, run_values: RunValues
 ) -> None:
-    cfg = dataclasses.replace(role_config, actor=dataclasses.replace(role_config.actor, epochs=2))
-    hosts = _actor(cfg, tiny_model_dir, "c")
+    hosts = _actor(dataclasses.replace(actor_config, epochs=2), run_values, "c")
     try:
         with pytest.raises(Exception, match="only a single optimizer step"):
             hosts.groups["actor"].update(rl_batch(8))
     finally:
         hosts.shutdown()
-
-
-@pytest.mark.parametrize(
-    ("overrides", "skips"),
-    [
-        (["data.train_batch_size=4", "actor.mini_batch_size=4"], True),
-        (["data.train_batch_size=4", "actor.mini_batch_size=2"], False),
-        (["data.train_batch_size=4", "actor.mini_batch_size=4", "actor.epochs=2"], False),
-        (["data.train_batch_size=4", "actor.mini_batch_size=4", "actor.reuse_update_logprobs=false"], False),
-        (["data.train_batch_size=4", "actor.mini_batch_size=4", "algorithm.use_kl_in_reward=true"], False),
-    ],
-)
-def test_which_configs_skip_the_old_logprob_pass(overrides: list[str], skips: bool) -> None:
-    assert load_config(None, overrides, check=False).skips_old_logprobs is skips

@@ -15,9 +15,10 @@ from quartet.cluster.colocate import RoleSpec, colocate
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.cluster.runtime import launch
-from quartet.config import Backend, QuartetConfig
+from quartet.config import ActorConfig, Backend, ClusterConfig
 from quartet.core.batch import Batch
 from quartet.roles.actor import Actor
+from quartet.roles.run_values import RunValues
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -31,7 +32,8 @@ def _updated_model(actor: Any, batch: Batch, folder: Path) -> tuple[dict[str, to
 
 def test_two_rank_update_equals_one_rank_update(
     ray_cluster: None,
-    role_config: QuartetConfig,
+    actor_config: ActorConfig,
+    run_values: RunValues,
     tiny_model_dir: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -41,18 +43,15 @@ def test_two_rank_update_equals_one_rank_update(
     batch = rl_batch(8, seed=4)
     # Adam's first step is lr * sign(g) whatever the gradient's scale; a large eps makes the step
     # proportional to the gradient, so a wrong factor between ranks would show in the parameters too.
-    optim = dataclasses.replace(role_config.actor.optim, eps=1.0, lr=0.1, weight_decay=0.0, grad_clip=1e6)
-    cfg = dataclasses.replace(role_config, actor=dataclasses.replace(role_config.actor, optim=optim))
-    spec = RoleSpec(Actor, cfg, str(tiny_model_dir), 10)
+    optim = dataclasses.replace(actor_config.optim, eps=1.0, lr=0.1, weight_decay=0.0, grad_clip=1e6)
+    spec = RoleSpec(Actor, dataclasses.replace(actor_config, optim=optim), run_values)
     pool = ResourcePool(1, 2, 0.5, use_gpu=False, timeout_s=60).create()
     two = colocate(pool, RunNames("quartet-tests", "fsdp2"), actor=spec)
     try:
         sharded, norm_two = _updated_model(two.groups["actor"], batch, tmp_path / "two")
     finally:
         two.shutdown()
-    one = launch(
-        dataclasses.replace(role_config.cluster, backend=Backend.LOCAL), RunNames("l", "one"), actor=spec
-    )
+    one = launch(ClusterConfig(backend=Backend.LOCAL), RunNames("l", "one"), actor=spec)
     try:
         single, norm_one = _updated_model(one.groups["actor"], batch, tmp_path / "one")
     finally:

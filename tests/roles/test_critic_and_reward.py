@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
-from role_cases import rl_batch
+from role_cases import local, rl_batch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from quartet.cluster.colocate import HostSet, RoleSpec
-from quartet.cluster.naming import RunNames
-from quartet.cluster.runtime import launch
-from quartet.config import Backend, QuartetConfig
+from quartet.cluster.colocate import RoleSpec
+from quartet.config import CriticConfig, Dtype, RewardConfig
 from quartet.core.batch import Batch
 from quartet.roles.critic import Critic
 from quartet.roles.reward_model import RewardModel
+from quartet.roles.run_values import RunValues
 
 
 @pytest.fixture(autouse=True)
@@ -24,14 +22,10 @@ def _restore_env(one_local_rank: None) -> None:
     """Local hosts set RANK/WORLD_SIZE/MASTER_* in this process; restore them after each test."""
 
 
-def _local(cfg: QuartetConfig, **roles: RoleSpec) -> HostSet:
-    return launch(dataclasses.replace(cfg.cluster, backend=Backend.LOCAL), RunNames("roles", "cr"), **roles)
-
-
 def test_critic_value_loss_decreases_on_a_fixed_batch(
-    role_config: QuartetConfig, tiny_model_dir: Path
+    critic_config: CriticConfig, run_values: RunValues
 ) -> None:
-    hosts = _local(role_config, critic=RoleSpec(Critic, role_config, str(tiny_model_dir), 10))
+    hosts = local(critic=RoleSpec(Critic, critic_config, run_values))
     try:
         critic = hosts.groups["critic"]
         batch = rl_batch(8, seed=2)
@@ -70,13 +64,10 @@ def _score_alone(folder: Path, ids: torch.Tensor) -> float:
 
 
 def test_reward_model_scores_the_last_valid_token(
-    role_config: QuartetConfig, tiny_model_dir: Path, tmp_path: Path
+    run_values: RunValues, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     folder = _reward_model_folder(tiny_model_dir, tmp_path / "rm")
-    cfg = dataclasses.replace(
-        role_config, reward=dataclasses.replace(role_config.reward, model_path=str(folder))
-    )
-    hosts = _local(cfg, rm=RoleSpec(RewardModel, cfg, str(tiny_model_dir)))
+    hosts = local(rm=RoleSpec(RewardModel, RewardConfig(model_path=str(folder)), run_values, Dtype.FLOAT32))
     try:
         batch = rl_batch(6, seed=3)
         scores = hosts.groups["rm"].score(batch)["rm_scores"]
@@ -90,14 +81,11 @@ def test_reward_model_scores_the_last_valid_token(
 
 
 def test_reward_model_with_another_chat_template_reencodes(
-    role_config: QuartetConfig, tiny_model_dir: Path, tmp_path: Path
+    run_values: RunValues, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     folder = _reward_model_folder(tiny_model_dir, tmp_path / "rm2", chat_template=template)
-    cfg = dataclasses.replace(
-        role_config, reward=dataclasses.replace(role_config.reward, model_path=str(folder))
-    )
-    hosts = _local(cfg, rm=RoleSpec(RewardModel, cfg, str(tiny_model_dir)))
+    hosts = local(rm=RoleSpec(RewardModel, RewardConfig(model_path=str(folder)), run_values, Dtype.FLOAT32))
     try:
         tok = AutoTokenizer.from_pretrained(tiny_model_dir)
         prompt = tok("What is 2+3?", add_special_tokens=False)["input_ids"]

@@ -19,31 +19,48 @@ from quartet.cluster.host import Sibling
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.cluster.runtime import launch
-from quartet.config import Backend, QuartetConfig, load_config
+from quartet.config import ActorConfig, Backend, ClusterConfig, Dtype, LoraConfig, OptimConfig, RolloutConfig
 from quartet.core.batch import Batch, BatchMeta
+from quartet.core.metrics import logprob_diff_metrics
 from quartet.models.loading import load_tokenizer
 from quartet.roles.actor import Actor
-from quartet.roles.rollout import Rollout, logprob_diff_metrics
+from quartet.roles.rollout import Rollout
+from quartet.roles.run_values import RunValues
 
 QUESTIONS = ["What is 3+4?", "What is 12-5?"]
 
 
-OVERRIDES = [
-    "data.train_batch_size=2",
-    "data.max_response_length=8",
-    "rollout.n=4",
-    "actor.mini_batch_size=2",
-    "actor.micro_batch_size_per_device=4",
-    "actor.shuffle=false",
-    "actor.mixed_precision=float32",
-    "actor.optim.lr=0.05",
-    "actor.optim.grad_clip=1e6",
-]
+ACTOR = ActorConfig(
+    optim=OptimConfig(lr=0.05, grad_clip=1e6),
+    mini_batch_size=2,
+    micro_batch_size_per_device=4,
+    shuffle=False,
+    mixed_precision=Dtype.FLOAT32,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sections:
+    """What the actor and rollout roles are built from: their own sections and the run-wide values."""
+
+    actor: ActorConfig
+    rollout: RolloutConfig
+    run: RunValues
+    lora: LoraConfig = LoraConfig()
 
 
 @pytest.fixture
-def rollout_config() -> QuartetConfig:
-    return load_config(None, OVERRIDES, check=False)
+def sections(tiny_model_dir: Path) -> Sections:
+    """2 prompts x 4 responses of at most 8 tokens; one optimizer step per update."""
+    run = RunValues(
+        str(tiny_model_dir),
+        max_prompt_length=64,
+        max_response_length=8,
+        prompts_per_step=2,
+        responses_per_prompt=4,
+        trainer_steps=10,
+    )
+    return Sections(ACTOR, RolloutConfig(n=4), run)
 
 
 def prompt_batch(model_dir: Path, step: int = 0) -> Batch:
@@ -91,14 +108,15 @@ def _round_trip(actor: Any, rollout: Any, model_dir: Path) -> tuple[float, float
     return before, stale, synced["rollout/logprob_diff_mean"]
 
 
-def _local(cfg: QuartetConfig, model_dir: Path) -> Any:
-    local = dataclasses.replace(cfg.cluster, backend=Backend.LOCAL)
-    return launch(
-        local,
-        RunNames("t", "rollout"),
-        actor=RoleSpec(Actor, cfg, str(model_dir), 10),
-        rollout=RoleSpec(Rollout, cfg, str(model_dir), trainer=Sibling("actor")),
-    )
+def _specs(s: Sections) -> dict[str, RoleSpec]:
+    return {
+        "actor": RoleSpec(Actor, s.actor, s.run, lora=s.lora),
+        "rollout": RoleSpec(Rollout, s.rollout, s.run, trainer=Sibling("actor")),
+    }
+
+
+def _local(s: Sections) -> Any:
+    return launch(ClusterConfig(backend=Backend.LOCAL), RunNames("t", "rollout"), **_specs(s))
 
 
 @pytest.fixture
@@ -108,9 +126,9 @@ def single_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_generate_layout_and_sync_after_update(
-    rollout_config: QuartetConfig, tiny_model_dir: Path, single_rank_env: None
+    sections: Sections, tiny_model_dir: Path, single_rank_env: None
 ) -> None:
-    hosts = _local(rollout_config, tiny_model_dir)
+    hosts = _local(sections)
     try:
         actor, rollout = hosts.groups["actor"], hosts.groups["rollout"]
         out = rollout.generate(prompt_batch(tiny_model_dir))
@@ -128,9 +146,9 @@ def test_generate_layout_and_sync_after_update(
 
 
 def test_sleep_frees_the_cache_and_generate_wakes(
-    rollout_config: QuartetConfig, tiny_model_dir: Path, single_rank_env: None
+    sections: Sections, tiny_model_dir: Path, single_rank_env: None
 ) -> None:
-    hosts = _local(rollout_config, tiny_model_dir)
+    hosts = _local(sections)
     try:
         rollout = hosts.groups["rollout"]
         rollout.generate(prompt_batch(tiny_model_dir))
@@ -144,11 +162,10 @@ def test_sleep_frees_the_cache_and_generate_wakes(
 
 
 def test_lora_actor_syncs_merged_weights(
-    rollout_config: QuartetConfig, tiny_model_dir: Path, single_rank_env: None
+    sections: Sections, tiny_model_dir: Path, single_rank_env: None
 ) -> None:
     pytest.importorskip("peft")
-    cfg = load_config(None, [*OVERRIDES, "model.lora.rank=4", "model.lora.alpha=8"], check=False)
-    hosts = _local(cfg, tiny_model_dir)
+    hosts = _local(dataclasses.replace(sections, lora=LoraConfig(rank=4, alpha=8)))
     try:
         before, stale, synced = _round_trip(hosts.groups["actor"], hosts.groups["rollout"], tiny_model_dir)
         assert before < 1e-5 and synced < 1e-5 and stale > 100 * max(synced, 1e-7)
@@ -159,14 +176,13 @@ def test_lora_actor_syncs_merged_weights(
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fsdp2_two_ranks_gather_into_each_engine(
-    ray_cluster: None, rollout_config: QuartetConfig, tiny_model_dir: Path
+    ray_cluster: None, sections: Sections, tiny_model_dir: Path
 ) -> None:
     pool = ResourcePool(1, 2, 0.5, use_gpu=False, timeout_s=60).create()
     hosts = colocate(
         pool,
         RunNames("quartet-tests", "rollout-fsdp"),
-        actor=RoleSpec(Actor, rollout_config, str(tiny_model_dir), 10),
-        rollout=RoleSpec(Rollout, rollout_config, str(tiny_model_dir), trainer=Sibling("actor")),
+        **_specs(sections),
     )
     try:
         before, stale, synced = _round_trip(hosts.groups["actor"], hosts.groups["rollout"], tiny_model_dir)

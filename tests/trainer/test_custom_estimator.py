@@ -16,7 +16,7 @@ import torch
 from test_rl_steps import BASE, _changed, _weights
 
 from quartet.cluster.naming import RunNames
-from quartet.config import load_config
+from quartet.config import load_config, plan_step
 from quartet.core.registry import CUSTOM_MODULES_ENV, registered_estimators
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
@@ -77,7 +77,9 @@ def test_custom_estimator_trains_two_steps(tiny_model_dir: Path, tmp_path: Path)
     tokenizer = load_tokenizer(cfg.model.path)
     data = prepare_rl_data(cfg, tokenizer, tmp_path)
     reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
-    workers = start_workers(cfg, cfg.model.path, RunNames.new(cfg.cluster.namespace, "custom"), 2)
+    workers = start_workers(
+        cfg, plan_step(cfg), cfg.model.path, RunNames.new(cfg.cluster.namespace, "custom"), 2
+    )
     try:
         before = _weights(workers.actor)
         runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
@@ -152,7 +154,9 @@ def test_registered_policy_loss_runs_in_the_ray_actor(
     tokenizer = load_tokenizer(cfg.model.path)
     data = prepare_rl_data(cfg, tokenizer, tmp_path)
     reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
-    workers = start_workers(cfg, cfg.model.path, RunNames.new(cfg.cluster.namespace, "custom-loss"), 1)
+    workers = start_workers(
+        cfg, plan_step(cfg), cfg.model.path, RunNames.new(cfg.cluster.namespace, "custom-loss"), 1
+    )
     try:
         runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
         _, metrics = runner.run(RLTrainer._prompts(data.train, [0, 1, 2, 3], 1), 1)

@@ -15,6 +15,7 @@ from quartet.config import load_config
 from quartet.core.batch import Batch, BatchMeta
 from quartet.roles.actor import Actor
 from quartet.trainer.rl_trainer import RLTrainer
+from quartet.trainer.workers import run_values
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_local_rank")]
 
@@ -72,7 +73,8 @@ def test_export_reloads_with_the_trainers_logprobs(tiny_model_dir: Path, tmp_pat
     assert AutoTokenizer.from_pretrained(out).vocab_size > 0
     batch = _tokens(model.config.vocab_size)
 
-    trainer_actor = Actor(cfg, str(tiny_model_dir))  # the trainer's own code path, state from the checkpoint
+    # the trainer's own code path, state from the checkpoint
+    trainer_actor = Actor(cfg.actor, run_values(cfg, str(tiny_model_dir)), lora=cfg.model.lora)
     trainer_actor.engine.load(checkpoint / "actor")
     expected = trainer_actor.compute_logprobs(batch)["old_logprobs"]
     assert torch.allclose(_hf_logprobs(model, batch), expected, atol=1e-5)

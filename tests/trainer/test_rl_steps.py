@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from quartet.cluster.naming import RunNames
-from quartet.config import QuartetConfig, load_config
+from quartet.config import QuartetConfig, load_config, plan_step
 from quartet.core.choices import AdvantageEstimator
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
@@ -100,7 +100,9 @@ def _run_steps(
     tokenizer = load_tokenizer(cfg.model.path)
     data = prepare_rl_data(cfg, tokenizer, tmp_path)
     reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
-    workers = start_workers(cfg, cfg.model.path, RunNames.new(cfg.cluster.namespace, "steps"), steps)
+    workers = start_workers(
+        cfg, plan_step(cfg), cfg.model.path, RunNames.new(cfg.cluster.namespace, "steps"), steps
+    )
     before = {"actor": _weights(workers.actor)}
     if workers.critic is not None:
         before["critic"] = _weights(workers.critic)
@@ -215,7 +217,9 @@ def test_dynamic_sampling_draws_more_prompts_in_a_real_step(
     tokenizer = load_tokenizer(cfg.model.path)
     data = prepare_rl_data(cfg, tokenizer, tmp_path)
     reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
-    workers = start_workers(cfg, cfg.model.path, RunNames.new(cfg.cluster.namespace, "dapo"), 1)
+    workers = start_workers(
+        cfg, plan_step(cfg), cfg.model.path, RunNames.new(cfg.cluster.namespace, "dapo"), 1
+    )
     drawn: list[int] = []
 
     def more(k: int) -> Any:

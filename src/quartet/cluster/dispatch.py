@@ -4,7 +4,7 @@
         @dispatch(Split.BY_DP_RANK)
         def compute_values(self, batch: Batch) -> Batch: ...
 
-        @dispatch(Split.BROADCAST, blocking=False)
+        @dispatch(Split.BROADCAST)
         def save(self, path: str) -> None: ...
 
 - BY_DP_RANK: every `Batch` argument is padded to a multiple of the data-parallel size (copies of its first
@@ -13,8 +13,7 @@
   data-parallel order (Batch) and the padding rows removed; non-Batch outputs are returned as a list.
 - BROADCAST: the same arguments to every rank; the list of collecting ranks' outputs is returned.
 - RANK_ZERO: only rank 0 runs the method; its output is returned.
-`blocking=False` makes the call return a `Pending` at once; pass it to the next call (the ranks receive their
-own chunks without the driver waiting) or call `.get()`.
+Whether the driver waits is the call's choice, not the declaration's (`RoleGroup.submit_batch`).
 
 By default every rank is its own data-parallel rank and collects. A role whose ranks form model-parallel
 groups (e.g. tensor-parallel peers that must see the same chunk) defines `data_rank(self) -> DataRank`;
@@ -61,7 +60,6 @@ class DispatchSpec:
     """The declaration attached to a role method by `@dispatch`."""
 
     split: Split
-    blocking: bool = True
 
 
 @dataclass(frozen=True)
@@ -92,13 +90,13 @@ def check_layout(role: str, layout: list[DataRank]) -> None:
         raise DispatchError(f"role '{role}': ranks {stray} have a data-parallel rank outside [0, {size})")
 
 
-def dispatch(split: Split, *, blocking: bool = True) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Declare a role method callable from the driver, with its split and whether the call blocks."""
+def dispatch(split: Split) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Declare a role method callable from the driver, with how its call is split over the ranks."""
     if not isinstance(split, Split):
         raise DispatchError(f"@dispatch needs a Split member, got {split!r}")
 
     def mark(fn: Callable[P, R]) -> Callable[P, R]:
-        setattr(fn, DISPATCH_ATTR, DispatchSpec(split, blocking))
+        setattr(fn, DISPATCH_ATTR, DispatchSpec(split))
         return fn
 
     return mark

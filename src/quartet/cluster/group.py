@@ -1,10 +1,21 @@
-"""Role groups: the driver's view of one role across all ranks, and pending (non-blocking) calls.
+"""Role groups: the driver's view of one role across all ranks.
 
-A `RoleGroup[Critic]` exposes exactly the methods `Critic` declares with `@dispatch`; asking for any other
-attribute fails on the driver, naming the declared ones. Two ways to call:
+A `RoleGroup[Critic]` calls the methods `Critic` declares with `@dispatch`. The driver names the method as
+`Class.method`, so mypy checks the arguments and the result type, and "go to definition" works; how the
+results come back is the call form's, checked against the declaration on the driver before any rank runs:
 
-    values = critic.compute_values(batch)                 # by attribute, checked against the declarations
-    values = critic.call(Critic.compute_values, batch)    # typed: mypy checks the arguments
+    values = critic.call_batch(Critic.compute_values, batch)   # BY_DP_RANK -> Batch: chunks joined in order
+    metrics = critic.call(Critic.update, batch)                 # list[dict[str, float]]: one per dp rank
+    path = actor.call_rank_zero(Actor.some_rank_zero_method)    # RANK_ZERO -> rank 0's result
+    pending = rollout.submit_batch(Rollout.generate, prompts)   # returns at once; pending.get() -> Batch
+
+`submit_batch` is the one non-blocking form: the one-step-off-policy mode of the asynchronous training issue
+generates the next batch (`Rollout.generate` on its own pool) while the actor updates on this one, and
+`get()` waits (bounded, failures named) when the step needs it.
+
+Attribute access (`critic.compute_values(batch)`) calls the same way with the joined result as `Any`: for
+tests and interactive use, not for the driver (mypy checks nothing through it). A name that is not a
+declared method fails on the driver, naming the declared ones.
 """
 
 from __future__ import annotations
@@ -35,41 +46,44 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
+J = TypeVar("J")
 
 
 @dataclass
-class Pending:
-    """A call in flight: per-rank results not yet fetched. `get()` waits (bounded) and joins them."""
+class Pending(Generic[J]):
+    """A call in flight on the ranks; `get()` waits (at most the cluster call timeout) and joins."""
 
     group: RoleGroup[Any]
     method: str
-    spec: DispatchSpec
     refs: list[Any]  # one ObjectRef per called rank, in rank order
-    pad: int
+    join: Callable[[list[Any]], J]
+    """The collecting ranks' outputs (data-parallel order) -> the call's result."""
+    rank_zero: bool = False
+    """Only rank 0 was called: its output is the only one."""
 
-    def get(self, timeout_s: float | None = None) -> Any:
-        """Wait for every rank (at most the cluster call timeout), then join the collecting ranks' outputs."""
+    def get(self, timeout_s: float | None = None) -> J:
         outputs = self.group.hosts.wait(self.group.role, self.method, self.refs, timeout_s)
-        if self.spec.split is Split.RANK_ZERO:
-            return outputs[0]
-        layout = self.group.layout
-        collecting = sorted((d.dp_rank, r) for r, d in enumerate(layout) if d.collect)
-        return join_outputs(self.spec.split, [outputs[r] for _, r in collecting], self.pad)
+        if self.rank_zero:
+            return self.join(outputs)
+        collecting = sorted((d.dp_rank, r) for r, d in enumerate(self.group.layout) if d.collect)
+        return self.join([outputs[r] for _, r in collecting])
 
 
 class _BoundDispatch:
-    """`group.method`: calls the declared method on the ranks as its spec says."""
+    """`group.method`: calls the declared method on the ranks as its spec says; the result untyped."""
 
     def __init__(self, group: RoleGroup[Any], name: str, spec: DispatchSpec) -> None:
         self.group, self.name, self.spec = group, name, spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.group.invoke(self.name, self.spec, args, kwargs)
+        split = self.spec.split
+        pending = self.group._start(
+            self.name, self.spec, args, kwargs, lambda outputs, pad: join_outputs(split, outputs, pad)
+        )
+        return pending.get()
 
     def __repr__(self) -> str:
-        return (
-            f"<{self.group.role}.{self.name} dispatch={self.spec.split.value} blocking={self.spec.blocking}>"
-        )
+        return f"<{self.group.role}.{self.name} dispatch={self.spec.split.value}>"
 
 
 class RoleGroup(Generic[T]):
@@ -106,65 +120,68 @@ class RoleGroup(Generic[T]):
             )
         return _BoundDispatch(self, name, methods[name])
 
-    def call(self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Call a declared `RoleClass.method` (typed); a blocking one returns the joined result."""
-        spec = getattr(fn, DISPATCH_ATTR, None)
-        name = getattr(fn, "__name__", "")
-        if not isinstance(spec, DispatchSpec) or self.methods.get(name) is not spec:
-            raise DispatchError(f"{fn!r} is not a @dispatch method of {self.cls.__qualname__}")
-        result: R = self.invoke(name, spec, args, kwargs)
+    # ---- typed calls ------------------------------------------------------------------------------------
+
+    def call(self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """A BY_DP_RANK or BROADCAST method: each data-parallel rank's result, in rank order (a split call's
+        Batch arguments are padded to a multiple of the ranks; the last rank's result covers the padding)."""
+        name, spec = self._declared(fn, {Split.BY_DP_RANK, Split.BROADCAST}, "call_rank_zero")
+        return self._start(name, spec, args, kwargs, lambda outputs, _pad: list(outputs)).get()
+
+    def call_batch(self, fn: Callable[Concatenate[T, P], Batch], *args: P.args, **kwargs: P.kwargs) -> Batch:
+        """A BY_DP_RANK method returning a Batch: the ranks' Batches joined in order, padding removed."""
+        return self.submit_batch(fn, *args, **kwargs).get()
+
+    def submit_batch(
+        self, fn: Callable[Concatenate[T, P], Batch], *args: P.args, **kwargs: P.kwargs
+    ) -> Pending[Batch]:
+        """`call_batch` without waiting: the ranks start now; `get()` gives the joined Batch."""
+        name, spec = self._declared(fn, {Split.BY_DP_RANK}, "call")
+        return self._start(name, spec, args, kwargs, lambda outputs, pad: Batch.concat(outputs).unpad(pad))
+
+    def call_rank_zero(self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """A RANK_ZERO method: only rank 0 runs it; its result."""
+        name, spec = self._declared(fn, {Split.RANK_ZERO}, "call")
+        result: R = self._start(name, spec, args, kwargs, lambda outputs, _pad: outputs[0]).get()
         return result
 
     def execute(self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
-        """Run `fn(role_object, *args, **kwargs)` on every rank; the results in rank order."""
+        """Run any `fn(role_object, *args, **kwargs)` on every rank (no split); the results in rank order."""
         refs = [h.execute.remote(self.role, fn, args, kwargs) for h in self.hosts.handles]
         outputs: list[R] = self.hosts.wait(self.role, getattr(fn, "__name__", "execute"), refs, None)
         return outputs
 
-    def invoke(self, name: str, spec: DispatchSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        world = self.world_size
-        args, kwargs, pad = self._take_pending(spec, args, kwargs)
-        if pad is None and spec.split is Split.BY_DP_RANK:
+    # ---- mechanics --------------------------------------------------------------------------------------
+
+    def _declared(self, fn: Callable[..., Any], splits: set[Split], other: str) -> tuple[str, DispatchSpec]:
+        spec = getattr(fn, DISPATCH_ATTR, None)
+        name = getattr(fn, "__name__", "")
+        if not isinstance(spec, DispatchSpec) or self.methods.get(name) is not spec:
+            raise DispatchError(f"{fn!r} is not a @dispatch method of {self.cls.__qualname__}")
+        if spec.split not in splits:
+            raise DispatchError(
+                f"{self.cls.__qualname__}.{name} is declared {spec.split.value}; call it with .{other}()"
+            )
+        return name, spec
+
+    def _start(
+        self,
+        name: str,
+        spec: DispatchSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        join: Callable[[list[Any], int], J],
+    ) -> Pending[J]:
+        """Send the call to the ranks as `spec` splits it; `join(outputs, padding rows)` makes the result."""
+        if spec.split is Split.BY_DP_RANK:
             chunks, pad = split_inputs(spec.split, self.dp_size, args, kwargs)
             per_rank = [chunks[d.dp_rank] for d in self.layout]  # model-parallel peers share a chunk
-        elif pad is None:
-            per_rank, pad = split_inputs(spec.split, world, args, kwargs)
         else:
-            per_rank = [
-                (tuple(_rank_part(a, r) for a in args), {k: _rank_part(v, r) for k, v in kwargs.items()})
-                for r in range(world)
-            ]
+            per_rank, pad = split_inputs(spec.split, self.world_size, args, kwargs)
         handles = self.hosts.handles[:1] if spec.split is Split.RANK_ZERO else self.hosts.handles
         log.debug("call %s.%s on %d rank(s), pad=%d", self.role, name, len(handles), pad)
         refs = [h.call.remote(self.role, name, a, k) for h, (a, k) in zip(handles, per_rank, strict=True)]
-        pending = Pending(self, name, spec, refs, pad)
-        return pending.get() if spec.blocking else pending
-
-    def _take_pending(
-        self, spec: DispatchSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any], int | None]:
-        """Pass a pending split call's per-rank results straight to the ranks (no wait on the driver).
-
-        Possible when this call is split too, over the same ranks, and no other Batch argument needs
-        splitting; otherwise the pending results are fetched and joined first.
-        """
-        pendings = [v for v in (*args, *kwargs.values()) if isinstance(v, Pending)]
-        if not pendings:
-            return args, kwargs, None
-        direct = (
-            spec.split is Split.BY_DP_RANK
-            and all(p.spec.split is Split.BY_DP_RANK and p.group.hosts is self.hosts for p in pendings)
-            and len({p.pad for p in pendings}) == 1
-            and not any(isinstance(v, Batch) for v in (*args, *kwargs.values()))
-            and all(p.group.layout == self.layout for p in pendings)
-        )
-        if direct:
-            return args, kwargs, pendings[0].pad
-
-        def fetch(v: Any) -> Any:
-            return v.get() if isinstance(v, Pending) else v
-
-        return tuple(fetch(a) for a in args), {k: fetch(v) for k, v in kwargs.items()}, None
+        return Pending(self, name, refs, lambda outputs: join(outputs, pad), spec.split is Split.RANK_ZERO)
 
 
 def driver_methods(role: str, cls: type) -> dict[str, DispatchSpec]:
@@ -176,7 +193,3 @@ def driver_methods(role: str, cls: type) -> dict[str, DispatchSpec]:
             "mark the ones the driver calls with @dispatch(Split....)"
         )
     return methods
-
-
-def _rank_part(value: Any, rank: int) -> Any:
-    return value.refs[rank] if isinstance(value, Pending) else value

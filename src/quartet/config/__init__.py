@@ -12,6 +12,7 @@ from quartet.config.errors import ConfigError
 from quartet.config.loader import apply_overrides, from_dict, load_config, to_dict, to_yaml
 from quartet.config.model import Dtype, LoraConfig, ModelConfig, TinyArch, TinyModelConfig
 from quartet.config.optim import LrSchedule, OptimConfig
+from quartet.config.plan import OldLogprobs, RefLogprobs, StepPlan, plan_step
 from quartet.config.reward import RewardConfig
 from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig
 from quartet.config.rollout import RolloutConfig, RolloutEngineKind, RolloutMode, SamplingConfig
@@ -39,10 +40,12 @@ __all__ = [
     "LrSchedule",
     "MicroBatching",
     "ModelConfig",
+    "OldLogprobs",
     "OptimConfig",
     "OverlongPrompt",
     "PlacementStrategy",
     "QuartetConfig",
+    "RefLogprobs",
     "ReferenceConfig",
     "RewardConfig",
     "RolloutConfig",
@@ -51,6 +54,7 @@ __all__ = [
     "SFTBuiltinConfig",
     "SFTConfig",
     "SamplingConfig",
+    "StepPlan",
     "TinyArch",
     "TinyModelConfig",
     "TrainerConfig",
@@ -59,6 +63,7 @@ __all__ = [
     "from_dict",
     "iter_field_docs",
     "load_config",
+    "plan_step",
     "sft_rules",
     "to_dict",
     "to_yaml",

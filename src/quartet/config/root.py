@@ -53,26 +53,3 @@ class QuartetConfig:
 
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised fine-tuning (`quartet sft`); unused by RL runs."""
-
-    @property
-    def needs_critic(self) -> bool:
-        """A critic is built only for estimators that bootstrap from values."""
-        return self.algorithm.needs_critic
-
-    @property
-    def skips_old_logprobs(self) -> bool:
-        """The actor's update serves as its own old policy (`actor.reuse_update_logprobs`): one optimizer
-        step over the whole batch, so the no-grad old-log-prob pass would recompute the same numbers."""
-        a = self.actor
-        return (
-            a.reuse_update_logprobs
-            and a.epochs == 1
-            and a.mini_batch_size == self.data.train_batch_size
-            and not self.algorithm.use_kl_in_reward
-            and not self.algorithm.filter_groups
-        )
-
-    @property
-    def needs_reference(self) -> bool:
-        """A reference policy is built only when some KL term uses it."""
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward

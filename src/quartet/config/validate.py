@@ -24,7 +24,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     """Check every cross-field rule; raise one ConfigError listing all violations, else return `cfg`."""
     problems: list[ConfigError] = []
     problems += _update_sizes("actor", cfg.actor, cfg)
-    if cfg.needs_critic:
+    if cfg.algorithm.needs_critic:
         problems += _update_sizes("critic", cfg.critic, cfg)
     problems += _algorithm_rules(cfg)
     problems += _length_rules(cfg)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from quartet.config.cluster import DeviceKind
 from quartet.config.model import Dtype
+from quartet.config.plan import RefLogprobs, plan_step
 from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching
 from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
@@ -86,7 +87,7 @@ def resolve_shapes(cfg: QuartetConfig) -> RoleShapes:
     """Read the shapes the config points to (config.json files only; tiny models from `model.tiny`)."""
     policy = policy_shape(cfg.model)
     critic = None
-    if cfg.needs_critic:
+    if plan_step(cfg).critic:
         critic = shape_from_path(cfg.critic.model_path) if cfg.critic.model_path else policy
     reward = shape_from_path(cfg.reward.model_path) if cfg.reward.model_path else None
     return RoleShapes(policy, critic, reward)
@@ -176,9 +177,10 @@ class _Engine:
 def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
     lora = cfg.model.lora if cfg.model.lora.rank > 0 else None
     policy = shapes.policy
+    ref = plan_step(cfg).ref_logprobs
     actor_params = policy.params() + (policy.lora_params(lora) if lora else 0)
     actor_phases = {Phase.OLD_LOG_PROB, Phase.UPDATE_ACTOR} | (
-        {Phase.REF} if lora and cfg.needs_reference else set()
+        {Phase.REF} if ref is RefLogprobs.ACTOR else set()
     )
     out = [
         _Engine(
@@ -194,7 +196,7 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
         )
     ]
     separate = set(cfg.cluster.separate_pools)
-    if cfg.needs_reference and not lora and "reference" not in separate:
+    if ref is RefLogprobs.REFERENCE and "reference" not in separate:
         out.append(
             _Engine(
                 Role.REFERENCE,
@@ -234,7 +236,7 @@ def _phases(cfg: QuartetConfig, shapes: RoleShapes) -> list[Phase]:
     if shapes.reward is not None:
         out.append(Phase.REWARD)
     out.append(Phase.OLD_LOG_PROB)
-    if cfg.needs_reference:
+    if plan_step(cfg).ref_logprobs is not RefLogprobs.NONE:
         out.append(Phase.REF)
     if shapes.critic is not None:
         out += [Phase.VALUES, Phase.UPDATE_CRITIC]
@@ -400,7 +402,7 @@ def _sizes(cfg: QuartetConfig, load: _Workload, shapes: RoleShapes) -> dict[str,
         "update_actor_tokens": load.update(cfg.actor).tokens,
         "policy_params": shapes.policy.params(),
     }
-    if cfg.needs_reference:
+    if plan_step(cfg).ref_logprobs is not RefLogprobs.NONE:
         sizes["ref_tokens"] = load.no_grad(cfg.reference.logprobs).tokens
     if shapes.critic is not None:
         sizes["values_tokens"] = load.no_grad(cfg.critic.values).tokens

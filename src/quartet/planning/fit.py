@@ -31,6 +31,7 @@ from pathlib import Path
 
 from quartet.config.errors import ConfigError
 from quartet.config.loader import apply_overrides
+from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
@@ -208,7 +209,7 @@ def _candidates(
         return [] if new == c.rollout.max_num_seqs else [f"rollout.max_num_seqs={new}"]
 
     gpu = device == "gpu"
-    critic = cfg.needs_critic
+    critic = plan_step(cfg).critic
     if gpu:
         yield (
             switch("reference.param_offload", lambda c: c.reference.param_offload),

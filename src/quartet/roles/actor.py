@@ -1,6 +1,6 @@
 """The actor: the policy being trained. Old log-probs before the update, then PPO-style updates.
 
-    actor = Actor(cfg, model_path, trainer_steps=100)      # one per rank, inside a colocated host
+    actor = Actor(cfg.actor, run, lora=cfg.model.lora)     # one per rank, inside a colocated host
     batch = batch.union(actor.compute_logprobs(batch))     # old_logprobs [B, R]
     metrics = actor.update(batch)                          # epochs x mini-batches of optimizer steps
 
@@ -23,7 +23,7 @@ import torch
 
 from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.model import LoraConfig
-from quartet.config.root import QuartetConfig
+from quartet.config.roles import ActorConfig, MicroBatching
 from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode
 from quartet.core.entropy import entropy_bonus
@@ -33,6 +33,7 @@ from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.core.registry import import_custom_module
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.roles.engine_role import EngineRole
+from quartet.roles.run_values import RunValues
 from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
 
 __all__ = ["Actor"]
@@ -50,27 +51,35 @@ class _Aggregation(TypedDict):
 class Actor(EngineRole):
     """The policy on one rank: log-probs, updates, checkpoints, export."""
 
-    def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
-        import_custom_module(cfg.algorithm.custom_module)  # its registered losses, in this process too
-        self.cfg, self.ac = cfg, cfg.actor
-        lora: LoraConfig | None = cfg.model.lora if cfg.model.lora.rank > 0 else None
+    def __init__(
+        self,
+        cfg: ActorConfig,
+        run: RunValues,
+        lora: LoraConfig | None = None,
+        ref_logprobs: MicroBatching | None = None,
+    ) -> None:
+        """`lora` (model.lora; rank 0 is none) adapts the policy; `ref_logprobs` (reference.logprobs) is the
+        micro-batching of `compute_ref_logprobs`, which only a LoRA actor serves."""
+        import_custom_module(run.custom_module)  # its registered losses, in this process too
+        self.ac, self.run = cfg, run
+        self.ref_micro = ref_logprobs or MicroBatching()
         self.engine = TrainingEngine(
             EngineSpec(
-                model_path,
+                run.model_path,
                 ModelKind.CAUSAL_LM,
-                mixed_precision=self.ac.mixed_precision,
-                optim=self.ac.optim,
-                total_steps=optimizer_steps(cfg, self.ac, trainer_steps),
-                gradient_checkpointing=cfg.model.gradient_checkpointing,
-                lora=lora,
-                param_offload=self.ac.param_offload,
-                optimizer_offload=self.ac.optimizer_offload,
-                seed=cfg.trainer.seed,
+                mixed_precision=cfg.mixed_precision,
+                optim=cfg.optim,
+                total_steps=optimizer_steps(run, cfg),
+                gradient_checkpointing=run.gradient_checkpointing,
+                lora=lora if lora is not None and lora.rank > 0 else None,
+                param_offload=cfg.param_offload,
+                optimizer_offload=cfg.optimizer_offload,
+                seed=run.seed,
             )
         )
-        self.clip = ClipParams(self.ac.clip_ratio_low, self.ac.clip_ratio_high, self.ac.dual_clip_c)
-        self.norm_constant = float(self.ac.loss_agg_norm_constant or cfg.data.max_response_length)
-        self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
+        self.clip = ClipParams(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip_c)
+        self.norm_constant = float(cfg.loss_agg_norm_constant or run.max_response_length)
+        self.generator = torch.Generator().manual_seed(run.seed)
         self.updates = 0
 
     def role_state(self) -> dict[str, Any]:
@@ -97,7 +106,7 @@ class Actor(EngineRole):
     @dispatch(Split.BY_DP_RANK)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """`ref_logprobs` [B, R] from this model with its LoRA adapters disabled (the base policy)."""
-        micro = MicroSpec.from_config(self.cfg.reference.logprobs)
+        micro = MicroSpec.from_config(self.ref_micro)
         with self.engine.adapters_disabled():
             logprobs, _ = self.engine.forward_logprobs(batch, batch.meta.temperature, micro)
         return Batch({"ref_logprobs": logprobs}, meta=batch.meta)
@@ -111,7 +120,7 @@ class Actor(EngineRole):
         Needs `responses`, `response_mask`, `attention_mask`, `prompts`, `old_logprobs`, `advantages`;
         `ref_logprobs` with `actor.use_kl_loss`; `rollout_logprobs` with `actor.tis_cap`.
         """
-        per_rank = self.ac.mini_batch_size * self.cfg.rollout.n // self.engine.ctx.world
+        per_rank = self.ac.mini_batch_size * self.run.responses_per_prompt // self.engine.ctx.world
         micro = train_micro_spec(self.ac)
         on_policy = "old_logprobs" not in batch
         if on_policy and (self.ac.epochs != 1 or len(batch) > per_rank):
@@ -167,8 +176,10 @@ class Actor(EngineRole):
             kl = kl_loss_term(
                 out.logprobs, mb["ref_logprobs"], mask, self.ac.kl_loss_type, self.ac.kl_loss_coef, **agg
             )
-            loss, metrics = loss + kl.loss, metrics | kl.metrics
+            loss = loss + kl.loss
+            metrics |= kl.metrics
         if out.entropy is not None:  # coefficient 0 (the on-policy update's metric): a zero term, no graph
             bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
-            loss, metrics = loss + bonus.loss, metrics | bonus.metrics
+            loss = loss + bonus.loss
+            metrics |= bonus.metrics
         return loss, metrics

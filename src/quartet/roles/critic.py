@@ -15,11 +15,12 @@ from typing import Any
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.root import QuartetConfig
+from quartet.config.roles import CriticConfig
 from quartet.core.batch import Batch
 from quartet.core.value_loss import compute_value_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.roles.engine_role import EngineRole
+from quartet.roles.run_values import RunValues
 from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
 
 __all__ = ["Critic"]
@@ -28,23 +29,23 @@ __all__ = ["Critic"]
 class Critic(EngineRole):
     """The value model on one rank."""
 
-    def __init__(self, cfg: QuartetConfig, model_path: str, trainer_steps: int = 0) -> None:
-        self.cfg, self.cc = cfg, cfg.critic
+    def __init__(self, cfg: CriticConfig, run: RunValues) -> None:
+        self.cc, self.run = cfg, run
         self.engine = TrainingEngine(
             EngineSpec(
-                self.cc.model_path or model_path,
+                cfg.model_path or run.model_path,
                 ModelKind.VALUE,
-                mixed_precision=self.cc.mixed_precision,
-                optim=self.cc.optim,
-                total_steps=optimizer_steps(cfg, self.cc, trainer_steps),
-                gradient_checkpointing=cfg.model.gradient_checkpointing,
-                param_offload=self.cc.param_offload,
-                optimizer_offload=self.cc.optimizer_offload,
-                seed=cfg.trainer.seed,
+                mixed_precision=cfg.mixed_precision,
+                optim=cfg.optim,
+                total_steps=optimizer_steps(run, cfg),
+                gradient_checkpointing=run.gradient_checkpointing,
+                param_offload=cfg.param_offload,
+                optimizer_offload=cfg.optimizer_offload,
+                seed=run.seed,
             )
         )
-        self.norm_constant = float(cfg.data.max_response_length)
-        self.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1)
+        self.norm_constant = float(run.max_response_length)
+        self.generator = torch.Generator().manual_seed(run.seed + 1)
 
     def role_state(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}
@@ -61,7 +62,7 @@ class Critic(EngineRole):
     @dispatch(Split.BY_DP_RANK)
     def update(self, batch: Batch) -> dict[str, float]:
         """`critic.epochs` passes over this rank's rows in mini-batches; the mean metrics of the steps."""
-        per_rank = self.cc.mini_batch_size * self.cfg.rollout.n // self.engine.ctx.world
+        per_rank = self.cc.mini_batch_size * self.run.responses_per_prompt // self.engine.ctx.world
         micro = train_micro_spec(self.cc)
         steps = [
             self.engine.train_step(mini, self._loss, micro)

@@ -7,9 +7,11 @@ uses. With LoRA the actor serves the reference itself (adapters disabled) and th
 from __future__ import annotations
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.root import QuartetConfig
+from quartet.config.model import Dtype
+from quartet.config.roles import ReferenceConfig
 from quartet.core.batch import Batch
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
+from quartet.roles.run_values import RunValues
 
 __all__ = ["Reference"]
 
@@ -17,16 +19,17 @@ __all__ = ["Reference"]
 class Reference:
     """The frozen initial policy on one rank."""
 
-    def __init__(self, cfg: QuartetConfig, model_path: str) -> None:
-        self.rc = cfg.reference
+    def __init__(self, cfg: ReferenceConfig, run: RunValues, mixed_precision: Dtype) -> None:
+        """`mixed_precision` is the actor's (`actor.mixed_precision`): the KL compares the same numerics."""
+        self.rc = cfg
         self.engine = TrainingEngine(
             EngineSpec(
-                model_path,
+                run.model_path,
                 ModelKind.CAUSAL_LM,
-                mixed_precision=cfg.actor.mixed_precision,
+                mixed_precision=mixed_precision,
                 optim=None,
-                param_offload=self.rc.param_offload,
-                seed=cfg.trainer.seed,
+                param_offload=cfg.param_offload,
+                seed=run.seed,
             )
         )
 

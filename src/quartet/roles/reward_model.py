@@ -13,10 +13,12 @@ from typing import Any
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.root import QuartetConfig
+from quartet.config.model import Dtype
+from quartet.config.reward import RewardConfig
 from quartet.core.batch import Batch
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
 from quartet.models.loading import load_tokenizer
+from quartet.roles.run_values import RunValues
 
 __all__ = ["RewardModel"]
 
@@ -24,16 +26,18 @@ __all__ = ["RewardModel"]
 class RewardModel:
     """The reward model on one rank: `rm_scores` [B] for a batch of responses."""
 
-    def __init__(self, cfg: QuartetConfig, policy_tokenizer_path: str) -> None:
-        path = cfg.reward.model_path
+    def __init__(self, cfg: RewardConfig, run: RunValues, mixed_precision: Dtype) -> None:
+        """`mixed_precision`: the actor's (`actor.mixed_precision`); the policy's tokenizer is read from
+        `run.model_path`."""
+        path = cfg.model_path
         if not path:
             raise ValueError("RewardModel needs reward.model_path (a sequence-classification model folder)")
-        self.micro = MicroSpec(size=cfg.reward.micro_batch_size_per_device)
+        self.micro = MicroSpec(size=cfg.micro_batch_size_per_device)
         self.engine = TrainingEngine(
-            EngineSpec(path, ModelKind.REWARD, mixed_precision=cfg.actor.mixed_precision, optim=None)
+            EngineSpec(path, ModelKind.REWARD, mixed_precision=mixed_precision, optim=None)
         )
         self.tokenizer = load_tokenizer(path)
-        self.policy_tokenizer = load_tokenizer(policy_tokenizer_path)
+        self.policy_tokenizer = load_tokenizer(run.model_path)
         self.same_tokenizer = (
             self.tokenizer.get_vocab() == self.policy_tokenizer.get_vocab()
             and self.tokenizer.chat_template == self.policy_tokenizer.chat_template

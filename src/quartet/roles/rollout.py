@@ -1,7 +1,7 @@
 """The rollout role: an inference engine next to the actor in the same host process.
 
-    launch(cfg, names, actor=RoleSpec(Actor, cfg, path, steps),
-           rollout=RoleSpec(Rollout, cfg, path, trainer=Sibling("actor")))
+    launch(cluster, names, actor=RoleSpec(Actor, cfg.actor, run),
+           rollout=RoleSpec(Rollout, cfg.rollout, run, trainer=Sibling("actor")))
     batch = rollout.generate(prompts)          # responses, response_mask, rollout_logprobs, ...
     rollout.sleep()                            # free the KV cache while the actor trains
     ... actor.update(batch) ...
@@ -36,12 +36,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.rollout import RolloutMode, SamplingConfig
-from quartet.config.root import QuartetConfig
+from quartet.config.rollout import RolloutConfig, RolloutMode, SamplingConfig
 from quartet.core.batch import Batch
-from quartet.core.metrics import logprob_diff_metrics
 from quartet.engines.weight_export import inference_weights
 from quartet.models.loading import load_tokenizer
+from quartet.roles.run_values import RunValues
 from quartet.rollout.base import RolloutEngine
 from quartet.rollout.batch_io import generate_batch, pad_rollout
 from quartet.rollout.factory import make_engine
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Rollout", "logprob_diff_metrics"]
+__all__ = ["Rollout"]
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +63,18 @@ _STEP_STRIDE, _RANK_STRIDE = 1_000_003, 10_007  # primes: seeds of (step, rank, 
 class Rollout:
     """One engine replica per rank; generation, weight sync from the sibling actor, sleep/wake."""
 
-    def __init__(self, cfg: QuartetConfig, model_path: str, trainer: Actor | None = None) -> None:
-        self.cfg, self.rc = cfg, cfg.rollout
+    def __init__(self, cfg: RolloutConfig, run: RunValues, trainer: Actor | None = None) -> None:
+        """`trainer`: the sibling actor whose weights `sync_weights` copies (`Sibling("actor")`)."""
+        self.rc, self.max_response_length = cfg, run.max_response_length
         self.trainer = trainer
+        model_path = run.model_path
         self.engine: RolloutEngine = make_engine(
-            cfg.rollout.engine,
+            cfg.engine,
             model_path,
-            cfg.rollout,
-            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-            dtype=getattr(torch, cfg.rollout.dtype.value),
-            seed=cfg.rollout.seed,
+            cfg,
+            max_model_len=run.max_prompt_length + run.max_response_length,
+            dtype=getattr(torch, cfg.dtype.value),
+            seed=cfg.seed,
         )
         self.pad_token_id = _pad_token_id(model_path)
         self.asleep = False
@@ -81,7 +82,7 @@ class Rollout:
         self.server: OpenAIServer | None = None
         self.server_thread: ServerThread | None = None
         self.agents: AgentRunner | None = None
-        if cfg.rollout.multi_turn.enable or cfg.rollout.mode is RolloutMode.ASYNC:
+        if cfg.multi_turn.enable or cfg.mode is RolloutMode.ASYNC:
             self._start_server(model_path)
 
     def _start_server(self, model_path: str) -> None:
@@ -99,7 +100,7 @@ class Rollout:
             host=sc.host,
             port=sc.port + rank if sc.port else 0,
             api_key=sc.api_key or None,
-            max_new_tokens_default=self.cfg.data.max_response_length,
+            max_new_tokens_default=self.max_response_length,
             request_timeout_s=sc.request_timeout_s,
             max_n=sc.max_n,
             max_request_tokens=sc.max_request_tokens,
@@ -109,9 +110,7 @@ class Rollout:
             self.server_thread = ServerThread(self.server)
             self.server_thread.start()
         if self.rc.multi_turn.enable:
-            self.agents = AgentRunner.from_config(
-                self.rc.multi_turn, tokenizer, self.cfg.data.max_response_length
-            )
+            self.agents = AgentRunner.from_config(self.rc.multi_turn, tokenizer, self.max_response_length)
 
     def _on_server_loop(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         """Run a coroutine of the server: on its HTTP loop when it has one, else on a loop of our own."""
@@ -162,7 +161,7 @@ class Rollout:
             top_p=chosen.top_p,
             top_k=chosen.top_k,
             n=chosen.n,
-            max_new_tokens=self.cfg.data.max_response_length,
+            max_new_tokens=self.max_response_length,
             seed=seed,
             return_logprobs=True,
         )

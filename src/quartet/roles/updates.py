@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from quartet.config.roles import ActorConfig, CriticConfig
-from quartet.config.root import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.engines import MicroSpec
+from quartet.roles.run_values import RunValues
 
 __all__ = ["mean_metrics", "mini_batches", "optimizer_steps", "train_micro_spec"]
 
@@ -20,9 +20,9 @@ def train_micro_spec(rc: ActorConfig | CriticConfig) -> MicroSpec:
     return MicroSpec(size=rc.micro_batch_size_per_device, max_tokens=budget)
 
 
-def optimizer_steps(cfg: QuartetConfig, rc: ActorConfig | CriticConfig, trainer_steps: int) -> int:
+def optimizer_steps(run: RunValues, rc: ActorConfig | CriticConfig) -> int:
     """Optimizer steps of a run: trainer steps x epochs x mini-batches per step (for the lr schedule)."""
-    return trainer_steps * rc.epochs * max(1, cfg.data.train_batch_size // rc.mini_batch_size)
+    return run.trainer_steps * rc.epochs * max(1, run.prompts_per_step // rc.mini_batch_size)
 
 
 def mini_batches(

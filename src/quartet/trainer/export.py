@@ -54,8 +54,9 @@ def export_checkpoint(checkpoint: Path, out: Path, lora: LoraExport = "merge") -
     for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)  # one rank in this process
     from quartet.roles.actor import Actor
+    from quartet.trainer.workers import run_values
 
-    actor = Actor(cfg, str(model_path))
+    actor = Actor(cfg.actor, run_values(cfg, str(model_path)), lora=cfg.model.lora)
     actor.engine.load(checkpoint / "actor")
     if lora == "merge":
         actor.engine.export_hf(out)

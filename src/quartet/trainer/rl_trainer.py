@@ -33,7 +33,7 @@ from typing import Any
 from quartet.cluster.naming import RunNames
 from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.cluster.runtime import connection
-from quartet.config import QuartetConfig, to_dict, to_yaml
+from quartet.config import QuartetConfig, plan_step, to_dict, to_yaml
 from quartet.core.batch import Batch
 from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, append_bad_rows, replace_load_rows
 from quartet.data.prompts import PromptDataset
@@ -232,7 +232,7 @@ class RLTrainer:
         boundary = StepBoundary(saved_step=result.steps)  # what a caught failure may still checkpoint
         mark_running(self.run_dir)
         try:
-            workers = start_workers(cfg, model_path, names, total)
+            workers = start_workers(cfg, plan_step(cfg), model_path, names, total)
             if cfg.cluster.backend == "ray":  # names, and the node of each rank
                 record_hosts(self.run_dir, workers.hosts.names, [workers.hosts, *workers.separate.values()])
                 self.record("cluster", ray=connection(), prefix=workers.hosts.names.prefix)

@@ -11,22 +11,28 @@ phases skipped: no reference without a KL term, no critic without GAE.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from quartet.agents.batch import agent_batch_metrics
 from quartet.config import QuartetConfig
+from quartet.config.plan import OldLogprobs, RefLogprobs
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
 from quartet.core.balance import balanced_order
 from quartet.core.batch import Batch
-from quartet.core.choices import AdvantageEstimator
 from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
-from quartet.core.metrics import batch_data_metrics, masked_mean
-from quartet.roles.rollout import logprob_diff_metrics
+from quartet.core.metrics import batch_data_metrics, logprob_diff_metrics, masked_mean
+from quartet.roles.actor import Actor
+from quartet.roles.critic import Critic
+from quartet.roles.reward_model import RewardModel
+from quartet.roles.rollout import Rollout
 from quartet.trainer.dynamic_sampling import fill_informative_groups
 from quartet.trainer.workers import Workers
+
+if TYPE_CHECKING:
+    from quartet.rewards.compute import RewardComputer
 
 __all__ = ["PhaseTimer", "StepRunner", "kl_controller", "mean_over_ranks"]
 
@@ -58,10 +64,9 @@ def kl_controller(cfg: QuartetConfig) -> KLController:
     return make_kl_controller(k.kind, k.coef, k.target_kl, k.horizon)
 
 
-def mean_over_ranks(outputs: Any) -> dict[str, float]:
-    """The per-key mean of the metric dicts that every data-parallel rank returned."""
-    dicts = outputs if isinstance(outputs, list) else [outputs]
-    dicts = [d for d in dicts if d]
+def mean_over_ranks(outputs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The per-key mean of the metric dicts that the data-parallel ranks returned (one per rank)."""
+    dicts = [d for d in outputs if d]
     keys = {k for d in dicts for k in d}
     return {k: sum(float(d[k]) for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in keys}
 
@@ -73,7 +78,7 @@ class StepRunner:
         self,
         cfg: QuartetConfig,
         workers: Workers,
-        reward: Any,
+        reward: RewardComputer,
         kl_ctrl: KLController,
         pad_id: int = 0,
         on_phase: Callable[[str], None] | None = None,
@@ -93,7 +98,8 @@ class StepRunner:
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """`token_level_scores` (and `scores`) of the responses: reward model and/or rule scorers."""
         if self.workers.reward_model is not None:
-            batch = batch.union(self.workers.reward_model.score(batch).select("rm_scores"))
+            scored = self.workers.reward_model.call_batch(RewardModel.score, batch)
+            batch = batch.union(scored.select("rm_scores"))
         scored, metrics = self.reward.score(batch)
         return batch.union(scored), dict(metrics)
 
@@ -105,48 +111,47 @@ class StepRunner:
         `more_prompts(k)` gives the k-th extra prompt batch (fresh uids) that DAPO's dynamic sampling
         (`algorithm.filter_groups`) draws when too few groups are informative.
         """
-        cfg, w, timer = self.cfg, self.workers, PhaseTimer(on_enter=self.on_phase)
+        cfg, plan, w, timer = self.cfg, self.workers.plan, self.workers, PhaseTimer(on_enter=self.on_phase)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         batch, reward_metrics = self._rollout(prompts, timer)
         metrics |= reward_metrics
-        if cfg.algorithm.filter_groups:
+        if plan.dynamic_sampling:
             extra = None if more_prompts is None else lambda k: self._rollout(more_prompts(k), timer)[0]
             batch, filter_metrics = fill_informative_groups(
                 batch, len(prompts), cfg.rollout.n, extra, cfg.algorithm.max_num_gen_batches, self.pad_id
             )
             metrics |= filter_metrics
-        if cfg.rollout.sleep_while_training:
-            w.rollout.sleep()
+        if plan.sleep_rollout:
+            w.rollout.call(Rollout.sleep)
         batch = self._balance(batch)
-        if not cfg.skips_old_logprobs:  # else the update's own log-probs are the old ones (and the metrics)
+        if plan.old_logprobs is OldLogprobs.ACTOR_PASS:  # else the update's own log-probs (and metrics)
             with timer("old_log_prob"):
-                batch = batch.union(w.actor.compute_logprobs(batch))
+                batch = batch.union(w.actor.call_batch(Actor.compute_logprobs, batch))
             if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
                 metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
             if "rollout_logprobs" in batch:
                 metrics |= logprob_diff_metrics(
                     batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]
                 )
-        if cfg.needs_reference:
+        if plan.ref_logprobs is not RefLogprobs.NONE:
             with timer("ref"):
                 batch = batch.union(w.ref_logprobs(batch))
         if w.critic is not None:
             with timer("values"):
-                batch = batch.union(w.critic.compute_values(batch))
+                batch = batch.union(w.critic.call_batch(Critic.compute_values, batch))
         with timer("adv"):
             batch, adv_metrics = self._advantages(batch)
             metrics |= adv_metrics
         if w.critic is not None:
             with timer("update_critic"):
-                metrics |= mean_over_ranks(w.critic.update(batch))
-        if step > cfg.trainer.critic_warmup:
+                metrics |= mean_over_ranks(w.critic.call(Critic.update, batch))
+        if plan.updates_actor(step):
             with timer("update_actor"):
-                metrics |= mean_over_ranks(w.actor.update(batch))
+                metrics |= mean_over_ranks(w.actor.call(Actor.update, batch))
             with timer("update_weights"):
-                metrics |= {
-                    k: v for k, v in mean_over_ranks(w.rollout.sync_weights()).items() if "timing" not in k
-                }
+                synced = mean_over_ranks(w.rollout.call(Rollout.sync_weights))
+                metrics |= {k: v for k, v in synced.items() if "timing" not in k}
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
         return batch, metrics
@@ -155,12 +160,9 @@ class StepRunner:
         """Generate `rollout.n` responses per prompt and score them (phases `gen`, `reward`)."""
         w, n = self.workers, self.cfg.rollout.n
         with timer("gen"):
-            batch = w.rollout.generate(prompts)
-            baseline = (
-                w.rollout.generate(prompts, greedy=True)
-                if self.estimator is AdvantageEstimator.REMAX
-                else None
-            )
+            batch = w.rollout.call_batch(Rollout.generate, prompts)
+            greedy = self.workers.plan.greedy_baseline
+            baseline = w.rollout.call_batch(Rollout.generate, prompts, greedy=True) if greedy else None
         with timer("reward"):
             batch, metrics = self.score(batch)
             metrics |= agent_batch_metrics(batch)
@@ -180,7 +182,7 @@ class StepRunner:
     def _advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         cfg, mask = self.cfg, batch["response_mask"]
         rewards, metrics = batch["token_level_scores"], {}
-        if cfg.algorithm.use_kl_in_reward:
+        if self.workers.plan.kl_in_reward:
             penalty = apply_kl_penalty(
                 rewards,
                 batch["old_logprobs"],

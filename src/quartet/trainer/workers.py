@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from quartet.cluster.colocate import HostSet, RoleSpec
 from quartet.cluster.group import RoleGroup
@@ -19,13 +18,16 @@ from quartet.cluster.host import Sibling
 from quartet.cluster.naming import RunNames
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig
+from quartet.config.plan import RefLogprobs, StepPlan
+from quartet.core.batch import Batch
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
 from quartet.roles.reference import Reference
 from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
+from quartet.roles.run_values import RunValues
 
-__all__ = ["Workers", "start_workers"]
+__all__ = ["Workers", "role_specs", "run_values", "start_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,14 @@ class Workers:
     reference: RoleGroup[Reference] | None
     critic: RoleGroup[Critic] | None
     reward_model: RoleGroup[RewardModel] | None
-    ref_in_actor: bool
-    """With LoRA the actor computes the reference log-probs itself (adapters disabled)."""
+    plan: StepPlan
+    """What every step does; the groups above are the roles it names."""
     separate: dict[str, HostSet] = field(default_factory=dict)
     """Hosts of the roles on a pool of their own, by role."""
 
     def shutdown(self) -> None:
         try:
-            self.rollout.shutdown()
+            self.rollout.call(Rollout.shutdown)
         except Exception:  # the hosts are going away anyway; their shutdown below reports real failures
             log.debug("rollout engine shutdown failed", exc_info=True)
         errors: list[BaseException] = []
@@ -60,27 +62,50 @@ class Workers:
         if errors:
             raise errors[0]
 
-    def ref_logprobs(self, batch: Any) -> Any:
+    def ref_logprobs(self, batch: Batch) -> Batch:
         """`ref_logprobs` of the batch from wherever the reference policy lives."""
-        if self.ref_in_actor:
-            return self.actor.compute_ref_logprobs(batch)
+        if self.plan.ref_logprobs is RefLogprobs.ACTOR:  # LoRA: the actor with adapters disabled
+            return self.actor.call_batch(Actor.compute_ref_logprobs, batch)
         assert self.reference is not None
-        return self.reference.compute_ref_logprobs(batch)
+        return self.reference.call_batch(Reference.compute_ref_logprobs, batch)
 
 
-def start_workers(cfg: QuartetConfig, model_path: str, names: RunNames, total_steps: int) -> Workers:
-    """Start every role the config needs on one colocated pool (actor first: the rollout syncs from it)."""
-    lora = cfg.model.lora.rank > 0
+def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> RunValues:
+    """The run-wide values the roles read beyond their own sections."""
+    return RunValues(
+        model_path=model_path,
+        max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=cfg.data.max_response_length,
+        prompts_per_step=cfg.data.train_batch_size,
+        responses_per_prompt=cfg.rollout.n,
+        seed=cfg.trainer.seed,
+        trainer_steps=total_steps,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        custom_module=cfg.algorithm.custom_module,
+    )
+
+
+def role_specs(cfg: QuartetConfig, plan: StepPlan, run: RunValues) -> dict[str, RoleSpec]:
+    """Each role of `plan` with its own config section and the run-wide values (actor first)."""
+    precision = cfg.actor.mixed_precision  # the policy's numerics, for the roles that score its samples
     roles: dict[str, RoleSpec] = {
-        "actor": RoleSpec(Actor, cfg, model_path, total_steps),
-        "rollout": RoleSpec(Rollout, cfg, model_path, trainer=Sibling("actor")),
+        "actor": RoleSpec(Actor, cfg.actor, run, lora=cfg.model.lora, ref_logprobs=cfg.reference.logprobs),
+        "rollout": RoleSpec(Rollout, cfg.rollout, run, trainer=Sibling("actor")),
     }
-    if cfg.needs_reference and not lora:
-        roles["reference"] = RoleSpec(Reference, cfg, model_path)
-    if cfg.needs_critic:
-        roles["critic"] = RoleSpec(Critic, cfg, model_path, total_steps)
-    if cfg.reward.model_path:
-        roles["reward_model"] = RoleSpec(RewardModel, cfg, model_path)
+    if plan.ref_logprobs is RefLogprobs.REFERENCE:
+        roles["reference"] = RoleSpec(Reference, cfg.reference, run, precision)
+    if plan.critic:
+        roles["critic"] = RoleSpec(Critic, cfg.critic, run)
+    if plan.reward_model:
+        roles["reward_model"] = RoleSpec(RewardModel, cfg.reward, run, precision)
+    return roles
+
+
+def start_workers(
+    cfg: QuartetConfig, plan: StepPlan, model_path: str, names: RunNames, total_steps: int
+) -> Workers:
+    """Start the roles of `plan` on one colocated pool (actor first: the rollout syncs from it)."""
+    roles = role_specs(cfg, plan, run_values(cfg, model_path, total_steps))
     separate: dict[str, HostSet] = {}
     try:
         for role in cfg.cluster.separate_pools:
@@ -102,5 +127,5 @@ def start_workers(cfg: QuartetConfig, model_path: str, names: RunNames, total_st
         reference=groups.get("reference"),
         critic=groups.get("critic"),
         reward_model=groups.get("reward_model"),
-        ref_in_actor=cfg.needs_reference and lora,
+        plan=plan,
     )

@@ -1,0 +1,38 @@
+"""The few run-wide values a role reads beyond its own config section, passed to it explicitly.
+
+    actor = Actor(cfg.actor, RunValues(model_path, seed=0, ...), lora=cfg.model.lora)
+
+A role is built from its own section (`ActorConfig`, `CriticConfig`, ...) and this object, never from the
+whole `QuartetConfig`: what a role depends on is visible in its constructor, and a test builds a role
+without a full config. The trainer slices both out of its config (`quartet.trainer.workers.role_specs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RunValues"]
+
+
+@dataclass(frozen=True)
+class RunValues:
+    """Values of the run that several roles share."""
+
+    model_path: str
+    """The policy's model folder (the tiny model is built before any role starts)."""
+    max_prompt_length: int
+    """`data.max_prompt_length`: tokens of a prompt at most."""
+    max_response_length: int
+    """`data.max_response_length`: tokens of a response at most (also the loss's norm constant)."""
+    prompts_per_step: int
+    """`data.train_batch_size`: prompts per step, global (for the optimizer-step count of the lr schedule)."""
+    responses_per_prompt: int
+    """`rollout.n`: responses per prompt (a mini-batch of m prompts holds m x n rows)."""
+    seed: int = 0
+    """`trainer.seed`: model init and the mini-batch shuffling generators."""
+    trainer_steps: int = 0
+    """Steps of the run (for the lr schedule); 0 when the role never trains (export, tests)."""
+    gradient_checkpointing: bool = False
+    """`model.gradient_checkpointing` of the trained models."""
+    custom_module: str = ""
+    """`algorithm.custom_module`: a user module whose registered losses the actor's process imports."""
