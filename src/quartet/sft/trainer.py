@@ -37,11 +37,12 @@ from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
 from quartet.config.data import BuiltinTask
 from quartet.data.tasks import arithmetic, calculator
+from quartet.models.resolve import resolve_model
 from quartet.sft.data import LoadReport, SFTExample, collate, load_sft_files
 from quartet.sft.evaluate import ExactMatch, Verifier, eval_samples, exact_text_match, greedy_exact_match
 from quartet.sft.worker import SFTWorker
 
-__all__ = ["EpochSampler", "SFTData", "SFTResult", "SFTTrainer", "prepare_data", "resolve_model"]
+__all__ = ["EpochSampler", "SFTData", "SFTResult", "SFTTrainer", "prepare_data"]
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
@@ -108,15 +109,6 @@ class SFTResult:
             "eval_samples": self.after.total if self.after else 0,
             "seconds": round(self.seconds, 2),
         }
-
-
-def resolve_model(cfg: QuartetConfig) -> str:
-    """`model.path`, or the tiny model of `model.tiny` built once under `<output_dir>/models`."""
-    if cfg.model.path:
-        return cfg.model.path
-    from quartet.models.tiny import ensure_tiny_model
-
-    return str(ensure_tiny_model(cfg.model.tiny, Path(cfg.trainer.output_dir) / "models"))
 
 
 def prepare_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> SFTData:

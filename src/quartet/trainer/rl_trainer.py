@@ -39,7 +39,7 @@ from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, append_bad_rows, replac
 from quartet.data.prompts import PromptDataset
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
-from quartet.sft.trainer import resolve_model
+from quartet.models.resolve import resolve_model
 from quartet.tracking import Tracking
 from quartet.tracking.jsonl_sink import drop_torn_tail, read_records
 from quartet.trainer.checkpoint import (
