@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quartet.cluster.auth import join
+from quartet.cluster.connect import join_bounded, target_of
 from quartet.cluster.naming import RunNames, parse_actor_name
 from quartet.cluster.run_record import RankPlace, RunState, load_ranks, load_run_state
 
@@ -154,7 +154,9 @@ def survey(address: str, only: tuple[str, str] | None = None) -> ClusterSurvey:
     import ray
 
     if not ray.is_initialized():  # token auth on when this machine has a token; a refusal is named
-        join(address, DOCTOR_NAMESPACE, retries=8, log_to_driver=False, logging_level=logging.ERROR)
+        target = target_of(address, "--address")  # checked and bounded; a refused token is named
+        quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
+        join_bounded(target, DOCTOR_NAMESPACE, 10.0, retries=8, **quiet)
     facts = ClusterSurvey(str(ray.get_runtime_context().gcs_address))
     facts.nodes = _nodes()
     for named in ray.util.list_named_actors(all_namespaces=True):
