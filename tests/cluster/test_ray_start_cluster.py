@@ -261,3 +261,29 @@ def test_a_run_submitted_as_a_ray_job_joins_the_jobs_cluster(
     joined = next(r for r in records if r.get("kind") == "cluster")
     assert "RAY_ADDRESS is set (as inside `ray job submit`)" in joined["ray"]
     assert sum(r.get("kind") == "step" for r in records) == 1
+
+
+CONNECT = textwrap.dedent(
+    """
+    from quartet.cluster.runtime import connect, connection
+    from quartet.config.cluster import ClusterConfig
+    address = connect(ClusterConfig(num_cpus=2, namespace="ray-address-test"))  # a local-Ray-only setting
+    print("CONNECTED " + address + " | " + connection())
+    """
+)
+
+
+def test_ray_address_set_by_the_user_is_joined_without_local_ray_arguments(
+    started_cluster: StartedCluster, tmp_path: Path
+) -> None:
+    """RAY_ADDRESS alone (no `ray start` record visible): joined, and `cluster.num_cpus` is ignored with a
+    warning instead of Ray's "num_cpus and num_gpus must not be provided"."""
+    c = started_cluster
+    env = {**c.env(), "RAY_TMPDIR": str(tmp_path), "RAY_ADDRESS": c.gcs}  # an empty temp dir: no record
+    argv = [sys.executable, "-c", CONNECT]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("CONNECTED ")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-3000:]
+    assert line.startswith(f"CONNECTED {c.gcs} | joined the Ray cluster at {c.gcs}")
+    assert "RAY_ADDRESS is set" in line
+    assert "cluster.num_cpus=2 applies to a local Ray this run starts; ignored" in done.stderr
