@@ -23,7 +23,9 @@ def ray_cluster() -> Iterator[None]:
     import ray
 
     # address="local": a private Ray, even where a `ray start` cluster runs or RAY_ADDRESS is set
-    ray.init(address="local", num_cpus=4, include_dashboard=True, log_to_driver=False, namespace="quartet-tests")
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=True, log_to_driver=False, namespace="quartet-tests"
+    )
     try:
         yield
     finally:

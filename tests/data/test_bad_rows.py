@@ -17,7 +17,7 @@ from quartet.config.data import DataConfig
 from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, replace_load_rows
 from quartet.data.errors import DataError
 from quartet.data.prompts import PromptDataset
-from quartet.trainer.rl_trainer import source_checker
+from quartet.trainer.rl_data import source_checker
 
 
 def _row(i: int, source: str = "arithmetic", question: str = "What is 3+4?") -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 from quartet.config import load_config
 from quartet.tracking.jsonl_sink import JsonlSink, MetricsFileError, drop_torn_tail, read_records
 from quartet.trainer.rl_trainer import RLTrainer
+from quartet.trainer.run_files import prepare_metrics_file
 
 GOOD = [{"kind": "step", "step": s, "time": 1.0, "loss": 0.5} for s in (1, 2, 3)]
 TORN = '{"kind": "step", "step": 4, "time": 1.0, "lo'
@@ -70,7 +71,7 @@ def test_resume_drops_a_torn_tail_and_supersedes_later_steps(
     trainer.run_dir.mkdir(parents=True)
     _write(trainer.metrics_path, TORN)
     with caplog.at_level(logging.WARNING):
-        trainer._prepare_records(resumed_step=2)
+        prepare_metrics_file(trainer.metrics_path, resumed_step=2)
     assert [r["step"] for r in read_records(trainer.metrics_path)] == [1, 2]
     superseded = read_records(trainer.metrics_path.with_name("metrics.superseded.jsonl"))
     assert [r["step"] for r in superseded] == [3]
@@ -79,4 +80,4 @@ def test_resume_drops_a_torn_tail_and_supersedes_later_steps(
     lines = trainer.metrics_path.read_text().splitlines()
     trainer.metrics_path.write_text(lines[0] + "\n" + "{oops\n" + lines[1] + "\n")
     with pytest.raises(MetricsFileError, match="line 2"):
-        trainer._prepare_records(resumed_step=2)
+        prepare_metrics_file(trainer.metrics_path, resumed_step=2)

@@ -11,7 +11,9 @@ import pytest
 
 from quartet.config import load_config
 from quartet.data.prompts import PromptDataset
-from quartet.trainer.rl_trainer import RLData, RLTrainer, source_checker
+from quartet.trainer.rl_data import RLData, source_checker
+from quartet.trainer.rl_trainer import RLTrainer
+from quartet.trainer.run_files import name_bad_rows
 
 
 def _row(source: str) -> dict[str, Any]:
@@ -34,9 +36,11 @@ def test_rows_skipped_at_load_are_written_to_the_run_folder(
     assert len(train) == 2
     trainer = RLTrainer(cfg)
     trainer.run_dir.mkdir(parents=True)
-    with caplog.at_level(logging.WARNING, logger="quartet.trainer.rl_trainer"):
-        path = trainer._name_bad_rows(RLData(train, None))
-        trainer._name_bad_rows(RLData(train, None))  # a restart loads the same rows: not written twice
+    with caplog.at_level(logging.WARNING, logger="quartet.trainer.run_files"):
+        path = name_bad_rows(trainer.run_dir, RLData(train, None))
+        name_bad_rows(
+            trainer.run_dir, RLData(train, None)
+        )  # a restart loads the same rows: not written twice
     assert path == str(trainer.run_dir / "bad_rows.jsonl")
     named = [json.loads(line) for line in Path(path).read_text().splitlines()]
     assert [(n["stage"], n["row"], n["field"], n["reason"]) for n in named] == [

@@ -20,7 +20,7 @@ from quartet.config import load_config, plan_step
 from quartet.core.registry import CUSTOM_MODULES_ENV, registered_estimators
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
-from quartet.trainer.rl_trainer import RLTrainer, prepare_rl_data
+from quartet.trainer.rl_data import prepare_rl_data, prompt_batch
 from quartet.trainer.step import StepRunner, kl_controller
 from quartet.trainer.workers import start_workers
 
@@ -84,7 +84,7 @@ def test_custom_estimator_trains_two_steps(tiny_model_dir: Path, tmp_path: Path)
         before = _weights(workers.actor)
         runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
         for step in (1, 2):
-            prompts = RLTrainer._prompts(data.train, list(range((step - 1) * 4, step * 4)), step)
+            prompts = prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step)
             batch, metrics = runner.run(prompts, step)
             mask = (batch["response_mask"] != 0).tolist()
             rewards = batch["token_level_rewards"].double()
@@ -159,7 +159,7 @@ def test_registered_policy_loss_runs_in_the_ray_actor(
     )
     try:
         runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
-        _, metrics = runner.run(RLTrainer._prompts(data.train, [0, 1, 2, 3], 1), 1)
+        _, metrics = runner.run(prompt_batch(data.train, [0, 1, 2, 3], 1), 1)
         actor_pid = workers.actor.execute(lambda _: os.getpid())[0]
         assert actor_pid != os.getpid()
         assert metrics["custom/marker"] == 42.0

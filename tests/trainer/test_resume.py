@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from quartet.config import QuartetConfig, load_config
+from quartet.trainer.callbacks import StopAfter
 from quartet.trainer.checkpoint import CheckpointError, list_checkpoints
 from quartet.trainer.rl_trainer import RLTrainer
 
@@ -93,9 +94,9 @@ def test_resume_mid_epoch_and_at_epoch_boundary_is_exact(
     tiny_model_dir: Path, tmp_path: Path, straight: dict[str, Path], algo: str
 ) -> None:
     cfg = _config(tiny_model_dir, tmp_path, algo)
-    first = RLTrainer(cfg, stop_after=3).run()  # stops mid-epoch (3 of 4 batches)
+    first = RLTrainer(cfg, callbacks=StopAfter(3)).run()  # stops mid-epoch (3 of 4 batches)
     assert first.steps == 3 and [p.name for p in list_checkpoints(first.run_dir)] == ["global_step_3"]
-    second = RLTrainer(cfg, stop_after=1).run()  # step 4 ends the epoch: stops exactly on the boundary
+    second = RLTrainer(cfg, callbacks=StopAfter(1)).run()  # step 4 ends the epoch: stops on the boundary
     assert second.steps == 4
     state = json.loads((second.run_dir / "checkpoints/global_step_4/trainer_state.json").read_text())
     assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (1, 0)
@@ -113,13 +114,15 @@ def test_sigkill_while_writing_a_checkpoint_leaves_latest_complete(
         """
         import os, signal, sys
         from quartet.config import load_config
+        from quartet.trainer.callbacks import RunCallbacks
         from quartet.trainer.rl_trainer import RLTrainer
 
-        def kill_in_step_4(tmp):
-            if tmp.name.endswith("global_step_4"):  # the roles are written, the state file is not
-                os.kill(os.getpid(), signal.SIGKILL)
+        class KillInStep4(RunCallbacks):
+            def after_roles_saved(self, tmp):
+                if tmp.name.endswith("global_step_4"):  # the roles are written, the state file is not
+                    os.kill(os.getpid(), signal.SIGKILL)
 
-        RLTrainer(load_config(None, sys.argv[1:]), after_roles_saved=kill_in_step_4).run()
+        RLTrainer(load_config(None, sys.argv[1:]), callbacks=KillInStep4()).run()
         """
     )
     overrides = [*COMMON, *ALGOS["grpo"], f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}"]

@@ -20,7 +20,8 @@ from quartet.config import QuartetConfig, load_config, plan_step
 from quartet.core.choices import AdvantageEstimator
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
-from quartet.trainer.rl_trainer import RLTrainer, prepare_rl_data
+from quartet.trainer.rl_data import prepare_rl_data, prompt_batch
+from quartet.trainer.rl_trainer import RLTrainer
 from quartet.trainer.step import StepRunner, kl_controller
 from quartet.trainer.workers import Workers, start_workers
 
@@ -112,7 +113,7 @@ def _run_steps(
     metrics = []
     try:
         for step in range(1, steps + 1):
-            prompts = RLTrainer._prompts(data.train, list(range((step - 1) * 4, step * 4)), step)
+            prompts = prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step)
             metrics.append(runner.run(prompts, step)[1])
     except BaseException:
         workers.shutdown()
@@ -224,11 +225,11 @@ def test_dynamic_sampling_draws_more_prompts_in_a_real_step(
 
     def more(k: int) -> Any:
         drawn.append(k)
-        return RLTrainer._prompts(data.train, list(range(4 * k, 4 * k + 4)), 1, draw=k)
+        return prompt_batch(data.train, list(range(4 * k, 4 * k + 4)), 1, draw=k)
 
     try:
         runner = StepRunner(cfg, workers, reward, kl_controller(cfg), data.train.pad_id)
-        batch, metrics = runner.run(RLTrainer._prompts(data.train, [0, 1, 2, 3], 1), 1, more)
+        batch, metrics = runner.run(prompt_batch(data.train, [0, 1, 2, 3], 1), 1, more)
     finally:
         workers.shutdown()
         reward.close()

@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from quartet.config import load_config
 from quartet.engines.checkpoint import TOKENIZER_FILES
@@ -62,7 +62,8 @@ def export_checkpoint(checkpoint: Path, out: Path, lora: LoraExport = "merge") -
         actor.engine.export_hf(out)
         return out
     out.mkdir(parents=True, exist_ok=True)
-    actor.engine.module.save_pretrained(str(out))  # a peft model saves its adapter only
+    module: Any = actor.engine.module  # a peft model (its adapter only); typed nn.Module by the engine
+    module.save_pretrained(str(out))
     for name in TOKENIZER_FILES:
         if (model_path / name).exists():
             shutil.copy(model_path / name, out / name)

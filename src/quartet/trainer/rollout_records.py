@@ -18,14 +18,16 @@ not write) get `turns`: the response cut into runs of model (mask 1) and environ
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
 
-__all__ = ["rollout_rows", "write_rollout_records"]
+__all__ = ["RolloutRecorder", "rollout_rows", "write_rollout_records"]
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
@@ -102,3 +104,26 @@ def write_rollout_records(path: Path, records: list[dict[str, Any]]) -> Path:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     return path
+
+
+class RolloutRecorder:
+    """Writes rollout records (`quartet.trainer.rollout_records`) as `trainer.rollout_freq` says."""
+
+    def __init__(self, cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> None:
+        self.freq, self.limit = cfg.trainer.rollout_freq, cfg.trainer.rollout_samples
+        self.tokenizer, self.folder = tokenizer, run_dir / "rollouts"
+
+    def train(self, batch: Batch, step: int) -> None:
+        if self.freq and step % self.freq == 0:
+            rows = rollout_rows(batch, self.tokenizer, step, self.limit)
+            write_rollout_records(self.folder / f"step_{step}.jsonl", rows)
+
+    def val_writer(self, step: int) -> Callable[[Batch], None] | None:
+        if not self.freq:
+            return None
+
+        def write(batch: Batch) -> None:
+            rows = rollout_rows(batch, self.tokenizer, step)
+            write_rollout_records(self.folder / f"val_step_{step}.jsonl", rows)
+
+        return write

@@ -1,0 +1,96 @@
+"""The prompts of an RL run: the configured files, or the built-in task written into the run folder, loaded
+with the checks that refuse (or skip and name) a bad row at load instead of mid-run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quartet.config import QuartetConfig
+from quartet.core.batch import Batch
+from quartet.data.prompts import PromptDataset
+
+__all__ = ["RLData", "prepare_rl_data", "prompt_batch", "source_checker"]
+
+
+@dataclass
+class RLData:
+    """The run's prompts: training set, validation set (may be None) and where they came from."""
+
+    train: PromptDataset
+    val: PromptDataset | None
+
+
+def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData:
+    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`."""
+    train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
+    if not train_files:
+        from quartet.config.data import BuiltinTask
+        from quartet.data.tasks import ArithmeticSpec, CalculatorSpec, write_builtin
+
+        spec: Any = None
+        if cfg.data.builtin_task is BuiltinTask.ARITHMETIC:
+            ops = tuple(op.symbol for op in cfg.data.builtin_operations)
+            spec = ArithmeticSpec(digits=cfg.data.builtin_digits, operations=ops)
+        elif cfg.data.builtin_task is BuiltinTask.CALCULATOR:
+            spec = CalculatorSpec(digits=cfg.data.builtin_digits)
+        train_path, val_path = write_builtin(
+            cfg.data.builtin_task,
+            run_dir / "data",
+            cfg.data.builtin_train_size,
+            cfg.data.builtin_val_size,
+            cfg.data.seed,
+            spec=spec,
+        )
+        train_files, val_files = [str(train_path)], val_files or [str(val_path)]
+    tools, check = _tool_schemas(cfg), source_checker(cfg)
+    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check)
+    val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check) if val_files else None
+    return RLData(train, val)
+
+
+def source_checker(cfg: QuartetConfig) -> Callable[[str], None] | None:
+    """When the built-in rules score (no `reward.function`, no reward model), a check that a data source
+    has a rule scorer, raising `RowProblem`: run on every row at load, so a row no rule knows is refused
+    (or skipped) there, naming its file and row, instead of crashing the run when it is first drawn."""
+    if cfg.reward.function or cfg.reward.model_path:
+        return None
+    from quartet.data.errors import RowProblem
+    from quartet.rewards.rules.registry import UnknownDataSourceError, known_data_sources, select_scorer
+
+    key = cfg.data.data_source_key
+
+    def check(data_source: str) -> None:
+        try:
+            select_scorer(data_source)
+        except UnknownDataSourceError:
+            raise RowProblem(
+                "unknown_data_source",
+                key,
+                f"no rule scorer for data_source {data_source!r}; known data sources: {known_data_sources()}",
+                "correct the row's data_source, or set reward.function=path/to/file.py:function_name (a "
+                "compute_score(data_source, solution_str, ground_truth, extra_info) that scores it)",
+            ) from None
+
+    return check
+
+
+def _tool_schemas(cfg: QuartetConfig) -> list[dict[str, Any]] | None:
+    """The schemas the agent loops render into prompts (multi-turn runs), so prompt lengths are measured as
+    the model sees them; loading the tools here also reports a bad tools file before any worker starts."""
+    if not cfg.rollout.multi_turn.enable:
+        return None
+    from quartet.agents.runner import build_tools
+
+    return [tool.schema for tool in build_tools(cfg.rollout.multi_turn).values()] or None
+
+
+def prompt_batch(dataset: PromptDataset, indices: list[int], step: int, draw: int = 0) -> Batch:
+    """The step's prompt batch with a fresh `uid` per prompt (the group id of its n responses); `draw` > 0
+    for dynamic sampling's extra draws of the same step."""
+    batch = dataset.batch(indices)
+    uids = [f"s{step}-d{draw}-p{i}" for i in range(len(indices))]
+    uids_batch = Batch({}, {"uid": uids}, batch_size=len(indices))
+    return batch.union(uids_batch).with_meta(global_step=step)
