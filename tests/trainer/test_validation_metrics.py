@@ -37,7 +37,15 @@ class Dataset:
         )
 
 
-class Rollout:
+class AsGroup:
+    """A stand-in role group: the typed `call_batch(Role.method, ...)` runs the fake's method of that name."""
+
+    def call_batch(self, fn: Any, *args: Any) -> Batch:
+        result: Batch = getattr(self, fn.__name__)(*args)
+        return result
+
+
+class Rollout(AsGroup):
     def generate(self, prompts: Batch) -> Batch:
         assert prompts.meta.validation
         rows = [int(i) for i in prompts.non_tensors["index"] for _ in range(N)]
@@ -49,7 +57,7 @@ class Rollout:
         )
 
 
-class RewardModel:
+class RewardModel(AsGroup):
     def __init__(self) -> None:
         self.calls = 0
 

@@ -46,6 +46,9 @@ from quartet.core.kl import KLController
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
 from quartet.models.resolve import resolve_model
+from quartet.roles.actor import Actor
+from quartet.roles.critic import Critic
+from quartet.roles.rollout import Rollout
 from quartet.tracking import Tracking
 from quartet.trainer.callbacks import CallbackList, OnRecord, Record, RunCallbacks
 from quartet.trainer.checkpoint import (
@@ -315,16 +318,16 @@ class RLTrainer:
         if s.prep.planned.report is not None and s.result.steps > 0:
             self.record("memory", step=s.result.steps, **s.prep.planned.record(), **measured_peaks(s.workers))
         if self.cfg.trainer.export_final and s.result.steps == s.prep.total:
-            s.workers.actor.export_hf(str(self.run_dir / "hf"))
+            s.workers.actor.call(Actor.export_hf, str(self.run_dir / "hf"))
             s.result.hf_dir = self.run_dir / "hf"
 
     # ---- checkpoints ------------------------------------------------------------------------------------
 
     def _save(self, workers: Workers, state: TrainerState) -> Path:
         def save_roles(folder: Path) -> list[str]:
-            workers.actor.save(str(folder / "actor"))
+            workers.actor.call(Actor.save, str(folder / "actor"))
             if workers.critic is not None:
-                workers.critic.save(str(folder / "critic"))
+                workers.critic.call(Critic.save, str(folder / "critic"))
                 return ["actor", "critic"]
             return ["actor"]
 
@@ -345,10 +348,10 @@ class RLTrainer:
                 "critic (algorithm.adv_estimator changed?). Fix: resume with the checkpoint's algorithm, or "
                 "trainer.resume=off"
             )
-        workers.actor.load(str(checkpoint / "actor"))
+        workers.actor.call(Actor.load, str(checkpoint / "actor"))
         if workers.critic is not None:
-            workers.critic.load(str(checkpoint / "critic"))
-        workers.rollout.sync_weights()
+            workers.critic.call(Critic.load, str(checkpoint / "critic"))
+        workers.rollout.call(Rollout.sync_weights)
         note = f"resumed from {checkpoint} at step {step} of {total}"
         if step >= total:
             note += (

@@ -21,6 +21,8 @@ from typing import Any
 from quartet.agents.batch import agent_batch_metrics
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
+from quartet.roles.reward_model import RewardModel
+from quartet.roles.rollout import Rollout
 from quartet.trainer.workers import Workers
 
 __all__ = ["validate"]
@@ -43,9 +45,10 @@ def validate(
     for start in range(0, total, cfg.data.val_batch_size):
         indices = list(range(start, min(start + cfg.data.val_batch_size, total)))
         prompts = dataset.batch(indices).with_meta(validation=True, global_step=step)
-        generated = workers.rollout.generate(prompts)
+        generated = workers.rollout.call_batch(Rollout.generate, prompts)
         if workers.reward_model is not None:
-            generated = generated.union(workers.reward_model.score(generated).select("rm_scores"))
+            rm_scores = workers.reward_model.call_batch(RewardModel.score, generated).select("rm_scores")
+            generated = generated.union(rm_scores)
         scored, _ = reward.score(generated)
         if on_scored is not None:
             on_scored(generated.union(scored))
