@@ -45,7 +45,7 @@ def test_demo_prints_an_error_holding_markup_verbatim(
 def test_doctor_prints_a_cluster_error_holding_markup_verbatim(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(doctor, "reachable", lambda address: GLOO)
+    monkeypatch.setattr(doctor, "not_listening", lambda address, timeout_s: GLOO)
     code = main(["doctor", "--address", "[/x]:1", "--no-smoke", "--no-probe"])
     out = capsys.readouterr().out.replace("\n", "")
     assert code == 2

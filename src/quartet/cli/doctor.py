@@ -28,13 +28,13 @@ from quartet.cli.doctor_checks import (
     smoke_test,
 )
 from quartet.cluster.auth import ClusterAuthError
+from quartet.cluster.connect import not_listening
 from quartet.cluster.run_record import RankPlace
 from quartet.cluster.survey import (
     ClusterSurvey,
     ProbeResult,
     RunRecord,
     probe_discovery,
-    reachable,
     survey,
 )
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         address, only = record.names.address or address, (record.names.namespace, record.names.prefix)
     report: dict[str, Any] = {"versions": versions()}
     checks = [_package_check(report["versions"])]
-    problem = reachable(address)
+    problem = not_listening(address, timeout_s=3.0)  # at once, before Ray's own retries
     facts: ClusterSurvey | None = None
     refused = False
     if problem is None:

@@ -34,6 +34,7 @@ __all__ = [
     "RayTarget",
     "check_listening",
     "join_bounded",
+    "not_listening",
     "resolve_target",
     "target_of",
 ]
@@ -114,7 +115,7 @@ def resolve_target(address: str, connect_timeout_s: float = 5.0) -> RayTarget:
     recorded = _recorded_cluster()
     if recorded is not None:
         found, path = recorded
-        why = _not_listening(found, connect_timeout_s)
+        why = not_listening(found, connect_timeout_s)
         if why is None:
             return RayTarget("join", found, f"the `ray start` cluster on this machine, recorded in {path}")
         log.warning("ignoring %s: the `ray start` cluster it records (%s) is gone: %s", path, found, why)
@@ -145,7 +146,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _not_listening(address: str, timeout_s: float) -> str | None:
+def not_listening(address: str, timeout_s: float) -> str | None:
     """None if something accepts TCP connections at `address`, else why not."""
     parsed = _host_port(address)
     if parsed is None:
@@ -178,7 +179,7 @@ def check_listening(address: str, source: str, timeout_s: float) -> None:
             f"cannot join Ray at '{address}' (from {source}): not an address. Fix: use host:port "
             f"({_PORT_HINT}), ray://host:port, auto or local, or leave it empty"
         )
-    why = _not_listening(address, timeout_s)
+    why = not_listening(address, timeout_s)
     if why is not None:
         raise RayConnectError(
             f"cannot join the Ray cluster at {address} (from {source}): {why}. Fix: start it (`ray start "

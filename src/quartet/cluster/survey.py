@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -134,18 +133,6 @@ class RunRecord:
         for r in runs:
             r.status, r.cause = classify_run(r, self.state)
             r.run_state = asdict(self.state) if self.state else None
-
-
-def reachable(address: str, timeout_s: float = 3.0) -> str | None:
-    """None if something listens at `host:port`, else why not (checked before Ray's long connect retries)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return None  # `auto`, `ray://...`: left to Ray
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return None
-    except OSError as err:
-        return f"nothing is listening at {address} ({err})"
 
 
 def survey(address: str, only: tuple[str, str] | None = None) -> ClusterSurvey:
