@@ -36,6 +36,7 @@ import os
 import resource
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -378,6 +379,25 @@ def _run_program(cfg: dict[str, Any], nproc: bool) -> None:
     sys.exit(0)
 
 
+def _wait_for_program(program: int, deadline: float) -> tuple[int, Any] | None:
+    """Reap exited children (orphans too) until the program exits; its (wait status, resource usage), or
+    None when `deadline` (monotonic) passes first. Needs SIGCHLD blocked: it sleeps in sigtimedwait."""
+    while True:
+        while True:  # everything that exited so far: one pending SIGCHLD may stand for several
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return None  # not reached while the program is unreaped
+            if pid == 0:
+                break
+            if pid == program:
+                return status, usage
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        signal.sigtimedwait([signal.SIGCHLD], remaining)
+
+
 def _init(cfg: dict[str, Any], namespaces: bool) -> None:
     """Start the program, wait for it within the wall-clock limit, clean up, report, exit.
 
@@ -386,8 +406,12 @@ def _init(cfg: dict[str, Any], namespaces: bool) -> None:
     status_fd = int(cfg["status_fd"])
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    # SIGCHLD stays pending (blocked) so the wait below sleeps on it with a timeout: a deadline raised as an
+    # exception could land between a wait that reaped the program and the line that keeps its status.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     program = os.fork()
     if program == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         os.close(status_fd)
         _libc.prctl(_PR_SET_DUMPABLE, 1)  # its own processes may read each other's /proc files
         os.setpgid(0, 0)
@@ -400,18 +424,9 @@ def _init(cfg: dict[str, Any], namespaces: bool) -> None:
     def on_alarm(signum: int, frame: object) -> None:
         raise _Deadline
 
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(cfg["wall_s"]))
-    wall_limit = False
-    ended: tuple[int, Any] | None = None  # the program's wait status and resource usage
-    try:
-        while ended is None:  # reap orphans too; stop at the program's own exit
-            pid, status, usage = os.wait4(-1, 0)
-            if pid == program:
-                ended = (status, usage)
-    except _Deadline:
-        wall_limit = ended is None
-    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, on_alarm)  # for _kill_all's bound
+    ended = _wait_for_program(program, time.monotonic() + float(cfg["wall_s"]))
+    wall_limit = ended is None
     if ended is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(program, signal.SIGKILL)
