@@ -33,6 +33,11 @@ SIZES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 
 
+SMOKE_OVERRIDES = ("cluster.backend=local",)
+"""What a benchmark's `--smoke` adds to quartet's side: the roles in the driver, no Ray to start (~20 s a
+process). A smoke checks the benchmark's pipeline; Ray's path is what the timed runs and the suite cover."""
+
+
 @dataclass(frozen=True)
 class GrpoSettings:
     """What both sides run: one generation and one optimizer step per step, fp32 or bf16, no KL term."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from common import matmul_peak_gflops, spread, table, write_result
-from grpo_runs import GrpoSettings, RunResult, Workdir, prepare, run_quartet, run_trl
+from grpo_runs import SMOKE_OVERRIDES, GrpoSettings, RunResult, Workdir, prepare, run_quartet, run_trl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from trl_env import TRL_VERSION, ensure_trl_venv  # noqa: E402
@@ -86,7 +86,7 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
         dtype=args.dtype,
         threads=args.threads,
         lr=args.lr,
-        quartet_overrides=tuple(args.quartet_override),
+        quartet_overrides=tuple(args.quartet_override) + (SMOKE_OVERRIDES if args.smoke else ()),
     )
     torch.set_num_threads(args.threads)
     peak_n = (

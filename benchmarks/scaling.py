@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from common import table, write_result
-from grpo_runs import GrpoSettings, prepare, run_quartet
+from grpo_runs import SMOKE_OVERRIDES, GrpoSettings, prepare, run_quartet
 
 KNEE = 0.30
 
@@ -63,8 +63,11 @@ def analyse(xs: list[float], ys: list[float]) -> dict[str, Any]:
     }
 
 
-def point(w: Any, s: GrpoSettings, workdir: Path, name: str) -> dict[str, Any]:
-    run = run_quartet(w, s, workdir / "runs" / name, name)
+def point(w: Any, s: GrpoSettings, workdir: Path, name: str, done: dict[GrpoSettings, Any]) -> dict[str, Any]:
+    """One point's figures; a point both sweeps share (the same settings) runs once (`done`)."""
+    if s not in done:
+        done[s] = run_quartet(w, s, workdir / "runs" / name, name)
+    run = done[s]
     rows = s.prompts_per_step * s.n
     generated = [rows * length for length in run.response_length_mean[1:]]
     step = statistics.median(run.step_seconds[1:])
@@ -107,19 +110,34 @@ def main() -> None:
             3,
         )
     torch.set_num_threads(args.threads)
-    base = GrpoSettings(steps=args.steps, n=args.n, threads=args.threads, max_prompt_length=32)
+    base = GrpoSettings(
+        steps=args.steps,
+        n=args.n,
+        threads=args.threads,
+        max_prompt_length=32,
+        quartet_overrides=SMOKE_OVERRIDES if args.smoke else (),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         w = prepare(workdir, args.size)
+        done: dict[GrpoSettings, Any] = {}
         by_prompts = [
             point(
-                w, replace(base, prompts_per_step=p, max_new_tokens=args.base_length), workdir, f"prompts{p}"
+                w,
+                replace(base, prompts_per_step=p, max_new_tokens=args.base_length),
+                workdir,
+                f"prompts{p}",
+                done,
             )
             for p in map(int, args.prompts.split(","))
         ]
         by_length = [
             point(
-                w, replace(base, prompts_per_step=args.base_prompts, max_new_tokens=n), workdir, f"length{n}"
+                w,
+                replace(base, prompts_per_step=args.base_prompts, max_new_tokens=n),
+                workdir,
+                f"length{n}",
+                done,
             )
             for n in map(int, args.lengths.split(","))
         ]

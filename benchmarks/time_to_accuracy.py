@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from common import spread, table, write_result
-from grpo_runs import GrpoSettings, RunResult, Workdir, count_params, run_quartet, run_trl
+from grpo_runs import SMOKE_OVERRIDES, GrpoSettings, RunResult, Workdir, count_params, run_quartet, run_trl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from trl_env import TRL_VERSION, ensure_trl_venv  # noqa: E402
@@ -117,6 +117,7 @@ def main() -> None:
             eval_every=args.eval_every,
             eval_size=cfg.data.builtin_val_size,
             target_accuracy=threshold,
+            quartet_overrides=SMOKE_OVERRIDES if args.smoke else (),
         )
         runs: dict[str, list[RunResult]] = {"trl": [], "quartet": []}
         for r in range(args.rounds):
