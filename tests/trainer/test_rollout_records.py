@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -99,8 +100,39 @@ def test_multi_turn_rows_get_turns() -> None:
     (rec,) = rollout_rows(batch, _Chars(), step=7)
     assert rec["prompt"] == "de" and rec["response"] == "abccf" and rec["response_tokens"] == 5
     assert rec["turns"] == [
-        {"role": "assistant", "text": "ab", "tokens": 2},
-        {"role": "environment", "text": "cc", "tokens": 2},
-        {"role": "assistant", "text": "f", "tokens": 1},
+        {"role": "assistant", "text": "ab", "tokens": 2, "mask": 1, "advantage": 0.5},
+        {"role": "environment", "text": "cc", "tokens": 2, "mask": 0},
+        {"role": "assistant", "text": "f", "tokens": 1, "mask": 1, "advantage": 0.5},
     ]
     assert rec["advantage"] == 0.5
+
+
+def test_turns_follow_the_agent_loops_spans_with_their_rewards_and_advantages() -> None:
+    """A model turn, a tool result, a model turn, a user reply, a model turn cut by the response width."""
+    mask = torch.tensor([[1, 1, 0, 1, 0, 0, 1, 1]])
+    spans = np.empty(1, dtype=object)
+    spans[0] = [("assistant", 0, 2), ("tool", 2, 3), ("assistant", 3, 4), ("user", 4, 6), ("assistant", 6, 9)]
+    batch = Batch(
+        {
+            "prompts": torch.tensor([[3]]),
+            "responses": torch.tensor([[0, 1, 2, 3, 4, 4, 5, 6]]),
+            "attention_mask": torch.ones(1, 9, dtype=torch.int64),
+            "response_mask": mask,
+            "turn_rewards": torch.tensor([[0.0, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]),
+            "advantages": torch.tensor([[0.75, 0.75, 0.0, -0.5, 0.0, 0.0, 0.1, 0.1]]),
+        },
+        {"turn_spans": spans},
+        batch_size=1,
+    )
+    (rec,) = rollout_rows(batch, _Chars(), step=1)
+    assert [(t["role"], t["text"], t["mask"]) for t in rec["turns"]] == [
+        ("assistant", "ab", 1),
+        ("tool", "c", 0),
+        ("assistant", "d", 1),
+        ("user", "ee", 0),
+        ("assistant", "fg", 1),  # the span ran past the response: cut to it
+    ]
+    model = [t for t in rec["turns"] if t["mask"]]
+    assert [t["turn_reward"] for t in model] == [0.25, 0.0, 0.0]
+    assert [t["advantage"] for t in model] == pytest.approx([0.75, -0.5, 0.1])
+    assert all("turn_reward" not in t and "advantage" not in t for t in rec["turns"] if not t["mask"])

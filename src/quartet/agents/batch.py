@@ -5,7 +5,9 @@ trajectories' own prompt ids (rendered with the tools, left-padded to the longes
 rather than copied from the input batch; the response holds model and environment tokens, right-padded to
 `response_width`, with `response_mask` 1 only on model tokens and `attention_mask` 1 on every real token.
 Environment rewards (a tool's or an interaction's) go to the non-tensor column `env_reward` (None where the
-environment gave none) for a reward function to use.
+environment gave none) for a reward function to use. Rewards of single model turns go to `turn_rewards`
+[B, R], on each turn's last token (quartet.core.turn_credit). `turn_spans` (non-tensor) lists each row's
+turns as (role, start, stop) response positions: who wrote which tokens (rollout records show them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def trajectories_to_batch(
     attention = torch.zeros(rows, p + r, dtype=torch.int64)
     response_mask = torch.zeros(rows, r, dtype=torch.int64)
     logprobs = torch.zeros(rows, r, dtype=torch.float32)
+    turn_rewards = torch.zeros(rows, r, dtype=torch.float32)
     for i, t in enumerate(trajectories):
         if len(t.response_ids) > r:
             raise ValueError(f"trajectory {i} has {len(t.response_ids)} response tokens, the width is {r}")
@@ -45,6 +48,10 @@ def trajectories_to_batch(
             responses[i, :m] = torch.tensor(t.response_ids, dtype=torch.int64)
             response_mask[i, :m] = torch.tensor(t.response_mask, dtype=torch.int64)
             logprobs[i, :m] = torch.tensor(t.logprobs, dtype=torch.float32)
+        model_turns = [span for span in t.turns if span.role == "assistant"]
+        for span, reward in zip(model_turns, t.turn_rewards, strict=True):
+            if span.stop > span.start:  # on the turn's last token, as outcome scores are placed
+                turn_rewards[i, span.stop - 1] = reward
     base = prompts.drop("prompts", "attention_mask").repeat(n, interleave=True)
     columns = {
         "prompts": prompt_ids,
@@ -52,10 +59,15 @@ def trajectories_to_batch(
         "response_mask": response_mask,
         "attention_mask": attention,
         "rollout_logprobs": logprobs,
+        "turn_rewards": turn_rewards,
     }
     non_tensors = {
         "finish_reason": np.array([t.finish_reason for t in trajectories], dtype=object),
         "env_reward": np.array([t.reward for t in trajectories], dtype=object),
+        "turn_spans": np.array(
+            [[(span.role, span.start, span.stop) for span in t.turns] for t in trajectories] + [None],
+            dtype=object,
+        )[:-1],
     }
     return base.union(Batch(columns, non_tensors, batch_size=rows))
 
@@ -76,13 +88,16 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def agent_batch_metrics(batch: Batch) -> dict[str, float]:
+def agent_batch_metrics(batch: Batch, success_score: float = 1.0) -> dict[str, float]:
     """The multi-turn figures of a rollout batch (from `quartet.agents.runner`'s columns); {} without them.
 
     Per loop counter k (tool calls, failures by kind and by tool, turns, drift): `k/mean` per trajectory,
     and for `tool/*` counters `k/total` over the batch; latency and drift also `.../max`. How trajectories
-    ended: `agent/finish/<reason>` shares (aborted, truncated at max_tokens, ...). Model tokens per turn:
-    `agent/tokens_per_turn/mean`.
+    ended: `agent/finish/<reason>` shares (aborted, truncated at max_tokens, cut at the deadline, ...),
+    and `agent/deadline_cut/total`. Model tokens per turn: `agent/tokens_per_turn/mean`. Once scored
+    (`token_level_scores`): `agent/success/mean`, the share whose outcome score reaches `success_score`,
+    and `agent/turns_to_success/mean`, the model turns of those. `agent/tool_error_rate`: failed tool calls
+    over all calls. `agent/turn_reward/mean`: per trajectory, the sum of its turns' rewards.
     """
     if "agent_metrics" not in batch.non_tensors:
         return {}
@@ -102,6 +117,8 @@ def agent_batch_metrics(batch: Batch) -> dict[str, float]:
             out[f"{key}/total"] = float(values.sum())
         if key == "agent/token_drift":
             out[f"{key}/max"] = float(values.max())
+        if key == "agent/deadline_cut":
+            out[f"{key}/total"] = float(values.sum())
     if "finish_reason" in batch.non_tensors:
         reasons = [str(r) for r in batch.non_tensors["finish_reason"]]
         for reason in sorted(set(reasons)):
@@ -109,4 +126,14 @@ def agent_batch_metrics(batch: Batch) -> dict[str, float]:
     turns = np.array([max(1.0, m.get("agent/assistant_turns", 1.0)) for m in rows])
     model_tokens = batch["response_mask"].sum(-1).double().numpy()
     out["agent/tokens_per_turn/mean"] = float((model_tokens / turns).mean())
+    calls = sum(m.get("tool/calls", 0.0) for m in rows)
+    if calls:
+        out["agent/tool_error_rate"] = sum(m.get("tool/failed", 0.0) for m in rows) / calls
+    if "turn_rewards" in batch:
+        out["agent/turn_reward/mean"] = float(batch["turn_rewards"].sum(-1).double().mean())
+    if "token_level_scores" in batch:
+        success = (batch["token_level_scores"].sum(-1) >= success_score).numpy()
+        out["agent/success/mean"] = float(success.mean())
+        if success.any():
+            out["agent/turns_to_success/mean"] = float(turns[success].mean())
     return out

@@ -51,6 +51,9 @@ class InteractionReply:
     """True when the conversation is over: the model gets no further turn."""
     score: float | None = None
     """A reward for the trajectory, at the end or at any turn; the loop keeps the last one not None."""
+    turn_reward: float | None = None
+    """A reward for the model turn this reply answers alone (turn-level credit, algorithm.turn_reward_coef);
+    None: the turn earns nothing."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Numbers for logging (e.g. `interaction/guesses`), named `interaction/...` by convention."""
 

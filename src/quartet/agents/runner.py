@@ -13,6 +13,10 @@ The output is the rollout Batch of `quartet.agents.batch` with, per row:
   `env_reward` (the interaction's or the tools' score, or None), for reward functions;
 - `agent_metrics`: the trajectory's loop counters (tool calls, failures, turns, drift, latency);
 - `finish_reason` says why the loop ended.
+
+With `rollout.multi_turn.step_deadline_s`, a generation still running (or asked for) when the deadline
+passes is aborted in the engine and dropped: the trajectory keeps its finished turns, ends with
+finish_reason `deadline` and carries `agent/deadline_cut` = 1 (the step reports the total).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from quartet.agents.tools.parsing import get_parser
 from quartet.agents.trajectory import ChatRenderer, Trajectory, token_drift
 from quartet.config.rollout import MultiTurnConfig
 from quartet.core.batch import Batch
-from quartet.rollout.types import GenerationOutput, SamplingParams
+from quartet.rollout.types import FinishReason, GenerationOutput, SamplingParams
 
 if TYPE_CHECKING:
     from quartet.agents.interaction import Interaction
@@ -148,6 +152,9 @@ class AgentRunner:
     ) -> list[Trajectory]:
         """`sampling.n` trajectories per row, row-major, all loops running concurrently."""
         n = sampling.n
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.mt.step_deadline_s if self.mt.step_deadline_s > 0 else None
+        cut: set[tuple[int, int]] = set()
 
         def generator(row: int, sample: int) -> Callable[[list[int], int], Awaitable[GenerationOutput]]:
             turn = 0
@@ -159,12 +166,26 @@ class AgentRunner:
                     sampling, n=1, seed=seed, max_new_tokens=min(budget, sampling.max_new_tokens)
                 )
                 turn += 1
-                return (await generate_tokens(prompt_ids, params))[0]
+                if deadline is None:
+                    return (await generate_tokens(prompt_ids, params))[0]
+                try:  # past the step's deadline the turn is aborted (the engine frees its slot) and dropped
+                    async with asyncio.timeout_at(deadline) as bound:
+                        return (await generate_tokens(prompt_ids, params))[0]
+                except TimeoutError:
+                    if not bound.expired():
+                        raise  # the engine's own timeout, not the deadline
+                cut.add((row, sample))
+                return GenerationOutput(f"deadline-{row}-{sample}", 0, (), (), FinishReason.ABORT)
 
             return generate
 
         tasks = [run_agent(row, generator(i, j), self.env) for i, row in enumerate(rows) for j in range(n)]
-        return list(await asyncio.gather(*tasks))
+        trajectories = list(await asyncio.gather(*tasks))
+        for i, j in cut:
+            trajectory = trajectories[i * n + j]
+            trajectory.finish_reason = "deadline"
+            trajectory.metrics["agent/deadline_cut"] = 1.0
+        return trajectories
 
     def run(
         self,

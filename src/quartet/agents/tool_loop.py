@@ -92,6 +92,9 @@ async def run_tool_loop(
                 break
             out = await generate(trajectory.prompt_ids + trajectory.response_ids, budget)
             ids = list(out.token_ids)
+            if out.finish_reason is FinishReason.ABORT and not ids:  # cut before it wrote anything
+                trajectory.finish_reason = "abort"
+                break
             trajectory.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None)
             ended = bool(ids) and ids[-1] in eot_ids
             text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
@@ -109,6 +112,8 @@ async def run_tool_loop(
                     break
                 reply = await user.interaction.respond(user_id, trajectory.messages)
                 user_score = reply.score if reply.score is not None else user_score
+                if reply.turn_reward is not None:
+                    trajectory.reward_last_turn(reply.turn_reward)
                 for key, value in reply.metrics.items():
                     counts[key] = value  # the interaction's running figures: the last one stands
                 if reply.done:
@@ -135,6 +140,7 @@ async def run_tool_loop(
                     parsed.calls, tools, instances, limits.tool_timeout_s, limits.max_tool_response_chars
                 )
                 replies += [r.text for r in results]
+                trajectory.reward_last_turn(sum(r.reward for r in results if r.reward is not None))
                 for key, value in metrics.items():
                     if "latency" not in key:  # counters add up over turns
                         counts[key] = counts.get(key, 0.0) + value

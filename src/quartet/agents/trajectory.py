@@ -59,6 +59,9 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     truncated: bool = False
     """The response was cut to the trainer's width (`truncate`): the conversation goes on past its ids."""
+    turn_rewards: list[float] = field(default_factory=list)
+    """One per model turn: what the environment rewarded that turn with alone (a tool call's reward, a
+    simulated user's `turn_reward`); 0.0 where it gave nothing (quartet.core.turn_credit)."""
 
     @property
     def assistant_turns(self) -> int:
@@ -73,6 +76,13 @@ class Trajectory:
         self.response_mask += [1] * len(token_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
         self.turns.append(TurnSpan("assistant", start, len(self.response_ids)))
+        self.turn_rewards.append(0.0)
+
+    def reward_last_turn(self, value: float) -> None:
+        """Add `value` to the reward of the latest model turn."""
+        if not self.turn_rewards:
+            raise ValueError("no model turn to reward yet")
+        self.turn_rewards[-1] += float(value)
 
     def add_env_turn(self, role: str, token_ids: list[int]) -> None:
         """Append environment tokens (mask 0, log-prob 0)."""
@@ -88,6 +98,8 @@ class Trajectory:
             return
         self.truncated = True
         del self.response_ids[max_tokens:], self.response_mask[max_tokens:], self.logprobs[max_tokens:]
+        kept = [t.start < max_tokens for t in self.turns if t.role == "assistant"]
+        self.turn_rewards = [r for r, keep in zip(self.turn_rewards, kept, strict=True) if keep]
         self.turns = [
             TurnSpan(t.role, t.start, min(t.stop, max_tokens)) for t in self.turns if t.start < max_tokens
         ]

@@ -93,6 +93,15 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Coefficient controller of the in-reward KL."""
 
+    turn_reward_coef: float = 0.0
+    """Multi-turn: weight of the rewards the environment gives single model turns (a tool call's reward,
+    a simulated user's `turn_reward`). Group estimators add this x the group-relative return of each turn
+    to that turn's tokens' advantage; GAE / REINFORCE++ / ReMax add this x the turn rewards to the
+    token-level rewards. 0: turn rewards are not used (see quartet.core.turn_credit)."""
+
+    turn_gamma: float = 1.0
+    """Discount of later turns' rewards in a turn's return (turn_reward_coef)."""
+
     filter_groups: bool = False
     """DAPO dynamic sampling: drop prompt groups whose rewards are all equal (zero advantage) and generate
     on fresh prompts until `data.train_batch_size` informative groups remain; counted."""
@@ -119,6 +128,9 @@ class AlgorithmConfig:
         require(0.0 <= self.gamma <= 1.0, "gamma", f"must lie in [0, 1], got {self.gamma}")
         require(0.0 <= self.lam <= 1.0, "lam", f"must lie in [0, 1], got {self.lam}")
         require(self.max_num_gen_batches >= 1, "max_num_gen_batches", "must be >= 1")
+        coef = self.turn_reward_coef
+        require(coef >= 0.0, "turn_reward_coef", f"must be >= 0, got {coef}")
+        require(0.0 <= self.turn_gamma <= 1.0, "turn_gamma", f"must lie in [0, 1], got {self.turn_gamma}")
         require(
             self.kl_penalty != KLPenalty.FULL,
             "kl_penalty",

@@ -108,6 +108,16 @@ class MultiTurnConfig:
     check_drift: bool = True
     """Re-render each conversation with the chat template and report `agent/token_drift` (0 = exact)."""
 
+    step_deadline_s: float = 0.0
+    """Longest a step's agent loops may run (seconds from the start of its rollout); then every unfinished
+    trajectory is cut where it stands: its generation in flight is aborted and dropped, its finished turns
+    stay, it ends with finish_reason `deadline`, is scored like any other, and is counted
+    (`agent/deadline_cut/total`). One slow conversation cannot hold the step. 0: no deadline."""
+
+    success_score: float = 1.0
+    """A trajectory whose outcome score reaches this counts as a success in `agent/success` and
+    `agent/turns_to_success`."""
+
     def __post_init__(self) -> None:
         require(
             self.default_agent in AGENT_LOOP_NAMES,
@@ -134,6 +144,7 @@ class MultiTurnConfig:
         require(self.max_user_turns >= 0, "max_user_turns", "must be >= 0")
         require(self.max_tool_response_length >= 1, "max_tool_response_length", "must be >= 1")
         require(self.tool_timeout_s > 0, "tool_timeout_s", "must be > 0")
+        require(self.step_deadline_s >= 0, "step_deadline_s", "must be >= 0 (0: no deadline)")
 
 
 @dataclass(frozen=True)

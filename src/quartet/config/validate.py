@@ -113,6 +113,14 @@ def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
                 "keep one: actor.use_kl_loss=false or algorithm.use_kl_in_reward=false",
             )
         )
+    if cfg.algorithm.turn_reward_coef > 0 and not cfg.rollout.multi_turn.enable:
+        out.append(
+            ConfigError(
+                "algorithm.turn_reward_coef",
+                "turn rewards come from multi-turn agent loops (tools, simulated users), which are off",
+                "set rollout.multi_turn.enable=true, or algorithm.turn_reward_coef=0",
+            )
+        )
     return out
 
 

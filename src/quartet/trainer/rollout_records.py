@@ -7,12 +7,15 @@
     {"step": N, "uid": ..., "data_source": ..., "index": row in the dataset, "prompt": text,
      "response": text, "prompt_tokens": int, "response_tokens": int, "finish_reason": ...,
      "ground_truth": ..., "score": float, "reward": float, "advantage": float (first response token),
-     "turns": [{"role": "assistant"|"environment", "text": ..., "tokens": int}, ...],
+     "turns": [{"role": "assistant"|"tool"|"user"|"environment", "text": ..., "tokens": int, "mask": 0|1,
+                "turn_reward": float, "advantage": float (model turns)}, ...],
      "final_message", "num_turns", "env_reward"   (multi-turn only)}
 
 Text is decoded from the token ids the trainer used, padding removed, special tokens kept (they matter when
-reading a chat format). Multi-turn rows (a `response_mask` with holes: tool or user tokens the model did
-not write) get `turns`: the response cut into runs of model (mask 1) and environment (mask 0) tokens.
+reading a chat format). Multi-turn rows get `turns`: the conversation turn by turn with who wrote it (the
+agent loop's `turn_spans`: the model's turns, tool results, simulated-user replies) and the loss mask (1 on
+the model's tokens only); rows without spans but with mask holes are cut into runs of the mask (assistant /
+environment). A model turn shows its turn reward and the advantage of its first token.
 """
 
 from __future__ import annotations
@@ -84,17 +87,43 @@ def rollout_rows(batch: Batch, tokenizer: Any, step: int, limit: int = 0) -> lis
         if "advantages" in batch and length:
             first = int(torch.as_tensor(response_mask).argmax()) if any(response_mask) else 0
             rec["advantage"] = float(batch["advantages"][i][first])
-        if 0 in response_mask and length:
-            rec["turns"] = [
-                {
-                    "role": "assistant" if value else "environment",
-                    "text": tokenizer.decode(response_ids[start:stop]),
-                    "tokens": stop - start,
-                }
-                for value, start, stop in _runs(response_mask)
-            ]
+        spans = _spans(batch, i, response_mask, length)
+        if spans is not None:
+            rec["turns"] = [_turn(batch, i, tokenizer, response_ids, span) for span in spans]
         records.append(rec)
     return records
+
+
+def _spans(batch: Batch, row: int, mask: list[int], length: int) -> list[tuple[str, int, int]] | None:
+    """The row's turns as (role, start, stop): the agent loop's own (`turn_spans`: assistant, tool, user),
+    else runs of the mask (assistant / environment); None for a one-turn response."""
+    spans = batch.non_tensors["turn_spans"][row] if "turn_spans" in batch.non_tensors else None
+    if spans:
+        cut = [(str(role), int(a), min(int(b), length)) for role, a, b in spans if int(a) < length]
+        return [span for span in cut if span[2] > span[1]]
+    if 0 not in mask or not length:
+        return None
+    return [("assistant" if value else "environment", a, b) for value, a, b in _runs(mask)]
+
+
+def _turn(
+    batch: Batch, row: int, tokenizer: Any, response_ids: list[int], span: tuple[str, int, int]
+) -> dict[str, Any]:
+    """One turn of a record: who wrote it, its text, tokens and mask; for model turns the turn's reward
+    (`turn_rewards`, when the environment gave one) and the advantage of its first token."""
+    role, start, stop = span
+    model = role == "assistant"
+    turn: dict[str, Any] = {
+        "role": role,
+        "text": tokenizer.decode(response_ids[start:stop]),
+        "tokens": stop - start,
+        "mask": int(model),
+    }
+    if model and "turn_rewards" in batch:
+        turn["turn_reward"] = float(batch["turn_rewards"][row][start:stop].sum())
+    if model and "advantages" in batch:
+        turn["advantage"] = float(batch["advantages"][row][start])
+    return turn
 
 
 def write_rollout_records(path: Path, records: list[dict[str, Any]]) -> Path:

@@ -24,6 +24,7 @@ from quartet.core.balance import balanced_order
 from quartet.core.batch import Batch
 from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
 from quartet.core.metrics import batch_data_metrics, logprob_diff_metrics, masked_mean
+from quartet.core.turn_credit import turn_level_advantages
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
 from quartet.roles.reward_model import RewardModel
@@ -165,7 +166,7 @@ class StepRunner:
             baseline = w.rollout.call_batch(Rollout.generate, prompts, greedy=True) if greedy else None
         with timer("reward"):
             batch, metrics = self.score(batch)
-            metrics |= agent_batch_metrics(batch)
+            metrics |= agent_batch_metrics(batch, self.cfg.rollout.multi_turn.success_score)
             if baseline is not None:
                 scored_baseline, _ = self.score(baseline)
                 baseline_scores = scored_baseline["token_level_scores"].sum(-1)
@@ -193,6 +194,10 @@ class StepRunner:
             )
             self.kl_ctrl.update(penalty.current_kl, n_steps=len(batch))
             rewards, metrics = penalty.token_level_rewards, dict(penalty.metrics)
+        turn_coef = cfg.algorithm.turn_reward_coef
+        group_turn_credit = turn_coef > 0 and "turn_rewards" in batch and cfg.algorithm.needs_group
+        if turn_coef > 0 and "turn_rewards" in batch and not cfg.algorithm.needs_group:
+            rewards = rewards + turn_coef * batch["turn_rewards"] * mask  # their returns carry it back
         out = compute_advantages(
             self.estimator,
             AdvantageInputs(
@@ -205,7 +210,19 @@ class StepRunner:
             self.params,
         )
         metrics |= out.metrics
-        columns = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
+        advantages, returns = out.advantages, out.returns
+        if group_turn_credit:
+            turn_adv = turn_level_advantages(
+                batch["turn_rewards"],
+                mask,
+                batch.non_tensors["uid"],
+                gamma=cfg.algorithm.turn_gamma,
+                norm_by_std=cfg.algorithm.norm_adv_by_std,
+            ).to(advantages.dtype)
+            advantages = advantages + turn_coef * turn_adv
+            returns = advantages  # outcome estimators return their advantages as returns
+            metrics["critic/turn_advantages/abs_mean"] = float(masked_mean(turn_adv.abs(), mask))
+        columns = {"token_level_rewards": rewards, "advantages": advantages, "returns": returns}
         return batch.union(Batch(columns)), metrics
 
     def _data_metrics(self, batch: Batch) -> dict[str, float]:

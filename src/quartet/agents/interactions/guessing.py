@@ -13,6 +13,11 @@ reason before answering. Each assistant turn is one guess:
 Metrics on every reply, counted over the trajectory so far: `interaction/guesses` and
 `interaction/invalid`, so the last reply's metrics sum up the game.
 
+Turn-level credit (`consistent_guess_reward`, 0 by default): a guess that lies in the range the answers so
+far leave open (e.g. after "Higher." to 50, anything above 50 up to the last "Lower.") earns that reward
+for its turn alone (`InteractionReply.turn_reward`); an inconsistent or invalid guess earns 0. It rewards
+using the user's answers, which the final score alone only does through the game's outcome.
+
 The default `max_guesses=7` is what a perfect binary search needs on 1..100 (floor(log2(100)) + 1).
 `optimal_guess` and `binary_search_transcript` give that player's moves, for writing SFT traces.
 """
@@ -93,6 +98,9 @@ class _Game:
     guesses: int = 0
     invalid: int = 0
     over: bool = False
+    open_low: int = 0
+    open_high: int = 0
+    """The range the answers so far leave open (set from low/high at start)."""
 
 
 def _integer_kwarg(kwargs: dict[str, Any], key: str) -> int:
@@ -114,11 +122,18 @@ class GuessingGameInteraction(Interaction):
 
     default_name = "guessing_game"
 
-    def __init__(self, *, max_guesses: int = 7, name: str | None = None) -> None:
+    def __init__(
+        self, *, max_guesses: int = 7, consistent_guess_reward: float = 0.0, name: str | None = None
+    ) -> None:
         super().__init__(name=name)
         if isinstance(max_guesses, bool) or not isinstance(max_guesses, int) or max_guesses < 1:
             raise InteractionError(f"max_guesses must be a positive integer, got {max_guesses!r}")
+        if isinstance(consistent_guess_reward, bool) or not isinstance(consistent_guess_reward, int | float):
+            raise InteractionError(
+                f"consistent_guess_reward must be a number, got {consistent_guess_reward!r}"
+            )
         self.max_guesses = max_guesses
+        self.consistent_guess_reward = float(consistent_guess_reward)
         self._games: dict[str, _Game] = {}
 
     async def start(self, instance_id: str | None = None, **kwargs: Any) -> str:
@@ -139,7 +154,7 @@ class GuessingGameInteraction(Interaction):
                 f" fix it in {_WHERE}"
             )
         instance_id = await super().start(instance_id, target=target, low=low, high=high)
-        self._games[instance_id] = _Game(target=target, low=low, high=high)
+        self._games[instance_id] = _Game(target=target, low=low, high=high, open_low=low, open_high=high)
         return instance_id
 
     async def respond(self, instance_id: str, messages: list[dict[str, Any]]) -> InteractionReply:
@@ -156,15 +171,22 @@ class GuessingGameInteraction(Interaction):
         game.guesses += 1
         game.invalid += guess is None
         metrics = {"interaction/guesses": float(game.guesses), "interaction/invalid": float(game.invalid)}
+        consistent = guess is not None and game.open_low <= guess <= game.open_high
+        turn = self.consistent_guess_reward if consistent and self.consistent_guess_reward else None
         if guess == game.target:
             game.over = True
-            return InteractionReply("", done=True, score=1.0, metrics=metrics)
+            return InteractionReply("", done=True, score=1.0, turn_reward=turn, metrics=metrics)
+        if guess is not None and guess < game.target:
+            game.open_low = max(game.open_low, guess + 1)
+        elif guess is not None:
+            game.open_high = min(game.open_high, guess - 1)
         if game.guesses >= self.max_guesses:
             game.over = True
-            return InteractionReply("", done=True, score=0.0, metrics=metrics)
+            return InteractionReply("", done=True, score=0.0, turn_reward=turn, metrics=metrics)
         if guess is None:
             return InteractionReply(INVALID, done=False, metrics=metrics)
-        return InteractionReply(HIGHER if guess < game.target else LOWER, done=False, metrics=metrics)
+        reply = HIGHER if guess < game.target else LOWER
+        return InteractionReply(reply, done=False, turn_reward=turn, metrics=metrics)
 
     async def finish(self, instance_id: str) -> None:
         """Forget the game (idempotent)."""

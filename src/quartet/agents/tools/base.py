@@ -46,7 +46,8 @@ class ToolResult:
     text: str
     """The tool message shown to the model (an error message for the model when the call failed)."""
     reward: float | None = None
-    """A per-call reward, when the tool gives one (the trajectory's reward comes from `calc_reward`)."""
+    """A reward for this call alone, when the tool gives one: it goes to the model turn that made the call
+    (turn-level credit, algorithm.turn_reward_coef); the trajectory's reward comes from `calc_reward`."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Per-call numbers for logging (e.g. a program's CPU seconds)."""
     error: str | None = None

@@ -221,10 +221,14 @@ class CalculatorTool(Tool):
         max_chars: int = 200,
         max_digits: int = 100,
         max_exponent: int = 10_000,
+        call_reward: float = 0.0,
         schema: dict[str, Any] | None = None,
     ) -> None:
+        """`call_reward`: the turn reward of a call that evaluates (turn-level credit,
+        algorithm.turn_reward_coef); a failed call earns 0."""
         super().__init__(schema=schema)
         self.limits = CalcLimits(max_chars=max_chars, max_digits=max_digits, max_exponent=max_exponent)
+        self.call_reward = float(call_reward)
 
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
         expression = str(arguments.get("expression", ""))
@@ -232,4 +236,4 @@ class CalculatorTool(Tool):
             value = evaluate(expression, self.limits)
         except CalculatorError as exc:
             return ToolResult(text=f"Error: {exc}", error=str(exc))
-        return ToolResult(text=format_number(value))
+        return ToolResult(text=format_number(value), reward=self.call_reward or None)

@@ -74,6 +74,7 @@ class PythonTool(Tool):
         allow_unisolated: bool = False,
         namespaces: bool = True,
         bwrap: str | None = None,
+        call_reward: float = 0.0,
         schema: dict[str, Any] | None = None,
     ) -> None:
         """Options (a tools YAML entry's `config:`), as in `SandboxLimits`: `timeout_s` (wall clock),
@@ -82,7 +83,10 @@ class PythonTool(Tool):
         raise `SandboxUnavailableError` here when no boundary can be built on this host). `bwrap` names
         the binary (None: the bundled one); `namespaces=False` skips the unisolated mode's own unshare.
         The default schema's description gets a sentence naming the mode; a given `schema` is used as is.
+        `call_reward`: the turn reward of a program that exits with status 0 (turn-level credit,
+        algorithm.turn_reward_coef); any other ending earns 0.
         """
+        self.call_reward = float(call_reward)
         self.limits = SandboxLimits(
             wall_s=timeout_s,
             cpu_s=cpu_time_s if cpu_time_s is not None else max(1, round(timeout_s)),
@@ -109,8 +113,10 @@ class PythonTool(Tool):
         code = str(arguments.get("code", ""))
         outcome = await run_python(code, self.limits, namespaces=self.namespaces, bwrap=self.bwrap)
         stopped = outcome.reason is not None
+        succeeded = not stopped and outcome.exit_code == 0
         return ToolResult(
             text=format_outcome(outcome),
+            reward=self.call_reward if succeeded and self.call_reward else None,
             error=outcome.reason if stopped else None,
             metrics={
                 "python/cpu_s": outcome.cpu_s,
