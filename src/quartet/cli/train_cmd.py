@@ -49,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
     console.rule(f"[bold]quartet train: {cfg.algorithm.adv_estimator} on {cfg.cluster.backend}")
 
     try:
+        if cfg.trainer.sft_warm_start:
+            from quartet.trainer.warm_start import sft_warm_start
+
+            console.print("sft warm start (trainer.sft_warm_start): the sft section first", markup=False)
+            cfg, start, trained = sft_warm_start(cfg)
+            what = "trained" if trained else "found, reused"
+            console.print(f"sft warm start {what}: RL starts from {start}", markup=False)
         result = RLTrainer(cfg, console=console).run()
     except (ValueError, FileNotFoundError, RuntimeError, TrackerUnavailableError) as err:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"

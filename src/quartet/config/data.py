@@ -16,6 +16,8 @@ class BuiltinTask(StrEnum):
     ARITHMETIC = "arithmetic"
     COUNTDOWN = "countdown"
     CALCULATOR = "calculator"  # multi-turn: a*b+c with the calculator tool (rollout.multi_turn)
+    WORD_PROBLEMS = "word_problems"  # multi-turn: stories solved by a program run with the python tool
+    GUESSING = "guessing"  # multi-turn: guess a number against a simulated user (guessing_game)
 
 
 class ArithmeticOp(StrEnum):

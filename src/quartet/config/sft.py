@@ -21,7 +21,8 @@ class SFTBuiltinConfig:
     """The built-in chat set, generated into the run folder when `sft.train_files` is empty."""
 
     task: BuiltinTask = BuiltinTask.ARITHMETIC
-    """Which built-in task's worked examples: arithmetic, or calculator (multi-turn tool-use traces)."""
+    """Which built-in task's worked examples: arithmetic, or the multi-turn traces of calculator,
+    word_problems (python tool) or guessing (a game against the simulated user)."""
 
     train_size: int = 1024
     """Conversations (rows) in the generated training split."""
@@ -36,6 +37,10 @@ class SFTBuiltinConfig:
     operations: tuple[ArithmeticOp, ...] = (ArithmeticOp.ADD,)
     """Operations drawn from (uniformly): any of `add`, `sub`, `mul`."""
 
+    sloppy: float = 0.0
+    """guessing: the share of games played by a random (but consistent) guesser instead of the
+    binary-search player: a weaker start for RL to improve on."""
+
     worked_answer: bool = False
     """Answer `3+4=7` instead of `7` (the verifier reads the number after the last `=`)."""
 
@@ -48,11 +53,12 @@ class SFTBuiltinConfig:
         require(self.train_size > 0, "train_size", "must be > 0")
         require(self.val_size > 0, "val_size", "must be > 0")
         require(1 <= self.digits <= 6, "digits", f"must lie in [1, 6], got {self.digits}")
+        require(0.0 <= self.sloppy <= 1.0, "sloppy", f"must lie in [0, 1], got {self.sloppy}")
         require(
-            self.task in (BuiltinTask.ARITHMETIC, BuiltinTask.CALCULATOR),
+            self.task is not BuiltinTask.COUNTDOWN,
             "task",
             f"no built-in SFT set for {self.task.value!r}",
-            "use arithmetic or calculator, or give sft.train_files",
+            "use arithmetic, calculator, word_problems or guessing, or give sft.train_files",
         )
         if self.task is not BuiltinTask.ARITHMETIC:
             return

@@ -70,6 +70,11 @@ class TrainerConfig:
     export_final: bool = True
     """Write the final policy as a Hugging Face folder, `<run dir>/hf`, at the end of the run."""
 
+    sft_warm_start: bool = False
+    """`quartet train` first runs the `sft:` section (its built-in traces or `sft.train_files`) from the
+    model, into the run `<experiment_name>-sft_start` next to this one, and trains RL from its result (the
+    demos' start, for a config that is one command). A finished warm start found there is reused."""
+
     critic_warmup: int = 0
     """Steps at the start that update only the critic (PPO with GAE); the actor trains after them."""
 

@@ -36,7 +36,7 @@ from quartet.cluster.run_record import mark_failed, mark_finished, mark_running,
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
 from quartet.config.data import BuiltinTask
-from quartet.data.tasks import arithmetic, calculator
+from quartet.data.tasks import TASKS, arithmetic, builtin_spec
 from quartet.models.resolve import resolve_model
 from quartet.sft.data import LoadReport, SFTExample, collate, load_sft_files
 from quartet.sft.evaluate import ExactMatch, Verifier, eval_samples, exact_text_match, greedy_exact_match
@@ -120,11 +120,12 @@ def prepare_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> SFTData:
         verify: Verifier = exact_text_match
     else:
         b = sft.builtin
-        if b.task is BuiltinTask.CALCULATOR:
-            folder = run_dir / "data" / "calculator"
-            spec_c = calculator.CalculatorSpec(b.digits)
-            paths = calculator.write_sft_set(folder, spec_c, b.train_size, b.val_size, sft.seed)
-            verify = calculator.verify_answer
+        if b.task is not BuiltinTask.ARITHMETIC:  # a multi-turn task's traces
+            task = TASKS[b.task]
+            folder = run_dir / "data" / b.task.value
+            spec_t = builtin_spec(b.task, b.digits, b.sloppy)
+            paths = task.write_sft_set(folder, spec_t, b.train_size, b.val_size, sft.seed)
+            verify = task.verify_answer
         else:
             spec = arithmetic.ArithmeticSpec(b.digits, b.symbols, b.worked_answer)
             paths = arithmetic.write_sft_set(run_dir / "data", spec, b.train_size, b.val_size, sft.seed)

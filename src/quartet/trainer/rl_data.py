@@ -28,14 +28,12 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
-        from quartet.data.tasks import ArithmeticSpec, CalculatorSpec, write_builtin
+        from quartet.data.tasks import ArithmeticSpec, builtin_spec, write_builtin
 
-        spec: Any = None
+        spec: Any = builtin_spec(cfg.data.builtin_task, cfg.data.builtin_digits)
         if cfg.data.builtin_task is BuiltinTask.ARITHMETIC:
             ops = tuple(op.symbol for op in cfg.data.builtin_operations)
             spec = ArithmeticSpec(digits=cfg.data.builtin_digits, operations=ops)
-        elif cfg.data.builtin_task is BuiltinTask.CALCULATOR:
-            spec = CalculatorSpec(digits=cfg.data.builtin_digits)
         train_path, val_path = write_builtin(
             cfg.data.builtin_task,
             run_dir / "data",

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from quartet.config.data import BuiltinTask, DataConfig
-from quartet.data.tasks import arithmetic, calculator, countdown
+from quartet.data.tasks import arithmetic, calculator, countdown, guessing, word_problems
 from quartet.data.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
 from quartet.data.tasks.calculator import CalculatorSpec
 from quartet.data.tasks.countdown import CountdownProblem, CountdownSpec
+from quartet.data.tasks.guessing import GuessingSpec
+from quartet.data.tasks.word_problems import WordProblemSpec
 
 __all__ = [
     "TASKS",
@@ -27,10 +29,13 @@ __all__ = [
     "CalculatorSpec",
     "CountdownProblem",
     "CountdownSpec",
+    "GuessingSpec",
     "Scorer",
     "Task",
     "resolve_data_files",
     "task_scorer",
+    "WordProblemSpec",
+    "builtin_spec",
     "verify_answer",
     "write_builtin",
 ]
@@ -88,7 +93,38 @@ TASKS: dict[BuiltinTask, Task[Any]] = {
         calculator.write_rl_set,
         calculator.write_sft_set,
     ),
+    BuiltinTask.WORD_PROBLEMS: Task(
+        BuiltinTask.WORD_PROBLEMS,
+        word_problems.DATA_SOURCE,
+        WordProblemSpec(),
+        word_problems.compute_score,
+        word_problems.verify_answer,
+        word_problems.write_rl_set,
+        word_problems.write_sft_set,
+    ),
+    BuiltinTask.GUESSING: Task(
+        BuiltinTask.GUESSING,
+        guessing.DATA_SOURCE,
+        GuessingSpec(),
+        guessing.compute_score,
+        guessing.verify_answer,
+        guessing.write_rl_set,
+        guessing.write_sft_set,
+    ),
 }
+
+
+def builtin_spec(task: BuiltinTask, digits: int, sloppy: float = 0.0) -> Any:
+    """The spec of a multi-turn task's problems with operands of `digits` digits (the guessing game's
+    range is its default: digits do not apply; `sloppy` is its share of random players' SFT games); None
+    for the single-turn tasks (their callers build them)."""
+    if task is BuiltinTask.CALCULATOR:
+        return CalculatorSpec(digits=digits)
+    if task is BuiltinTask.WORD_PROBLEMS:
+        return WordProblemSpec(digits=digits)
+    if task is BuiltinTask.GUESSING:
+        return GuessingSpec(sloppy=sloppy)
+    return None
 
 
 def task_scorer(data_source: str) -> Scorer | None:

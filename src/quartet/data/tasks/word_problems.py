@@ -1,0 +1,267 @@
+"""Word problems solved by writing and running code: `python` tool use (a ReTool / SimpleTIR-style task).
+
+    "Mia has 47 boxes with 36 pencils in each and gives away 58 pencils. How many pencils are left?"
+    -> the model calls python on `print(47 * 36 - 58)` -> reads `1634` -> answers `1634`.
+
+Each problem is one of a few story templates over 2-digit numbers, each a two-step computation (a product
+then a sum or difference, or three terms). The model has to turn the story into a program, so the skill is
+reading, not copying an expression (the calculator task's question already holds the expression); the
+numbers are beyond a tiny model's head, so the program's output is what gets the answer right.
+
+- RL rows (verl layout): the question as the user message, `agent_name: tool_agent`, the integer result as
+  ground truth, `extra_info.program` (the canonical program). Validation problems never occur in training.
+- SFT traces (`messages` + `tools`): the question, the canonical call, the tool's message for that program
+  as the python tool writes it (`exit status 0`, then its stdout), the answer.
+- `compute_score`: 1.0 when the final assistant turn (`extra_info["final_message"]`) is exactly the result.
+
+The traces carry the python tool's schema as this host's tool describes itself (`python_tool_schemas`:
+its description names the sandbox's mode), so the prompts of SFT and of RL render alike.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from quartet.data.layout import rl_row, write_parquet
+from quartet.data.tasks.calculator import verify_answer
+
+__all__ = [
+    "DATA_SOURCE",
+    "TEMPLATES",
+    "WordProblem",
+    "WordProblemSpec",
+    "compute_score",
+    "held_out_split",
+    "python_call_text",
+    "python_tool_schemas",
+    "verify_answer",
+    "write_rl_set",
+    "write_sft_set",
+]
+
+DATA_SOURCE = "word_problems"
+_NAMES = ("Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ida", "Tom")
+
+
+@dataclass(frozen=True)
+class _Template:
+    text: str
+    """The story, with {name}, {a}, {b}, {c}."""
+    program: Callable[[int, int, int], str]
+    """The canonical program's expression over a, b, c."""
+
+
+TEMPLATES: tuple[_Template, ...] = (
+    _Template(
+        "{name} has {a} boxes with {b} pencils in each and gives away {c} pencils. How many pencils are "
+        "left?",
+        lambda a, b, c: f"{a} * {b} - {c}",
+    ),
+    _Template(
+        "{name} buys {a} packs of {b} stickers and gets {c} more stickers as a gift. How many stickers "
+        "does {name} have?",
+        lambda a, b, c: f"{a} * {b} + {c}",
+    ),
+    _Template(
+        "A hall has {a} rows of {b} seats, and {c} seats are empty. How many people are seated?",
+        lambda a, b, c: f"{a} * {b} - {c}",
+    ),
+    _Template(
+        "{name} had {a} coins, spent {b} coins, then found {c} coins. How many coins does {name} have now?",
+        lambda a, b, c: f"{a} - {b} + {c}",
+    ),
+    _Template(
+        "A farm has {a} cows and {b} hens, and {c} of the cows are sold. How many legs do the animals "
+        "left on the farm have?",
+        lambda a, b, c: f"({a} - {c}) * 4 + {b} * 2",
+    ),
+    _Template(
+        "{name} reads {a} pages a day for {b} days, then {c} pages on the last day. How many pages is that?",
+        lambda a, b, c: f"{a} * {b} + {c}",
+    ),
+)
+"""The story templates; a problem picks one and three 2-digit numbers that keep every result positive."""
+
+
+@dataclass(frozen=True)
+class WordProblemSpec:
+    """Problems from `TEMPLATES` with operands of `digits` digits."""
+
+    digits: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.digits <= 4:
+            raise ValueError(f"digits must lie in [1, 4], got {self.digits}")
+
+    def draw(self, rng: random.Random) -> WordProblem:
+        low, high = 10 ** (self.digits - 1), 10**self.digits - 1
+        while True:
+            template = rng.randrange(len(TEMPLATES))
+            a, b, c = (rng.randint(low, high) for _ in range(3))
+            problem = WordProblem(template, rng.choice(_NAMES), a, b, c)
+            if problem.value > 0 and _steps_positive(problem):
+                return problem
+
+
+def _steps_positive(p: WordProblem) -> bool:
+    """No negative count on the way (coins spent beyond those had, cows sold beyond those there)."""
+    if p.template == 3:
+        return p.b <= p.a
+    if p.template == 4:
+        return p.c <= p.a
+    return True
+
+
+@dataclass(frozen=True)
+class WordProblem:
+    """One problem: a template index, a name and the numbers a, b, c."""
+
+    template: int
+    name: str
+    a: int
+    b: int
+    c: int
+
+    @property
+    def question(self) -> str:
+        return TEMPLATES[self.template].text.format(name=self.name, a=self.a, b=self.b, c=self.c)
+
+    @property
+    def program(self) -> str:
+        return f"print({TEMPLATES[self.template].program(self.a, self.b, self.c)})"
+
+    @property
+    def value(self) -> int:
+        expression = TEMPLATES[self.template].program(self.a, self.b, self.c)
+        return int(_evaluate(expression))
+
+    @property
+    def answer(self) -> str:
+        return str(self.value)
+
+
+def _evaluate(expression: str) -> int:
+    """The value of a template expression (integer literals, + - *, parentheses), without eval."""
+    from quartet.agents.tools.calculator import evaluate
+
+    return int(evaluate(expression))
+
+
+def python_call_text(program: str) -> str:
+    """The canonical Hermes call of the python tool on `program` (what the SFT traces teach)."""
+    call = {"name": "python", "arguments": {"code": program}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+@cache
+def python_tool_schemas() -> tuple[str, ...]:
+    """The python tool's schema as this host's built-in tool describes itself (JSON text, one element)."""
+    from quartet.agents.tools.python_runner import PythonTool
+
+    return (json.dumps(PythonTool(allow_unisolated=True).schema),)
+
+
+def held_out_split(
+    spec: WordProblemSpec, train_size: int, val_size: int, seed: int
+) -> tuple[list[WordProblem], list[WordProblem]]:
+    """(train, val): `val_size` distinct problems, and `train_size` problems with none of their numbers."""
+    rng = random.Random(seed)
+    val: list[WordProblem] = []
+    seen: set[tuple[int, int, int, int]] = set()
+    while len(val) < val_size:
+        problem = spec.draw(rng)
+        key = (problem.template, problem.a, problem.b, problem.c)
+        if key not in seen:
+            seen.add(key)
+            val.append(problem)
+    rng = random.Random(seed + 1)
+    train: list[WordProblem] = []
+    while len(train) < train_size:
+        problem = spec.draw(rng)
+        if (problem.template, problem.a, problem.b, problem.c) not in seen:
+            train.append(problem)
+    return train, val
+
+
+def _final_text(solution_str: str, extra_info: dict[str, Any] | None) -> str:
+    if extra_info and isinstance(extra_info.get("final_message"), str):
+        return str(extra_info["final_message"])
+    lines = solution_str.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def compute_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+    """1.0 when the final assistant turn is exactly the result, else 0.0."""
+    return 1.0 if verify_answer(_final_text(solution_str, extra_info), ground_truth) else 0.0
+
+
+def tool_message(program_output: str) -> str:
+    """The python tool's message for a program that printed `program_output` and exited with status 0."""
+    return f"exit status 0\n[stdout]\n{program_output}"
+
+
+def _sft_messages(problem: WordProblem) -> list[dict[str, str]]:
+    return [
+        {"role": "user", "content": problem.question},
+        {"role": "assistant", "content": python_call_text(problem.program)},
+        {"role": "tool", "content": tool_message(f"{problem.answer}\n")},
+        {"role": "assistant", "content": problem.answer},
+    ]
+
+
+def sft_rows(problems: Iterable[WordProblem]) -> list[dict[str, Any]]:
+    """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`."""
+    tools = "[" + ", ".join(python_tool_schemas()) + "]"
+    return [
+        {"messages": _sft_messages(p), "tools": tools, "ground_truth": p.answer, "data_source": DATA_SOURCE}
+        for p in problems
+    ]
+
+
+def rl_rows(problems: Iterable[WordProblem], split: str) -> list[dict[str, Any]]:
+    """Rows of the RL prompt set (verl's layout, `agent_name` = tool_agent)."""
+    return [
+        {
+            **rl_row(
+                [{"role": "user", "content": p.question}],
+                DATA_SOURCE,
+                p.answer,
+                index=i,
+                split=split,
+                ability="tool_use",
+                extra={"program": p.program},
+            ),
+            "agent_name": "tool_agent",
+        }
+        for i, p in enumerate(problems)
+    ]
+
+
+def write_rl_set(
+    folder: str | Path, spec: WordProblemSpec, train_size: int, val_size: int, seed: int
+) -> tuple[Path, Path]:
+    """`folder/rl_train.parquet` and `folder/rl_val.parquet`."""
+    train, val = held_out_split(spec, train_size, val_size, seed)
+    folder = Path(folder)
+    return (
+        write_parquet(rl_rows(train, "train"), folder / "rl_train.parquet"),
+        write_parquet(rl_rows(val, "val"), folder / "rl_val.parquet"),
+    )
+
+
+def write_sft_set(
+    folder: str | Path, spec: WordProblemSpec, train_size: int, val_size: int, seed: int
+) -> tuple[Path, Path]:
+    """`folder/sft_train.parquet` and `folder/sft_val.parquet` (the same held-out split as the RL set)."""
+    train, val = held_out_split(spec, train_size, val_size, seed)
+    folder = Path(folder)
+    return (
+        write_parquet(sft_rows(train), folder / "sft_train.parquet"),
+        write_parquet(sft_rows(val), folder / "sft_val.parquet"),
+    )
