@@ -61,9 +61,7 @@ def test_higher_lower_then_correct() -> None:
 
 def test_guesses_inside_the_range_the_answers_left_open_earn_the_turn_reward() -> None:
     turns = ["50", "60", "no idea", "25", "51", "20", "30"]  # target 30 in 1..100
-    replies = _play(
-        GuessingGameInteraction(consistent_guess_reward=0.1), turns, target=30, low=1, high=100
-    )
+    replies = _play(GuessingGameInteraction(consistent_guess_reward=0.1), turns, target=30, low=1, high=100)
     # 50: open 1..100 -> ok, now 1..49; 60: outside; invalid; 25: ok, now 26..49; 51: outside; 20: outside
     # (below 26); 30: ok and right
     assert [r.turn_reward for r in replies] == [0.1, None, None, 0.1, None, None, 0.1]
