@@ -8,6 +8,7 @@ tool's result as the answer. A "slow" row's second turn never comes back in time
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -134,3 +135,22 @@ def test_a_tools_call_reward_lands_on_the_last_token_of_the_turn_that_made_the_c
     expected[b0 - 1] = 0.25  # the call's turn; the answer turn made no call and earns nothing
     assert torch.equal(batch["turn_rewards"][0], expected)
     assert agent_batch_metrics(batch)["agent/turn_reward/mean"] == pytest.approx(0.25)
+
+
+class _NaNRewardCalculator(CalculatorTool):
+    """A tool whose call reward is broken: NaN."""
+
+    async def execute(self, instance_id: str, arguments: dict[str, Any]) -> Any:
+        result = await super().execute(instance_id, arguments)
+        return dataclasses.replace(result, reward=float("nan"))
+
+
+def test_a_non_finite_turn_reward_is_counted_and_never_summed(tokenizer: Any) -> None:
+    runner = AgentRunner.from_config(MultiTurnConfig(enable=True), tokenizer, max_response_tokens=96)
+    runner.env.tools["calculator"] = _NaNRewardCalculator()
+    runner.env.renderer = type(runner.env.renderer)(tokenizer, [CalculatorTool.schema])
+    sampling = SamplingParams(temperature=1.0, n=2, max_new_tokens=96, seed=1)
+    batch = runner.run(_prompts([FAST]), sampling, ScriptedPolicy(tokenizer), pad_token_id=0)
+    assert torch.isfinite(batch["turn_rewards"]).all() and batch["turn_rewards"].abs().sum() == 0
+    metrics = agent_batch_metrics(batch)
+    assert metrics["agent/bad_turn_rewards/mean"] == 1.0  # one broken reward per conversation

@@ -22,6 +22,7 @@ end-of-turn token, which is how the chat template renders an assistant message: 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,16 @@ class UserSim:
     kwargs: Mapping[str, Any]
 
 
+def _reward_turn(trajectory: Trajectory, rewards: list[Any]) -> int:
+    """Add the finite numbers of `rewards` to the latest model turn's reward; how many were not (a tool or
+    a user that returned NaN, infinity or a non-number: counted in `agent/bad_turn_rewards`, never summed
+    into an advantage)."""
+    good = [float(r) for r in rewards if isinstance(r, int | float) and math.isfinite(r)]
+    if good:
+        trajectory.reward_last_turn(sum(good))
+    return len(rewards) - len(good)
+
+
 async def run_tool_loop(
     messages: list[dict[str, Any]],
     generate: Generate,
@@ -80,7 +91,7 @@ async def run_tool_loop(
         name: await tool.create(**dict(kwargs.get(name, {}).get("create_kwargs", {})))
         for name, tool in tools.items()
     }
-    counts = {"tool/calls": 0.0, "tool/failed": 0.0, "tool/parse_errors": 0.0}
+    counts = {"tool/calls": 0.0, "tool/failed": 0.0, "tool/parse_errors": 0.0, "agent/bad_turn_rewards": 0.0}
     latencies: list[float] = []
     user_id = await user.interaction.start(**dict(user.kwargs)) if user is not None else ""
     user_turns, user_score = 0, None
@@ -113,7 +124,7 @@ async def run_tool_loop(
                 reply = await user.interaction.respond(user_id, trajectory.messages)
                 user_score = reply.score if reply.score is not None else user_score
                 if reply.turn_reward is not None:
-                    trajectory.reward_last_turn(reply.turn_reward)
+                    counts["agent/bad_turn_rewards"] += _reward_turn(trajectory, [reply.turn_reward])
                 for key, value in reply.metrics.items():
                     counts[key] = value  # the interaction's running figures: the last one stands
                 if reply.done:
@@ -140,7 +151,8 @@ async def run_tool_loop(
                     parsed.calls, tools, instances, limits.tool_timeout_s, limits.max_tool_response_chars
                 )
                 replies += [r.text for r in results]
-                trajectory.reward_last_turn(sum(r.reward for r in results if r.reward is not None))
+                rewards = [r.reward for r in results if r.reward is not None]
+                counts["agent/bad_turn_rewards"] += _reward_turn(trajectory, rewards)
                 for key, value in metrics.items():
                     if "latency" not in key:  # counters add up over turns
                         counts[key] = counts.get(key, 0.0) + value
