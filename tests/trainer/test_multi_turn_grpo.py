@@ -100,15 +100,16 @@ def test_multi_turn_grpo_on_one_bundle(tmp_path: Path) -> None:
     rollouts = [
         json.loads(x) for x in (result.run_dir / "rollouts" / "step_1.jsonl").read_text().splitlines()
     ]
-    multi = [r for r in rollouts if "turns" in r]
+    multi = [r for r in rollouts if any(t["role"] == "tool" for t in r.get("turns", []))]
     assert multi, "no multi-turn record: the tool loop never appended a tool turn"
     header = "\n<|im_start|>tool\n"  # the template's separator, then the tool turn
     for rec in multi:
         turns = rec["turns"]
-        assert turns[0]["role"] == "assistant" and any(t["role"] == "environment" for t in turns)
+        assert turns[0]["role"] == "assistant" and {t["role"] for t in turns} == {"assistant", "tool"}
+        assert all(t["mask"] == int(t["role"] == "assistant") for t in turns)  # only the model's in the loss
         assert sum(t["tokens"] for t in turns) == rec["response_tokens"]
         for at, turn in enumerate(turns):
-            if turn["role"] != "environment":
+            if turn["role"] != "tool":
                 continue
             if at + 1 < len(turns):  # a whole tool turn: the next assistant header closes it
                 assert turn["text"].startswith(header), turn
