@@ -44,13 +44,10 @@ def digit_partial_credit(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
     """1.0 exact, PARTIAL x `digit_share` for another integer, 0 otherwise (module docstring)."""
+    from quartet.data.tasks.calculator import final_text
     from quartet.rewards.rules.registry import default_compute_score
 
     exact = float(default_compute_score(data_source, solution_str, ground_truth, extra_info))
     if data_source not in SOURCES or exact >= 1.0:
         return exact
-    final = extra_info.get("final_message") if extra_info else None
-    if not isinstance(final, str):  # no agent loop: the response's last line, as the task's rule reads it
-        lines = solution_str.strip().splitlines()
-        final = lines[-1] if lines else ""
-    return PARTIAL * digit_share(final, str(ground_truth))
+    return PARTIAL * digit_share(final_text(solution_str, extra_info), str(ground_truth))

@@ -31,6 +31,7 @@ __all__ = [
     "CalculatorProblem",
     "CalculatorSpec",
     "compute_score",
+    "final_text",
     "held_out_split",
     "tool_call_text",
     "verify_answer",
@@ -115,7 +116,9 @@ def held_out_split(
     return train, val
 
 
-def _final_text(solution_str: str, extra_info: dict[str, Any] | None) -> str:
+def final_text(solution_str: str, extra_info: dict[str, Any] | None) -> str:
+    """The final assistant turn (`extra_info["final_message"]`, which the agent loop adds), else the
+    response's last line."""
     if extra_info and isinstance(extra_info.get("final_message"), str):
         return str(extra_info["final_message"])
     lines = solution_str.strip().splitlines()
@@ -130,7 +133,7 @@ def verify_answer(response: str, ground_truth: str) -> bool:
 
 def compute_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
     """1.0 when the final assistant turn is exactly the result, else 0.0 (module docstring)."""
-    return 1.0 if verify_answer(_final_text(solution_str, extra_info), ground_truth) else 0.0
+    return 1.0 if verify_answer(final_text(solution_str, extra_info), ground_truth) else 0.0
 
 
 def _sft_messages(problem: CalculatorProblem) -> list[dict[str, str]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.data.layout import rl_row, write_parquet
-from quartet.data.tasks.calculator import verify_answer
+from quartet.data.tasks.calculator import compute_score, verify_answer
 
 __all__ = [
     "DATA_SOURCE",
@@ -187,18 +187,6 @@ def held_out_split(
         if (problem.template, problem.a, problem.b, problem.c) not in seen:
             train.append(problem)
     return train, val
-
-
-def _final_text(solution_str: str, extra_info: dict[str, Any] | None) -> str:
-    if extra_info and isinstance(extra_info.get("final_message"), str):
-        return str(extra_info["final_message"])
-    lines = solution_str.strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def compute_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
-    """1.0 when the final assistant turn is exactly the result, else 0.0."""
-    return 1.0 if verify_answer(_final_text(solution_str, extra_info), ground_truth) else 0.0
 
 
 def tool_message(program_output: str) -> str:
