@@ -59,6 +59,26 @@ def test_higher_lower_then_correct() -> None:
     assert (HIGHER, LOWER, INVALID) == ("Higher.", "Lower.", "Please answer with a single number.")
 
 
+@pytest.mark.parametrize("where", ["constructor", "row"])
+def test_an_announcing_user_says_the_range_still_open(where: str) -> None:
+    game = GuessingGameInteraction(announce_range=where == "constructor")
+    row = {"announce_range": True} if where == "row" else {}
+    replies = _play(game, ["50", "25", "99", "30", "x", "33"], target=33, low=1, high=100, **row)
+    assert [r.content for r in replies] == [
+        "Lower. It is from 1 to 49.",
+        "Higher. It is from 26 to 49.",
+        "Lower. It is from 26 to 49.",  # a guess outside the open range does not widen it
+        "Higher. It is from 31 to 49.",
+        INVALID,
+        "",
+    ]
+    # a row may also switch it off where the interaction announces
+    quiet = _play(
+        GuessingGameInteraction(announce_range=True), ["5"], target=3, low=1, high=9, announce_range=False
+    )
+    assert quiet[0].content == LOWER
+
+
 def test_guesses_inside_the_range_the_answers_left_open_earn_the_turn_reward() -> None:
     turns = ["50", "60", "no idea", "25", "51", "20", "30"]  # target 30 in 1..100
     replies = _play(GuessingGameInteraction(consistent_guess_reward=0.1), turns, target=30, low=1, high=100)
@@ -177,6 +197,10 @@ def test_respond_misuse() -> None:
         ({"target": 2, "low": 5, "high": 1}, "'low' (5) > 'high' (1)"),
         ({"target": 9, "low": 1, "high": 5}, "'target' (9) is outside [low, high] = [1, 5]"),
         ({"target": 2, "low": 1, "high": 5, "hihg": 4}, "unknown kwargs ['hihg']"),
+        (
+            {"target": 2, "low": 1, "high": 5, "announce_range": "yes"},
+            "'announce_range' must be true or false",
+        ),
     ],
 )
 def test_start_rejects_bad_kwargs(kwargs: dict[str, Any], names: str) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 from quartet.agents.interactions.guessing import GuessingGameInteraction
 from quartet.data.tasks.guessing import (
@@ -50,14 +51,16 @@ def test_validation_plays_every_number_and_rows_start_the_real_interaction(tmp_p
         assert replies[-1].done and replies[-1].score == 1.0
 
 
-def test_sft_games_are_played_out_by_the_real_user_as_written() -> None:
+@pytest.mark.parametrize("announce", [False, True])
+def test_sft_games_are_played_out_by_the_real_user_as_written(announce: bool) -> None:
     for sloppy in (0.0, 1.0):
-        spec = GuessingSpec(sloppy=sloppy)
+        spec = GuessingSpec(sloppy=sloppy, announce_range=announce)
         rows = sft_rows(spec, list(range(1, 33)), seed=4)
         lengths = []
         for row in rows:
             messages, target = row["messages"], int(row["ground_truth"])
-            replies = _replay(messages, {"target": target, "low": 1, "high": 32})
+            kwargs = {"target": target, "low": 1, "high": 32, "announce_range": announce}
+            replies = _replay(messages, kwargs)
             users = [m["content"] for m in messages[1:] if m["role"] == "user"]
             assert [r.content for r in replies[:-1]] == users  # every Higher./Lower. is the user's own
             assert replies[-1].done and replies[-1].score == 1.0  # the last guess wins
@@ -75,3 +78,20 @@ def test_the_score_is_the_interactions_and_falls_back_to_the_final_guess() -> No
     assert compute_score("", "7", {"env_reward": 0.0, "final_message": "7"}) == 0.0  # the user said no
     assert compute_score("", "7", {"env_reward": None, "final_message": "I say 7"}) == 1.0
     assert compute_score("12", "7", None) == 0.0
+
+
+def test_the_announced_range_is_the_range_left_open() -> None:
+    """Each announced range holds exactly the numbers no answer so far has ruled out (brute force)."""
+    spec = GuessingSpec(sloppy=1.0)
+    for row in sft_rows(spec, list(range(1, 33)), seed=9):
+        messages, target = row["messages"], int(row["ground_truth"])
+        answered: list[tuple[int, str]] = []
+        for guess_msg, reply in zip(messages[1::2], messages[2::2], strict=False):
+            answered.append((int(guess_msg["content"]), reply["content"]))
+            alive = [
+                x
+                for x in range(1, 33)
+                if all((x > g) if r.startswith("Higher.") else (x < g) for g, r in answered)
+            ]
+            assert target in alive
+            assert reply["content"].endswith(f"It is from {min(alive)} to {max(alive)}.")

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 __all__ = ["ArithmeticOp", "SFTBuiltinConfig", "SFTConfig", "sft_rules"]
 
 
+_SLOPPY_TASKS = (BuiltinTask.CALCULATOR, BuiltinTask.WORD_PROBLEMS, BuiltinTask.GUESSING)
+
+
 @dataclass(frozen=True)
 class SFTBuiltinConfig:
     """The built-in chat set, generated into the run folder when `sft.train_files` is empty."""
@@ -38,8 +41,9 @@ class SFTBuiltinConfig:
     """Operations drawn from (uniformly): any of `add`, `sub`, `mul`."""
 
     sloppy: float = 0.0
-    """guessing: the share of games played by a random (but consistent) guesser instead of the
-    binary-search player: a weaker start for RL to improve on."""
+    """The share of SFT traces from a weaker demonstrator, a start for RL to improve on: calculator and
+    word_problems, answers from the head without the tool (operands rounded to tens); guessing, games of a
+    random (but consistent) guesser instead of the binary-search player. Other tasks: must be 0."""
 
     worked_answer: bool = False
     """Answer `3+4=7` instead of `7` (the verifier reads the number after the last `=`)."""
@@ -54,6 +58,12 @@ class SFTBuiltinConfig:
         require(self.val_size > 0, "val_size", "must be > 0")
         require(1 <= self.digits <= 6, "digits", f"must lie in [1, 6], got {self.digits}")
         require(0.0 <= self.sloppy <= 1.0, "sloppy", f"must lie in [0, 1], got {self.sloppy}")
+        require(
+            self.sloppy == 0.0 or self.task in _SLOPPY_TASKS,
+            "sloppy",
+            f"has no meaning for the {self.task.value!r} traces (calculator, word_problems and guessing"
+            " only); set it to 0",
+        )
         require(
             self.task is not BuiltinTask.COUNTDOWN,
             "task",

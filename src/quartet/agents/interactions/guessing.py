@@ -1,7 +1,8 @@
 """A number-guessing game: the simulated user hides an integer and answers each guess "Higher." or "Lower."
 
 Per trajectory (the row's `extra_info.interaction_kwargs`): `target`, `low` and `high`, integers with
-`low <= target <= high` (the range is inclusive). The model's guess is the LAST integer in its turn's text
+`low <= target <= high` (the range is inclusive), and optionally `announce_range` (a bool; default: the
+interaction's own setting). The model's guess is the LAST integer in its turn's text
 (`-?[0-9]+`, a minus only where it does not follow a letter or digit, so "3-5" reads as 5), which lets it
 reason before answering. Each assistant turn is one guess:
 
@@ -9,6 +10,10 @@ reason before answering. Each assistant turn is one guess:
     wrong number, guesses left         -> HIGHER or LOWER (an out-of-range guess is just a wrong guess)
     no integer (or over 4000 digits)   -> INVALID, counted as a guess
     `max_guesses` used up, still wrong -> done, score 0.0, content ""
+
+A user that announces the range (`announce_range`) adds the range its answers so far leave open to each
+"Higher."/"Lower.": "Higher. It is from 17 to 32." (`answer_text`): the game's state stands in the last
+message, so a player need not recompute it from the whole history.
 
 Metrics on every reply, counted over the trajectory so far: `interaction/guesses` and
 `interaction/invalid`, so the last reply's metrics sum up the game.
@@ -29,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from quartet.agents.interaction import Interaction, InteractionError, InteractionReply
 
 __all__ = [
@@ -36,6 +43,7 @@ __all__ = [
     "INVALID",
     "LOWER",
     "GuessingGameInteraction",
+    "answer_text",
     "binary_search_transcript",
     "last_integer",
     "optimal_guess",
@@ -51,6 +59,7 @@ INVALID = "Please answer with a single number."
 _INTEGER = re.compile(r"(?:(?<![A-Za-z0-9])-)?[0-9]+")
 _MAX_DIGITS = 4000  # Python refuses int() on strings past 4300 digits
 _KWARGS = ("target", "low", "high")
+_OPTIONAL_KWARGS = ("announce_range",)
 _WHERE = "the row's extra_info.interaction_kwargs"
 
 
@@ -63,6 +72,13 @@ def last_integer(text: str) -> int | None:
     if len(last.lstrip("-").lstrip("0")) > _MAX_DIGITS:
         return None
     return int(last)
+
+
+def answer_text(guess: int, target: int, open_low: int, open_high: int, announce_range: bool) -> str:
+    """The user's answer to a wrong `guess`: HIGHER or LOWER, and with `announce_range` the range still
+    open after it (`open_low..open_high`, the guess already applied)."""
+    direction = HIGHER if guess < target else LOWER
+    return f"{direction} It is from {open_low} to {open_high}." if announce_range else direction
 
 
 def optimal_guess(low: int, high: int) -> int:
@@ -101,6 +117,7 @@ class _Game:
     open_low: int = 0
     open_high: int = 0
     """The range the answers so far leave open (set from low/high at start)."""
+    announce_range: bool = False
 
 
 def _integer_kwarg(kwargs: dict[str, Any], key: str) -> int:
@@ -123,7 +140,12 @@ class GuessingGameInteraction(Interaction):
     default_name = "guessing_game"
 
     def __init__(
-        self, *, max_guesses: int = 7, consistent_guess_reward: float = 0.0, name: str | None = None
+        self,
+        *,
+        max_guesses: int = 7,
+        consistent_guess_reward: float = 0.0,
+        announce_range: bool = False,
+        name: str | None = None,
     ) -> None:
         super().__init__(name=name)
         if isinstance(max_guesses, bool) or not isinstance(max_guesses, int) or max_guesses < 1:
@@ -132,18 +154,28 @@ class GuessingGameInteraction(Interaction):
             raise InteractionError(
                 f"consistent_guess_reward must be a number, got {consistent_guess_reward!r}"
             )
+        if not isinstance(announce_range, bool):
+            raise InteractionError(f"announce_range must be true or false, got {announce_range!r}")
         self.max_guesses = max_guesses
+        self.announce_range = announce_range
         self.consistent_guess_reward = float(consistent_guess_reward)
         self._games: dict[str, _Game] = {}
 
     async def start(self, instance_id: str | None = None, **kwargs: Any) -> str:
         """A new game for `target` in [low, high]; `InteractionError` naming the kwarg when one is wrong."""
-        unknown = sorted(set(kwargs) - set(_KWARGS))
+        unknown = sorted(set(kwargs) - set(_KWARGS) - set(_OPTIONAL_KWARGS))
         if unknown:
             raise InteractionError(
-                f"guessing game: unknown kwargs {unknown}; only target, low and high are read from {_WHERE}"
+                f"guessing game: unknown kwargs {unknown}; only target, low, high and announce_range are"
+                f" read from {_WHERE}"
             )
         target, low, high = (_integer_kwarg(kwargs, key) for key in _KWARGS)
+        announce = kwargs.get("announce_range")
+        announce = self.announce_range if announce is None else announce  # None: a parquet struct's gap
+        if not isinstance(announce, bool | np.bool_):
+            raise InteractionError(
+                f"guessing game: 'announce_range' must be true or false, got {announce!r}; fix it in {_WHERE}"
+            )
         if low > high:
             raise InteractionError(
                 f"guessing game: 'low' ({low}) > 'high' ({high}); fix the range in {_WHERE}"
@@ -154,7 +186,9 @@ class GuessingGameInteraction(Interaction):
                 f" fix it in {_WHERE}"
             )
         instance_id = await super().start(instance_id, target=target, low=low, high=high)
-        self._games[instance_id] = _Game(target=target, low=low, high=high, open_low=low, open_high=high)
+        self._games[instance_id] = _Game(
+            target, low, high, open_low=low, open_high=high, announce_range=bool(announce)
+        )
         return instance_id
 
     async def respond(self, instance_id: str, messages: list[dict[str, Any]]) -> InteractionReply:
@@ -185,7 +219,7 @@ class GuessingGameInteraction(Interaction):
             return InteractionReply("", done=True, score=0.0, turn_reward=turn, metrics=metrics)
         if guess is None:
             return InteractionReply(INVALID, done=False, metrics=metrics)
-        reply = HIGHER if guess < game.target else LOWER
+        reply = answer_text(guess, game.target, game.open_low, game.open_high, game.announce_range)
         return InteractionReply(reply, done=False, turn_reward=turn, metrics=metrics)
 
     async def finish(self, instance_id: str) -> None:

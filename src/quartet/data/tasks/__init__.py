@@ -116,12 +116,13 @@ TASKS: dict[BuiltinTask, Task[Any]] = {
 
 def builtin_spec(task: BuiltinTask, digits: int, sloppy: float = 0.0) -> Any:
     """The spec of a multi-turn task's problems with operands of `digits` digits (the guessing game's
-    range is its default: digits do not apply; `sloppy` is its share of random players' SFT games); None
-    for the single-turn tasks (their callers build them)."""
+    range is its default: digits do not apply); `sloppy`: the share of SFT traces from a weaker
+    demonstrator (the calculator's and word problems' answers from the head, the guessing game's random
+    players); None for the single-turn tasks (their callers build them)."""
     if task is BuiltinTask.CALCULATOR:
-        return CalculatorSpec(digits=digits)
+        return CalculatorSpec(digits=digits, sloppy=sloppy)
     if task is BuiltinTask.WORD_PROBLEMS:
-        return WordProblemSpec(digits=digits)
+        return WordProblemSpec(digits=digits, sloppy=sloppy)
     if task is BuiltinTask.GUESSING:
         return GuessingSpec(sloppy=sloppy)
     return None

@@ -7,7 +7,10 @@ copies the expression, then the tool's result copied as the answer).
 - RL rows (verl layout): the question as the user message, `agent_name: tool_agent`, the integer result as
   ground truth, `extra_info.expression`. Validation problems never occur in training.
 - SFT traces (`messages` + `tools` columns): question, the canonical tool call, the tool's result (as the
-  calculator tool prints it), the answer.
+  calculator tool prints it), the answer. With `CalculatorSpec.sloppy` > 0 that share of the traces comes
+  from a weaker demonstrator who answers from its head without the tool (`head_estimate`: the operands
+  rounded to tens, wrong on ~99% of problems): mixed-quality demonstrations, which SFT imitates as they are
+  and which RL can rise above, because its reward tells the two kinds apart.
 - `compute_score`: 1.0 when the final assistant turn (`extra_info["final_message"]`, which the agent loop
   adds; else the response's last line) is exactly the integer result. A final turn that is itself a tool
   call (the loop ran out of turns) scores 0.
@@ -32,7 +35,9 @@ __all__ = [
     "CalculatorSpec",
     "compute_score",
     "final_text",
+    "head_estimate",
     "held_out_split",
+    "round_tens",
     "tool_call_text",
     "verify_answer",
     "write_rl_set",
@@ -55,13 +60,17 @@ CALCULATOR_TOOLS: list[dict[str, Any]] = [_calculator_schema()]
 
 @dataclass(frozen=True)
 class CalculatorSpec:
-    """Problems `a * b + c`: a and b with exactly `digits` digits, c with at most `digits`."""
+    """Problems `a * b + c`: a and b with exactly `digits` digits, c with at most `digits`; `sloppy`: the
+    share of SFT traces from a demonstrator that answers from its head, without the tool."""
 
     digits: int = 3
+    sloppy: float = 0.0
 
     def __post_init__(self) -> None:
         if self.digits < 1:
             raise ValueError(f"digits must be >= 1, got {self.digits}")
+        if not 0.0 <= self.sloppy <= 1.0:
+            raise ValueError(f"sloppy must lie in [0, 1], got {self.sloppy}")
 
     def draw(self, rng: random.Random) -> CalculatorProblem:
         low, high = 10 ** (self.digits - 1), 10**self.digits - 1
@@ -136,23 +145,48 @@ def compute_score(solution_str: str, ground_truth: str, extra_info: dict[str, An
     return 1.0 if verify_answer(final_text(solution_str, extra_info), ground_truth) else 0.0
 
 
-def _sft_messages(problem: CalculatorProblem) -> list[dict[str, str]]:
+def head_estimate(problem: CalculatorProblem) -> str:
+    """The weaker demonstrator's answer without the tool: `a` and `b` rounded to tens (half up), times, plus
+    `c`. Right only when both are multiples of ten."""
+    return str(round_tens(problem.a) * round_tens(problem.b) + problem.c)
+
+
+def round_tens(x: int) -> int:
+    """`x` rounded to tens, half up (the weaker demonstrators' head arithmetic)."""
+    return (x + 5) // 10 * 10
+
+
+def _sft_messages(problem: CalculatorProblem, from_head: bool = False) -> list[dict[str, str]]:
     from quartet.agents.tools.calculator import evaluate, format_number
 
+    question = {"role": "user", "content": problem.question}
+    if from_head:
+        return [question, {"role": "assistant", "content": head_estimate(problem)}]
     result = format_number(evaluate(problem.expression))
     return [
-        {"role": "user", "content": problem.question},
+        question,
         {"role": "assistant", "content": tool_call_text(problem.expression)},
         {"role": "tool", "content": result},
         {"role": "assistant", "content": result},
     ]
 
 
-def sft_rows(problems: Iterable[CalculatorProblem]) -> list[dict[str, Any]]:
-    """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`."""
+def sft_rows(
+    problems: Iterable[CalculatorProblem], sloppy: float = 0.0, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`.
+
+    A share `sloppy` of them (drawn with `seed`) answers from the head without the tool (module docstring).
+    """
     tools = json.dumps(CALCULATOR_TOOLS)
+    rng = random.Random(seed + 2)
     return [
-        {"messages": _sft_messages(p), "tools": tools, "ground_truth": p.answer, "data_source": DATA_SOURCE}
+        {
+            "messages": _sft_messages(p, from_head=rng.random() < sloppy),
+            "tools": tools,
+            "ground_truth": p.answer,
+            "data_source": DATA_SOURCE,
+        }
         for p in problems
     ]
 
@@ -195,6 +229,6 @@ def write_sft_set(
     train, val = held_out_split(spec, train_size, val_size, seed)
     folder = Path(folder)
     return (
-        write_parquet(sft_rows(train), folder / "sft_train.parquet"),
+        write_parquet(sft_rows(train, spec.sloppy, seed), folder / "sft_train.parquet"),
         write_parquet(sft_rows(val), folder / "sft_val.parquet"),
     )

@@ -10,7 +10,10 @@ interaction's: `compute_score` reads the trajectory's `env_reward` (which the ag
 `extra_info`), and only without one falls back to checking the final turn against the target.
 
 - RL rows: the opening user message, `agent_name: user_sim`, `extra_info.interaction_kwargs` = {name,
-  target, low, high}; ground truth = the target. The range is fixed (`low..high`), so the states a player
+  target, low, high, announce_range}; ground truth = the target. The task's user announces the range its
+  answers leave open ("Higher. It is from 17 to 32.", `GuessingSpec.announce_range`, on by default): a
+  4-layer model does not learn to recompute that range from the whole history in minutes (measured:
+  docs/agentic.md), and a real user can say it. The range is fixed (`low..high`), so the states a player
   meets are the answers so far, not new numbers: validation plays every target of the range once (greedy
   play is then the whole policy, measured), training draws targets at random.
 - SFT traces: the binary-search player's conversation for a target (`binary_search_transcript`), with
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quartet.agents.interactions.guessing import HIGHER, LOWER, binary_search_transcript, last_integer
+from quartet.agents.interactions.guessing import answer_text, binary_search_transcript, last_integer
 from quartet.data.layout import rl_row, write_parquet
 
 __all__ = [
@@ -49,11 +52,13 @@ MAX_GUESSES = 7
 @dataclass(frozen=True)
 class GuessingSpec:
     """Targets in the inclusive range `low..high`; `sloppy`: the share of SFT traces from a random (but
-    consistent) player instead of the binary-search one."""
+    consistent) player instead of the binary-search one; `announce_range`: the user adds the range still
+    open to each answer."""
 
     low: int = 1
     high: int = 32
     sloppy: float = 0.0
+    announce_range: bool = True
 
     def __post_init__(self) -> None:
         if self.low > self.high:
@@ -83,10 +88,13 @@ def _random_player(target: int, low: int, high: int, rng: random.Random) -> list
 def transcript_messages(spec: GuessingSpec, guesses: list[int], target: int) -> list[dict[str, str]]:
     """The conversation of `guesses` (the last one right) against `target`."""
     messages = [{"role": "user", "content": opening(spec)}]
+    low, high = spec.low, spec.high
     for guess in guesses:
         messages.append({"role": "assistant", "content": str(guess)})
         if guess != target:
-            messages.append({"role": "user", "content": HIGHER if guess < target else LOWER})
+            low, high = (max(low, guess + 1), high) if guess < target else (low, min(high, guess - 1))
+            reply = answer_text(guess, target, low, high, spec.announce_range)
+            messages.append({"role": "user", "content": reply})
     return messages
 
 
@@ -111,7 +119,7 @@ def _targets(spec: GuessingSpec, size: int, rng: random.Random) -> list[int]:
 
 def rl_rows(spec: GuessingSpec, targets: Iterable[int], split: str) -> list[dict[str, Any]]:
     """Rows of the RL prompt set (verl's layout, `agent_name` = user_sim)."""
-    kwargs = {"name": INTERACTION, "low": spec.low, "high": spec.high}
+    kwargs = {"name": INTERACTION, "low": spec.low, "high": spec.high, "announce_range": spec.announce_range}
     return [
         {
             **rl_row(

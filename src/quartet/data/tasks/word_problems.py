@@ -11,7 +11,10 @@ numbers are beyond a tiny model's head, so the program's output is what gets the
 - RL rows (verl layout): the question as the user message, `agent_name: tool_agent`, the integer result as
   ground truth, `extra_info.program` (the canonical program). Validation problems never occur in training.
 - SFT traces (`messages` + `tools`): the question, the canonical call, the tool's message for that program
-  as the python tool writes it (`exit status 0`, then its stdout), the answer.
+  as the python tool writes it (`exit status 0`, then its stdout), the answer. With
+  `WordProblemSpec.sloppy` > 0 that share of the traces comes from a weaker demonstrator who answers from
+  its head without running code (`head_estimate`: the numbers rounded to tens): mixed-quality
+  demonstrations, as for the calculator.
 - `compute_score`: 1.0 when the final assistant turn (`extra_info["final_message"]`) is exactly the result.
 
 The traces carry the python tool's schema as this host's tool describes itself (`python_tool_schemas`:
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.data.layout import rl_row, write_parquet
-from quartet.data.tasks.calculator import compute_score, verify_answer
+from quartet.data.tasks.calculator import compute_score, round_tens, verify_answer
 
 __all__ = [
     "DATA_SOURCE",
@@ -91,13 +94,17 @@ TEMPLATES: tuple[_Template, ...] = (
 
 @dataclass(frozen=True)
 class WordProblemSpec:
-    """Problems from `TEMPLATES` with operands of `digits` digits."""
+    """Problems from `TEMPLATES` with operands of `digits` digits; `sloppy`: the share of SFT traces from a
+    demonstrator that answers from its head, without running code."""
 
     digits: int = 2
+    sloppy: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.digits <= 4:
             raise ValueError(f"digits must lie in [1, 4], got {self.digits}")
+        if not 0.0 <= self.sloppy <= 1.0:
+            raise ValueError(f"sloppy must lie in [0, 1], got {self.sloppy}")
 
     def draw(self, rng: random.Random) -> WordProblem:
         low, high = 10 ** (self.digits - 1), 10**self.digits - 1
@@ -144,6 +151,12 @@ class WordProblem:
     @property
     def answer(self) -> str:
         return str(self.value)
+
+    @property
+    def head_estimate(self) -> str:
+        """The weaker demonstrator's answer without code: the same steps on the numbers rounded to tens."""
+        rounded = (round_tens(self.a), round_tens(self.b), round_tens(self.c))
+        return str(_evaluate(TEMPLATES[self.template].program(*rounded)))
 
 
 def _evaluate(expression: str) -> int:
@@ -194,20 +207,32 @@ def tool_message(program_output: str) -> str:
     return f"exit status 0\n[stdout]\n{program_output}"
 
 
-def _sft_messages(problem: WordProblem) -> list[dict[str, str]]:
+def _sft_messages(problem: WordProblem, from_head: bool = False) -> list[dict[str, str]]:
+    question = {"role": "user", "content": problem.question}
+    if from_head:
+        return [question, {"role": "assistant", "content": problem.head_estimate}]
     return [
-        {"role": "user", "content": problem.question},
+        question,
         {"role": "assistant", "content": python_call_text(problem.program)},
         {"role": "tool", "content": tool_message(f"{problem.answer}\n")},
         {"role": "assistant", "content": problem.answer},
     ]
 
 
-def sft_rows(problems: Iterable[WordProblem]) -> list[dict[str, Any]]:
-    """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`."""
+def sft_rows(problems: Iterable[WordProblem], sloppy: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`.
+
+    A share `sloppy` of them (drawn with `seed`) answers from the head without code (module docstring).
+    """
     tools = "[" + ", ".join(python_tool_schemas()) + "]"
+    rng = random.Random(seed + 2)
     return [
-        {"messages": _sft_messages(p), "tools": tools, "ground_truth": p.answer, "data_source": DATA_SOURCE}
+        {
+            "messages": _sft_messages(p, from_head=rng.random() < sloppy),
+            "tools": tools,
+            "ground_truth": p.answer,
+            "data_source": DATA_SOURCE,
+        }
         for p in problems
     ]
 
@@ -250,6 +275,6 @@ def write_sft_set(
     train, val = held_out_split(spec, train_size, val_size, seed)
     folder = Path(folder)
     return (
-        write_parquet(sft_rows(train), folder / "sft_train.parquet"),
+        write_parquet(sft_rows(train, spec.sloppy, seed), folder / "sft_train.parquet"),
         write_parquet(sft_rows(val), folder / "sft_val.parquet"),
     )
