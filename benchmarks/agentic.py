@@ -76,17 +76,20 @@ def example_seed(task: str, seed: int, overrides: list[str], out_dir: Path) -> d
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     (metrics,) = [p for p in out_dir.rglob("metrics.jsonl") if not p.parent.name.endswith("-sft_start")]
-    curve = []
+    curve, train = [], []
     for line in metrics.read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "val":
             value = next(v for k, v in record.items() if k.startswith("val-core/") and "/reward/mean@" in k)
             curve.append({"step": int(record["step"]), "success": float(value)})
+        elif record.get("kind") == "step" and "agent/success/mean" in record:
+            train.append({"step": int(record["step"]), "success": float(record["agent/success/mean"])})
     if not curve:
         raise RuntimeError(f"no validation record in {metrics}")
     return {
         "seed": seed,
         "curve": curve,
+        "train_success": train,
         "start": curve[0]["success"],
         "final": curve[-1]["success"],
         "wall_s": wall,

@@ -225,6 +225,8 @@ def test_constructor_checks_and_names() -> None:
             GuessingGameInteraction(max_guesses=bad)  # type: ignore[arg-type]
     with pytest.raises(InteractionError, match="interaction name"):
         GuessingGameInteraction(name="has space")
+    with pytest.raises(InteractionError, match="announce_range must be true or false"):
+        GuessingGameInteraction(announce_range="yes")  # type: ignore[arg-type]
 
 
 class _Echo(Interaction):
@@ -310,6 +312,14 @@ def test_binary_search_always_wins_in_bound(low: int, high: int) -> None:
         assert transcript[-1] == target and len(transcript) <= bound
         assert len(set(transcript)) == len(transcript)
     assert not game.instances
+
+
+def test_a_row_sets_its_own_guess_budget() -> None:
+    game = GuessingGameInteraction(max_guesses=7)
+    short = _play(game, ["1", "2", "3"], target=9, low=1, high=9, max_guesses=3)
+    assert [r.done for r in short] == [False, False, True] and short[-1].score == 0.0
+    longer = _play(game, ["1", "2", "3", "9"], target=9, low=1, high=9)  # the interaction's 7
+    assert longer[-1].score == 1.0
 
 
 def test_default_max_guesses_fits_1_to_100() -> None:

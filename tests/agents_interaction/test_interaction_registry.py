@@ -191,7 +191,7 @@ def test_unknown_option(tmp_path: Path) -> None:
     entries = [{"class": GAME, "config": {"max_guess": 3}}]
     message = _error(tmp_path, entries, "interactions[0].config: ")
     assert "GuessingGameInteraction has no option 'max_guess'; did you mean 'max_guesses'?" in message
-    assert "(options: max_guesses, consistent_guess_reward)" in message
+    assert "(options: max_guesses, consistent_guess_reward, announce_range)" in message
 
 
 def test_name_in_config(tmp_path: Path, helpers: str) -> None:

@@ -59,7 +59,7 @@ def test_sft_games_are_played_out_by_the_real_user_as_written(announce: bool) ->
         lengths = []
         for row in rows:
             messages, target = row["messages"], int(row["ground_truth"])
-            kwargs = {"target": target, "low": 1, "high": 32, "announce_range": announce}
+            kwargs = {"target": target, "low": 1, "high": 32, "announce_range": announce, "max_guesses": 6}
             replies = _replay(messages, kwargs)
             users = [m["content"] for m in messages[1:] if m["role"] == "user"]
             assert [r.content for r in replies[:-1]] == users  # every Higher./Lower. is the user's own

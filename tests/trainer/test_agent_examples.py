@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from quartet.agents.interactions.guessing import HIGHER, INVALID, LOWER, last_integer
+from quartet.agents.interactions.guessing import INVALID, last_integer
 from quartet.data.tasks import guessing, word_problems
 
 pytestmark = pytest.mark.slow
@@ -108,11 +108,16 @@ def test_guessing_game_example_with_turn_rewards(tmp_path: Path) -> None:
         assert rec["score"] == guessing.compute_score("", rec["ground_truth"], {"env_reward": env})
         turns = rec.get("turns", [])
         assert {t["role"] for t in turns} <= {"assistant", "user"}
-        target = int(rec["ground_truth"])
+        target, low, high = int(rec["ground_truth"]), 1, 32
         for guess, reply in zip(turns, turns[1:], strict=False):  # the user answered each guess rightly
             if guess["role"] == "assistant" and reply["role"] == "user":
                 value = last_integer(guess["text"].replace("<|im_end|>", ""))
-                want = INVALID if value is None else HIGHER if value < target else LOWER
+                if value is None:
+                    want = INVALID
+                else:  # the task's user names the range still open after the guess (narrowed here)
+                    low, high = (max(low, value + 1), high) if value < target else (low, min(high, value - 1))
+                    direction = "Higher." if value < target else "Lower."
+                    want = f"{direction} It is from {low} to {high}."
                 assert f"user\n{want}<|im_end|>" in reply["text"]
         assert all(t["mask"] == int(t["role"] == "assistant") for t in turns)
         # a model turn's reward is the user's: 0.25 for a guess inside the range still open, else 0

@@ -1,8 +1,8 @@
 """A number-guessing game: the simulated user hides an integer and answers each guess "Higher." or "Lower."
 
 Per trajectory (the row's `extra_info.interaction_kwargs`): `target`, `low` and `high`, integers with
-`low <= target <= high` (the range is inclusive), and optionally `announce_range` (a bool; default: the
-interaction's own setting). The model's guess is the LAST integer in its turn's text
+`low <= target <= high` (the range is inclusive), and optionally `announce_range` (a bool) and
+`max_guesses` (a positive integer), each defaulting to the interaction's own setting. The model's guess is the LAST integer in its turn's text
 (`-?[0-9]+`, a minus only where it does not follow a letter or digit, so "3-5" reads as 5), which lets it
 reason before answering. Each assistant turn is one guess:
 
@@ -59,7 +59,7 @@ INVALID = "Please answer with a single number."
 _INTEGER = re.compile(r"(?:(?<![A-Za-z0-9])-)?[0-9]+")
 _MAX_DIGITS = 4000  # Python refuses int() on strings past 4300 digits
 _KWARGS = ("target", "low", "high")
-_OPTIONAL_KWARGS = ("announce_range",)
+_OPTIONAL_KWARGS = ("announce_range", "max_guesses")
 _WHERE = "the row's extra_info.interaction_kwargs"
 
 
@@ -118,6 +118,7 @@ class _Game:
     open_high: int = 0
     """The range the answers so far leave open (set from low/high at start)."""
     announce_range: bool = False
+    max_guesses: int = 7
 
 
 def _integer_kwarg(kwargs: dict[str, Any], key: str) -> int:
@@ -166,8 +167,8 @@ class GuessingGameInteraction(Interaction):
         unknown = sorted(set(kwargs) - set(_KWARGS) - set(_OPTIONAL_KWARGS))
         if unknown:
             raise InteractionError(
-                f"guessing game: unknown kwargs {unknown}; only target, low, high and announce_range are"
-                f" read from {_WHERE}"
+                f"guessing game: unknown kwargs {unknown}; only target, low, high, announce_range and"
+                f" max_guesses are read from {_WHERE}"
             )
         target, low, high = (_integer_kwarg(kwargs, key) for key in _KWARGS)
         announce = kwargs.get("announce_range")
@@ -186,9 +187,16 @@ class GuessingGameInteraction(Interaction):
                 f" fix it in {_WHERE}"
             )
         instance_id = await super().start(instance_id, target=target, low=low, high=high)
-        self._games[instance_id] = _Game(
-            target, low, high, open_low=low, open_high=high, announce_range=bool(announce)
-        )
+        max_guesses = self.max_guesses
+        if kwargs.get("max_guesses") is not None:
+            max_guesses = _integer_kwarg(kwargs, "max_guesses")
+            if max_guesses < 1:
+                raise InteractionError(
+                    f"guessing game: 'max_guesses' must be >= 1, got {max_guesses}; fix it in {_WHERE}"
+                )
+        game = _Game(target, low, high, open_low=low, open_high=high, announce_range=bool(announce))
+        game.max_guesses = max_guesses
+        self._games[instance_id] = game
         return instance_id
 
     async def respond(self, instance_id: str, messages: list[dict[str, Any]]) -> InteractionReply:
@@ -214,7 +222,7 @@ class GuessingGameInteraction(Interaction):
             game.open_low = max(game.open_low, guess + 1)
         elif guess is not None:
             game.open_high = min(game.open_high, guess - 1)
-        if game.guesses >= self.max_guesses:
+        if game.guesses >= game.max_guesses:
             game.over = True
             return InteractionReply("", done=True, score=0.0, turn_reward=turn, metrics=metrics)
         if guess is None:

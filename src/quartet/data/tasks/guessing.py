@@ -18,7 +18,10 @@ interaction's: `compute_score` reads the trajectory's `env_reward` (which the ag
   play is then the whole policy, measured), training draws targets at random.
 - SFT traces: the binary-search player's conversation for a target (`binary_search_transcript`), with
   `sloppy` of them replaced by a player that guesses at random inside the open range (a weaker but
-  consistent start for RL to improve on), drawn among its games that win within `MAX_GUESSES`.
+  consistent start for RL to improve on), drawn among its games that win within `max_guesses`.
+- The task's game allows `max_guesses` = 6 (rows carry it): exactly what binary search needs on 1..32
+  (floor(log2 32) + 1), so a binary-search player always wins and a random consistent player wins 71% of
+  its games (simulated): a gap that the outcome reward alone can teach.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ __all__ = [
 
 DATA_SOURCE = "guessing"
 INTERACTION = "guessing_game"
-MAX_GUESSES = 7
-"""The built-in interaction's default `max_guesses`: SFT games never take more."""
+MAX_GUESSES = 6
+"""The task's `max_guesses` (each row's kwarg): binary search on 1..32 needs exactly that many."""
 
 
 @dataclass(frozen=True)
@@ -59,12 +62,15 @@ class GuessingSpec:
     high: int = 32
     sloppy: float = 0.0
     announce_range: bool = True
+    max_guesses: int = MAX_GUESSES
 
     def __post_init__(self) -> None:
         if self.low > self.high:
             raise ValueError(f"low ({self.low}) > high ({self.high})")
         if not 0.0 <= self.sloppy <= 1.0:
             raise ValueError(f"sloppy must lie in [0, 1], got {self.sloppy}")
+        if self.max_guesses < 1:
+            raise ValueError(f"max_guesses must be >= 1, got {self.max_guesses}")
 
 
 def opening(spec: GuessingSpec) -> str:
@@ -119,7 +125,13 @@ def _targets(spec: GuessingSpec, size: int, rng: random.Random) -> list[int]:
 
 def rl_rows(spec: GuessingSpec, targets: Iterable[int], split: str) -> list[dict[str, Any]]:
     """Rows of the RL prompt set (verl's layout, `agent_name` = user_sim)."""
-    kwargs = {"name": INTERACTION, "low": spec.low, "high": spec.high, "announce_range": spec.announce_range}
+    kwargs = {
+        "name": INTERACTION,
+        "low": spec.low,
+        "high": spec.high,
+        "announce_range": spec.announce_range,
+        "max_guesses": spec.max_guesses,
+    }
     return [
         {
             **rl_row(
@@ -160,7 +172,7 @@ def sft_rows(spec: GuessingSpec, targets: Iterable[int], seed: int) -> list[dict
         guesses = binary_search_transcript(target, spec.low, spec.high)
         if rng.random() < spec.sloppy:  # a random game that still wins within the interaction's guesses
             games = (_random_player(target, spec.low, spec.high, rng) for _ in range(50))
-            guesses = next((g for g in games if len(g) <= MAX_GUESSES), guesses)
+            guesses = next((g for g in games if len(g) <= spec.max_guesses), guesses)
         rows.append(
             {
                 "messages": transcript_messages(spec, guesses, target),

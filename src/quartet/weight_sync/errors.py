@@ -1,0 +1,38 @@
+"""Named exceptions of weight sync; each message says what was expected, what was found, and where."""
+
+from __future__ import annotations
+
+__all__ = ["BackendUnavailableError", "GroupJoinError", "WeightSyncError"]
+
+
+class BackendUnavailableError(RuntimeError):
+    """The chosen collective backend cannot run here (for example NCCL on a CPU-only torch build)."""
+
+
+class GroupJoinError(RuntimeError):
+    """A weight-sync group could not be formed in time: a peer is missing, unreachable, or duplicated.
+
+    `joined` is how many ranks had registered when the wait gave up (-1 when this rank could not even reach
+    the sender's store, so the count is unknowable from here).
+    """
+
+    def __init__(self, address: str, world_size: int, joined: int, problem: str) -> None:
+        self.address, self.world_size, self.joined = address, world_size, joined
+        count = f"{joined} of {world_size} ranks joined" if joined >= 0 else f"world size {world_size}"
+        super().__init__(f"weight-sync group at {address} ({count}): {problem}")
+
+
+class WeightSyncError(RuntimeError):
+    """One sync failed or timed out: a peer died or hung, the stream was aborted, or the wire data is bad.
+
+    `version` is the weights version of the failed sync (None when a receiver failed before the version
+    arrived), `stage` the step that failed (for example `bucket 3 payload`), `bytes_done` how many payload
+    bytes had fully gone through before the failure.
+    """
+
+    def __init__(self, version: int | None, stage: str, bytes_done: int, problem: str) -> None:
+        self.version, self.stage, self.bytes_done = version, stage, bytes_done
+        which = f"version {version}" if version is not None else "an unknown version (none arrived yet)"
+        super().__init__(
+            f"weight sync of {which} failed at {stage} after {bytes_done} payload bytes: {problem}"
+        )
