@@ -3,8 +3,9 @@
 The first building block of asynchronous RL, where the rollout engines are not in the trainer's process.
 `group` forms a standalone process group (sender = rank 0, receivers = ranks 1..N) that leaves
 torch.distributed's default group alone; `buckets` packs named tensors into flat byte buckets and back,
-bitwise; `frames` is the wire format and the per-sync deadline; `transport` streams one versioned sync bucket by bucket (`WeightSender.send`,
-`WeightReceiver.receive`), with every wait bounded and failures raised as `WeightSyncError`.
+bitwise; `frames` is the wire format and the per-sync deadline; `transport` streams one versioned sync
+bucket by bucket (`WeightSender.send`, `WeightReceiver.receive`), with every wait bounded and failures
+raised as `WeightSyncError`.
 
 Importing this package imports torch but not Ray.
 """

@@ -68,6 +68,8 @@ class SyncProgress:
     def __init__(self, group: WeightSyncGroup, version: int | None, timeout_s: float | None) -> None:
         self.group, self.version = group, version
         self.timeout_s = group.config.timeout_s if timeout_s is None else timeout_s
+        if self.timeout_s <= 0:
+            raise ValueError(f"a sync's timeout_s must be > 0, got {self.timeout_s}")
         self.start = time.perf_counter()
         self.bytes_done = self.buckets = self.tensors = 0
 
@@ -77,20 +79,27 @@ class SyncProgress:
 
     def error(self, stage: str, problem: str, *, broken: bool = False) -> WeightSyncError:
         """A WeightSyncError for this sync; `broken=True` also marks the group unusable."""
-        if broken:
-            self.group.broken = self.group.broken or f"{problem[:200]} (at {stage})"
+        if broken and self.group.broken is None:
+            self.group.broken = f"a sync of version {self.version} failed at {stage}"
         return WeightSyncError(self.version, stage, self.bytes_done, problem)
 
     @contextmanager
     def stage(self, stage: str) -> Iterator[None]:
-        """Run one transport step: refused once the deadline passed, and any backend failure breaks the group."""
+        """Run one transport step: refused past the deadline; any backend failure breaks the group."""
+        if self.group.closed:
+            raise self.error(stage, "this process closed the group")
+        if self.group.broken is not None:
+            raise self.error(stage, f"the group is broken ({self.group.broken}); rebuild it")
         if self.remaining() <= 0:
             raise self.error(stage, f"the sync's {self.timeout_s:g} s timeout has passed", broken=True)
         try:
             yield
         except RuntimeError as exc:  # gloo and nccl report errors and timeouts as RuntimeError
             elapsed = time.perf_counter() - self.start
-            problem = f"{exc} ({elapsed:.1f} s into a {self.timeout_s:g} s timeout; a peer died or hung?)"
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]  # c10d may add a C++ trace
+            problem = (
+                f"{first_line} ({elapsed:.1f} s into a {self.timeout_s:g} s timeout; a peer died or hung?)"
+            )
             raise self.error(stage, problem, broken=True) from exc
 
     def post(self, tensor: torch.Tensor, stage: str) -> Posted:

@@ -17,7 +17,6 @@ world size, how many ranks joined and which are missing.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -44,7 +43,7 @@ __all__ = [
 ]
 
 _JOINED = "join/count"
-_POLL_S = 0.02
+_ALL_JOINED = "join/all"
 
 
 class SyncBackend(StrEnum):
@@ -122,9 +121,16 @@ class WeightSyncGroup:
         self, config: GroupConfig, rank: int, store: Store, backend: _Collectives, device: torch.device
     ) -> None:
         self.config, self.rank, self.device = config, rank, device
-        self._store = store  # kept alive: the sender's store object is the server other ranks talk to
+        # kept alive until close: the sender's store object is the server the other ranks talk to, and
+        # gloo's lazy-init mode (TORCH_GLOO_LAZY_INIT) connects through it on first use
+        self._store: Store | None = store
         self._backend: _Collectives | None = backend
         self.broken: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (by this process; peers closing show up as broadcast errors)."""
+        return self._backend is None
 
     @property
     def world_size(self) -> int:
@@ -150,11 +156,12 @@ class WeightSyncGroup:
     def wait(work: dist.Work, timeout_s: float) -> None:
         """Block until `work` finishes; raises when it fails or does not finish within `timeout_s`."""
         # timedelta(0) means "no timeout" to torch, so never pass it
-        work.wait(timedelta(seconds=max(timeout_s, 0.001)))
+        if not work.wait(timedelta(seconds=max(timeout_s, 0.001))):
+            raise RuntimeError(f"operation did not finish within {timeout_s:.3g} s")
 
     def close(self) -> None:
         """Shut the backend down and release the store; safe to call twice."""
-        backend, self._backend = self._backend, None
+        backend, self._backend, self._store = self._backend, None, None
         if backend is not None:
             # shutting down after a peer died may itself report the dead peer
             with contextlib.suppress(RuntimeError):
@@ -167,12 +174,21 @@ class WeightSyncGroup:
         self.close()
 
 
+def _first_line(exc: BaseException) -> str:
+    """c10d errors may append a C++ stack trace; the first line is the message."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
 def _address(config: GroupConfig, port: int | None = None) -> str:
     return f"{config.host}:{config.port if port is None else port}"
 
 
 def _join(config: GroupConfig, rank: int, store: Store, address: str) -> WeightSyncGroup:
-    """Register `rank`, wait (bounded) until all ranks have, then build the backend on the shared store."""
+    """Register `rank`, wait (bounded) until all ranks have, then build the backend on the shared store.
+
+    The explicit count (rather than leaving the wait to the backend's own rendezvous) is what lets a
+    timeout say how many ranks came and which are missing.
+    """
     device = check_backend(config.backend)
     joined = -1
     try:
@@ -180,20 +196,20 @@ def _join(config: GroupConfig, rank: int, store: Store, address: str) -> WeightS
         if store.check([rank_key]):
             raise GroupJoinError(address, config.world_size, -1, f"rank {rank} joined twice")
         store.set(rank_key, "1")
-        joined = store.add(_JOINED, 1)
-        deadline = time.monotonic() + config.timeout_s
-        while joined < config.world_size:
-            if time.monotonic() > deadline:
-                missing = [r for r in range(config.world_size) if not store.check([f"join/rank{r}"])]
-                problem = f"rank {rank} gave up after {config.timeout_s:g} s; missing ranks {missing}"
-                raise GroupJoinError(address, config.world_size, joined, problem)
-            time.sleep(_POLL_S)
+        if store.add(_JOINED, 1) == config.world_size:  # the last one in opens the door for everyone
+            store.set(_ALL_JOINED, "1")
+        try:
+            store.wait([_ALL_JOINED], timedelta(seconds=config.timeout_s))
+        except RuntimeError as exc:  # a timeout; if the store itself is gone, counting fails below
             joined = store.add(_JOINED, 0)
+            missing = [r for r in range(config.world_size) if not store.check([f"join/rank{r}"])]
+            problem = f"rank {rank} gave up after {config.timeout_s:g} s; missing ranks {missing}"
+            raise GroupJoinError(address, config.world_size, joined, problem) from exc
         backend = _make_backend(config, PrefixStore("backend", store), rank)
     except RuntimeError as exc:  # the store or a peer vanished mid-join (DistError is a RuntimeError)
         if isinstance(exc, GroupJoinError):
             raise
-        problem = f"rank {rank} failed to join: {exc}"
+        problem = f"rank {rank} failed to join: {_first_line(exc)}"
         raise GroupJoinError(address, config.world_size, joined, problem) from exc
     return WeightSyncGroup(config, rank, store, backend, device)
 
@@ -243,7 +259,8 @@ def listen(config: GroupConfig) -> GroupListener:
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as exc:
-        raise GroupJoinError(_address(config), config.world_size, -1, f"cannot listen: {exc}") from exc
+        problem = f"cannot listen: {_first_line(exc)}"
+        raise GroupJoinError(_address(config), config.world_size, -1, problem) from exc
     return GroupListener(config, store)
 
 
@@ -263,7 +280,8 @@ def connect(config: GroupConfig, rank: int) -> WeightSyncGroup:
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as exc:  # DistStoreError / DistNetworkError subclass RuntimeError
-        problem = f"rank {rank} could not reach the sender's store within {config.timeout_s:g} s ({exc})"
+        problem = f"rank {rank} could not reach the sender's store within {config.timeout_s:g} s"
+        problem += f" ({_first_line(exc)})"
         raise GroupJoinError(address, config.world_size, -1, problem) from exc
     return _join(config, rank, store, address)
 
