@@ -81,6 +81,7 @@ def run(receivers: int, bucket_mib: int, repeats: int, hidden: int, layers: int)
                     "version": version,
                     "bytes": stats.bytes,
                     "buckets": stats.buckets,
+                    "tensors": stats.tensors,
                     "sync_s": stats.seconds,
                     "plain_s": plain,
                     "sync_gb_s": stats.bytes / stats.seconds / 1e9,
@@ -90,7 +91,8 @@ def run(receivers: int, bucket_mib: int, repeats: int, hidden: int, layers: int)
             )
     for p in procs:
         p.join(timeout=timeout)
-    return {"params": params, "rows": rows}
+    payload = sum(t.numel() * t.element_size() for _, t in weights)
+    return {"params": params, "tensor_bytes": payload, "tensors": len(weights), "rows": rows}
 
 
 def main() -> None:
@@ -103,7 +105,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--smoke", action="store_true", help="CI: a 2-layer hidden-64 model, 1 MiB buckets")
     args = parser.parse_args()
+    if args.smoke:
+        args.hidden, args.layers, args.repeats, args.bucket_mib = 64, 2, 2, 1
     start = time.perf_counter()
     result = run(args.receivers, args.bucket_mib, args.repeats, args.hidden, args.layers)
     rows = result["rows"][1:] or result["rows"]  # the first sync warms the group up
@@ -127,6 +132,8 @@ def main() -> None:
     )
     summary = {
         "params": result["params"],
+        "tensor_bytes": result["tensor_bytes"],
+        "tensors": result["tensors"],
         "bytes": rows[0]["bytes"],
         "sync_s": spread([r["sync_s"] for r in rows]),
         "plain_s": spread([r["plain_s"] for r in rows]),
