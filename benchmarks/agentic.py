@@ -96,6 +96,17 @@ def example_seed(task: str, seed: int, overrides: list[str], out_dir: Path) -> d
     }
 
 
+def keep_plot(out_dir: Path, png: Path) -> str | None:
+    """`quartet plot` of the GRPO run under `out_dir` (the SFT runs aside), saved to `png` before the
+    temporary folder goes; its path, or None when matplotlib is missing."""
+    (metrics,) = [p for p in out_dir.rglob("metrics.jsonl") if "sft" not in p.parent.name]
+    png.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [str(QUARTET), "plot", str(metrics.parent), "--out", str(png)], capture_output=True, text=True
+    )
+    return str(png) if proc.returncode == 0 and png.exists() else None
+
+
 def summarise(task: str, seeds: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over seeds (and the per-seed verdicts)."""
     wall = statistics.fmean(s["wall_s"] for s in seeds)
@@ -149,6 +160,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     results = []
+    name = args.name or f"agentic_{args.task}"
+    plots = (args.out_dir or ROOT / "benchmarks" / "results") / "plots"
     for seed in map(int, args.seeds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             run = (
@@ -156,11 +169,11 @@ def main() -> None:
                 if args.task == "calculator"
                 else example_seed(args.task, seed, args.override, Path(tmp))
             )
+            run["plot"] = keep_plot(Path(tmp), plots / f"{name}_seed{seed}.png")
         results.append(run)
         print(json.dumps(run), flush=True)
     print_table(args.task, results)
     settings = {"task": args.task, "seeds": args.seeds, "overrides": args.override}
-    name = args.name or f"agentic_{args.task}"
     path = write_result(name, settings, {"seeds": results}, summarise(args.task, results), args.out_dir)
     print(f"wrote {path}")
 
