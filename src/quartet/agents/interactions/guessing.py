@@ -2,9 +2,9 @@
 
 Per trajectory (the row's `extra_info.interaction_kwargs`): `target`, `low` and `high`, integers with
 `low <= target <= high` (the range is inclusive), and optionally `announce_range` (a bool) and
-`max_guesses` (a positive integer), each defaulting to the interaction's own setting. The model's guess is the LAST integer in its turn's text
-(`-?[0-9]+`, a minus only where it does not follow a letter or digit, so "3-5" reads as 5), which lets it
-reason before answering. Each assistant turn is one guess:
+`max_guesses` (a positive integer), each defaulting to the interaction's own setting. The model's guess is
+the LAST integer in its turn's text (`-?[0-9]+`, a minus only where it does not follow a letter or digit, so
+"3-5" reads as 5), which lets it reason before answering. Each assistant turn is one guess:
 
     right number                       -> done, score 1.0, content ""
     wrong number, guesses left         -> HIGHER or LOWER (an out-of-range guess is just a wrong guess)
@@ -171,12 +171,7 @@ class GuessingGameInteraction(Interaction):
                 f" max_guesses are read from {_WHERE}"
             )
         target, low, high = (_integer_kwarg(kwargs, key) for key in _KWARGS)
-        announce = kwargs.get("announce_range")
-        announce = self.announce_range if announce is None else announce  # None: a parquet struct's gap
-        if not isinstance(announce, bool | np.bool_):
-            raise InteractionError(
-                f"guessing game: 'announce_range' must be true or false, got {announce!r}; fix it in {_WHERE}"
-            )
+        announce, max_guesses = self._options(kwargs)
         if low > high:
             raise InteractionError(
                 f"guessing game: 'low' ({low}) > 'high' ({high}); fix the range in {_WHERE}"
@@ -187,17 +182,28 @@ class GuessingGameInteraction(Interaction):
                 f" fix it in {_WHERE}"
             )
         instance_id = await super().start(instance_id, target=target, low=low, high=high)
-        max_guesses = self.max_guesses
-        if kwargs.get("max_guesses") is not None:
-            max_guesses = _integer_kwarg(kwargs, "max_guesses")
-            if max_guesses < 1:
-                raise InteractionError(
-                    f"guessing game: 'max_guesses' must be >= 1, got {max_guesses}; fix it in {_WHERE}"
-                )
-        game = _Game(target, low, high, open_low=low, open_high=high, announce_range=bool(announce))
-        game.max_guesses = max_guesses
-        self._games[instance_id] = game
+        self._games[instance_id] = _Game(
+            target, low, high, open_low=low, open_high=high, announce_range=announce, max_guesses=max_guesses
+        )
         return instance_id
+
+    def _options(self, kwargs: dict[str, Any]) -> tuple[bool, int]:
+        """(announce_range, max_guesses) of one game: the row's kwargs, else this interaction's settings (a
+        None is a gap in a parquet struct column, i.e. not set)."""
+        announce = kwargs.get("announce_range")
+        announce = self.announce_range if announce is None else announce
+        if not isinstance(announce, bool | np.bool_):
+            raise InteractionError(
+                f"guessing game: 'announce_range' must be true or false, got {announce!r}; fix it in {_WHERE}"
+            )
+        if kwargs.get("max_guesses") is None:
+            return bool(announce), self.max_guesses
+        max_guesses = _integer_kwarg(kwargs, "max_guesses")
+        if max_guesses < 1:
+            raise InteractionError(
+                f"guessing game: 'max_guesses' must be >= 1, got {max_guesses}; fix it in {_WHERE}"
+            )
+        return bool(announce), max_guesses
 
     async def respond(self, instance_id: str, messages: list[dict[str, Any]]) -> InteractionReply:
         """Judge the guess in the last (assistant) message; see the module docstring for the replies."""
