@@ -246,18 +246,23 @@ class GroupListener:
         return _join(self.config, 0, self._store, self.address)
 
 
+def _store(config: GroupConfig, is_master: bool) -> TCPStore:
+    """The sender's store (`is_master`: hosted here) or a client of it; neither waits for the others."""
+    return TCPStore(
+        config.host,
+        config.port,
+        config.world_size,
+        is_master=is_master,
+        timeout=timedelta(seconds=config.timeout_s),
+        wait_for_workers=False,
+    )
+
+
 def listen(config: GroupConfig) -> GroupListener:
     """Start the sender's store at `config.host:config.port` without waiting for anyone yet."""
     check_backend(config.backend)  # fail before anyone starts waiting on us
     try:
-        store = TCPStore(
-            config.host,
-            config.port,
-            config.world_size,
-            is_master=True,
-            timeout=timedelta(seconds=config.timeout_s),
-            wait_for_workers=False,
-        )
+        store = _store(config, is_master=True)
     except (RuntimeError, OSError) as exc:
         problem = f"cannot listen: {_first_line(exc)}"
         raise GroupJoinError(_address(config), config.world_size, -1, problem) from exc
@@ -271,14 +276,7 @@ def connect(config: GroupConfig, rank: int) -> WeightSyncGroup:
     check_backend(config.backend)
     address = _address(config)
     try:
-        store = TCPStore(
-            config.host,
-            config.port,
-            config.world_size,
-            is_master=False,
-            timeout=timedelta(seconds=config.timeout_s),
-            wait_for_workers=False,
-        )
+        store = _store(config, is_master=False)
     except (RuntimeError, OSError) as exc:  # DistStoreError / DistNetworkError subclass RuntimeError
         problem = f"rank {rank} could not reach the sender's store within {config.timeout_s:g} s"
         problem += f" ({_first_line(exc)})"
