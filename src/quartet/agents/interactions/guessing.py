@@ -46,6 +46,7 @@ __all__ = [
     "answer_text",
     "binary_search_transcript",
     "last_integer",
+    "narrowed_range",
     "optimal_guess",
 ]
 
@@ -72,6 +73,13 @@ def last_integer(text: str) -> int | None:
     if len(last.lstrip("-").lstrip("0")) > _MAX_DIGITS:
         return None
     return int(last)
+
+
+def narrowed_range(open_low: int, open_high: int, guess: int, target: int) -> tuple[int, int]:
+    """The range left open after the answer to a wrong `guess` (one outside the range narrows nothing)."""
+    if guess < target:
+        return max(open_low, guess + 1), open_high
+    return open_low, min(open_high, guess - 1)
 
 
 def answer_text(guess: int, target: int, open_low: int, open_high: int, announce_range: bool) -> str:
@@ -224,10 +232,8 @@ class GuessingGameInteraction(Interaction):
         if guess == game.target:
             game.over = True
             return InteractionReply("", done=True, score=1.0, turn_reward=turn, metrics=metrics)
-        if guess is not None and guess < game.target:
-            game.open_low = max(game.open_low, guess + 1)
-        elif guess is not None:
-            game.open_high = min(game.open_high, guess - 1)
+        if guess is not None:
+            game.open_low, game.open_high = narrowed_range(game.open_low, game.open_high, guess, game.target)
         if game.guesses >= game.max_guesses:
             game.over = True
             return InteractionReply("", done=True, score=0.0, turn_reward=turn, metrics=metrics)

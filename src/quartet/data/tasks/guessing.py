@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quartet.agents.interactions.guessing import answer_text, binary_search_transcript, last_integer
+from quartet.agents.interactions.guessing import (
+    answer_text,
+    binary_search_transcript,
+    last_integer,
+    narrowed_range,
+)
 from quartet.data.layout import rl_row, write_parquet
 
 __all__ = [
@@ -98,7 +103,7 @@ def transcript_messages(spec: GuessingSpec, guesses: list[int], target: int) -> 
     for guess in guesses:
         messages.append({"role": "assistant", "content": str(guess)})
         if guess != target:
-            low, high = (max(low, guess + 1), high) if guess < target else (low, min(high, guess - 1))
+            low, high = narrowed_range(low, high, guess, target)
             reply = answer_text(guess, target, low, high, spec.announce_range)
             messages.append({"role": "user", "content": reply})
     return messages
