@@ -116,9 +116,24 @@ def test_overlong_buffer_must_be_shorter_than_the_response_limit() -> None:
 
 
 def test_separate_pools_names_roles_and_needs_ray() -> None:
-    with pytest.raises(ConfigError, match=r"(?s)cluster\.separate_pools.*'rollout'.*actor and its rollout"):
-        load_config(None, ["cluster.separate_pools=[rollout]"])
+    with pytest.raises(ConfigError, match=r"(?s)cluster\.separate_pools.*'actor'.*actor always stays"):
+        load_config(None, ["cluster.separate_pools=[actor]"])
     with pytest.raises(ConfigError, match=r"(?s)cluster\.separate_pools.*backend=local"):
         load_config(None, ["cluster.separate_pools=[critic]", "cluster.backend=local"])
     cfg = load_config(None, ["cluster.separate_pools=[critic,reward_model]"])
     assert cfg.cluster.separate_pools == ("critic", "reward_model")
+    assert load_config(None, ["cluster.separate_pools=[rollout]"]).cluster.separate_pools == ("rollout",)
+
+
+def test_overlapping_modes_need_a_rollout_pool_and_plain_sampling() -> None:
+    with pytest.raises(ConfigError, match=r"(?s)trainer\.mode.*separate_pools=\[rollout\]"):
+        load_config(None, ["trainer.mode=async"])
+    with pytest.raises(ConfigError, match=r"(?s)algorithm\.filter_groups.*trainer\.mode=sync"):
+        load_config(
+            None,
+            ["trainer.mode=one_step_off", "cluster.separate_pools=[rollout]", "algorithm.filter_groups=true"],
+        )
+    cfg = load_config(
+        None, ["trainer.mode=async", "cluster.separate_pools=[rollout]", "trainer.max_staleness=2"]
+    )
+    assert (cfg.trainer.mode, cfg.trainer.max_staleness) == ("async", 2)

@@ -57,7 +57,9 @@ class ScriptedEngine(RolloutEngine):
             out.append(samples)
         return out
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
         return 0
 
     def sleep(self, offload_weights: bool = False) -> None:

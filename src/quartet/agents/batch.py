@@ -61,6 +61,12 @@ def trajectories_to_batch(
         "rollout_logprobs": logprobs,
         "turn_rewards": turn_rewards,
     }
+    if all(t.versions is not None and len(t.versions) == len(t.response_ids) for t in trajectories):
+        versions = torch.zeros(rows, r, dtype=torch.int64)
+        for i, t in enumerate(trajectories):
+            if t.versions:
+                versions[i, : len(t.versions)] = torch.tensor(t.versions, dtype=torch.int64)
+        columns["rollout_versions"] = versions
     non_tensors = {
         "finish_reason": np.array([t.finish_reason for t in trajectories], dtype=object),
         "env_reward": np.array([t.reward for t in trajectories], dtype=object),

@@ -106,7 +106,9 @@ async def run_tool_loop(
             if out.finish_reason is FinishReason.ABORT and not ids:  # cut before it wrote anything
                 trajectory.finish_reason = "abort"
                 break
-            trajectory.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None)
+            trajectory.add_model_turn(
+                ids, list(out.logprobs) if out.logprobs is not None else None, out.versions
+            )
             ended = bool(ids) and ids[-1] in eot_ids
             text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
             trajectory.messages.append({"role": "assistant", "content": text})

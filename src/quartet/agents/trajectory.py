@@ -23,6 +23,7 @@ that round-trip; a model that writes a non-canonical tokenization (possible with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,9 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)
+    """Per response token, the engine's weight version behind it (0 on environment tokens); None once a
+    model turn came from an engine that does not tag versions."""
     turns: list[TurnSpan] = field(default_factory=list)
     finish_reason: str = ""
     """Why the loop ended: no_tool_call, max_turns, max_tokens, length, abort, interaction_done."""
@@ -67,10 +71,16 @@ class Trajectory:
     def assistant_turns(self) -> int:
         return sum(1 for t in self.turns if t.role == "assistant")
 
-    def add_model_turn(self, token_ids: list[int], logprobs: list[float] | None) -> None:
-        """Append the model's tokens exactly as generated (mask 1)."""
+    def add_model_turn(
+        self, token_ids: list[int], logprobs: list[float] | None, versions: Sequence[int] | None = None
+    ) -> None:
+        """Append the model's tokens exactly as generated (mask 1), with their weight versions if known."""
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
+        if versions is None or len(versions) != len(token_ids):
+            self.versions = None
+        elif self.versions is not None:
+            self.versions += list(versions)
         start = len(self.response_ids)
         self.response_ids += token_ids
         self.response_mask += [1] * len(token_ids)
@@ -90,6 +100,8 @@ class Trajectory:
         self.response_ids += token_ids
         self.response_mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
+        if self.versions is not None:
+            self.versions += [0] * len(token_ids)
         self.turns.append(TurnSpan(role, start, len(self.response_ids)))
 
     def truncate(self, max_tokens: int) -> None:
@@ -98,6 +110,8 @@ class Trajectory:
             return
         self.truncated = True
         del self.response_ids[max_tokens:], self.response_mask[max_tokens:], self.logprobs[max_tokens:]
+        if self.versions is not None:
+            del self.versions[max_tokens:]
         kept = [t.start < max_tokens for t in self.turns if t.role == "assistant"]
         self.turn_rewards = [r for r, keep in zip(self.turn_rewards, kept, strict=True) if keep]
         self.turns = [

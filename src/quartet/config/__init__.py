@@ -15,10 +15,17 @@ from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.config.plan import OldLogprobs, RefLogprobs, StepPlan, plan_step
 from quartet.config.reward import RewardConfig
 from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig
-from quartet.config.rollout import RolloutConfig, RolloutEngineKind, RolloutMode, SamplingConfig
+from quartet.config.rollout import (
+    RolloutConfig,
+    RolloutEngineKind,
+    RolloutMode,
+    SamplingConfig,
+    WeightApply,
+    WeightSyncConfig,
+)
 from quartet.config.root import QuartetConfig
 from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
-from quartet.config.trainer import Logger, TrainerConfig
+from quartet.config.trainer import Logger, TrainerConfig, TrainerMode
 from quartet.config.validate import validate
 
 __all__ = [
@@ -51,6 +58,9 @@ __all__ = [
     "RolloutConfig",
     "RolloutEngineKind",
     "RolloutMode",
+    "TrainerMode",
+    "WeightApply",
+    "WeightSyncConfig",
     "SFTBuiltinConfig",
     "SFTConfig",
     "SamplingConfig",

@@ -9,8 +9,10 @@ from quartet.config.errors import require
 
 __all__ = ["SEPARABLE_ROLES", "Backend", "ClusterConfig", "DeviceKind", "PlacementStrategy"]
 
-SEPARABLE_ROLES = ("reference", "critic", "reward_model")
-"""Roles that `cluster.separate_pools` may move off the actor's pool (the rollout stays with the actor)."""
+SEPARABLE_ROLES = ("rollout", "reference", "critic", "reward_model")
+"""Roles that `cluster.separate_pools` may move off the actor's pool. A separate `rollout` gets the actor's
+weights over a weight-sync group (`rollout.weight_sync`) instead of in-process, and is what lets
+`trainer.mode=one_step_off|async` generate while the actor trains."""
 
 
 class Backend(StrEnum):
@@ -83,8 +85,9 @@ class ClusterConfig:
     """Longest wait for one call on a worker group before the driver reports which ranks hang."""
 
     separate_pools: tuple[str, ...] = ()
-    """Roles on a pool of their own, of the same shape as the main one (`reference`, `critic`,
-    `reward_model`): their memory never competes with the actor's, at the price of more devices."""
+    """Roles on a pool of their own, of the same shape as the main one (`rollout`, `reference`, `critic`,
+    `reward_model`): their memory never competes with the actor's, at the price of more devices. A separate
+    `rollout` pool is disaggregated RL: its engines take the actor's weights over `rollout.weight_sync`."""
 
     def __post_init__(self) -> None:
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
@@ -100,7 +103,7 @@ class ClusterConfig:
                 role in SEPARABLE_ROLES,
                 "separate_pools",
                 f"'{role}' is not a role that can have its own pool",
-                f"use some of {list(SEPARABLE_ROLES)}; the actor and its rollout always share the main pool",
+                f"use some of {list(SEPARABLE_ROLES)}; the actor always stays on the main pool",
             )
         require(
             len(set(self.separate_pools)) == len(self.separate_pools), "separate_pools", "lists a role twice"

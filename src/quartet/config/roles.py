@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from quartet.config.errors import require
 from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
-from quartet.core.choices import KLPenalty, LossAggMode, PolicyLoss
+from quartet.core.choices import KLPenalty, LossAggMode, PolicyLoss, TISMode
 
 __all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig"]
 
@@ -102,7 +102,17 @@ class ActorConfig:
     """Estimator used for the KL loss term."""
 
     tis_cap: float = 0.0
-    """Cap of truncated importance weights between rollout and trainer log-probs (TIS); 0 disables."""
+    """Cap of truncated importance weights between rollout and trainer log-probs (TIS); 0 disables. The
+    trainer's log-probs are those of the policy at the start of the update (the proximal policy of
+    decoupled PPO), so with off-policy samples (`trainer.mode=async`) the PPO ratio clips against the
+    proximal policy and this weight corrects from the engine that sampled to it."""
+
+    tis_mode: TISMode = TISMode.TRUNCATE
+    """`truncate`: weight min(ratio, tis_cap) (TIS). `mask`: weight 1 inside [tis_mask_low, tis_cap] and 0
+    outside, so tokens the behaviour policy saw very differently drop out of the loss (masked IS)."""
+
+    tis_mask_low: float = 0.5
+    """`tis_mode=mask`: the lower end of the band of importance ratios kept."""
 
     reuse_update_logprobs: bool = True
     """When a step's update is ONE optimizer step over the whole batch (epochs 1, mini_batch_size =
@@ -147,6 +157,11 @@ class ActorConfig:
         require(self.entropy_chunk_size > 0, "entropy_chunk_size", "must be > 0")
         require(
             self.tis_cap >= 0, "tis_cap", "must be >= 0", "use 0 to disable truncated importance sampling"
+        )
+        require(
+            0 <= self.tis_mask_low < max(self.tis_cap, 1.0),
+            "tis_mask_low",
+            f"must lie in [0, tis_cap), got {self.tis_mask_low}",
         )
 
 

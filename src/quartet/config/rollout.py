@@ -18,6 +18,8 @@ __all__ = [
     "RolloutMode",
     "SamplingConfig",
     "ServerConfig",
+    "WeightApply",
+    "WeightSyncConfig",
 ]
 
 AGENT_LOOP_NAMES = ("single_turn", "tool_agent", "user_sim")
@@ -195,6 +197,42 @@ class ServerConfig:
         )
 
 
+class WeightApply(StrEnum):
+    """When a rollout replica on a pool of its own applies weights that arrived."""
+
+    BETWEEN_STEPS = "between_steps"
+    """Between two decode steps: sequences in flight go on with the new weights (partial rollouts); each
+    token is tagged with the version that computed it, and no forward pass ever mixes two versions."""
+    AFTER_DRAIN = "after_drain"
+    """When the replica has no generation in flight (after its current batch): every response is computed
+    by one version."""
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    """How the actor's weights reach rollout replicas on a pool of their own (`cluster.separate_pools`)."""
+
+    bucket_mb: int = 256
+    """Size bound of one broadcast, in MiB: the actor gathers and packs at most two buckets at a time, so
+    the whole model is never materialised on one rank at once."""
+
+    timeout_s: float = 300.0
+    """Longest one sync (and joining the group at start) may take; past it the run fails naming the
+    replica, the version and the bytes moved so far."""
+
+    apply: WeightApply = WeightApply.BETWEEN_STEPS
+    """When a replica applies the weights that arrived (it receives them while it keeps generating)."""
+
+    def __post_init__(self) -> None:
+        require(1 <= self.bucket_mb <= 65536, "bucket_mb", f"must lie in [1, 65536], got {self.bucket_mb}")
+        require(self.timeout_s > 0, "timeout_s", "must be > 0")
+
+    @property
+    def bucket_bytes(self) -> int:
+        """`bucket_mb` in bytes."""
+        return self.bucket_mb * 2**20
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """Generation during training and validation."""
@@ -249,6 +287,9 @@ class RolloutConfig:
 
     server: ServerConfig = field(default_factory=ServerConfig)
     """Each replica's OpenAI-compatible server in async mode."""
+
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    """Cross-process weight sync, used when the rollout has a pool of its own (`cluster.separate_pools`)."""
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_p, self.top_k, self.n)  # same local checks

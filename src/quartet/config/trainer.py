@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quartet.config.errors import require
 
-__all__ = ["Logger", "TrainerConfig"]
+__all__ = ["Logger", "TrainerConfig", "TrainerMode"]
 
 
 class Logger(StrEnum):
@@ -19,6 +19,20 @@ class Logger(StrEnum):
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
     MLFLOW = "mlflow"
+
+
+class TrainerMode(StrEnum):
+    """How generation and training take turns (`quartet.trainer.rollout_feed`)."""
+
+    SYNC = "sync"
+    """Generate a batch, train on it, sync the weights, repeat: every token is on-policy."""
+    ONE_STEP_OFF = "one_step_off"
+    """Batch k+1 is generated (by the weights of step k-1) while the actor trains on batch k; staleness 1.
+    Needs the rollout on a pool of its own (`cluster.separate_pools=[rollout]`)."""
+    ASYNC = "async"
+    """The rollout pool generates continuously, `async_buffer` batches ahead of the trainer; weights reach it
+    while it generates; samples older than `max_staleness` versions are dropped and regenerated (counted).
+    Needs the rollout on a pool of its own."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,17 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps at the start that update only the critic (PPO with GAE); the actor trains after them."""
 
+    mode: TrainerMode = TrainerMode.SYNC
+    """`sync`, `one_step_off` or `async` (see `TrainerMode`); the last two overlap generation with training
+    and need `cluster.separate_pools` to list `rollout`."""
+
+    max_staleness: int = 1
+    """`mode=async`: the most weight versions the policy of any trained token may lag the trainer's; a group
+    with an older token is dropped and generated again (`async/dropped_stale`)."""
+
+    async_buffer: int = 2
+    """`mode=async`: prompt batches generated ahead of the trainer (the bounded buffer, in flight or done)."""
+
     rollout_freq: int = 0
     """Write samples (prompt, response, reward, advantage) of every this many steps to
     `<run dir>/rollouts/step_N.jsonl`, and validation generations to `val_step_N.jsonl`; 0 disables."""
@@ -112,4 +137,6 @@ class TrainerConfig:
         require(self.rollout_freq >= 0, "rollout_freq", "must be >= 0", "use 0 to write no rollout records")
         require(self.rollout_samples >= 0, "rollout_samples", "must be >= 0", "use 0 to write every sample")
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0", "use 0 to train the actor at once")
+        require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
+        require(self.async_buffer >= 1, "async_buffer", "must be >= 1")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

@@ -28,6 +28,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
         problems += _update_sizes("critic", cfg.critic, cfg)
     problems += _algorithm_rules(cfg)
     problems += _length_rules(cfg)
+    problems += _mode_rules(cfg)
     raise_problems(problems)
     return cfg
 
@@ -151,6 +152,42 @@ def _length_rules(cfg: QuartetConfig) -> list[ConfigError]:
                 "rollout.kv_cache_tokens",
                 f"{cfg.rollout.kv_cache_tokens} tokens cannot hold one sequence of {longest} tokens",
                 f"set rollout.kv_cache_tokens >= {longest}, or 0 for automatic sizing",
+            )
+        )
+    return out
+
+
+def _mode_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    """`trainer.mode` one_step_off/async: generation overlaps training, so the rollout needs its own pool
+    and a step must be able to train on one generated batch as it comes."""
+    out: list[ConfigError] = []
+    mode = cfg.trainer.mode
+    if mode == "sync":
+        return out
+    if "rollout" not in cfg.cluster.separate_pools:
+        out.append(
+            ConfigError(
+                "trainer.mode",
+                f"'{mode}' generates while the actor trains, but the rollout shares the actor's pool",
+                "add cluster.separate_pools=[rollout] (one more pool of the main pool's shape), or use "
+                "trainer.mode=sync",
+            )
+        )
+    if cfg.algorithm.filter_groups:
+        out.append(
+            ConfigError(
+                "algorithm.filter_groups",
+                f"dynamic sampling draws more prompts mid-step, which trainer.mode={mode} does not do",
+                "use trainer.mode=sync with dynamic sampling, or algorithm.filter_groups=false",
+            )
+        )
+    if cfg.algorithm.adv_estimator == "remax":
+        out.append(
+            ConfigError(
+                "algorithm.adv_estimator",
+                f"remax generates a greedy baseline with the current weights, which trainer.mode={mode} "
+                "does not keep in step with the sampled responses",
+                "use trainer.mode=sync with remax, or a group estimator (grpo, rloo)",
             )
         )
     return out

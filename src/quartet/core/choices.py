@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["AdvantageEstimator", "KLControl", "KLPenalty", "LossAggMode", "PolicyLoss"]
+__all__ = ["AdvantageEstimator", "KLControl", "KLPenalty", "LossAggMode", "PolicyLoss", "TISMode"]
 
 
 class AdvantageEstimator(StrEnum):
@@ -53,6 +53,13 @@ class PolicyLoss(StrEnum):
     PPO = "ppo"  # clipped ratio, asymmetric clip and optional dual clip
     GSPO = "gspo"  # sequence-level importance ratio
     REINFORCE = "reinforce"  # plain -A * log pi
+
+
+class TISMode(StrEnum):
+    """How the importance ratio between the trainer's and the sampling engine's log-probs weighs tokens."""
+
+    TRUNCATE = "truncate"  # min(ratio, cap): truncated importance sampling
+    MASK = "mask"  # 1 inside [low, cap], 0 outside: masked importance sampling
 
 
 class LossAggMode(StrEnum):

@@ -62,6 +62,7 @@ __all__ = [
     "TokenLosses",
     "compute_policy_loss",
     "gspo_token_losses",
+    "masked_importance_weights",
     "ppo_token_losses",
     "reinforce_token_losses",
     "truncated_importance_weights",
@@ -223,6 +224,28 @@ def truncated_importance_weights(
     return TokenLosses(weights, metrics)
 
 
+def masked_importance_weights(
+    old_logprob: torch.Tensor,
+    rollout_logprob: torch.Tensor,
+    response_mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> TokenLosses:
+    """Masked IS weights [B, T]: 1 where exp(logp_old - logp_rollout) lies in [low, high], else 0; padding 1.
+
+    The tokens the engine that sampled them saw very differently from the trainer's policy leave the loss
+    instead of entering it with a capped weight. `actor/tis_clipfrac` is the fraction masked out.
+    """
+    if not 0 <= low < high:
+        raise ValueError(f"the masked-IS band must satisfy 0 <= low < high, got [{low}, {high}]")
+    valid = _valid(response_mask)
+    raw = torch.exp((old_logprob - rollout_logprob).detach())
+    inside = (raw >= low) & (raw <= high)
+    weights = torch.where(valid, inside.to(raw.dtype), torch.ones_like(raw))
+    metrics = {TIS_WEIGHT_MEAN: masked_mean(weights, valid), TIS_CLIPFRAC: _frac(~inside, valid)}
+    return TokenLosses(weights, metrics)
+
+
 TokenLossFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, ClipParams | None], TokenLosses
 ]
@@ -248,6 +271,7 @@ def compute_policy_loss(
     clip: ClipParams | None = None,
     rollout_logprob: torch.Tensor | None = None,
     tis_cap: float = 0.0,
+    tis_mask_low: float | None = None,
     global_token_count: float | int | torch.Tensor | None = None,
     global_seq_count: float | int | torch.Tensor | None = None,
     norm_constant: float | None = None,
@@ -261,6 +285,8 @@ def compute_policy_loss(
         clip: ratio clipping for PPO/GSPO.
         rollout_logprob: [B, T] log-probs reported by the rollout engine, for TIS; None disables TIS.
         tis_cap: TIS cap; <= 0 disables TIS.
+        tis_mask_low: None truncates the weights at `tis_cap`; a number masks instead: tokens whose ratio
+            leaves [tis_mask_low, tis_cap] get weight 0, the others 1 (`masked_importance_weights`).
         global_token_count, global_seq_count, norm_constant: denominators of the aggregation over the whole
             mini-batch (all micro-batches and ranks); see `aggregate_loss`.
 
@@ -272,7 +298,11 @@ def compute_policy_loss(
     token = fn(logprob, old_logprob, advantages, response_mask, clip)
     losses, metrics = token.losses, dict(token.metrics)
     if rollout_logprob is not None and tis_cap > 0:
-        tis = truncated_importance_weights(old_logprob, rollout_logprob, response_mask, tis_cap)
+        tis = (
+            truncated_importance_weights(old_logprob, rollout_logprob, response_mask, tis_cap)
+            if tis_mask_low is None
+            else masked_importance_weights(old_logprob, rollout_logprob, response_mask, tis_mask_low, tis_cap)
+        )
         losses = losses * tis.losses
         metrics |= tis.metrics
     loss = aggregate_loss(

@@ -25,7 +25,7 @@ from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.model import LoraConfig
 from quartet.config.roles import ActorConfig, MicroBatching
 from quartet.core.batch import Batch
-from quartet.core.choices import LossAggMode
+from quartet.core.choices import LossAggMode, TISMode
 from quartet.core.entropy import entropy_bonus
 from quartet.core.kl import kl_loss_term
 from quartet.core.metrics import logprob_diff_metrics
@@ -169,6 +169,7 @@ class Actor(EngineRole):
             clip=self.clip,
             rollout_logprob=mb["rollout_logprobs"] if self.ac.tis_cap > 0 else None,
             tis_cap=self.ac.tis_cap,
+            tis_mask_low=self.ac.tis_mask_low if self.ac.tis_mode is TISMode.MASK else None,
             **agg,
         )
         loss, metrics = pg.loss, metrics | dict(pg.metrics)

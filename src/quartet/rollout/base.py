@@ -38,12 +38,20 @@ class RolloutEngine(abc.ABC):
         return results[0]
 
     @abc.abstractmethod
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
         """Copy trainer weights (transformers parameter names) into the engine's model; returns how many.
 
         Sequences in flight continue with the new weights: finish a batch before pushing weights to stay
-        on-policy.
+        on-policy. `version` (when given) becomes `weight_version`; engines that tag tokens tag those
+        generated after the load with it.
         """
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights the engine holds; engines without versions say 0."""
+        return 0
 
     @abc.abstractmethod
     def sleep(self, offload_weights: bool = False) -> None:

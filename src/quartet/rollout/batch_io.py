@@ -8,6 +8,8 @@ Output, with n samples per prompt (sample j of prompt i at row i*n + j, every in
     response_mask [B*n, R] int64 (1 = token written by the model, the stop token included; 0 after it),
     attention_mask [B*n, P+R] int64 (the prompt mask followed by response_mask),
     rollout_logprobs [B*n, R] float32 (0 on padding; only when the sampling asks for log-probs),
+    rollout_versions [B*n, R] int64: the engine's weight version behind each token (0 on padding; only
+        from engines that tag tokens, see `GenerationOutput.versions`),
     finish_reason: non-tensor column of "stop" / "length" / "abort".
 R is the longest response (`pad_rollout` widens it, e.g. to the response limit so that data-parallel ranks'
 batches join). `meta.temperature` is set to the temperature the log-probs were computed at
@@ -65,6 +67,15 @@ def _response_tensors(
     return responses, mask, logprobs
 
 
+def _versions(flat: list[GenerationOutput], width: int) -> torch.Tensor:
+    """The per-token weight versions [N, width] of outputs that carry them (0 past each response)."""
+    versions = torch.zeros(len(flat), width, dtype=torch.int64)
+    for row, out in enumerate(flat):
+        if out.versions:
+            versions[row, : len(out.versions)] = torch.tensor(out.versions, dtype=torch.int64)
+    return versions
+
+
 def outputs_to_batch(
     prompts: Batch, outputs: list[list[GenerationOutput]], pad_token_id: int, temperature: float
 ) -> Batch:
@@ -84,6 +95,8 @@ def outputs_to_batch(
     }
     if all(o.logprobs is not None for o in flat):
         columns["rollout_logprobs"] = logprobs
+    if all(o.versions is not None and len(o.versions) == len(o.token_ids) for o in flat):
+        columns["rollout_versions"] = _versions(flat, responses.shape[1])
     finish = np.array([str(o.finish_reason) for o in flat], dtype=object)
     generated = Batch(columns, {"finish_reason": finish}, batch_size=len(flat))
     meta_temperature = temperature if temperature > 0 else 1.0

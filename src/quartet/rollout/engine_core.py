@@ -74,6 +74,9 @@ class EngineCore:
         self.table: SlotTable | None = None
         self.running: list[SequenceState] = []  # running[i] occupies slot i
         self.steps = 0
+        self.weight_version = 0
+        """Version of the weights the model holds (set by whoever loads them, between two steps); every
+        generated token records it."""
         self._seed_rng = random.Random(seed)  # seeds of requests that bring none
         self._counter = itertools.count()
         self._aside: list[SequenceState] = []  # finished outside `running` (failed), returned by step()
@@ -267,6 +270,7 @@ class EngineCore:
         for i, (seq, tok, lp) in enumerate(zip(seqs, token_list, lp_list, strict=True)):
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)
+            seq.versions.append(self.weight_version)
             k = seq.request.sampling.top_logprobs
             if k > 0 and top_values is not None and top_ids is not None:
                 seq.top_logprobs.append(tuple(zip(top_ids[i][:k], top_values[i][:k], strict=True)))

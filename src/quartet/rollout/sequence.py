@@ -27,6 +27,8 @@ class SequenceState:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
     """Per generated token, its most likely alternatives (filled only when the request asks for them)."""
+    versions: list[int] = field(default_factory=list)
+    """Per generated token, the engine's weight version that computed it (`EngineCore.weight_version`)."""
     error: BaseException | None = None
     """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
@@ -77,6 +79,7 @@ class SequenceState:
             finish_step=self.finish_step,
             finish_time=self.finish_time,
             top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs > 0 else None,
+            versions=tuple(self.versions),
         )
 
 

@@ -255,10 +255,24 @@ class TorchRolloutEngine(RolloutEngine):
 
     # ---- weights and memory -------------------------------------------------------------------------------
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy trainer weights into the model between two steps; returns the number of tensors copied."""
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """Copy trainer weights into the model between two steps; returns the number of tensors copied.
+
+        With `version`, tokens generated from the next step on carry it (`GenerationOutput.versions`):
+        the load and the new version take effect together, never inside one forward pass.
+        """
         with self._thread.step_lock:
-            return load_named_tensors(self.model, named_tensors)
+            count = load_named_tensors(self.model, named_tensors)
+            if version is not None:
+                self.core.weight_version = version
+            return count
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights the engine holds (0 until a load names one)."""
+        return self.core.weight_version
 
     def sleep(self, offload_weights: bool = False) -> None:
         """Free the KV cache (and move the weights to CPU with `offload_weights`); the engine must be idle."""

@@ -233,3 +233,7 @@ class GenerationOutput:
     top_logprobs: tuple[TopLogprobs, ...] | None = None
     """Per generated token [R], its `sampling.top_logprobs` most likely alternatives under the distribution
     it was sampled from (the same one as `logprobs`); None unless `sampling.top_logprobs > 0`."""
+
+    versions: tuple[int, ...] | None = None
+    """Per generated token [R], the weight version of the engine that computed it (weights synced while the
+    sequence was in flight change it mid-response); None where the engine does not track versions."""

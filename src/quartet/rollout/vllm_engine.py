@@ -403,7 +403,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # ---- weights and memory -------------------------------------------------------------------------------
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
         """Copy trainer weights (transformers names) into vLLM's model between two steps; returns how many.
 
         A stream, as the trainer gathers it: one tensor at a time goes on into vLLM. Names and shapes are
@@ -424,9 +426,16 @@ class VLLMRolloutEngine(RolloutEngine):
                 raise
             self.llm.reset_prefix_cache(reset_running_requests=True)
             self._weights_broken = stream.problem is not None and stream.count > 0
+            if stream.problem is None and version is not None:
+                self._version = version
         if stream.problem is not None:
             raise stream.problem
         return stream.count
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the last complete load that named one (tokens are not tagged per step here)."""
+        return getattr(self, "_version", 0)
 
     def sleep(self, offload_weights: bool = False) -> None:
         """GPU: release the KV cache (and weights, with `offload_weights`). CPU: frees nothing (see top)."""
