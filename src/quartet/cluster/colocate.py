@@ -91,9 +91,12 @@ def colocate(
     label: str = "",
     call_timeout_s: float = 3600.0,
     start_timeout_s: float = 120.0,
+    max_concurrency: int = 1,
     **roles: RoleSpec,
 ) -> HostSet:
-    """Start ONE host actor per bundle of `pool`, construct every role in each, return the HostSet."""
+    """Start ONE host actor per bundle of `pool`, construct every role in each, return the HostSet.
+
+    `max_concurrency` > 1 makes the hosts threaded Ray actors running that many calls at once."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -113,6 +116,7 @@ def colocate(
             num_cpus=pool.cpus_per_bundle,
             num_gpus=1 if pool.use_gpu else 0,
             max_restarts=0,
+            max_concurrency=max_concurrency,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
             ),

@@ -8,10 +8,12 @@ results come back is the call form's, checked against the declaration on the dri
     metrics = critic.call(Critic.update, batch)                 # list[dict[str, float]]: one per dp rank
     path = actor.call_rank_zero(Actor.some_rank_zero_method)    # RANK_ZERO -> rank 0's result
     pending = rollout.submit_batch(Rollout.generate, prompts)   # returns at once; pending.get() -> Batch
+    sent = actor.submit(Actor.publish_weights, version)         # returns at once; sent.get() -> list
 
-`submit_batch` is the one non-blocking form: the one-step-off-policy mode of the asynchronous training issue
+`submit_batch` and `submit` are the non-blocking forms: with `trainer.mode=one_step_off|async` the driver
 generates the next batch (`Rollout.generate` on its own pool) while the actor updates on this one, and
-`get()` waits (bounded, failures named) when the step needs it.
+publishes weights while the replicas receive them; `get()` waits (bounded, failures named) when the step
+needs the result.
 
 Attribute access (`critic.compute_values(batch)`) calls the same way with the joined result as `Any`: for
 tests and interactive use, not for the driver (mypy checks nothing through it). A name that is not a
@@ -125,8 +127,14 @@ class RoleGroup(Generic[T]):
     def call(self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """A BY_DP_RANK or BROADCAST method: each data-parallel rank's result, in rank order (a split call's
         Batch arguments are padded to a multiple of the ranks; the last rank's result covers the padding)."""
+        return self.submit(fn, *args, **kwargs).get()
+
+    def submit(
+        self, fn: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> Pending[list[R]]:
+        """`call` without waiting: the ranks start now; `get()` gives each data-parallel rank's result."""
         name, spec = self._declared(fn, {Split.BY_DP_RANK, Split.BROADCAST}, "call_rank_zero")
-        return self._start(name, spec, args, kwargs, lambda outputs, _pad: list(outputs)).get()
+        return self._start(name, spec, args, kwargs, lambda outputs, _pad: list(outputs))
 
     def call_batch(self, fn: Callable[Concatenate[T, P], Batch], *args: P.args, **kwargs: P.kwargs) -> Batch:
         """A BY_DP_RANK method returning a Batch: the ranks' Batches joined in order, padding removed."""

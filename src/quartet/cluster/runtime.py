@@ -94,11 +94,17 @@ def _watch_local_session() -> None:
     start_reaper(session)
 
 
-def launch(cfg: ClusterConfig, names: RunNames, label: str = "", **roles: RoleSpec) -> HostSet:
-    """Host every role on the pool `cfg` describes (Ray), or in this process (`backend=local`)."""
+def launch(
+    cfg: ClusterConfig, names: RunNames, label: str = "", max_concurrency: int = 1, **roles: RoleSpec
+) -> HostSet:
+    """Host every role on the pool `cfg` describes (Ray), or in this process (`backend=local`).
+
+    `max_concurrency` > 1 lets each host run that many calls at once in threads (a rollout replica takes
+    weights while it generates); its roles must then be safe to call from several threads.
+    """
     if cfg.backend == Backend.LOCAL:
         return colocate_local(names, label, cfg.call_timeout_s, **roles)
     address = connect(cfg)
     names = dataclasses.replace(names, address=names.address or address)
     pool = ResourcePool.from_config(cfg)
-    return colocate(pool, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, **roles)
+    return colocate(pool, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, max_concurrency, **roles)

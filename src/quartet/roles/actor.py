@@ -32,9 +32,11 @@ from quartet.core.metrics import logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.core.registry import import_custom_module
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.engines.weight_export import inference_weights
 from quartet.roles.engine_role import EngineRole
 from quartet.roles.run_values import RunValues
 from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
+from quartet.roles.weight_stream import WeightPublisher
 
 __all__ = ["Actor"]
 
@@ -81,6 +83,7 @@ class Actor(EngineRole):
         self.norm_constant = float(cfg.loss_agg_norm_constant or run.max_response_length)
         self.generator = torch.Generator().manual_seed(run.seed)
         self.updates = 0
+        self.publisher = WeightPublisher()
 
     def role_state(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state(), "updates": self.updates}
@@ -88,6 +91,33 @@ class Actor(EngineRole):
     def load_role_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
         self.updates = int(state["updates"])
+
+    # ---- weights to rollout replicas on a pool of their own (quartet.roles.weight_stream) ---------------
+
+    @dispatch(Split.BROADCAST)
+    def open_weight_stream(
+        self, receivers: int, bucket_bytes: int, timeout_s: float
+    ) -> tuple[str, int] | None:
+        """Rank 0 opens the weight-sync group for `receivers` replicas: its (address, port); others None."""
+        return self.publisher.open(receivers, bucket_bytes, timeout_s)
+
+    @dispatch(Split.BROADCAST)
+    def accept_weight_stream(self) -> None:
+        """Rank 0 waits until every replica joined (bounded by the stream's timeout)."""
+        self.publisher.accept()
+
+    @dispatch(Split.BROADCAST)
+    def publish_weights(self, version: int) -> dict[str, float]:
+        """Stream the current weights to every replica as `version` (bytes, seconds, buckets on rank 0)."""
+        engine = self.engine
+        was_offloaded = engine.offloaded
+        if was_offloaded:
+            engine.onload()
+        try:
+            return self.publisher.publish(inference_weights(engine.module), version)
+        finally:
+            if was_offloaded:
+                engine.offload()
 
     # ---- no-grad passes ---------------------------------------------------------------------------------
 

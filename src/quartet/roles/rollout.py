@@ -41,6 +41,7 @@ from quartet.core.batch import Batch
 from quartet.engines.weight_export import inference_weights
 from quartet.models.loading import load_tokenizer
 from quartet.roles.run_values import RunValues
+from quartet.roles.weight_stream import GenerationLock, WeightSubscriber
 from quartet.rollout.base import RolloutEngine
 from quartet.rollout.batch_io import generate_batch, pad_rollout
 from quartet.rollout.factory import make_engine
@@ -79,6 +80,9 @@ class Rollout:
         self.pad_token_id = _pad_token_id(model_path)
         self.asleep = False
         self.syncs = 0
+        self._busy: list[_Busy] = []
+        self._generation = GenerationLock()  # one generation at a time, in arrival order; receives run beside
+        self.subscriber = WeightSubscriber(self._load_version, self._generation, cfg.weight_sync.apply)
         self.server: OpenAIServer | None = None
         self.server_thread: ServerThread | None = None
         self.agents: AgentRunner | None = None
@@ -134,20 +138,41 @@ class Rollout:
         baseline). Output layout: `quartet.rollout.batch_io`, responses padded to `data.max_response_length`
         (the training engines trim the padding). Wakes the engine.
         """
+        with self._generation:
+            self.subscriber.apply_pending()  # a version that arrived during the previous generation
+            busy = _Busy(time.time())
+            self._busy.append(busy)
+            try:
+                return self._generate(prompts, greedy)
+            finally:
+                busy.end = time.time()
+
+    @dispatch(Split.BROADCAST)
+    def busy_intervals(self, since: float) -> list[tuple[float, float]]:
+        """The (start, end) wall times (`time.time()`) this replica spent generating after `since`, the one
+        in flight ending now: the driver's idle and overlap metrics."""
+        now = time.time()
+        spans = [(b.start, now if b.end is None else b.end) for b in list(self._busy)]
+        self._busy = [b for b in self._busy if b.end is None or b.end > since - 600.0]
+        return [(max(start, since), end) for start, end in spans if end > since]
+
+    def _generate(self, prompts: Batch, greedy: bool) -> Batch:
         self.wake()
         sampling = self._sampling(prompts)
         if greedy:
             sampling = dataclasses.replace(sampling, temperature=0.0, n=1)
-        start = time.perf_counter()
+        start, version = time.perf_counter(), self.engine.weight_version
         if self.agents is not None and self.server is not None:
             out = self.agents.run(prompts, sampling, self.server.generate_tokens, self.pad_token_id)
             out = out.with_meta(temperature=sampling.temperature if sampling.temperature > 0 else 1.0)
         else:
             out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
+        if "rollout_versions" not in out:  # an engine without per-token versions: the version at the start
+            out = out.union(Batch({"rollout_versions": out["response_mask"] * version}))
         # every rank's responses as wide as the limit, so data-parallel ranks' batches join
         out = pad_rollout(out, out["prompts"].shape[1], sampling.max_new_tokens, self.pad_token_id)
         seconds = time.perf_counter() - start
-        log.debug("generated %d responses in %.2f s", len(out), seconds)
+        log.debug("generated %d responses in %.2f s (weights version %d)", len(out), seconds, version)
         return out.with_meta(global_step=prompts.meta.global_step, validation=prompts.meta.validation)
 
     def _sampling(self, prompts: Batch) -> SamplingParams:
@@ -182,12 +207,33 @@ class Rollout:
         if was_offloaded:
             engine.onload()
         try:
-            count = self.engine.load_weights(inference_weights(engine.module))
+            count = self.engine.load_weights(inference_weights(engine.module), version=self.syncs + 1)
         finally:
             if was_offloaded:
                 engine.offload()
         self.syncs += 1
         return {"rollout/sync_tensors": float(count), "timing_s/weight_sync": time.perf_counter() - start}
+
+    # ---- weights from an actor in another process (quartet.roles.weight_stream) -------------------------
+
+    @dispatch(Split.BROADCAST)
+    def join_weight_stream(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the actor's weight-sync group as receiver 1 + rank (blocks until the actor accepts)."""
+        self.subscriber.join(host, port, world_size, timeout_s)
+
+    @dispatch(Split.BROADCAST)
+    def receive_weights(self) -> dict[str, float]:
+        """Take the next version the actor publishes, while generation goes on; apply it as configured."""
+        return self.subscriber.receive()
+
+    @dispatch(Split.BROADCAST)
+    def weight_version(self) -> int:
+        """Version of the weights the engine holds now."""
+        return self.engine.weight_version
+
+    def _load_version(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+        self.wake()
+        return self.engine.load_weights(tensors, version=version)
 
     @dispatch(Split.BROADCAST)
     def sleep(self) -> None:
@@ -219,12 +265,21 @@ class Rollout:
     def shutdown(self) -> None:
         """Stop the server (when there is one), then the engine."""
         try:
+            self.subscriber.close()
             if self.server_thread is not None:
                 self.server_thread.stop()
             elif self.server is not None:
                 asyncio.run(asyncio.wait_for(self.server.stop(), 30.0))
         finally:
             self.engine.shutdown()
+
+
+@dataclasses.dataclass
+class _Busy:
+    """One generation's wall-clock span; `end` is None while it runs."""
+
+    start: float
+    end: float | None = None
 
 
 def _pad_token_id(model_path: str) -> int:

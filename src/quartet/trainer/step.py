@@ -11,7 +11,7 @@ phases skipped: no reference without a KL term, no critic without GAE.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,7 +30,7 @@ from quartet.roles.critic import Critic
 from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
 from quartet.trainer.dynamic_sampling import fill_informative_groups
-from quartet.trainer.workers import Workers
+from quartet.trainer.workers import Workers, mean_over_ranks
 
 if TYPE_CHECKING:
     from quartet.rewards.compute import RewardComputer
@@ -65,13 +65,6 @@ def kl_controller(cfg: QuartetConfig) -> KLController:
     return make_kl_controller(k.kind, k.coef, k.target_kl, k.horizon)
 
 
-def mean_over_ranks(outputs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The per-key mean of the metric dicts that the data-parallel ranks returned (one per rank)."""
-    dicts = [d for d in outputs if d]
-    keys = {k for d in dicts for k in d}
-    return {k: sum(float(d[k]) for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in keys}
-
-
 class StepRunner:
     """Runs training steps with the run's workers, reward computer and KL controller."""
 
@@ -83,9 +76,12 @@ class StepRunner:
         kl_ctrl: KLController,
         pad_id: int = 0,
         on_phase: Callable[[str], None] | None = None,
+        weight_version: int = 0,
     ) -> None:
         self.cfg, self.workers, self.reward, self.kl_ctrl = cfg, workers, reward, kl_ctrl
         self.on_phase = on_phase
+        self.weight_version = weight_version
+        """Actor updates so far: the version of the weights the last sync sent (0: the initial model)."""
         self.pad_id = pad_id
         """Padding of prompts/responses when dynamic sampling joins rollouts of different widths."""
         self.estimator = cfg.algorithm.adv_estimator
@@ -112,18 +108,28 @@ class StepRunner:
         `more_prompts(k)` gives the k-th extra prompt batch (fresh uids) that DAPO's dynamic sampling
         (`algorithm.filter_groups`) draws when too few groups are informative.
         """
-        cfg, plan, w, timer = self.cfg, self.workers.plan, self.workers, PhaseTimer(on_enter=self.on_phase)
-        metrics: dict[str, float] = {}
+        cfg, plan, timer = self.cfg, self.workers.plan, self.timer()
         start = time.perf_counter()
-        batch, reward_metrics = self._rollout(prompts, timer)
-        metrics |= reward_metrics
+        batch, metrics = self._rollout(prompts, timer)
         if plan.dynamic_sampling:
             extra = None if more_prompts is None else lambda k: self._rollout(more_prompts(k), timer)[0]
             batch, filter_metrics = fill_informative_groups(
                 batch, len(prompts), cfg.rollout.n, extra, cfg.algorithm.max_num_gen_batches, self.pad_id
             )
             metrics |= filter_metrics
-        if plan.sleep_rollout:
+        return self.train(batch, step, metrics, timer, start)
+
+    def timer(self) -> PhaseTimer:
+        """A fresh phase timer that reports each phase as it starts."""
+        return PhaseTimer(on_enter=self.on_phase)
+
+    def train(
+        self, batch: Batch, step: int, metrics: dict[str, float], timer: PhaseTimer, start: float
+    ) -> tuple[Batch, dict[str, float]]:
+        """The step after generation and scoring: log-probs, advantages, updates, weight sync; `start` is
+        the step's `time.perf_counter()` start (its wall time is `timing_s/step`)."""
+        plan, w = self.workers.plan, self.workers
+        if plan.sleep_rollout and not w.rollout_separate:
             w.rollout.call(Rollout.sleep)
         batch = self._balance(batch)
         if plan.old_logprobs is OldLogprobs.ACTOR_PASS:  # else the update's own log-probs (and metrics)
@@ -151,19 +157,26 @@ class StepRunner:
             with timer("update_actor"):
                 metrics |= mean_over_ranks(w.actor.call(Actor.update, batch))
             with timer("update_weights"):
-                synced = mean_over_ranks(w.rollout.call(Rollout.sync_weights))
-                metrics |= {k: v for k, v in synced.items() if "timing" not in k}
+                self.weight_version += 1
+                metrics |= w.sync_weights(self.weight_version)
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
         return batch, metrics
 
     def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
         """Generate `rollout.n` responses per prompt and score them (phases `gen`, `reward`)."""
-        w, n = self.workers, self.cfg.rollout.n
+        w = self.workers
         with timer("gen"):
             batch = w.rollout.call_batch(Rollout.generate, prompts)
             greedy = self.workers.plan.greedy_baseline
             baseline = w.rollout.call_batch(Rollout.generate, prompts, greedy=True) if greedy else None
+        return self.score_rollout(batch, timer, baseline)
+
+    def score_rollout(
+        self, batch: Batch, timer: PhaseTimer, baseline: Batch | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """Phase `reward`: scores, agent metrics and (ReMax) the scored greedy baseline of a rollout."""
+        n = self.cfg.rollout.n
         with timer("reward"):
             batch, metrics = self.score(batch)
             metrics |= agent_batch_metrics(batch, self.cfg.rollout.multi_turn.success_score)

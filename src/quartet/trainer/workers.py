@@ -3,13 +3,18 @@
 Every role lives in the same host process per bundle (one Ray actor per device slot): the actor, the
 rollout engine next to it (weights synced in-process), and when the algorithm needs them the reference
 policy (for KL; with LoRA the actor itself serves it with adapters disabled), the critic (GAE) and the
-reward model. `cluster.separate_pools` moves the reference, critic or reward model onto a pool of its own
-(its own host processes, label = the role's name). The driver calls the groups; `shutdown()` ends them all.
+reward model. `cluster.separate_pools` moves the rollout, reference, critic or reward model onto a pool of
+its own (its own host processes, label = the role's name). A rollout on its own pool is disaggregated: its
+hosts are threaded (a replica receives weights while it generates) and it gets the actor's weights over a
+weight-sync group opened once at start (`quartet.roles.weight_stream`), each sync numbered by a version.
+The driver calls the groups; `sync_weights(version)` brings the rollout up to the actor either way;
+`shutdown()` ends them all.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quartet.cluster.colocate import HostSet, RoleSpec
@@ -27,9 +32,20 @@ from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
 from quartet.roles.run_values import RunValues
 
-__all__ = ["Workers", "role_specs", "run_values", "start_workers"]
+__all__ = ["Workers", "mean_over_ranks", "role_specs", "run_values", "start_workers"]
 
 log = logging.getLogger(__name__)
+
+_ROLLOUT_SIDE_CALLS = 3
+"""Calls a rollout host on its own pool runs beside the generations queued ahead (`trainer.async_buffer`,
+which wait their turn in order): a weight receive, a busy-time query and a stale group's regeneration."""
+
+
+def mean_over_ranks(outputs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The per-key mean of the metric dicts that the data-parallel ranks returned (one per rank)."""
+    dicts = [d for d in outputs if d]
+    keys = {k for d in dicts for k in d}
+    return {k: sum(float(d[k]) for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in keys}
 
 
 @dataclass
@@ -47,6 +63,31 @@ class Workers:
     """What every step does; the groups above are the roles it names."""
     separate: dict[str, HostSet] = field(default_factory=dict)
     """Hosts of the roles on a pool of their own, by role."""
+
+    @property
+    def rollout_separate(self) -> bool:
+        """The rollout lives on a pool of its own (weights travel over the weight-sync group)."""
+        return "rollout" in self.separate
+
+    def open_weight_stream(self, bucket_bytes: int, timeout_s: float) -> None:
+        """Form the weight-sync group: actor rank 0 listens, every rollout replica joins (bounded waits)."""
+        receivers = self.rollout.world_size
+        opened = self.actor.call(Actor.open_weight_stream, receivers, bucket_bytes, timeout_s)[0]
+        assert opened is not None, "actor rank 0 opens the weight stream"
+        host, port = opened
+        joins = self.rollout.submit(Rollout.join_weight_stream, host, port, receivers + 1, timeout_s)
+        self.actor.call(Actor.accept_weight_stream)
+        joins.get(timeout_s + 30.0)
+        log.info("weight stream open: actor rank 0 at %s:%d -> %d rollout replica(s)", host, port, receivers)
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Bring every rollout replica to the actor's current weights, numbered `version`; the metrics."""
+        if not self.rollout_separate:
+            synced = mean_over_ranks(self.rollout.call(Rollout.sync_weights))
+            return {k: v for k, v in synced.items() if "timing" not in k}
+        sent = self.actor.submit(Actor.publish_weights, version)
+        received = self.rollout.submit(Rollout.receive_weights)
+        return mean_over_ranks(sent.get()) | mean_over_ranks(received.get())
 
     def shutdown(self) -> None:
         try:
@@ -88,9 +129,10 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
 def role_specs(cfg: QuartetConfig, plan: StepPlan, run: RunValues) -> dict[str, RoleSpec]:
     """Each role of `plan` with its own config section and the run-wide values (actor first)."""
     precision = cfg.actor.mixed_precision  # the policy's numerics, for the roles that score its samples
+    sibling = None if "rollout" in cfg.cluster.separate_pools else Sibling("actor")  # else weight stream
     roles: dict[str, RoleSpec] = {
         "actor": RoleSpec(Actor, cfg.actor, run, lora=cfg.model.lora, ref_logprobs=cfg.reference.logprobs),
-        "rollout": RoleSpec(Rollout, cfg.rollout, run, trainer=Sibling("actor")),
+        "rollout": RoleSpec(Rollout, cfg.rollout, run, trainer=sibling),
     }
     if plan.ref_logprobs is RefLogprobs.REFERENCE:
         roles["reference"] = RoleSpec(Reference, cfg.reference, run, precision)
@@ -110,8 +152,10 @@ def start_workers(
     try:
         for role in cfg.cluster.separate_pools:
             if role in roles:
-                separate[role] = launch(cfg.cluster, names, role, **{role: roles.pop(role)})
-        hosts = launch(cfg.cluster, names, "rl", **roles)
+                calls = cfg.trainer.async_buffer + _ROLLOUT_SIDE_CALLS if role == "rollout" else 1
+                own = {role: roles.pop(role)}
+                separate[role] = launch(cfg.cluster, names, role, calls, **own)
+        hosts = launch(cfg.cluster, names, "rl", 1, **roles)
     except BaseException:
         for started in separate.values():
             started.shutdown()
@@ -119,7 +163,7 @@ def start_workers(
     groups = dict(hosts.groups)
     for role, role_hosts in separate.items():
         groups[role] = role_hosts.groups[role]
-    return Workers(
+    workers = Workers(
         separate=separate,
         hosts=hosts,
         actor=groups["actor"],
@@ -129,3 +173,11 @@ def start_workers(
         reward_model=groups.get("reward_model"),
         plan=plan,
     )
+    if workers.rollout_separate:
+        try:
+            sync = cfg.rollout.weight_sync
+            workers.open_weight_stream(sync.bucket_bytes, sync.timeout_s)
+        except BaseException:
+            workers.shutdown()
+            raise
+    return workers
