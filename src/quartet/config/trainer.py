@@ -96,9 +96,11 @@ class TrainerConfig:
     """`sync`, `one_step_off` or `async` (see `TrainerMode`); the last two overlap generation with training
     and need `cluster.separate_pools` to list `rollout`."""
 
-    max_staleness: int = 1
+    max_staleness: int = 2
     """`mode=async`: the most weight versions the policy of any trained token may lag the trainer's; a group
-    with an older token is dropped and generated again (`async/dropped_stale`)."""
+    with an older token is dropped and generated again (`async/dropped_stale`). A batch generated ahead
+    while `async_buffer` batches wait is up to `async_buffer` versions old, so a bound below it trades
+    regenerations for freshness."""
 
     async_buffer: int = 2
     """`mode=async`: prompt batches generated ahead of the trainer (the bounded buffer, in flight or done)."""

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.rollout import RolloutConfig, RolloutMode, SamplingConfig
+from quartet.config.rollout import RolloutConfig, RolloutMode, SamplingConfig, WeightApply
 from quartet.core.batch import Batch
 from quartet.engines.weight_export import inference_weights
 from quartet.models.loading import load_tokenizer
@@ -222,9 +222,10 @@ class Rollout:
         self.subscriber.join(host, port, world_size, timeout_s)
 
     @dispatch(Split.BROADCAST)
-    def receive_weights(self) -> dict[str, float]:
-        """Take the next version the actor publishes, while generation goes on; apply it as configured."""
-        return self.subscriber.receive()
+    def receive_weights(self, apply: WeightApply | None = None) -> dict[str, float]:
+        """Take the next version the actor publishes, while generation goes on; apply it as configured
+        (`apply` overrides `rollout.weight_sync.apply` for this version)."""
+        return self.subscriber.receive(apply)
 
     @dispatch(Split.BROADCAST)
     def weight_version(self) -> int:

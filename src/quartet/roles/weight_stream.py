@@ -162,8 +162,9 @@ class WeightSubscriber:
         config = GroupConfig(host=host, port=port, world_size=world_size, timeout_s=timeout_s)
         self.receiver = WeightReceiver(connect(config, 1 + _rank()))
 
-    def receive(self) -> dict[str, float]:
-        """Take the next version, bucket by bucket into staging, then apply it (or queue it until idle)."""
+    def receive(self, apply: WeightApply | None = None) -> dict[str, float]:
+        """Take the next version, bucket by bucket into staging, then apply it (or queue it until idle);
+        `apply` overrides the configured moment for this version."""
         if self.receiver is None:
             raise RuntimeError("receive before this replica joined the weight stream")
         staged: NamedTensors = []
@@ -175,7 +176,8 @@ class WeightSubscriber:
         began = time.perf_counter()
         with self._pending_lock:
             self._pending = (stats.version, staged)
-        applied = self._apply_now() if self.apply is WeightApply.BETWEEN_STEPS else self._apply_if_idle()
+        when = self.apply if apply is None else WeightApply(apply)
+        applied = self._apply_now() if when is WeightApply.BETWEEN_STEPS else self._apply_if_idle()
         return {
             "weight_sync/receive_seconds": stats.seconds,
             "weight_sync/apply_seconds": time.perf_counter() - began if applied else 0.0,

@@ -75,6 +75,8 @@ class TrainerState:
     """The base model folder the roles were built from (`quartet export` rebuilds the actor from it)."""
     roles: list[str] = field(default_factory=list)
     """Role folders in the checkpoint."""
+    weight_version: int = 0
+    """Actor updates so far: the version of the weights the rollout replicas got last."""
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -48,7 +48,6 @@ from quartet.models.loading import load_tokenizer
 from quartet.models.resolve import resolve_model
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
-from quartet.roles.rollout import Rollout
 from quartet.tracking import Tracking
 from quartet.trainer.callbacks import CallbackList, OnRecord, Record, RunCallbacks
 from quartet.trainer.checkpoint import (
@@ -60,7 +59,9 @@ from quartet.trainer.checkpoint import (
 )
 from quartet.trainer.failure_save import StepBoundary, save_on_failure
 from quartet.trainer.memory import PlannedRun, measured_peaks, plan_run
+from quartet.trainer.overlapped import make_feed, overlapped_step
 from quartet.trainer.rl_data import RLData, prepare_rl_data, prompt_batch
+from quartet.trainer.rollout_feed import RolloutFeed
 from quartet.trainer.rollout_records import RolloutRecorder
 from quartet.trainer.run_files import name_bad_rows, name_reward_failures, prepare_metrics_file
 from quartet.trainer.step import StepRunner, kl_controller
@@ -114,6 +115,8 @@ class _Session:
     records: RolloutRecorder
     boundary: StepBoundary
     result: RLResult
+    feed: RolloutFeed | None = None
+    """Batches generated ahead of the trainer (`trainer.mode` one_step_off/async); None in sync mode."""
 
 
 class RLTrainer:
@@ -228,16 +231,19 @@ class RLTrainer:
         stack.push(partial(self._save_on_failure, workers, boundary))
         self._located(workers)
         if prep.checkpoint is not None:
-            self._restore(workers, prep.checkpoint, result.steps, prep.total)
+            self._restore(workers, prep.checkpoint, result.steps, prep.total, prep.resumed)
         tracking = self.tracking
 
         def on_phase(name: str) -> None:
             boundary.phase(name)
             tracking.phase(name)
 
-        runner = StepRunner(cfg, workers, reward, prep.kl_ctrl, prep.data.train.pad_id, on_phase)
+        version = prep.resumed.weight_version if prep.resumed is not None else 0
+        pad_id = prep.data.train.pad_id
+        runner = StepRunner(cfg, workers, reward, prep.kl_ctrl, pad_id, on_phase, version)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
-        return _Session(prep, workers, reward, runner, records, boundary, result)
+        feed = make_feed(cfg, workers, prep.data.train, prep.sampler, prep.total, pad_id)
+        return _Session(prep, workers, reward, runner, records, boundary, result, feed)
 
     def _names(self) -> RunNames:
         c = self.cfg.cluster
@@ -279,23 +285,28 @@ class RLTrainer:
 
     def _train_step(self, s: _Session, step: int) -> None:
         data, sampler = s.prep.data, s.prep.sampler
-        prompts = prompt_batch(data.train, sampler.next_indices(), step)
+        if s.feed is not None:
+            batch, metrics, sampler_state = overlapped_step(s.runner, s.feed, step)
+        else:
+            prompts = prompt_batch(data.train, sampler.next_indices(), step)
 
-        def more(k: int) -> Batch:  # dynamic sampling's extra draws
-            return prompt_batch(data.train, sampler.next_indices(), step, draw=k)
+            def more(k: int) -> Batch:  # dynamic sampling's extra draws
+                return prompt_batch(data.train, sampler.next_indices(), step, draw=k)
 
-        batch, metrics = s.runner.run(prompts, step, more)
+            batch, metrics = s.runner.run(prompts, step, more)
+            sampler_state = sampler.state_dict()
         name_reward_failures(self.run_dir, s.reward, data.train, step)
         metrics["training/epoch"] = float(sampler.epoch)
         s.result.train_seconds += metrics["timing_s/step"]
         s.boundary.completed(  # the state of the finished step, before the next one draws prompts
             TrainerState(
                 step,
-                sampler.state_dict(),
+                sampler_state,
                 s.prep.kl_ctrl.state_dict(),
                 s.result.train_seconds,
                 self.cfg.cluster.world_size,
                 s.prep.model_path,
+                weight_version=s.runner.weight_version,
             )
         )
         s.records.train(batch, step)
@@ -338,7 +349,9 @@ class RLTrainer:
         self.record("checkpoint", step=state.step, path=str(path), seconds=time.perf_counter() - began)
         return path
 
-    def _restore(self, workers: Workers, checkpoint: Path, step: int, total: int) -> None:
+    def _restore(
+        self, workers: Workers, checkpoint: Path, step: int, total: int, resumed: TrainerState | None
+    ) -> None:
         """Roles' state from `checkpoint`, then the rollout engine gets the restored actor's weights."""
         state = load_trainer_state(checkpoint, self.cfg.cluster.world_size)
         has_critic = workers.critic is not None
@@ -351,7 +364,7 @@ class RLTrainer:
         workers.actor.call(Actor.load, str(checkpoint / "actor"))
         if workers.critic is not None:
             workers.critic.call(Critic.load, str(checkpoint / "critic"))
-        workers.rollout.call(Rollout.sync_weights)
+        workers.sync_weights(resumed.weight_version if resumed is not None else 0)
         note = f"resumed from {checkpoint} at step {step} of {total}"
         if step >= total:
             note += (

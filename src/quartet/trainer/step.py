@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quartet.agents.batch import agent_batch_metrics
-from quartet.config import QuartetConfig
+from quartet.config import QuartetConfig, TrainerMode, WeightApply
 from quartet.config.plan import OldLogprobs, RefLogprobs
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
 from quartet.core.balance import balanced_order
@@ -82,6 +82,11 @@ class StepRunner:
         self.on_phase = on_phase
         self.weight_version = weight_version
         """Actor updates so far: the version of the weights the last sync sent (0: the initial model)."""
+        one_step_off = cfg.trainer.mode is TrainerMode.ONE_STEP_OFF
+        self.apply = WeightApply.AFTER_DRAIN if one_step_off else None
+        """one_step_off: the batch generating during the update keeps the weights it started with."""
+        self.gen_waits: list[tuple[float, float]] = []
+        """Wall-clock spans the driver waited for generation in the current step (sync mode)."""
         self.pad_id = pad_id
         """Padding of prompts/responses when dynamic sampling joins rollouts of different widths."""
         self.estimator = cfg.algorithm.adv_estimator
@@ -109,7 +114,8 @@ class StepRunner:
         (`algorithm.filter_groups`) draws when too few groups are informative.
         """
         cfg, plan, timer = self.cfg, self.workers.plan, self.timer()
-        start = time.perf_counter()
+        start, window_start = time.perf_counter(), time.time()
+        self.gen_waits = []
         batch, metrics = self._rollout(prompts, timer)
         if plan.dynamic_sampling:
             extra = None if more_prompts is None else lambda k: self._rollout(more_prompts(k), timer)[0]
@@ -117,7 +123,10 @@ class StepRunner:
                 batch, len(prompts), cfg.rollout.n, extra, cfg.algorithm.max_num_gen_batches, self.pad_id
             )
             metrics |= filter_metrics
-        return self.train(batch, step, metrics, timer, start)
+        batch, metrics = self.train(batch, step, metrics, timer, start)
+        if self.workers.rollout_separate:
+            metrics |= self.workers.pool_metrics((window_start, time.time()), self.gen_waits)
+        return batch, metrics
 
     def timer(self) -> PhaseTimer:
         """A fresh phase timer that reports each phase as it starts."""
@@ -158,7 +167,7 @@ class StepRunner:
                 metrics |= mean_over_ranks(w.actor.call(Actor.update, batch))
             with timer("update_weights"):
                 self.weight_version += 1
-                metrics |= w.sync_weights(self.weight_version)
+                metrics |= w.sync_weights(self.weight_version, self.apply)
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
         return batch, metrics
@@ -167,9 +176,11 @@ class StepRunner:
         """Generate `rollout.n` responses per prompt and score them (phases `gen`, `reward`)."""
         w = self.workers
         with timer("gen"):
+            began = time.time()
             batch = w.rollout.call_batch(Rollout.generate, prompts)
             greedy = self.workers.plan.greedy_baseline
             baseline = w.rollout.call_batch(Rollout.generate, prompts, greedy=True) if greedy else None
+            self.gen_waits.append((began, time.time()))
         return self.score_rollout(batch, timer, baseline)
 
     def score_rollout(

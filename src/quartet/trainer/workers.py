@@ -24,6 +24,7 @@ from quartet.cluster.naming import RunNames
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig
 from quartet.config.plan import RefLogprobs, StepPlan
+from quartet.config.rollout import WeightApply
 from quartet.core.batch import Batch
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
@@ -31,6 +32,7 @@ from quartet.roles.reference import Reference
 from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
 from quartet.roles.run_values import RunValues
+from quartet.trainer.overlap import pool_metrics
 
 __all__ = ["Workers", "mean_over_ranks", "role_specs", "run_values", "start_workers"]
 
@@ -80,14 +82,32 @@ class Workers:
         joins.get(timeout_s + 30.0)
         log.info("weight stream open: actor rank 0 at %s:%d -> %d rollout replica(s)", host, port, receivers)
 
-    def sync_weights(self, version: int) -> dict[str, float]:
-        """Bring every rollout replica to the actor's current weights, numbered `version`; the metrics."""
+    def sync_weights(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
+        """Bring every rollout replica to the actor's current weights, numbered `version`; the metrics.
+
+        `apply` overrides `rollout.weight_sync.apply` for this sync (one_step_off applies after draining).
+        """
         if not self.rollout_separate:
             synced = mean_over_ranks(self.rollout.call(Rollout.sync_weights))
             return {k: v for k, v in synced.items() if "timing" not in k}
         sent = self.actor.submit(Actor.publish_weights, version)
-        received = self.rollout.submit(Rollout.receive_weights)
+        received = self.rollout.submit(Rollout.receive_weights, apply)
         return mean_over_ranks(sent.get()) | mean_over_ranks(received.get())
+
+    def pool_metrics(
+        self, window: tuple[float, float], trainer_waits: list[tuple[float, float]]
+    ) -> dict[str, float]:
+        """Idle times of the training and rollout pools over the step's wall-clock `window` and the share
+        of it when both worked (`quartet.trainer.overlap`); the trainer is busy outside `trainer_waits`."""
+        busy: list[tuple[float, float]] = []
+        for spans in self.rollout.call(Rollout.busy_intervals, window[0]):
+            busy.extend(spans)
+        trainer_busy, cursor = [], window[0]
+        for began, ended in sorted(trainer_waits):
+            trainer_busy.append((cursor, began))
+            cursor = max(cursor, ended)
+        trainer_busy.append((cursor, window[1]))
+        return pool_metrics(trainer_busy, busy, window)
 
     def shutdown(self) -> None:
         try:
