@@ -28,6 +28,7 @@ from quartet.core.policy_loss import (
     POLICY_LOSSES,
     ClipParams,
     compute_policy_loss,
+    masked_importance_weights,
     truncated_importance_weights,
 )
 
@@ -257,3 +258,23 @@ def test_masked_garbage_does_not_leak() -> None:
     out = compute_policy_loss(PolicyLoss.PPO, logp, old, adv, mask, clip=ClipParams(0.2, 0.28, 3.0))
     assert math.isfinite(float(out.loss.detach()))
     assert all(math.isfinite(float(v)) for v in out.metrics.values())
+
+
+def test_masked_is_weights_hand_computed() -> None:
+    # ratios e^1 = 2.72 (above the band's top 2: out), e^-1 = 0.37 (below 0.5: out), e^0 = 1 (in), masked 1
+    old = torch.tensor([[1.0, 0.0, 2.0, 5.0]])
+    rollout = torch.tensor([[0.0, 1.0, 2.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    weights = masked_importance_weights(old, rollout, mask, low=0.5, high=2.0)
+    assert weights.losses.tolist() == [[0.0, 0.0, 1.0, 1.0]]
+    scalar_close(weights.metrics[TIS_CLIPFRAC], 2 / 3)
+    # in the loss: masked-out tokens contribute nothing, the kept one its plain PPO term
+    logp = torch.zeros(1, 4, requires_grad=True)
+    adv = torch.ones(1, 4)
+    out = compute_policy_loss(
+        PolicyLoss.REINFORCE, logp, old, adv, mask, rollout_logprob=rollout, tis_cap=2.0, tis_mask_low=0.5
+    )
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0, -1 / 3, 0.0]]))  # token-mean over 3 tokens
+    with pytest.raises(ValueError):
+        masked_importance_weights(old, rollout, mask, low=2.0, high=2.0)
