@@ -50,3 +50,14 @@ def test_demo_config_validates_and_matches_its_sft_set(task: str, quick: bool) -
     assert cfg.sft.builtin.digits == cfg.data.builtin_digits
     assert cfg.sft.builtin.val_size == cfg.data.builtin_val_size
     assert cfg.sft.seed == cfg.data.seed == cfg.trainer.seed == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"), [("sync_separate", "sync"), ("one_step_off", "one_step_off"), ("config", "async")]
+)
+def test_async_examples_put_the_rollout_on_its_own_pool(name: str, mode: str) -> None:
+    path = Path(__file__).parents[2] / "examples" / "async_grpo" / f"{name}.yaml"
+    cfg = load_config(str(path))
+    assert cfg.trainer.mode == mode and cfg.cluster.separate_pools == ("rollout",)
+    assert cfg.trainer.sft_warm_start and cfg.cluster.cpus_per_bundle == 1
+    assert (cfg.actor.tis_cap > 0) == (mode != "sync")  # the overlapped modes correct off-policy samples

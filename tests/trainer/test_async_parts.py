@@ -66,6 +66,7 @@ def test_stale_groups_and_staleness_count_model_tokens_only() -> None:
     metrics = staleness_metrics(batch, version=6)
     assert metrics["async/staleness_max"] == 3
     assert abs(metrics["async/staleness_mean"] - sum(lags) / len(lags)) < 1e-12
+    assert metrics["async/spanning_updates"] == 2 / 4  # rows 0 (5, 6) and 2 (3, 6) span two versions
 
 
 def test_generation_lock_serves_in_arrival_order() -> None:

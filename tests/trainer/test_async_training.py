@@ -9,13 +9,18 @@ version recounted here); a resumed async run draws exactly the prompts of the un
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from quartet.cluster.errors import WorkerError
+from quartet.cluster.hostset import live_runs
 from quartet.cluster.naming import RunNames
 from quartet.config import QuartetConfig, load_config, plan_step
 from quartet.core.batch import Batch
@@ -24,7 +29,7 @@ from quartet.rewards.compute import RewardComputer
 from quartet.roles.actor import Actor
 from quartet.roles.rollout import Rollout
 from quartet.trainer import rl_trainer
-from quartet.trainer.callbacks import StopAfter
+from quartet.trainer.callbacks import RunCallbacks, StopAfter
 from quartet.trainer.rl_data import prepare_rl_data, prompt_batch
 from quartet.trainer.rl_trainer import RLTrainer
 from quartet.trainer.step import StepRunner, kl_controller
@@ -192,3 +197,68 @@ def test_resumed_async_run_draws_the_prompts_of_the_uninterrupted_one(
         again = first if step <= 3 else rest
         assert again.prompts(step) == whole.prompts(step), f"step {step} drew other prompts"
     assert len({p for s in range(1, 7) for p in whole.prompts(s)}) > 4  # the steps drew different prompts
+
+
+class _AtStep(RunCallbacks):
+    """Runs `action(rollout_hosts)` once, when the record of step `step` arrives."""
+
+    def __init__(self, step: int, action: Any) -> None:
+        self.step, self.action, self.done_at = step, action, 0.0
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if record["kind"] == "step" and record["step"] == self.step and not self.done_at:
+            hosts = next(h for h in live_runs().values() if h.label == "rollout")
+            self.action(hosts)
+            self.done_at = time.monotonic()
+
+
+@pytest.mark.slow
+def test_a_replica_that_dies_is_named_within_seconds(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import ray
+
+    kill = _AtStep(2, lambda hosts: ray.kill(hosts.handles[0], no_restart=True))
+    cfg = _config(
+        tiny_model_dir, tmp_path, "trainer.mode=async", "trainer.total_steps=40", "trainer.save_freq=0"
+    )
+    with pytest.raises(WorkerError) as info:
+        RLTrainer(cfg, callbacks=kill).run()
+    seconds = time.monotonic() - kill.done_at
+    assert kill.done_at and seconds < 10, f"reported {seconds:.1f} s after the replica died"
+    assert info.value.role == "rollout" and info.value.rank == 0, str(info.value)
+
+
+@pytest.mark.slow
+def test_a_hung_replica_fails_the_sync_naming_version_and_bytes(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    stopped: list[int] = []
+
+    def freeze(hosts: Any) -> None:  # the replica's process stops answering, as a wedged one would
+        time.sleep(1.0)  # step 3's batch (generating ahead) is done by then: the sync is what meets the hang
+        stopped.append(int(hosts.nodes[0]["pid"]))
+        os.kill(stopped[0], signal.SIGSTOP)
+
+    hang = _AtStep(2, freeze)
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "trainer.mode=one_step_off",
+        "trainer.total_steps=6",
+        "trainer.save_freq=0",
+        "rollout.weight_sync.timeout_s=3",
+        "cluster.call_timeout_s=60",
+    )
+    try:
+        with pytest.raises(WorkerError) as info:
+            RLTrainer(cfg, callbacks=hang).run()
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    seconds = time.monotonic() - hang.done_at
+    message = str(info.value)
+    assert info.value.role == "rollout" and "version 3" in message, message
+    assert "bytes" in message, message
+    assert seconds < 3 + 10 + 15, f"the run failed {seconds:.1f} s after the replica hung"

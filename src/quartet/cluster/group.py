@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from quartet.cluster.dispatch import (
@@ -37,6 +37,7 @@ from quartet.cluster.dispatch import (
     split_inputs,
 )
 from quartet.cluster.errors import DispatchError
+from quartet.cluster.host import LocalRef
 from quartet.core.batch import Batch
 
 if TYPE_CHECKING:
@@ -62,6 +63,27 @@ class Pending(Generic[J]):
     """The collecting ranks' outputs (data-parallel order) -> the call's result."""
     rank_zero: bool = False
     """Only rank 0 was called: its output is the only one."""
+    _checked: set[Any] = field(default_factory=set)
+
+    def raise_if_failed(self) -> None:
+        """Without waiting: raise the named WorkerError if a rank of this call already failed (its actor
+        died, or the method raised); results of ranks that finished stay where they are."""
+        if all(isinstance(r, LocalRef) for r in self.refs):
+            return
+        import ray
+
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        for ref in ready:
+            if ref in self._checked:
+                continue
+            try:
+                ray.get(ref, timeout=1.0)
+            except ray.exceptions.GetTimeoutError:
+                continue  # still on its way here: looked at again next time
+            except Exception:
+                self.group.hosts.wait(self.group.role, self.method, self.refs, 30.0)  # names the failure
+                raise
+            self._checked.add(ref)
 
     def get(self, timeout_s: float | None = None) -> J:
         outputs = self.group.hosts.wait(self.group.role, self.method, self.refs, timeout_s)

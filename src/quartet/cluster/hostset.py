@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from quartet.cluster.dispatch import DataRank
@@ -29,6 +30,34 @@ __all__ = ["HostSet", "live_runs"]
 log = logging.getLogger(__name__)
 _LIVE: dict[str, HostSet] = {}
 _POLL_S = 1.0  # how often a long wait looks for a failed rank while others still run
+_SENTINELS: list[Callable[[], None]] = []
+
+
+def add_sentinel(check: Callable[[], None]) -> None:
+    """Run `check` at every poll of every wait on a pool (about each second) until `remove_sentinel`: it
+    raises to end the wait. How a call in flight on another pool (a rollout generating ahead while the actor
+    trains) that fails is reported at once, not when the driver next waits for it."""
+    _SENTINELS.append(check)
+
+
+_IN_SENTINEL = {"depth": 0}
+
+
+def _run_sentinels() -> None:
+    if _IN_SENTINEL["depth"]:  # a sentinel's own wait (naming its failure) runs no sentinels
+        return
+    _IN_SENTINEL["depth"] += 1
+    try:
+        for check in list(_SENTINELS):
+            check()
+    finally:
+        _IN_SENTINEL["depth"] -= 1
+
+
+def remove_sentinel(check: Callable[[], None]) -> None:
+    """Stop running `check` (no error when it is not registered)."""
+    if check in _SENTINELS:
+        _SENTINELS.remove(check)
 
 
 class HostSet:
@@ -82,6 +111,7 @@ class HostSet:
         deadline = time.monotonic() + timeout
         remaining = list(refs)
         while True:
+            _run_sentinels()
             left = deadline - time.monotonic()
             ready, remaining = ray.wait(
                 remaining, num_returns=len(remaining), timeout=max(0.0, min(_POLL_S, left)), fetch_local=True

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from quartet.cluster.hostset import add_sentinel, remove_sentinel
 from quartet.cluster.naming import RunNames
 from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.cluster.runtime import connection
@@ -243,6 +244,9 @@ class RLTrainer:
         runner = StepRunner(cfg, workers, reward, prep.kl_ctrl, pad_id, on_phase, version)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
         feed = make_feed(cfg, workers, prep.data.train, prep.sampler, prep.total, pad_id)
+        if feed is not None:  # a replica failing while the actor trains is reported within a second or so
+            add_sentinel(feed.check)
+            stack.callback(remove_sentinel, feed.check)
         return _Session(prep, workers, reward, runner, records, boundary, result, feed)
 
     def _names(self) -> RunNames:

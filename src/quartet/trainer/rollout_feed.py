@@ -71,12 +71,23 @@ def stale_groups(batch: Batch, version: int, max_staleness: int) -> set[str]:
 
 
 def staleness_metrics(batch: Batch, version: int) -> dict[str, float]:
-    """`async/staleness_mean|max` over the model-written tokens of `batch` at trainer version `version`."""
+    """Over the model-written tokens of `batch` at trainer version `version`: `async/staleness_mean|max`
+    (versions behind), and `async/spanning_updates`, the share of samples whose tokens come from more than
+    one version (a weight update landed while they were being generated: partial rollouts)."""
     mask = batch["response_mask"].bool()
-    lag = (version - batch["rollout_versions"])[mask].to(torch.float64)
+    versions = batch["rollout_versions"]
+    lag = (version - versions)[mask].to(torch.float64)
     if lag.numel() == 0:
-        return {"async/staleness_mean": 0.0, "async/staleness_max": 0.0}
-    return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())}
+        return {"async/staleness_mean": 0.0, "async/staleness_max": 0.0, "async/spanning_updates": 0.0}
+    big = torch.iinfo(versions.dtype).max
+    newest = versions.masked_fill(~mask, -1).max(dim=1).values
+    oldest = versions.masked_fill(~mask, big).min(dim=1).values
+    spanning = ((newest > oldest) & mask.any(dim=1)).to(torch.float64).mean()
+    return {
+        "async/staleness_mean": float(lag.mean()),
+        "async/staleness_max": float(lag.max()),
+        "async/spanning_updates": float(spanning),
+    }
 
 
 class RolloutFeed:
@@ -159,6 +170,12 @@ class RolloutFeed:
                 "taking new weights"
             )
         return batch, dropped
+
+    def check(self) -> None:
+        """Raise at once if a generation running ahead failed (a replica died): a sentinel of every wait
+        on the pools (`quartet.cluster.hostset.add_sentinel`), so the actor's update does not hide it."""
+        for ahead in list(self.queue):
+            ahead.pending.raise_if_failed()
 
     def pending_steps(self) -> list[int]:
         """Steps whose prompts are generating ahead (for logs and tests)."""

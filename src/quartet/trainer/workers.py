@@ -18,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quartet.cluster.colocate import HostSet, RoleSpec
-from quartet.cluster.group import RoleGroup
+from quartet.cluster.errors import WorkerError
+from quartet.cluster.group import Pending, RoleGroup
 from quartet.cluster.host import Sibling
+from quartet.cluster.hostset import add_sentinel, remove_sentinel
 from quartet.cluster.naming import RunNames
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig
@@ -37,6 +39,9 @@ from quartet.trainer.overlap import pool_metrics
 __all__ = ["Workers", "mean_over_ranks", "role_specs", "run_values", "start_workers"]
 
 log = logging.getLogger(__name__)
+
+_RECEIVE_GRACE_S = 10.0
+"""How much longer than the sync timeout the driver waits for replicas once the actor has sent everything."""
 
 _ROLLOUT_SIDE_CALLS = 3
 """Calls a rollout host on its own pool runs beside the generations queued ahead (`trainer.async_buffer`,
@@ -65,6 +70,8 @@ class Workers:
     """What every step does; the groups above are the roles it names."""
     separate: dict[str, HostSet] = field(default_factory=dict)
     """Hosts of the roles on a pool of their own, by role."""
+    sync_timeout_s: float = 300.0
+    """`rollout.weight_sync.timeout_s` of a separate rollout pool: the bound on one sync."""
 
     @property
     def rollout_separate(self) -> bool:
@@ -73,6 +80,7 @@ class Workers:
 
     def open_weight_stream(self, bucket_bytes: int, timeout_s: float) -> None:
         """Form the weight-sync group: actor rank 0 listens, every rollout replica joins (bounded waits)."""
+        self.sync_timeout_s = timeout_s
         receivers = self.rollout.world_size
         opened = self.actor.call(Actor.open_weight_stream, receivers, bucket_bytes, timeout_s)[0]
         assert opened is not None, "actor rank 0 opens the weight stream"
@@ -92,7 +100,41 @@ class Workers:
             return {k: v for k, v in synced.items() if "timing" not in k}
         sent = self.actor.submit(Actor.publish_weights, version)
         received = self.rollout.submit(Rollout.receive_weights, apply)
-        return mean_over_ranks(sent.get()) | mean_over_ranks(received.get())
+        add_sentinel(received.raise_if_failed)  # a replica that dies mid-sync is named at once
+        try:
+            published = sent.get()
+        except WorkerError as err:
+            rank, node = self._lagging(received)
+            raise WorkerError(
+                "rollout",
+                rank,
+                node,
+                f"weight sync of version {version} failed on the actor's side: {err.cause}",
+            ) from err
+        finally:
+            remove_sentinel(received.raise_if_failed)
+        sent_metrics = mean_over_ranks(published)
+        try:  # the actor finished sending: a replica has this long to finish taking it in
+            got = received.get(self.sync_timeout_s + _RECEIVE_GRACE_S)
+        except WorkerError as err:
+            moved = int(sent_metrics.get("weight_sync/bytes", 0))
+            raise WorkerError(
+                "rollout",
+                err.rank,
+                err.node,
+                f"weight sync of version {version}: the actor sent all {moved} bytes, but this replica did "
+                f"not finish receiving and applying them: {err.cause}",
+            ) from err
+        return sent_metrics | mean_over_ranks(got)
+
+    def _lagging(self, received: Pending[list[dict[str, float]]]) -> tuple[int, str]:
+        """The first rollout replica whose receive has not finished (rank 0 when all did) and its node."""
+        import ray
+
+        done, _ = ray.wait(received.refs, num_returns=len(received.refs), timeout=0, fetch_local=False)
+        lagging = [rank for rank, ref in enumerate(received.refs) if ref not in done]
+        rank = lagging[0] if lagging else 0
+        return rank, self.separate["rollout"].node_of(rank)
 
     def pool_metrics(
         self, window: tuple[float, float], trainer_waits: list[tuple[float, float]]

@@ -1,0 +1,237 @@
+"""Synchronous vs overlapped GRPO on one machine: throughput, and accuracy after the same training time.
+
+    .venv/bin/python benchmarks/async_throughput.py                 # 3 seeds, 120 s of training per mode
+    .venv/bin/python benchmarks/async_throughput.py --seeds 0 --train-seconds 60
+    .venv/bin/python benchmarks/async_throughput.py --smoke         # CI: 1 seed, a few steps each
+
+The demo task (`quartet demo`: a tiny Qwen2 learning 2-digit addition) from an SFT start made once per seed,
+then the same GRPO config in four ways, one after another in one process and one local Ray of `--cpus`
+CPUs (the machine's share is the same for all four):
+- `sync_colocated`: actor and rollout in one host process holding every CPU (quartet's default);
+- `sync_separate`: the rollout on a pool of its own (half the CPUs each), weights streamed after each update;
+- `one_step_off`: separate pools, batch k+1 generated while the actor trains on batch k;
+- `async`: separate pools, `--async-buffer` batches generated ahead, staleness bounded by `--max-staleness`.
+Each mode trains until its steps add up to `--train-seconds` (`timing_s/step`, start-up excluded), then the
+checkpoint it stops with is exported and scored greedily on the same 200 held-out problems. Reported per
+mode and seed: steps, steps/min, samples/s, the ratio to `sync_separate` in samples/s, the pools' idle time
+and overlap, the mean staleness, and the accuracy. The modes' order rotates with the seed, so a slow
+stretch of the machine does not always hit the same mode. Writes `benchmarks/results/async_throughput.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import table, write_result
+
+MODES: dict[str, list[str]] = {
+    "sync_colocated": ["trainer.mode=sync"],
+    "sync_separate": ["trainer.mode=sync", "cluster.separate_pools=[rollout]"],
+    "one_step_off": ["trainer.mode=one_step_off", "cluster.separate_pools=[rollout]"],
+    "async": ["trainer.mode=async", "cluster.separate_pools=[rollout]"],
+}
+BASELINE = "sync_separate"
+
+
+class _TrainFor:
+    """Stops a run once its training steps add up to `seconds` (start-up and validation excluded)."""
+
+    def __init__(self, seconds: float) -> None:
+        from quartet.trainer.callbacks import RunCallbacks
+
+        self.seconds, self.spent, self.steps = seconds, 0.0, []
+        self.callbacks = type("TrainFor", (RunCallbacks,), {})()
+        self.callbacks.on_record = self.on_record  # type: ignore[method-assign]
+        self.callbacks.should_stop = self.should_stop  # type: ignore[method-assign]
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if record.get("kind") == "step":
+            self.spent += float(record["timing_s/step"])
+            self.steps.append(record)
+
+    def should_stop(self, step: int, steps_this_process: int) -> bool:
+        return self.spent >= self.seconds
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in records[1:] if key in r]  # the first step waits for a cold pipeline
+    return statistics.fmean(values) if values else None
+
+
+def run_mode(
+    name: str, seed: int, sft_dir: str, base: list[str], out: Path, seconds: float, cpus: int
+) -> dict[str, Any]:
+    """One mode from the SFT start for `seconds` of training; its figures and held-out accuracy."""
+    from quartet.demo.pipeline import demo_config, greedy_accuracy
+    from quartet.trainer import RLTrainer
+    from quartet.trainer.checkpoint import list_checkpoints
+    from quartet.trainer.export import export_checkpoint
+
+    pool = [f"cluster.cpus_per_bundle={cpus if name == 'sync_colocated' else cpus // 2}"]
+    overrides = [*base, *MODES[name], *pool, f"model.path={sft_dir}", f"trainer.experiment_name={name}"]
+    cfg = demo_config(overrides, seed, quick=False)
+    stop = _TrainFor(seconds)
+    began = time.perf_counter()
+    result = RLTrainer(cfg, callbacks=stop.callbacks).run()
+    wall = time.perf_counter() - began
+    checkpoint = list_checkpoints(result.run_dir)[-1]
+    hf = export_checkpoint(checkpoint, out / f"{name}-seed{seed}-hf")
+    val_file = str(result.run_dir / "data" / cfg.data.builtin_task.value / "rl_val.parquet")
+    correct, total = greedy_accuracy(cfg, str(hf), val_file)
+    samples = result.steps * cfg.data.train_batch_size * cfg.rollout.n
+    records = stop.steps
+    return {
+        "mode": name,
+        "seed": seed,
+        "steps": result.steps,
+        "train_s": result.train_seconds,
+        "process_s": wall,
+        "samples": samples,
+        "samples_per_s": samples / result.train_seconds,
+        "steps_per_min": 60 * result.steps / result.train_seconds,
+        "accuracy": correct / total,
+        "correct": correct,
+        "total": total,
+        "gen_wait_s": _mean(records, "timing_s/gen"),
+        "trainer_idle_s": _mean(records, "timing_s/trainer_idle"),
+        "rollout_idle_s": _mean(records, "timing_s/rollout_idle"),
+        "overlap": _mean(records, "perf/overlap"),
+        "staleness_mean": _mean(records, "async/staleness_mean"),
+        "dropped_stale": sum(float(r.get("async/dropped_stale", 0.0)) for r in records),
+        "step_s": [float(r["timing_s/step"]) for r in records],
+    }
+
+
+def sft_start(seed: int, base: list[str], epochs: int) -> tuple[str, float]:
+    """The seed's SFT start (the demo's, with `epochs`): its folder and held-out accuracy."""
+    from quartet.demo.pipeline import demo_config
+    from quartet.sft import SFTTrainer
+
+    cfg = demo_config([*base, f"sft.epochs={epochs}", "trainer.experiment_name=sft_start"], seed, quick=False)
+    result = SFTTrainer(cfg).run()
+    return str(result.hf_dir), float(result.train_seconds)
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode: mean figures over seeds and the ratio to `sync_separate` (samples/s, same seed)."""
+    out: dict[str, Any] = {}
+    for mode in MODES:
+        mine = [r for r in rows if r["mode"] == mode]
+        if not mine:
+            continue
+        ratios = []
+        for r in mine:
+            base = [b for b in rows if b["mode"] == BASELINE and b["seed"] == r["seed"]]
+            if base:
+                ratios.append(r["samples_per_s"] / base[0]["samples_per_s"])
+        out[mode] = {
+            "samples_per_s": statistics.fmean(r["samples_per_s"] for r in mine),
+            "steps_per_min": statistics.fmean(r["steps_per_min"] for r in mine),
+            "accuracy": statistics.fmean(r["accuracy"] for r in mine),
+            "accuracy_by_seed": [r["accuracy"] for r in mine],
+            "ratio_to_sync_separate": statistics.fmean(ratios) if ratios else None,
+            "ratio_by_seed": ratios,
+            "overlap": _maybe_mean([r["overlap"] for r in mine]),
+            "staleness_mean": _maybe_mean([r["staleness_mean"] for r in mine]),
+        }
+    return out
+
+
+def _maybe_mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--train-seconds", type=float, default=120.0)
+    parser.add_argument("--sft-epochs", type=int, default=60, help="SFT start (the demo uses 160)")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray, shared by all modes")
+    parser.add_argument("--async-buffer", type=int, default=2)
+    parser.add_argument("--max-staleness", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--smoke", action="store_true", help="CI: one seed, a few seconds per mode")
+    parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument("--name", default="async_throughput")
+    args = parser.parse_args()
+    if args.smoke:
+        args.seeds, args.train_seconds, args.sft_epochs = "0", 4.0, 2
+    import ray
+
+    ray.init(address="local", num_cpus=args.cpus, namespace="quartet", log_to_driver=False)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise SystemExit(f"unknown modes {unknown}; choose from {list(MODES)}")
+    rows: list[dict[str, Any]] = []
+    starts: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="quartet-async-bench-") as tmp:
+        out = Path(tmp)
+        for seed in seeds:
+            base = [
+                f"trainer.output_dir={out / f'seed{seed}'}",
+                "trainer.total_steps=100000",
+                "trainer.test_freq=0",
+                "trainer.val_before_train=false",
+                "trainer.save_freq=0",
+                "trainer.export_final=false",
+                "trainer.loggers=[jsonl]",
+                f"trainer.async_buffer={args.async_buffer}",
+                f"trainer.max_staleness={args.max_staleness}",
+            ]
+            sft_dir, starts[seed] = sft_start(seed, base, args.sft_epochs)
+            order = modes[seed % len(modes) :] + modes[: seed % len(modes)]
+            for mode in order:
+                row = run_mode(mode, seed, sft_dir, base, out, args.train_seconds, args.cpus)
+                rows.append(row)
+                print(
+                    f"seed {seed} {mode:15s} steps {row['steps']:4d}  {row['samples_per_s']:7.1f} samples/s  "
+                    f"accuracy {row['accuracy']:.3f}",
+                    flush=True,
+                )
+    summary = summarise(rows)
+    settings = dataclasses.asdict(_Settings(**{k: v for k, v in vars(args).items() if k != "out_dir"}))
+    settings["sft_seconds"] = starts
+    path = write_result(args.name, settings, rows, summary, args.out_dir)
+    headers = ["mode", "samples/s", "x sync_separate", "steps/min", "overlap", "staleness", "accuracy"]
+    body = [
+        [
+            m,
+            f"{s['samples_per_s']:.1f}",
+            "" if s["ratio_to_sync_separate"] is None else f"{s['ratio_to_sync_separate']:.2f}",
+            f"{s['steps_per_min']:.1f}",
+            "" if s["overlap"] is None else f"{s['overlap']:.2f}",
+            "" if s["staleness_mean"] is None else f"{s['staleness_mean']:.2f}",
+            " / ".join(f"{a:.3f}" for a in s["accuracy_by_seed"]),
+        ]
+        for m, s in summary.items()
+    ]
+    print(table(headers, body))
+    print(f"wrote {path}")
+
+
+@dataclasses.dataclass
+class _Settings:
+    seeds: str
+    train_seconds: float
+    sft_epochs: int
+    cpus: int
+    async_buffer: int
+    max_staleness: int
+    modes: str
+    smoke: bool
+    name: str
+
+
+if __name__ == "__main__":
+    main()
