@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/async_throughput.py                 # 3 seeds, 120 s of training per mode
     .venv/bin/python benchmarks/async_throughput.py --seeds 0 --train-seconds 60
     .venv/bin/python benchmarks/async_throughput.py --smoke         # CI: 1 seed, a few steps each
+    .venv/bin/python benchmarks/async_throughput.py --task calculator --seeds 0 --sft-epochs 8 \
+        --modes sync_separate,async --name async_throughput_calculator    # multi-turn, tool calls
 
 The demo task (`quartet demo`: a tiny Qwen2 learning 2-digit addition) from an SFT start made once per seed,
-then the same GRPO config in four ways, one after another in one process and one local Ray of `--cpus`
-CPUs (the machine's share is the same for all four):
+then the same GRPO config (with `actor.tis_cap=2`, a no-op on-policy; `--override` adds more) in four
+ways, one after another in one process and one local Ray of `--cpus` CPUs (the same share for all four):
 - `sync_colocated`: actor and rollout in one host process holding every CPU (quartet's default);
 - `sync_separate`: the rollout on a pool of its own (half the CPUs each), weights streamed after each update;
 - `one_step_off`: separate pools, batch k+1 generated while the actor trains on batch k;
@@ -15,7 +17,9 @@ Each mode trains until its steps add up to `--train-seconds` (`timing_s/step`, s
 checkpoint it stops with is exported and scored greedily on the same 200 held-out problems. Reported per
 mode and seed: steps, steps/min, samples/s, the ratio to `sync_separate` in samples/s, the pools' idle time
 and overlap, the mean staleness, and the accuracy. The modes' order rotates with the seed, so a slow
-stretch of the machine does not always hit the same mode. Writes `benchmarks/results/async_throughput.json`.
+stretch of the machine does not always hit the same mode. Writes `benchmarks/results/<name>.json`.
+`--task calculator` runs the multi-turn tool-use demo instead (conversations of up to 3 model turns, the
+calculator tool between them): generation is a larger share of its step, as in agentic RL.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def _mean(records: list[dict[str, Any]], key: str) -> float | None:
 
 
 def run_mode(
-    name: str, seed: int, sft_dir: str, base: list[str], out: Path, seconds: float, cpus: int
+    name: str, seed: int, sft_dir: str, base: list[str], out: Path, seconds: float, cpus: int, task: str
 ) -> dict[str, Any]:
     """One mode from the SFT start for `seconds` of training; its figures and held-out accuracy."""
     from quartet.demo.pipeline import demo_config, greedy_accuracy
@@ -75,7 +79,7 @@ def run_mode(
 
     pool = [f"cluster.cpus_per_bundle={cpus if name == 'sync_colocated' else cpus // 2}"]
     overrides = [*base, *MODES[name], *pool, f"model.path={sft_dir}", f"trainer.experiment_name={name}"]
-    cfg = demo_config(overrides, seed, quick=False)
+    cfg = demo_config(overrides, seed, quick=False, task=task)
     stop = _TrainFor(seconds)
     began = time.perf_counter()
     result = RLTrainer(cfg, callbacks=stop.callbacks).run()
@@ -103,17 +107,19 @@ def run_mode(
         "rollout_idle_s": _mean(records, "timing_s/rollout_idle"),
         "overlap": _mean(records, "perf/overlap"),
         "staleness_mean": _mean(records, "async/staleness_mean"),
+        "spanning_updates": _mean(records, "async/spanning_updates"),
         "dropped_stale": sum(float(r.get("async/dropped_stale", 0.0)) for r in records),
         "step_s": [float(r["timing_s/step"]) for r in records],
     }
 
 
-def sft_start(seed: int, base: list[str], epochs: int) -> tuple[str, float]:
+def sft_start(seed: int, base: list[str], epochs: int, task: str) -> tuple[str, float]:
     """The seed's SFT start (the demo's, with `epochs`): its folder and held-out accuracy."""
     from quartet.demo.pipeline import demo_config
     from quartet.sft import SFTTrainer
 
-    cfg = demo_config([*base, f"sft.epochs={epochs}", "trainer.experiment_name=sft_start"], seed, quick=False)
+    overrides = [*base, f"sft.epochs={epochs}", "trainer.experiment_name=sft_start"]
+    cfg = demo_config(overrides, seed, quick=False, task=task)
     result = SFTTrainer(cfg).run()
     return str(result.hf_dir), float(result.train_seconds)
 
@@ -153,12 +159,23 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument(
+        "--task",
+        default="arithmetic",
+        help="the demo task: arithmetic, or calculator (multi-turn, tool calls)",
+    )
     parser.add_argument("--train-seconds", type=float, default=120.0)
     parser.add_argument("--sft-epochs", type=int, default=60, help="SFT start (the demo uses 160)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray, shared by all modes")
     parser.add_argument("--async-buffer", type=int, default=2)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=["actor.tis_cap=2.0"],
+        help="config overrides for every mode (default: actor.tis_cap=2.0, which is a no-op on-policy)",
+    )
     parser.add_argument("--smoke", action="store_true", help="CI: one seed, a few seconds per mode")
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="async_throughput")
@@ -188,11 +205,12 @@ def main() -> None:
                 "trainer.loggers=[jsonl]",
                 f"trainer.async_buffer={args.async_buffer}",
                 f"trainer.max_staleness={args.max_staleness}",
+                *args.override,
             ]
-            sft_dir, starts[seed] = sft_start(seed, base, args.sft_epochs)
+            sft_dir, starts[seed] = sft_start(seed, base, args.sft_epochs, args.task)
             order = modes[seed % len(modes) :] + modes[: seed % len(modes)]
             for mode in order:
-                row = run_mode(mode, seed, sft_dir, base, out, args.train_seconds, args.cpus)
+                row = run_mode(mode, seed, sft_dir, base, out, args.train_seconds, args.cpus, args.task)
                 rows.append(row)
                 print(
                     f"seed {seed} {mode:15s} steps {row['steps']:4d}  {row['samples_per_s']:7.1f} samples/s  "
@@ -223,12 +241,14 @@ def main() -> None:
 @dataclasses.dataclass
 class _Settings:
     seeds: str
+    task: str
     train_seconds: float
     sft_epochs: int
     cpus: int
     async_buffer: int
     max_staleness: int
     modes: str
+    override: list[str]
     smoke: bool
     name: str
 

@@ -261,4 +261,5 @@ def test_a_hung_replica_fails_the_sync_naming_version_and_bytes(
     message = str(info.value)
     assert info.value.role == "rollout" and "version 3" in message, message
     assert "bytes" in message, message
-    assert seconds < 3 + 10 + 15, f"the run failed {seconds:.1f} s after the replica hung"
+    # the sync's 3 s, the driver's 10 s of grace, the bounded engine shutdown (10 s) and slack
+    assert seconds < 3 + 10 + 10 + 5, f"the run failed {seconds:.1f} s after the replica hung"

@@ -141,7 +141,7 @@ class Rollout:
         with self._generation:
             self.subscriber.apply_pending()  # a version that arrived during the previous generation
             busy = _Busy(time.time())
-            self._busy.append(busy)
+            self._busy = [*self._busy[-_BUSY_KEPT:], busy]  # colocated runs never ask: keep it bounded
             try:
                 return self._generate(prompts, greedy)
             finally:
@@ -273,6 +273,10 @@ class Rollout:
                 asyncio.run(asyncio.wait_for(self.server.stop(), 30.0))
         finally:
             self.engine.shutdown()
+
+
+_BUSY_KEPT = 1000
+"""Generation spans a replica keeps for `busy_intervals` (the driver asks every step)."""
 
 
 @dataclasses.dataclass

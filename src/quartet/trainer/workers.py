@@ -40,6 +40,9 @@ __all__ = ["Workers", "mean_over_ranks", "role_specs", "run_values", "start_work
 
 log = logging.getLogger(__name__)
 
+_ENGINE_SHUTDOWN_S = 10.0
+"""Longest wait for the rollout engines to stop cleanly before their host processes are killed."""
+
 _RECEIVE_GRACE_S = 10.0
 """How much longer than the sync timeout the driver waits for replicas once the actor has sent everything."""
 
@@ -152,8 +155,8 @@ class Workers:
         return pool_metrics(trainer_busy, busy, window)
 
     def shutdown(self) -> None:
-        try:
-            self.rollout.call(Rollout.shutdown)
+        try:  # bounded: a wedged replica must not hold the run's end (its process is killed below)
+            self.rollout.submit(Rollout.shutdown).get(_ENGINE_SHUTDOWN_S)
         except Exception:  # the hosts are going away anyway; their shutdown below reports real failures
             log.debug("rollout engine shutdown failed", exc_info=True)
         errors: list[BaseException] = []
