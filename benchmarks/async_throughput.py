@@ -180,8 +180,9 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="async_throughput")
     args = parser.parse_args()
-    if args.smoke:
-        args.seeds, args.train_seconds, args.sft_epochs = "0", 4.0, 2
+    if args.smoke:  # the two ends of the comparison; the other modes have tests of their own
+        args.seeds, args.train_seconds, args.sft_epochs = "0", 3.0, 1
+        args.modes = "sync_separate,async"
     import ray
 
     ray.init(address="local", num_cpus=args.cpus, namespace="quartet", log_to_driver=False)

@@ -1,9 +1,10 @@
-"""CI smoke of benchmarks/async_throughput.py: every mode trains from the same SFT start and is scored.
+"""CI smoke of benchmarks/async_throughput.py: the separate-pool sync and async modes train from the same
+SFT start and are scored (the smoke runs these two ends of the comparison; the other modes have their own
+tests in tests/trainer/).
 
 Throughput is not held to any bound here (a shared machine; the figures live in benchmarks/results/). What is
-checked: each of the four modes ran steps and was scored on the same held-out set, the overlapped modes
-report their staleness (exactly 1 one step off) and overlap, the synchronous ones none, and the derived
-figures follow from the raw ones.
+checked: both modes ran steps and were scored on the same held-out set, async reports its staleness and
+overlap, sync none, and the derived figures follow from the raw ones.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from bench_smoke import finite_positive, run_smoke
 def test_async_throughput_smoke(tmp_path: Path) -> None:
     record = run_smoke("async_throughput.py", tmp_path, timeout_s=600)
     rows = {r["mode"]: r for r in record["raw"]}
-    assert set(rows) == {"sync_colocated", "sync_separate", "one_step_off", "async"}
+    assert set(rows) == {"sync_separate", "async"}
     totals = {r["total"] for r in rows.values()}
     assert totals == {200}  # the same held-out problems for every mode
     for mode, row in rows.items():
@@ -26,10 +27,8 @@ def test_async_throughput_smoke(tmp_path: Path) -> None:
         assert row["samples"] == row["steps"] * 32 * 8
         assert row["samples_per_s"] == pytest.approx(row["samples"] / row["train_s"])
         assert finite_positive(row["train_s"]) and 0 <= row["accuracy"] <= 1
-    assert rows["sync_colocated"]["overlap"] is None  # one process: no pools to overlap
-    assert rows["sync_separate"]["staleness_mean"] is None
-    assert rows["one_step_off"]["staleness_mean"] == pytest.approx(1.0)
-    assert 0 < rows["async"]["staleness_mean"] <= 2
+    assert rows["sync_separate"]["staleness_mean"] is None and rows["sync_separate"]["overlap"] == 0.0
+    assert 0 < rows["async"]["staleness_mean"] <= 2 and 0 <= rows["async"]["overlap"] <= 1
     summary = record["summary"]
     assert summary["sync_separate"]["ratio_to_sync_separate"] == pytest.approx(1.0)
     ratio = rows["async"]["samples_per_s"] / rows["sync_separate"]["samples_per_s"]

@@ -107,6 +107,8 @@ class Workers:
         try:
             published = sent.get()
         except WorkerError as err:
+            if "WeightSyncError" not in err.cause:
+                raise  # the actor itself failed (died, ran out of memory): its own error says so
             rank, node = self._lagging(received)
             raise WorkerError(
                 "rollout",
