@@ -104,8 +104,8 @@ class Workers:
         sent = self.actor.submit(Actor.publish_weights, version)
         received = self.rollout.submit(Rollout.receive_weights, apply)
         add_sentinel(received.raise_if_failed)  # a replica that dies mid-sync is named at once
-        try:
-            published = sent.get()
+        try:  # the actor's sync is bounded by the timeout, its gather included
+            published = sent.get(self.sync_timeout_s + _RECEIVE_GRACE_S)
         except WorkerError as err:
             if "WeightSyncError" not in err.cause:
                 raise  # the actor itself failed (died, ran out of memory): its own error says so
