@@ -92,6 +92,29 @@ def test_generation_lock_serves_in_arrival_order() -> None:
     lock.release()
 
 
+def test_generation_lock_lets_a_regeneration_go_first() -> None:
+    lock, order = GenerationLock(), []
+    lock.acquire()
+
+    def worker(name: str, first: bool) -> None:
+        lock.acquire(first=first)
+        try:
+            order.append(name)
+        finally:
+            lock.release()
+
+    threads = []
+    for name, first in [("batch 5", False), ("batch 6", False), ("stale group", True)]:
+        t = threading.Thread(target=worker, args=(name, first))
+        t.start()
+        threads.append(t)
+        time.sleep(0.02)
+    lock.release()
+    for t in threads:
+        t.join(10)
+    assert order == ["stale group", "batch 5", "batch 6"]
+
+
 def test_trajectory_keeps_each_turns_versions() -> None:
     t = Trajectory([1, 2], [])
     t.add_model_turn([10, 11], [-0.1, -0.2], versions=(3, 3))

@@ -130,15 +130,17 @@ class Rollout:
     # ---- generation --------------------------------------------------------------------------------------
 
     @dispatch(Split.BY_DP_RANK)
-    def generate(self, prompts: Batch, greedy: bool = False) -> Batch:
+    def generate(self, prompts: Batch, greedy: bool = False, first: bool = False) -> Batch:
         """Responses to this rank's prompt rows (`prompts`, `attention_mask` left-padded).
 
         Training batches sample `rollout.n` responses per prompt at the rollout temperature; batches with
         `meta.validation` use `rollout.val`; `greedy` gives one greedy response per prompt (ReMax's
         baseline). Output layout: `quartet.rollout.batch_io`, responses padded to `data.max_response_length`
-        (the training engines trim the padding). Wakes the engine.
+        (the training engines trim the padding). Wakes the engine. Generations run one at a time in arrival
+        order; `first` puts this one ahead of those waiting (a stale group generated again).
         """
-        with self._generation:
+        self._generation.acquire(first=first)
+        try:
             self.subscriber.apply_pending()  # a version that arrived during the previous generation
             busy = _Busy(time.time())
             self._busy = [*self._busy[-_BUSY_KEPT:], busy]  # colocated runs never ask: keep it bounded
@@ -146,6 +148,8 @@ class Rollout:
                 return self._generate(prompts, greedy)
             finally:
                 busy.end = time.time()
+        finally:
+            self._generation.release()
 
     @dispatch(Split.BROADCAST)
     def busy_intervals(self, since: float) -> list[tuple[float, float]]:

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import torch
@@ -58,28 +59,37 @@ def _rank() -> int:
 class GenerationLock:
     """A first-come-first-served lock: generations submitted ahead run in the order they arrived.
 
-    `acquire(blocking=False)` succeeds only when nobody holds the lock and nobody waits for it, which is
-    how `AFTER_DRAIN` tells that no generation is in flight or queued.
+    `acquire(first=True)` queues ahead of every waiter (a stale group generated again must not wait for the
+    batches queued behind it). `acquire(blocking=False)` succeeds only when nobody holds the lock and nobody
+    waits for it, which is how `AFTER_DRAIN` tells that no generation is in flight or queued.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
+        self._held = False
+        self._waiting: deque[object] = deque()
 
-    def acquire(self, blocking: bool = True) -> bool:
+    def acquire(self, blocking: bool = True, first: bool = False) -> bool:
         with self._cond:
-            if not blocking and self._next_ticket != self._serving:
-                return False
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            while ticket != self._serving:
+            if not blocking:
+                if self._held or self._waiting:
+                    return False
+                self._held = True
+                return True
+            me = object()
+            if first:
+                self._waiting.appendleft(me)
+            else:
+                self._waiting.append(me)
+            while self._held or self._waiting[0] is not me:
                 self._cond.wait()
+            self._waiting.popleft()
+            self._held = True
             return True
 
     def release(self) -> None:
         with self._cond:
-            self._serving += 1
+            self._held = False
             self._cond.notify_all()
 
     def __enter__(self) -> GenerationLock:

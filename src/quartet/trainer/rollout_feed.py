@@ -160,7 +160,8 @@ class RolloutFeed:
             keep = [i for i in range(len(batch)) if str(uids[i]) not in stale]
             again = [i for i, uid in enumerate(prompts.non_tensors["uid"]) if str(uid) in stale]
             dropped += len(batch) - len(keep)
-            fresh = self.workers.rollout.call_batch(Rollout.generate, prompts.index(again))
+            # ahead of the batches queued on the replicas: the trainer waits for this one
+            fresh = self.workers.rollout.call_batch(Rollout.generate, prompts.index(again), first=True)
             batch = concat_rollouts([batch.index(keep), fresh], self.pad_id) if keep else fresh
         stale = stale_groups(batch, version, max_staleness)
         if stale:
