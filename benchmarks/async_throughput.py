@@ -25,7 +25,6 @@ calculator tool between them): generation is a larger share of its step, as in a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from common import table, write_result
+
+from quartet.trainer.callbacks import RunCallbacks
 
 MODES: dict[str, list[str]] = {
     "sync_colocated": ["trainer.mode=sync"],
@@ -43,16 +44,12 @@ MODES: dict[str, list[str]] = {
 BASELINE = "sync_separate"
 
 
-class _TrainFor:
+class _TrainFor(RunCallbacks):
     """Stops a run once its training steps add up to `seconds` (start-up and validation excluded)."""
 
     def __init__(self, seconds: float) -> None:
-        from quartet.trainer.callbacks import RunCallbacks
-
-        self.seconds, self.spent, self.steps = seconds, 0.0, []
-        self.callbacks = type("TrainFor", (RunCallbacks,), {})()
-        self.callbacks.on_record = self.on_record  # type: ignore[method-assign]
-        self.callbacks.should_stop = self.should_stop  # type: ignore[method-assign]
+        self.seconds, self.spent = seconds, 0.0
+        self.steps: list[dict[str, Any]] = []
 
     def on_record(self, record: dict[str, Any]) -> None:
         if record.get("kind") == "step":
@@ -82,7 +79,7 @@ def run_mode(
     cfg = demo_config(overrides, seed, quick=False, task=task)
     stop = _TrainFor(seconds)
     began = time.perf_counter()
-    result = RLTrainer(cfg, callbacks=stop.callbacks).run()
+    result = RLTrainer(cfg, callbacks=stop).run()
     wall = time.perf_counter() - began
     checkpoint = list_checkpoints(result.run_dir)[-1]
     hf = export_checkpoint(checkpoint, out / f"{name}-seed{seed}-hf")
@@ -219,8 +216,7 @@ def main() -> None:
                     flush=True,
                 )
     summary = summarise(rows)
-    settings = dataclasses.asdict(_Settings(**{k: v for k, v in vars(args).items() if k != "out_dir"}))
-    settings["sft_seconds"] = starts
+    settings = {k: v for k, v in vars(args).items() if k != "out_dir"} | {"sft_seconds": starts}
     path = write_result(args.name, settings, rows, summary, args.out_dir)
     headers = ["mode", "samples/s", "x sync_separate", "steps/min", "overlap", "staleness", "accuracy"]
     body = [
@@ -237,21 +233,6 @@ def main() -> None:
     ]
     print(table(headers, body))
     print(f"wrote {path}")
-
-
-@dataclasses.dataclass
-class _Settings:
-    seeds: str
-    task: str
-    train_seconds: float
-    sft_epochs: int
-    cpus: int
-    async_buffer: int
-    max_staleness: int
-    modes: str
-    override: list[str]
-    smoke: bool
-    name: str
 
 
 if __name__ == "__main__":

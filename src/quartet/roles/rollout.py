@@ -79,7 +79,6 @@ class Rollout:
         )
         self.pad_token_id = _pad_token_id(model_path)
         self.asleep = False
-        self.syncs = 0
         self._busy: list[_Busy] = []
         self._generation = GenerationLock()  # one generation at a time, in arrival order; receives run beside
         self.subscriber = WeightSubscriber(self._load_version, self._generation, cfg.weight_sync.apply)
@@ -157,7 +156,6 @@ class Rollout:
         in flight ending now: the driver's idle and overlap metrics."""
         now = time.time()
         spans = [(b.start, now if b.end is None else b.end) for b in list(self._busy)]
-        self._busy = [b for b in self._busy if b.end is None or b.end > since - 600.0]
         return [(max(start, since), end) for start, end in spans if end > since]
 
     def _generate(self, prompts: Batch, greedy: bool) -> Batch:
@@ -198,8 +196,9 @@ class Rollout:
     # ---- weights and memory ------------------------------------------------------------------------------
 
     @dispatch(Split.BROADCAST)
-    def sync_weights(self) -> dict[str, float]:
-        """Copy the sibling actor's current weights into the engine (wakes it first); count and seconds."""
+    def sync_weights(self, version: int | None = None) -> dict[str, float]:
+        """Copy the sibling actor's current weights into the engine (wakes it first), as weight `version`
+        (the trainer's count of actor updates; None keeps the engine's); count and seconds."""
         if self.trainer is None:
             raise RuntimeError(
                 "this Rollout has no trainer to sync from; construct it with trainer=Sibling('actor')"
@@ -211,11 +210,10 @@ class Rollout:
         if was_offloaded:
             engine.onload()
         try:
-            count = self.engine.load_weights(inference_weights(engine.module), version=self.syncs + 1)
+            count = self.engine.load_weights(inference_weights(engine.module), version=version)
         finally:
             if was_offloaded:
                 engine.offload()
-        self.syncs += 1
         return {"rollout/sync_tensors": float(count), "timing_s/weight_sync": time.perf_counter() - start}
 
     # ---- weights from an actor in another process (quartet.roles.weight_stream) -------------------------

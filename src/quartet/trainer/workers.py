@@ -99,7 +99,7 @@ class Workers:
         `apply` overrides `rollout.weight_sync.apply` for this sync (one_step_off applies after draining).
         """
         if not self.rollout_separate:
-            synced = mean_over_ranks(self.rollout.call(Rollout.sync_weights))
+            synced = mean_over_ranks(self.rollout.call(Rollout.sync_weights, version))
             return {k: v for k, v in synced.items() if "timing" not in k}
         sent = self.actor.submit(Actor.publish_weights, version)
         received = self.rollout.submit(Rollout.receive_weights, apply)
