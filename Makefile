@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: install test test-under-load test-fast lint typecheck demo bench clean install-vllm test-vllm
+.PHONY: install test test-under-load test-fast lint typecheck demo bench clean install-vllm test-vllm test-browser
 
 install: $(STAMP)
 
@@ -78,6 +78,15 @@ $(VLLM_STAMP):
 
 test-vllm: install-vllm
 	$(VLLM_PY) -m pytest -q -m vllm tests/rollout_vllm
+
+# The `quartet inspect` page in Debian's headless chromium (selenium drives the system's chromedriver; no
+# browser is downloaded by Python). Installs chromium with apt when it is missing and this user may.
+test-browser: install
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq chromium chromium-driver >/dev/null || \
+	    { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }; \
+	  else echo "chromium and chromedriver are missing: sudo apt-get install chromium chromium-driver"; exit 1; fi; }
+	$(PY) -m pytest -q -m browser tests/inspector
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -38,6 +38,11 @@ class Doubler:
         return os.getpid()
 
     @dispatch(Split.BROADCAST)
+    def threads(self) -> tuple[str, int]:
+        """(OMP_NUM_THREADS as the host was given it, torch's intra-op threads: at most the cores)."""
+        return os.environ.get("OMP_NUM_THREADS", ""), torch.get_num_threads()
+
+    @dispatch(Split.BROADCAST)
     def call_count(self) -> int:
         return self.calls
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,6 +275,26 @@ def test_run_names_round_trip(tmp_path: Path) -> None:
     names.save(tmp_path)
     assert RunNames.load(tmp_path) == names
     assert names.actor_name("actor", 3) == f"{names.prefix}:actor:3"
+
+
+@pytest.mark.parametrize(("bundles", "separate", "expected"), [(1, (), 4), (2, (), 2), (2, ("critic",), 1)])
+def test_auto_cpus_share_the_node_over_every_pool(
+    ray_cluster: None, bundles: int, separate: tuple[str, ...], expected: int
+) -> None:
+    """cluster.cpus_per_bundle=0 splits the node's CPUs (4 in the test cluster) over the bundles of the main
+    pool and each separate pool; each worker gets that many bundle CPUs and torch threads."""
+    from quartet.cluster.runtime import launch
+    from quartet.config.cluster import ClusterConfig
+
+    cfg = ClusterConfig(
+        namespace="quartet-tests", bundles_per_node=bundles, cpus_per_bundle=0, separate_pools=separate
+    )
+    hosts = launch(cfg, _names(), doubler=RoleSpec(Doubler))
+    try:
+        threads = min(expected, len(os.sched_getaffinity(0)))  # torch caps its threads at the cores
+        assert hosts.groups["doubler"].threads() == [(str(expected), threads)] * bundles
+    finally:
+        hosts.shutdown()
 
 
 def test_launch_from_config_joins_the_running_ray_in_the_run_namespace(ray_cluster: None) -> None:

@@ -52,6 +52,7 @@ def test_a_run_writes_train_and_validation_records(
     folder = result.run_dir / "rollouts"
     assert sorted(p.name for p in folder.iterdir()) == [
         "step_2.jsonl",
+        "step_2.parquet",  # the same rows with per-token values (trainer.rollout_tokens, quartet inspect)
         "val_step_0.jsonl",
         "val_step_2.jsonl",
     ]

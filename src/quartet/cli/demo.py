@@ -95,4 +95,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(
             f"GRPO curves (score, length, KL, entropy, time per phase): {result.plot}", markup=False
         )
+    if result.grpo_run is not None:
+        console.print(
+            f"what GRPO's policy wrote, token by token: quartet inspect {result.grpo_run}", markup=False
+        )
     return 0

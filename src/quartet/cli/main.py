@@ -7,7 +7,17 @@ import sys
 from collections.abc import Sequence
 
 from quartet import __version__
-from quartet.cli import config_cmd, demo, doctor, export_cmd, plan_cmd, plot_cmd, sft_cmd, train_cmd
+from quartet.cli import (
+    config_cmd,
+    demo,
+    doctor,
+    export_cmd,
+    inspect_cmd,
+    plan_cmd,
+    plot_cmd,
+    sft_cmd,
+    train_cmd,
+)
 
 __all__ = ["main"]
 
@@ -22,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     doctor.add_parser(sub)
     export_cmd.add_parser(sub)
+    inspect_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
     plot_cmd.add_parser(sub)
     sft_cmd.add_parser(sub)

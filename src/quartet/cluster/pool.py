@@ -20,7 +20,7 @@ from typing import Any
 from quartet.cluster.errors import ResourcesUnavailableError
 from quartet.config.cluster import ClusterConfig, DeviceKind, PlacementStrategy
 
-__all__ = ["BundleSlot", "ResourcePool"]
+__all__ = ["BundleSlot", "ResourcePool", "auto_cpus_per_bundle"]
 
 log = logging.getLogger(__name__)
 _RELEASE_GRACE_S = 5.0  # longest wait for resources that the cluster has but that are still held
@@ -57,9 +57,8 @@ class ResourcePool:
         use_gpu = cfg.device is DeviceKind.GPU or (
             cfg.device is DeviceKind.AUTO and ray.cluster_resources().get("GPU", 0) > 0  # type: ignore[no-untyped-call]
         )
-        pool = cls(
-            cfg.nodes, cfg.bundles_per_node, cfg.cpus_per_bundle, use_gpu, cfg.strategy, cfg.pool_timeout_s
-        )
+        cpus = cfg.cpus_per_bundle or auto_cpus_per_bundle(cfg.bundles_per_node, 1 + len(cfg.separate_pools))
+        pool = cls(cfg.nodes, cfg.bundles_per_node, cpus, use_gpu, cfg.strategy, cfg.pool_timeout_s)
         return pool.create()
 
     @property
@@ -142,6 +141,15 @@ class ResourcePool:
         for pg in {id(s.placement_group): s.placement_group for s in self.slots}.values():
             remove_placement_group(pg)
         self.slots = []
+
+
+def auto_cpus_per_bundle(bundles_per_node: int, pools: int) -> float:
+    """`cluster.cpus_per_bundle: 0`: the smallest alive node's CPUs split evenly over `pools` pools of
+    `bundles_per_node` bundles each, rounded down to whole CPUs (torch threads), at least 1."""
+    cpus = [res.get("CPU", 0.0) for res in _free_by_node(totals=True).values()]
+    share = int(min(cpus, default=1.0) // max(1, bundles_per_node * pools))
+    log.info("cluster.cpus_per_bundle=0: %d CPU(s) per bundle (smallest node: %s CPUs)", max(1, share), cpus)
+    return float(max(1, share))
 
 
 def _free_by_node(totals: bool = False) -> dict[str, dict[str, float]]:

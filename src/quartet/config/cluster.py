@@ -67,7 +67,10 @@ class ClusterConfig:
     """Bundles (device slots) per node: GPUs per node on GPU, CPU slots on CPU. World size = nodes x this."""
 
     cpus_per_bundle: float = 1.0
-    """CPUs reserved by each bundle."""
+    """CPUs reserved by each bundle; its workers get as many torch threads. 0 (auto): an equal share of the
+    smallest node's CPUs, split over the bundles of every pool this run makes on it (the main pool and
+    `separate_pools`), at least 1: on a CPU box one worker then uses every core, where 1 leaves all but one
+    idle."""
 
     device: DeviceKind = DeviceKind.AUTO
     """Device kind of each bundle."""
@@ -92,7 +95,9 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
         require(self.bundles_per_node >= 1, "bundles_per_node", f"must be >= 1, got {self.bundles_per_node}")
-        require(self.cpus_per_bundle > 0, "cpus_per_bundle", "must be > 0")
+        require(
+            self.cpus_per_bundle >= 0, "cpus_per_bundle", "must be >= 0", "use 0 to share the node's CPUs"
+        )
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0", "use 0 to let Ray detect the CPUs")
         require(bool(self.namespace), "namespace", "must not be empty", "name the run's Ray namespace")
         require(self.pool_timeout_s > 0, "pool_timeout_s", "must be > 0")

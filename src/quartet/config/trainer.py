@@ -112,6 +112,15 @@ class TrainerConfig:
     rollout_samples: int = 16
     """Samples written per step by `rollout_freq` (the first rows of the batch); 0 writes all."""
 
+    rollout_tokens: bool = True
+    """With `rollout_freq`, also write `rollouts/step_N.parquet`: the same samples with per-token values
+    (token ids and text, mask, log-probs of the trainer and the engine, entropy, advantages, weight
+    versions) for `quartet inspect`."""
+
+    rollout_budget_mb: float = 1024.0
+    """Largest total size of the run's per-token rollout tables; past it, steps are written without the
+    per-token columns (a warning says so, and the page shows it)."""
+
     memory_check: bool = True
     """Before any worker starts, plan the step's memory (`quartet plan`) and refuse a run that does not fit
     the device's free memory, printing the cheapest changes that would make it fit; false skips the check."""
@@ -138,6 +147,7 @@ class TrainerConfig:
         require(bool(self.project_name), "project_name", "must not be empty")
         require(self.rollout_freq >= 0, "rollout_freq", "must be >= 0", "use 0 to write no rollout records")
         require(self.rollout_samples >= 0, "rollout_samples", "must be >= 0", "use 0 to write every sample")
+        require(self.rollout_budget_mb >= 0, "rollout_budget_mb", "must be >= 0")
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0", "use 0 to train the actor at once")
         require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
         require(self.async_buffer >= 1, "async_buffer", "must be >= 1")

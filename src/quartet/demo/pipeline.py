@@ -74,6 +74,8 @@ class DemoResult:
     seconds: float = 0.0
     plot: Path | None = None
     """GRPO's curves (`quartet plot`), when matplotlib is installed."""
+    grpo_run: Path | None = None
+    """GRPO's run folder: its rollouts, token by token, open with `quartet inspect`."""
 
 
 DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml"}
@@ -197,6 +199,7 @@ def run_demo(
         result.rows.append(row)
         emit({"kind": "demo_row", **dataclasses.asdict(row)})
     result.plot = _plot(rl.run_dir)
+    result.grpo_run = rl.run_dir
     result.seconds = time.perf_counter() - start
     return result
 

@@ -29,6 +29,7 @@ import torch
 
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
+from quartet.trainer.rollout_tables import TokenTableWriter
 
 __all__ = ["RolloutRecorder", "rollout_rows", "write_rollout_records"]
 
@@ -141,11 +142,20 @@ class RolloutRecorder:
     def __init__(self, cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> None:
         self.freq, self.limit = cfg.trainer.rollout_freq, cfg.trainer.rollout_samples
         self.tokenizer, self.folder = tokenizer, run_dir / "rollouts"
+        self.tables = (
+            TokenTableWriter(self.folder, tokenizer, self.limit, cfg.trainer.rollout_budget_mb)
+            if cfg.trainer.rollout_tokens
+            else None
+        )
 
     def train(self, batch: Batch, step: int) -> None:
         if self.freq and step % self.freq == 0:
             rows = rollout_rows(batch, self.tokenizer, step, self.limit)
-            write_rollout_records(self.folder / f"step_{step}.jsonl", rows)
+            path = self.folder / f"step_{step}.jsonl"
+            path.unlink(missing_ok=True)  # a resumed run records the step again: no duplicate lines
+            write_rollout_records(path, rows)
+            if self.tables is not None:
+                self.tables.write(batch, step)
 
     def val_writer(self, step: int) -> Callable[[Batch], None] | None:
         if not self.freq:
