@@ -77,7 +77,7 @@ def _median(url: str, repeat: int) -> float:
     return statistics.median(_get(url)[0] for _ in range(repeat))
 
 
-def _browser_seconds(url: str, repeat: int) -> float | None:
+def _browser_seconds(url: str, repeat: int, rows: int) -> float | None:
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver_path is None:
         return None
@@ -103,13 +103,13 @@ def _browser_seconds(url: str, repeat: int) -> float | None:
             WebDriverWait(driver, 60).until(
                 lambda d: (
                     d.find_element(By.ID, "sample-count").get_attribute("data-matched")
-                    and len(d.find_elements(By.CSS_SELECTOR, "#sample-table tbody tr")) == 200
+                    and len(d.find_elements(By.CSS_SELECTOR, "#sample-table tbody tr")) == rows
                 )
             )
             times.append(time.perf_counter() - t0)
     finally:
         driver.quit()
-    return statistics.median(times)
+    return round(statistics.median(times), 4)
 
 
 def main() -> None:
@@ -145,10 +145,11 @@ def main() -> None:
                     4,
                 ),
                 "sample_with_tokens_seconds": round(
-                    _median(f"{url}/api/run/0/step/1/sample/4000", args.repeat), 4
+                    _median(f"{url}/api/run/0/step/1/sample/{args.samples - 1}", args.repeat), 4
                 ),
-                "group_seconds": round(_median(f"{url}/api/run/0/step/1/group/g17", args.repeat), 4),
-                "browser_list_seconds": _browser_seconds(url, args.repeat),
+                "group_seconds": round(_median(f"{url}/api/run/0/step/1/group/g0", args.repeat), 4),
+                "browser_list_seconds": _browser_seconds(url, args.repeat, min(200, args.samples)),
+                "note": "median of --repeat; browser: from loadSamples() to the 200-row table drawn",
             }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

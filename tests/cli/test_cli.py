@@ -72,3 +72,10 @@ def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
     assert (run / "grpo" / "checkpoints" / "latest").read_text().strip() == "global_step_3"
     plot = run / "grpo" / "plots.png"
     assert "GRPO curves" in out.stdout and plot.stat().st_size > 10_000
+    # the demo ends with the command that opens its GRPO run in `quartet inspect`, and the run has the tables
+    assert f"quartet inspect {run / 'grpo'}" in " ".join(out.stdout.split())
+    assert sorted(p.name for p in (run / "grpo" / "rollouts").glob("step_*.parquet")) == [
+        "step_1.parquet",
+        "step_2.parquet",
+        "step_3.parquet",
+    ]

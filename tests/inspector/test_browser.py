@@ -213,3 +213,30 @@ def test_compare_shows_the_same_prompt_in_both_runs(
     assert [(int(c.get_attribute("data-step")), int(c.get_attribute("data-row"))) for c in right] == there
     assert "run_b" in driver.find_element(By.ID, "compare-right").text
     _shot(driver, "compare")
+
+
+def test_a_live_runs_new_step_appears_without_a_reload(inspect_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """The page of a run that is still going: a step recorded after the page opened shows up by itself."""
+    live = tmp_path / "live"
+    shutil.copytree(inspect_runs[0], live, ignore=shutil.ignore_patterns("checkpoints"))
+    later = live / "rollouts" / "step_3.parquet"
+    held = later.read_bytes()
+    later.unlink()
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(DRIVER)))
+    try:
+        with InspectServer([live]) as url:
+            driver.get(url)
+            _wait(driver, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+
+            def steps(d: Any) -> list[str]:
+                return [o.get_attribute("value") for o in d.find_elements(By.CSS_SELECTOR, "#step option")]
+
+            assert steps(driver) == ["1", "2"]
+            later.write_bytes(held)  # the trainer records step 3
+            _wait(driver, lambda d: steps(d) == ["1", "2", "3"])
+    finally:
+        driver.quit()

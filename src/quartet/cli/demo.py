@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if result.grpo_run is not None:
         console.print(
-            f"what GRPO's policy wrote, token by token: quartet inspect {result.grpo_run}", markup=False
+            f"what GRPO's policy wrote, token by token: quartet inspect {result.grpo_run}",
+            markup=False,
+            soft_wrap=True,  # the command stays on one line, ready to copy
         )
     return 0

@@ -22,6 +22,7 @@ from quartet.cli.doctor_checks import (
     dead_node_checks,
     device_checks,
     host_facts,
+    precision_check,
     resolve_device,
     run_checks,
     smoke_check,
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     host, cuda = host_facts(), cuda_facts()
     device = resolve_device(args.device, cuda)
     checks += device_checks(host, cuda, args.device)
+    checks.append(precision_check(device))
     smoke: SmokeResult | None = None
     if not args.no_smoke and (device == "cpu" or (cuda.available and not cuda.error)):
         smoke = smoke_test(device, args.smoke_timeout)

@@ -196,6 +196,27 @@ def device_checks(host: HostFacts, cuda: CudaFacts, requested: str) -> list[Chec
     return checks
 
 
+def precision_check(device: str) -> Check:
+    """What `mixed_precision: auto` picks here, and the matmul figures behind it on CPU."""
+    from quartet.engines.precision import ENV, auto_precision, resolve_precision
+
+    pinned = os.environ.get(ENV, "")
+    if pinned:
+        return Check("precision", "ok", f"mixed_precision=auto is pinned to {pinned} ({ENV})")
+    if device.startswith("cuda"):
+        return Check(
+            "precision", "ok", f"mixed_precision=auto -> {resolve_precision('auto', device).value} on CUDA"
+        )
+    fig = auto_precision()
+    return Check(
+        "precision",
+        "ok",
+        f"mixed_precision=auto -> {fig.choice}: a 512x512 matmul runs at {fig.bfloat16_gflops:.1f} GFLOP/s "
+        f"in bf16 vs {fig.float32_gflops:.1f} in fp32 ({fig.ratio:.2f}x) on {fig.key}; cached in "
+        f"{fig.cache or '(not cached)'}: delete it to measure again",
+    )
+
+
 def smoke_test(device: str, timeout_s: float = 10.0, new_tokens: int = 4) -> SmokeResult:
     """Build a tiny Qwen2 with the tiny-model kit on `device`, run forward+backward and greedy generation.
 

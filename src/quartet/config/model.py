@@ -16,6 +16,9 @@ class Dtype(StrEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
+    AUTO = "auto"
+    """`<role>.mixed_precision` only: bfloat16 where this machine computes it faster than float32, else
+    float32, measured once per machine (`quartet.engines.precision`; `quartet doctor` shows the figures)."""
 
 
 class TinyArch(StrEnum):
@@ -129,6 +132,11 @@ class ModelConfig:
 
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings; with rank > 0 the reference is the same model with adapters disabled."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.dtype is not Dtype.AUTO, "dtype", "auto is for <role>.mixed_precision only", "use float32"
+        )
 
     @property
     def is_tiny(self) -> bool:

@@ -123,8 +123,10 @@ class ActorConfig:
     logprobs: MicroBatching = field(default_factory=MicroBatching)
     """Micro-batching of the log-prob pass (no gradient) that gives the old log-probs."""
 
-    mixed_precision: Dtype = Dtype.BFLOAT16
-    """Autocast dtype of forward/backward (float32 turns autocast off); master weights stay in model.dtype."""
+    mixed_precision: Dtype = Dtype.AUTO
+    """Autocast dtype of forward/backward (float32 turns autocast off); master weights stay in model.dtype.
+    `auto`: bfloat16 on a GPU that has it, and on a CPU where a measured bf16 matmul beats fp32 (AMX), else
+    float32 (`quartet doctor` shows the figures; QUARTET_AUTO_PRECISION pins it)."""
 
     param_offload: bool = False
     """Keep parameters in host memory between uses (GPU only; no-op on CPU)."""
@@ -199,8 +201,8 @@ class CriticConfig:
     values: MicroBatching = field(default_factory=MicroBatching)
     """Micro-batching of the value pass (no gradient) before advantages."""
 
-    mixed_precision: Dtype = Dtype.BFLOAT16
-    """Autocast dtype of forward/backward (float32 turns autocast off)."""
+    mixed_precision: Dtype = Dtype.AUTO
+    """Autocast dtype of forward/backward (float32 turns autocast off; `auto` as `actor.mixed_precision`)."""
 
     param_offload: bool = False
     """Keep parameters in host memory between uses (GPU only; no-op on CPU)."""

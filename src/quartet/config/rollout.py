@@ -294,6 +294,9 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_p, self.top_k, self.n)  # same local checks
         require(
+            self.dtype is not Dtype.AUTO, "dtype", "auto is for <role>.mixed_precision only", "use float32"
+        )
+        require(
             0.0 < self.gpu_memory_utilization <= 1.0,
             "gpu_memory_utilization",
             f"must lie in (0, 1], got {self.gpu_memory_utilization}",

@@ -20,6 +20,7 @@ from quartet.config.model import Dtype, LoraConfig
 from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.config.roles import MicroBatching
 from quartet.core.batch import Batch
+from quartet.engines.precision import resolve_precision
 
 __all__ = ["EngineSpec", "LossFn", "LossScale", "MicroSpec", "ModelKind", "ModelOutputs"]
 
@@ -48,7 +49,8 @@ class EngineSpec:
     """Head to load; VALUE may start from a causal LM folder (a fresh value head is initialised)."""
 
     mixed_precision: Dtype = Dtype.BFLOAT16
-    """Autocast dtype of forward/backward; weights stay float32 (master weights). FLOAT32 turns it off."""
+    """Autocast dtype of forward/backward; weights stay float32 (master weights). FLOAT32 turns it off;
+    AUTO is resolved here, in the process that computes (`quartet.engines.precision`)."""
 
     optim: OptimConfig | None = None
     """Optimizer and schedule; None: a frozen engine (reference, reward model), no grads, no optimizer."""
@@ -76,7 +78,7 @@ class EngineSpec:
             raise ValueError("EngineSpec.model_path is empty; pass a local model folder")
         # Plain strings from a config are accepted; store the enum members (the engine compares with `is`).
         object.__setattr__(self, "kind", ModelKind(self.kind))
-        object.__setattr__(self, "mixed_precision", Dtype(self.mixed_precision))
+        object.__setattr__(self, "mixed_precision", resolve_precision(self.mixed_precision))
         kind = self.kind
         if self.optim is not None and self.mixed_precision is Dtype.FLOAT16:
             raise ValueError(

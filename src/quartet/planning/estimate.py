@@ -41,6 +41,7 @@ from quartet.config.plan import RefLogprobs, plan_step
 from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching
 from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
+from quartet.engines.precision import resolve_precision
 from quartet.planning.activations import (
     F32,
     MicroBatch,
@@ -257,9 +258,9 @@ def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload) -> d
     """Working memory of engine `e` computing in `phase` (excluding its resident state)."""
     lora = cfg.model.lora.rank > 0
     if e.role is Role.CRITIC:
-        c = DTYPE_BYTES[cfg.critic.mixed_precision]
+        c = DTYPE_BYTES[resolve_precision(cfg.critic.mixed_precision)]
     else:
-        c = DTYPE_BYTES[cfg.actor.mixed_precision]
+        c = DTYPE_BYTES[resolve_precision(cfg.actor.mixed_precision)]
     if phase is Phase.UPDATE_ACTOR or phase is Phase.UPDATE_CRITIC:
         rc: ActorConfig | CriticConfig = cfg.actor if phase is Phase.UPDATE_ACTOR else cfg.critic
         trainable_linear = 0 if lora and e.role is Role.ACTOR else e.shape.linear_params(e.head)
