@@ -33,7 +33,9 @@ def _view(driver: Any, name: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--compare", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("docs/images"))
@@ -61,7 +63,9 @@ def main() -> None:
             Select(driver.find_element(By.ID, "f-order")).select_by_value("desc")
             time.sleep(1.5)
             driver.save_screenshot(str(args.out / "inspect_samples.png"))
-            driver.find_element(By.CSS_SELECTOR, f'#sample-table tbody tr[data-row="{target["row"]}"]').click()
+            driver.find_element(
+                By.CSS_SELECTOR, f'#sample-table tbody tr[data-row="{target["row"]}"]'
+            ).click()
             _view(driver, "sample")
             spans = driver.find_elements(By.CSS_SELECTOR, "#sample-turns span.tok")
             webdriver.ActionChains(driver).move_to_element(spans[len(spans) // 3]).perform()
@@ -72,7 +76,9 @@ def main() -> None:
             _view(driver, "group")
             driver.save_screenshot(str(args.out / "inspect_group.png"))
             driver.find_element(By.CSS_SELECTOR, 'button.tab[data-view="samples"]').click()
-            driver.find_element(By.CSS_SELECTOR, f'#sample-table tbody tr[data-row="{target["row"]}"]').click()
+            driver.find_element(
+                By.CSS_SELECTOR, f'#sample-table tbody tr[data-row="{target["row"]}"]'
+            ).click()
             _view(driver, "sample")
             driver.find_element(By.CSS_SELECTOR, 'button.tab[data-view="compare"]').click()
             Select(driver.find_element(By.ID, "compare-target")).select_by_value("run:1")

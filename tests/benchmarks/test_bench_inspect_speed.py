@@ -16,10 +16,26 @@ BENCH = Path(__file__).parents[2] / "benchmarks" / "inspect_speed.py"
 
 def test_inspect_speed_smoke(tmp_path: Path) -> None:
     out = tmp_path / "inspect.json"
-    cmd = [sys.executable, str(BENCH), "--samples", "64", "--tokens", "16", "--repeat", "1", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(BENCH),
+        "--samples",
+        "64",
+        "--tokens",
+        "16",
+        "--repeat",
+        "1",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["samples"] == 64 and result["max_tokens"] == 16 and result["file_mb"] > 0
-    for key in ("list_seconds", "filtered_sorted_list_seconds", "sample_with_tokens_seconds", "group_seconds"):
+    for key in (
+        "list_seconds",
+        "filtered_sorted_list_seconds",
+        "sample_with_tokens_seconds",
+        "group_seconds",
+    ):
         assert 0 < result[key] < 60, key

@@ -27,7 +27,7 @@ def _run(model_dir: Path, out: Path, name: str, rollout_seed: int) -> Path:
             "data.train_batch_size=4",
             "data.max_response_length=8",
             "rollout.n=4",
-            "actor.mini_batch_size=2",  # two updates a step: the old log-probs (and entropy) get their own pass
+            "actor.mini_batch_size=2",  # two updates a step: old log-probs and entropy get their own pass
             "actor.micro_batch_size_per_device=8",
             "actor.mixed_precision=float32",
             "trainer.total_steps=3",

@@ -215,7 +215,9 @@ def test_compare_shows_the_same_prompt_in_both_runs(
     _shot(driver, "compare")
 
 
-def test_a_live_runs_new_step_appears_without_a_reload(inspect_runs: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_live_runs_new_step_appears_without_a_reload(
+    inspect_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
     """The page of a run that is still going: a step recorded after the page opened shows up by itself."""
     live = tmp_path / "live"
     shutil.copytree(inspect_runs[0], live, ignore=shutil.ignore_patterns("checkpoints"))
