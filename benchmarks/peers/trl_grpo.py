@@ -78,6 +78,7 @@ class StepClock(TrainerCallback):  # type: ignore[misc]
         self.evals: list[dict[str, float]] = []
         self.lengths: list[float] = []
         self._t = 0.0
+        self.first_step_end_unix = 0.0
 
     def evaluate(self, model: Any, step: int) -> float:
         t = time.perf_counter()
@@ -97,6 +98,8 @@ class StepClock(TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         self.step_seconds.append(time.perf_counter() - self._t)
+        if len(self.step_seconds) == 1:
+            self.first_step_end_unix = time.time()  # benchmarks/startup.py: time to the first step
         every = int(self.s.get("eval_every") or 0)
         if every and state.global_step % every == 0:
             target = self.s.get("target_accuracy")
@@ -171,6 +174,7 @@ def main(settings_path: str, out_path: str) -> None:
         "step_seconds": clock.step_seconds,
         "completion_mean_length": clock.lengths,
         "startup_seconds": startup,
+        "first_step_end_unix": clock.first_step_end_unix,
         "process_seconds": time.perf_counter() - T_START,
         "evals": clock.evals,
         "threads": torch.get_num_threads(),

@@ -145,10 +145,22 @@ class ResourcePool:
 
 def auto_cpus_per_bundle(bundles_per_node: int, pools: int) -> float:
     """`cluster.cpus_per_bundle: 0`: the smallest alive node's CPUs split evenly over `pools` pools of
-    `bundles_per_node` bundles each, rounded down to whole CPUs (torch threads), at least 1."""
-    cpus = [res.get("CPU", 0.0) for res in _free_by_node(totals=True).values()]
-    share = int(min(cpus, default=1.0) // max(1, bundles_per_node * pools))
-    log.info("cluster.cpus_per_bundle=0: %d CPU(s) per bundle (smallest node: %s CPUs)", max(1, share), cpus)
+    `bundles_per_node` bundles each, capped by what is free there (a shared cluster's other jobs keep
+    theirs), rounded down to whole CPUs (torch threads), at least 1. Ray's view of free CPUs lags behind
+    pools released just before (the stage before this one), so a short shortfall is waited out."""
+    totals = [res.get("CPU", 0.0) for res in _free_by_node(totals=True).values()]
+    share = int(min(totals, default=1.0) // max(1, bundles_per_node * pools))
+    deadline = time.monotonic() + _RELEASE_GRACE_S
+    while True:
+        free = [res.get("CPU", 0.0) for res in _free_by_node().values()]
+        fits = int(min(free, default=1.0) // max(1, bundles_per_node))
+        if fits >= share or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    share = min(share, fits)
+    log.info(
+        "cluster.cpus_per_bundle=0: %d CPU(s) per bundle (CPUs %s, free %s)", max(1, share), totals, free
+    )
     return float(max(1, share))
 
 

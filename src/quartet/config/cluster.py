@@ -69,8 +69,8 @@ class ClusterConfig:
     cpus_per_bundle: float = 1.0
     """CPUs reserved by each bundle; its workers get as many torch threads. 0 (auto): an equal share of the
     smallest node's CPUs, split over the bundles of every pool this run makes on it (the main pool and
-    `separate_pools`), at least 1: on a CPU box one worker then uses every core, where 1 leaves all but one
-    idle."""
+    `separate_pools`) and capped by the CPUs free there, at least 1: on a CPU box one worker then uses every
+    core, where 1 leaves all but one idle."""
 
     device: DeviceKind = DeviceKind.AUTO
     """Device kind of each bundle."""
