@@ -69,6 +69,10 @@ def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
     for stage in ("sft_start", "grpo", "sft_control"):
         assert (run / stage / "hf" / "config.json").exists()
     assert (run / "grpo" / "cluster.json").exists()  # it ran on Ray, and other tools can find it
+    (startup,) = [r for r in steps if r["kind"] == "startup"]  # the time before the first step, by phase
+    ray_phases = ["workers/connect_s", "workers/pool_s", "workers/hosts_s", "workers/role/actor_s"]
+    assert all(startup[k] > 0 for k in ray_phases)
+    assert sum(startup[k] for k in ray_phases) <= startup["workers_s"] + 1e-3
     assert (run / "grpo" / "checkpoints" / "latest").read_text().strip() == "global_step_3"
     plot = run / "grpo" / "plots.png"
     assert "GRPO curves" in out.stdout and plot.stat().st_size > 10_000

@@ -199,7 +199,8 @@ def test_grpo_gsm8k_example_translates_and_validates() -> None:
     assert cfg.cluster.world_size == 8
     # 256 prompts x 5 responses over 8 GPUs = 160 per GPU, 4 micro-batches of 40: verl's own arithmetic.
     assert 256 * 5 // 8 // cfg.actor.micro_batch_size_per_device == 4
-    assert {u.key for u in t.unmapped} == {"data.truncation", "actor_rollout_ref.model.use_remove_padding"}
+    assert {u.key for u in t.unmapped} == {"data.truncation"}
+    assert cfg.model.remove_padding  # verl's use_remove_padding=True: packed micro-batches
     assert not [k for k in t.quartet_values if k.startswith("critic.")]  # GRPO trains no critic
     assert all(u.reason for u in t.unmapped)
 
@@ -230,7 +231,6 @@ def test_ppo_example_translates_with_critic_and_validates() -> None:
     assert [str(x) for x in cfg.trainer.loggers] == ["console", "jsonl"]
     assert {u.key for u in t.unmapped} == {
         "data.truncation",
-        "actor_rollout_ref.model.use_remove_padding",
         "critic.model.use_remove_padding",
         "critic.model.enable_gradient_checkpointing",
         "trainer.use_legacy_worker_impl",

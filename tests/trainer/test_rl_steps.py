@@ -202,6 +202,17 @@ def test_full_run_writes_records_and_validates(
     lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(records)  # every record is on disk too
     assert (result.run_dir / "config.yaml").exists()
+    (startup,) = [r for r in records if r["kind"] == "startup"]  # once, right after the first step
+    assert records.index(startup) == records.index(next(r for r in records if r["kind"] == "step")) + 1
+    laps = ["imports_s", "prepare_s", "trackers_s", "reward_pool_s", "workers_s", "first_step_s"]
+    assert all(startup[k] >= 0 for k in laps) and startup["workers/roles_s"] <= startup["workers_s"] + 1e-3
+    assert startup["first_step_s"] == pytest.approx(
+        records[records.index(startup) - 1]["timing_s/step"], abs=1e-3
+    )
+    assert sum(startup[k] for k in laps) <= startup["to_first_step_end_s"] + 1e-3  # the laps do not overlap
+    assert startup["to_first_step_s"] == pytest.approx(
+        startup["to_first_step_end_s"] - startup["first_step_s"]
+    )
 
 
 @pytest.mark.usefixtures("one_local_rank")

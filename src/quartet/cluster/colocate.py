@@ -14,6 +14,7 @@ registered until shutdown). Separate pools (a reward model on its own bundles) c
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,14 +68,18 @@ def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) ->
     """
     label = hosts.label
     hosts.register()
+    began = time.perf_counter()
     try:
         hosts.nodes = hosts.wait(label, "start", [h.node_info.remote() for h in hosts.handles], timeout_s)
+        hosts.timing["hosts"] = time.perf_counter() - began  # the host processes up (Python, imports)
         port = hosts.wait(label, "free_port", [hosts.handles[0].free_port.remote()], timeout_s)[0]
         master = [h.set_master.remote(hosts.nodes[0]["ip"], port) for h in hosts.handles]
         hosts.wait(label, "set_master", master, timeout_s)
         for role, spec in roles.items():
+            began = time.perf_counter()
             refs = [h.add_role.remote(role, spec.cls, spec.args, spec.kwargs) for h in hosts.handles]
             layout = hosts.wait(role, "__init__", refs, timeout_s)
+            hosts.timing[f"role/{role}"] = time.perf_counter() - began  # the role built: its model loaded
             check_layout(role, layout)
             hosts.layouts[role] = layout
             hosts.groups[role] = RoleGroup(role, spec.cls, hosts)

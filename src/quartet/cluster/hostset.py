@@ -65,6 +65,8 @@ class HostSet:
 
     def __init__(self, pool: ResourcePool | None, names: RunNames, label: str, call_timeout_s: float) -> None:
         self.pool, self.names, self.label, self.call_timeout_s = pool, names, label, call_timeout_s
+        self.timing: dict[str, float] = {}
+        """Seconds of the start's phases (`connect`, `pool`, `hosts`, `role/<name>`): the startup record."""
         self.handles: list[Any] = []
         self.nodes: list[dict[str, Any]] = []
         self.groups: dict[str, RoleGroup[Any]] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from quartet.cluster.colocate import RoleSpec, colocate
 from quartet.cluster.connect import join_bounded, resolve_target
@@ -103,8 +104,16 @@ def launch(
     weights while it generates); its roles must then be safe to call from several threads.
     """
     if cfg.backend == Backend.LOCAL:
-        return colocate_local(names, label, cfg.call_timeout_s, **roles)
+        began = time.perf_counter()
+        hosts = colocate_local(names, label, cfg.call_timeout_s, **roles)
+        hosts.timing["roles"] = time.perf_counter() - began
+        return hosts
+    began = time.perf_counter()
     address = connect(cfg)
+    connected = time.perf_counter()
     names = dataclasses.replace(names, address=names.address or address)
     pool = ResourcePool.from_config(cfg)
-    return colocate(pool, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, max_concurrency, **roles)
+    pooled = time.perf_counter()
+    hosts = colocate(pool, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, max_concurrency, **roles)
+    hosts.timing = {"connect": connected - began, "pool": pooled - connected, **hosts.timing}
+    return hosts

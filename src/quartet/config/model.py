@@ -130,6 +130,12 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
 
+    remove_padding: bool = False
+    """Run the policy's training passes (update, old and reference log-probs, SFT) on packed micro-batches:
+    real tokens only, rows end to end, attention confined to each row (`quartet.engines.packing`; verl's
+    `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. The critic,
+    reward model and the rollout engines always run padded."""
+
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings; with rank > 0 the reference is the same model with adapters disabled."""
 

@@ -207,6 +207,9 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.path": Rule("model.path", note="must be a local folder: quartet downloads nothing"),
     f"{AR}.model.tokenizer_path": Rule("model.tokenizer_path"),
     f"{AR}.model.enable_gradient_checkpointing": Rule("model.gradient_checkpointing"),
+    f"{AR}.model.use_remove_padding": Rule(
+        "model.remove_padding", note="packed micro-batches (engines/packing)"
+    ),
     f"{AR}.model.lora_rank": Rule("model.lora.rank"),
     f"{AR}.model.lora_alpha": Rule("model.lora.alpha"),
     f"{AR}.model.target_modules": Rule("model.lora.target_modules", _lora_targets, "list copied"),
@@ -364,7 +367,6 @@ UNMAPPED: dict[str, str] = {
     "data.custom_cls.path": "quartet has no custom dataset classes (parquet/JSONL, verl layout)",
     "data.custom_cls.name": "quartet has no custom dataset classes",
     f"{AR}.hybrid_engine": "quartet always colocates rollout and actor (verl's hybrid engine)",
-    f"{AR}.model.use_remove_padding": "quartet's padding handling is not configurable; " + _NO_SWITCH,
     f"{AR}.model.use_shm": "quartet loads from a local folder; " + _NO_SWITCH,
     f"{AR}.model.external_lib": "quartet loads transformers models only",
     f"{AR}.model.trust_remote_code": "quartet does not run model repository code",

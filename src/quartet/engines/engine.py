@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture, build_model
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
+from quartet.engines.packing import pack_inputs
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 
 __all__ = ["EngineStateError", "TrainingEngine"]
@@ -375,6 +376,8 @@ class TrainingEngine:
             return ModelOutputs(values=finish(heads.response_values(token_values, width)))
         if self.spec.kind is not ModelKind.CAUSAL_LM:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
+        if self.spec.remove_padding:
+            return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
         # Only the logits that predict response tokens are computed (the last R'+1 positions, minus one).
         logits = self._model_call(inputs, logits_to_keep=width + 1).logits[:, :-1]
         targets = inputs.input_ids[:, inputs.input_ids.shape[1] - width :].to(self.device)
@@ -383,6 +386,40 @@ class TrainingEngine:
         if with_entropy:
             with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
                 entropy = finish(heads.response_entropy(logits, temperature))
+        return ModelOutputs(logprobs=logprobs, entropy=entropy)
+
+    def _run_packed(
+        self,
+        inputs: ModelInputs,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        finish: Callable[[torch.Tensor], torch.Tensor],
+    ) -> ModelOutputs:
+        """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the logits of the
+        K real response tokens only, scattered back into the [b, R'] layout."""
+        packed = pack_inputs(inputs)
+        with self._autocast():
+            logits = self.module(
+                input_ids=packed.input_ids.to(self.device),
+                position_ids=packed.position_ids.to(self.device),
+                logits_to_keep=packed.keep.to(self.device),
+                use_cache=False,
+                quartet_bounds=packed.bounds,
+            ).logits  # [1, K, V]
+        where = packed.response_mask.to(self.device)
+
+        def unpack(values: torch.Tensor) -> torch.Tensor:  # [K] -> [b, R'], differentiable
+            return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(
+                where, values
+            )
+
+        targets = packed.targets.to(self.device).unsqueeze(0)
+        logprobs = finish(unpack(heads.response_logprobs(logits, targets, temperature)[0]))
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                entropy = finish(unpack(heads.response_entropy(logits, temperature)[0]))
         return ModelOutputs(logprobs=logprobs, entropy=entropy)
 
     def _scores_of(self, inputs: ModelInputs) -> torch.Tensor:

@@ -42,7 +42,13 @@ def load_reward_model(path: str | Path, dtype: torch.dtype = torch.float32) -> P
 
 def _load(spec: EngineSpec) -> PreTrainedModel:
     if spec.kind is ModelKind.CAUSAL_LM:
-        return load_causal_lm(spec.model_path)
+        model = load_causal_lm(spec.model_path)
+        if spec.remove_padding:
+            from quartet.engines.packing import VARLEN, register_varlen_attention
+
+            register_varlen_attention()
+            model.config._attn_implementation = VARLEN
+        return model
     if spec.kind is ModelKind.VALUE:
         return load_value_model(spec.model_path)
     return load_reward_model(spec.model_path)

@@ -73,6 +73,9 @@ class EngineSpec:
     seed: int = 0
     """Seeds the RNG before the model is built (same on every rank: fresh heads and adapters agree)."""
 
+    remove_padding: bool = False
+    """Causal LM: forward passes on packed micro-batches (`engines.packing`); other kinds ignore it."""
+
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("EngineSpec.model_path is empty; pass a local model folder")

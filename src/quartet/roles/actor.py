@@ -77,6 +77,7 @@ class Actor(EngineRole):
                 param_offload=cfg.param_offload,
                 optimizer_offload=cfg.optimizer_offload,
                 seed=run.seed,
+                remove_padding=run.remove_padding,
             )
         )
         self.clip = ClipParams(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip_c)

@@ -30,6 +30,7 @@ class Reference:
                 optim=None,
                 param_offload=cfg.param_offload,
                 seed=run.seed,
+                remove_padding=run.remove_padding,
             )
         )
 

@@ -34,5 +34,7 @@ class RunValues:
     """Steps of the run (for the lr schedule); 0 when the role never trains (export, tests)."""
     gradient_checkpointing: bool = False
     """`model.gradient_checkpointing` of the trained models."""
+    remove_padding: bool = False
+    """`model.remove_padding`: the policy's passes run on packed micro-batches."""
     custom_module: str = ""
     """`algorithm.custom_module`: a user module whose registered losses the actor's process imports."""

@@ -56,6 +56,7 @@ class SFTWorker(EngineRole):
                 optim=sft.optim,
                 total_steps=total_steps,
                 gradient_checkpointing=cfg.model.gradient_checkpointing,
+                remove_padding=cfg.model.remove_padding,
                 lora=lora,
                 seed=sft.seed,
             )

@@ -65,6 +65,7 @@ from quartet.trainer.rl_data import RLData, prepare_rl_data, prompt_batch
 from quartet.trainer.rollout_feed import RolloutFeed
 from quartet.trainer.rollout_records import RolloutRecorder
 from quartet.trainer.run_files import name_bad_rows, name_reward_failures, prepare_metrics_file
+from quartet.trainer.startup import StartupClock
 from quartet.trainer.step import StepRunner, kl_controller
 from quartet.trainer.validation import validate
 from quartet.trainer.workers import Workers, start_workers
@@ -141,6 +142,7 @@ class RLTrainer:
         self.tracking: Tracking | None = None
         self.run_dir = cfg.trainer.run_dir
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.startup = StartupClock()
 
     def record(self, kind: str, **values: Any) -> Record:
         """Log a record to every tracker (metrics.jsonl first) and hand it to the callbacks."""
@@ -196,11 +198,13 @@ class RLTrainer:
 
     def _open(self, stack: ExitStack) -> _Session:
         """Prepare, then start trackers, reward pool and workers, each closed by `stack` in reverse order."""
-        prep = self._prepare()
+        clock = self.startup
+        prep = clock.timed("prepare", self._prepare)
         cfg, result = self.cfg, RLResult(self.run_dir)
         if prep.resumed is not None:
             result.steps, result.train_seconds = prep.resumed.step, prep.resumed.train_seconds
         t = cfg.trainer  # a logger whose package is missing fails here, before any worker starts
+        clock.mark()
         self.tracking = stack.enter_context(
             Tracking(
                 t.loggers,
@@ -220,13 +224,16 @@ class RLTrainer:
             bad_rows_file=name_bad_rows(self.run_dir, prep.data),
         )
         self.record("memory_plan", **prep.planned.record())
+        clock.lap("trackers")
         from quartet.rewards.compute import RewardComputer  # the scorer process pool starts here
 
         reward = RewardComputer(cfg.reward, prep.tokenizer, cfg.data.max_response_length)
         stack.callback(reward.close)
+        clock.lap("reward_pool")
         mark_running(self.run_dir)
         stack.push(self._mark_end)
         workers = start_workers(cfg, plan_step(cfg), prep.model_path, self._names(), prep.total)
+        clock.lap("workers", workers.start_timing())
         stack.callback(workers.shutdown)
         boundary = StepBoundary(saved_step=result.steps)  # what a caught failure may still checkpoint
         stack.push(partial(self._save_on_failure, workers, boundary))
@@ -316,6 +323,8 @@ class RLTrainer:
         s.records.train(batch, step)
         self.record("step", step=step, **metrics)
         s.result.steps, s.result.last_metrics = step, metrics
+        if not self.startup.reported:  # the first step of this process: where the time before it went
+            self.record("startup", step=step, **self.startup.report(metrics["timing_s/step"]))
 
     def _validate(self, s: _Session, step: int) -> None:
         assert s.prep.data.val is not None

@@ -76,6 +76,14 @@ class Workers:
     sync_timeout_s: float = 300.0
     """`rollout.weight_sync.timeout_s` of a separate rollout pool: the bound on one sync."""
 
+    def start_timing(self) -> dict[str, float]:
+        """Seconds of each pool's start phases: `connect`, `pool`, `hosts`, `role/<name>` (separate pools'
+        prefixed by their role)."""
+        out = dict(self.hosts.timing)
+        for role, hosts in self.separate.items():
+            out |= {f"{role}_pool/{k}": v for k, v in hosts.timing.items()}
+        return out
+
     @property
     def rollout_separate(self) -> bool:
         """The rollout lives on a pool of its own (weights travel over the weight-sync group)."""
@@ -189,6 +197,7 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
         seed=cfg.trainer.seed,
         trainer_steps=total_steps,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        remove_padding=cfg.model.remove_padding,
         custom_module=cfg.algorithm.custom_module,
     )
 

@@ -1,0 +1,149 @@
+"""No padding in the training passes: a micro-batch's rows packed into one sequence (`model.remove_padding`).
+
+The padded path runs a micro-batch as [b, T]: prompts left-padded, responses right-padded, every pad token
+through every projection and MLP. The packed path keeps only real tokens: the rows laid end to end as one
+[1, N] sequence (N = the micro-batch's real tokens), position ids restarting at 0 in each row, and attention
+confined to each row by a varlen attention registered with transformers (`VARLEN`): causal attention over
+each row's own span (`cu_seqlens`), so no token sees another row and no mask of N x N is built.
+
+- On CUDA with flash-attn installed the spans go to `flash_attn_varlen_func` in one call.
+- Elsewhere each span is one causal `scaled_dot_product_attention` call (GQA's key/value heads repeated).
+  That is exact, and it costs one small call per row and layer.
+
+Only the logits that predict response tokens are computed (`logits_to_keep` as an index tensor), and the
+log-probs and entropy are scattered back into the [b, R'] layout the losses read. So the packed path's
+outputs equal the padded path's up to float rounding (tests/engines/test_packing.py: within 1e-5 in float32,
+gradients too). This is verl's `use_remove_padding`, without flash-attn being required.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from quartet.engines.inputs import ModelInputs
+
+__all__ = ["VARLEN", "PackedInputs", "pack_inputs", "register_varlen_attention", "varlen_attention"]
+
+VARLEN = "quartet_varlen"
+"""The attention implementation name a packed model runs with (`config._attn_implementation`)."""
+
+
+@dataclass(frozen=True)
+class PackedInputs:
+    """One micro-batch as one sequence."""
+
+    input_ids: torch.Tensor
+    """[1, N] the rows' real tokens, row after row."""
+    position_ids: torch.Tensor
+    """[1, N] restarting at 0 in every row (each row's own positions)."""
+    bounds: tuple[int, ...]
+    """b + 1 offsets: row i spans [bounds[i], bounds[i + 1])."""
+    keep: torch.Tensor
+    """[K] positions in the packed sequence whose logits predict a real response token, row-major."""
+    targets: torch.Tensor
+    """[K] the response tokens they predict."""
+    response_mask: torch.Tensor
+    """[b, R'] bool: where the K outputs go back in the padded response layout (row-major, as `keep`)."""
+
+
+def pack_inputs(inputs: ModelInputs) -> PackedInputs:
+    """Pack a micro-batch's trimmed inputs (`build_inputs`): real tokens only, rows end to end."""
+    ids, mask = inputs.input_ids, inputs.attention_mask != 0
+    b, t = ids.shape
+    width = inputs.response_width
+    flat_mask = mask.reshape(-1)
+    packed_index = torch.cumsum(flat_mask.to(torch.int64), 0) - 1  # padded (row, col) -> packed position
+    lengths = mask.sum(dim=1)
+    bounds = (0, *torch.cumsum(lengths, 0).tolist())
+    # response token j of a row sits at column t - width + j; its logits come from the column before
+    resp = inputs.response_mask
+    cols = torch.arange(t - width - 1, t - 1).expand(b, width)
+    rows = torch.arange(b).unsqueeze(1).expand(b, width)
+    keep = packed_index[(rows * t + cols)[resp]]
+    targets = ids[:, t - width :][resp]
+    return PackedInputs(
+        input_ids=ids[mask].unsqueeze(0),
+        position_ids=inputs.position_ids[mask].unsqueeze(0),
+        bounds=tuple(int(x) for x in bounds),
+        keep=keep,
+        targets=targets,
+        response_mask=resp,
+    )
+
+
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    quartet_bounds: tuple[int, ...] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: causal attention within each span of `quartet_bounds`.
+
+    query [1, Hq, N, D], key/value [1, Hkv, N, D] -> ([1, N, Hq, D], None).
+    """
+    if quartet_bounds is None:
+        raise ValueError(
+            f"attention '{VARLEN}' needs the packed rows' bounds (quartet_bounds); the engine passes them"
+        )
+    if dropout:
+        raise ValueError("packed attention runs without attention dropout (training passes use none)")
+    if query.is_cuda and _flash_varlen() is not None:
+        return _flash(query, key, value, scaling, quartet_bounds), None
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # GQA: key/value heads repeated, as transformers' own sdpa path does
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
+    # split, not slicing: the backward of a split is one concatenation, that of b slices b full-size buffers
+    spans = zip(
+        query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2), strict=True
+    )
+    outs = [
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+        for q, k, v in spans
+        if q.shape[2]
+    ]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _flash_varlen() -> Any:
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, bounds: tuple[int, ...]
+) -> Any:
+    fn = _flash_varlen()
+    cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
+    longest = max(z - a for a, z in zip(bounds[:-1], bounds[1:], strict=True))
+    out = fn(
+        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, longest, longest,
+        softmax_scale=scale, causal=True,
+    )  # fmt: skip
+    return out.unsqueeze(0)  # [1, N, Hq, D]
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The packed attention confines itself to each row: no mask tensor is built."""
+    return None
+
+
+def register_varlen_attention() -> None:
+    """Make `VARLEN` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN, varlen_attention)
+    AttentionMaskInterface.register(VARLEN, _no_mask)

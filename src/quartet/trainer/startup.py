@@ -1,0 +1,76 @@
+"""Where a run's time goes before its first step: the `startup` record.
+
+`quartet train` spends seconds before the first step: Python imports, preparing data and the memory plan,
+starting trackers and the reward pool, connecting to (or starting) Ray, placing the pool, starting the host
+processes and building each role (its model loaded). The trainer times each phase with a `StartupClock`
+and writes one record after the first step of the process:
+
+    {"kind": "startup", "step": N, "imports_s": .., "prepare_s": .., "trackers_s": .., "reward_pool_s": ..,
+     "workers_s": .., "workers/connect_s": .., "workers/pool_s": .., "workers/hosts_s": ..,
+     "workers/role/actor_s": .., ..., "first_step_s": .., "to_first_step_s": .., "to_first_step_end_s": ..}
+
+`imports_s` runs from the process's start (the OS's clock) to the trainer's creation; `to_first_step_s` from
+the process's start to the first step's start. `benchmarks/startup.py` compares these with TRL's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+__all__ = ["StartupClock", "process_age_s"]
+
+T = TypeVar("T")
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (0.0 where the OS does not say)."""
+    try:
+        import psutil  # type: ignore[import-untyped]
+
+        return max(0.0, time.time() - float(psutil.Process(os.getpid()).create_time()))
+    except Exception:  # pragma: no cover - psutil comes with ray[default]
+        return 0.0
+
+
+class StartupClock:
+    """Laps of the phases before the first step, in seconds."""
+
+    def __init__(self) -> None:
+        self.imports_s = process_age_s()
+        self.created = time.perf_counter()
+        self.phases: dict[str, float] = {}
+        self.last = self.created
+        self.reported = False
+
+    def mark(self) -> None:
+        """Start the next lap now."""
+        self.last = time.perf_counter()
+
+    def lap(self, name: str, parts: Mapping[str, float] | None = None) -> None:
+        """End a lap called `name` (with its own breakdown `parts`, reported as `name/part`)."""
+        now = time.perf_counter()
+        self.phases[name] = now - self.last
+        for part, seconds in (parts or {}).items():
+            self.phases[f"{name}/{part}"] = seconds
+        self.last = now
+
+    def timed(self, name: str, fn: Callable[[], T]) -> T:
+        self.mark()
+        out = fn()
+        self.lap(name)
+        return out
+
+    def report(self, first_step_s: float) -> dict[str, float]:
+        """The record's values; marks the clock reported."""
+        self.reported = True
+        end = time.perf_counter() - self.created + self.imports_s
+        out = {"imports_s": self.imports_s, **{f"{k}_s": v for k, v in self.phases.items()}}
+        out |= {
+            "first_step_s": first_step_s,
+            "to_first_step_s": end - first_step_s,
+            "to_first_step_end_s": end,
+        }
+        return {k: round(v, 4) for k, v in out.items()}
