@@ -100,7 +100,7 @@ def main() -> None:
         }
         micro = MicroSpec(size=args.micro)
         times: dict[str, list[float]] = {name: [] for name in engines}
-        for name, engine in engines.items():
+        for engine in engines.values():
             engine.train_step(batch, loss, micro, temperature=1.0)  # warm-up
         for _ in range(args.rounds):
             for name, engine in engines.items():
