@@ -212,3 +212,11 @@ def test_the_size_budget_drops_per_token_columns_and_says_so(
     assert pq.read_table(second).to_pylist()[0]["tokens_dropped"] is True
     assert "rollout_budget_mb" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1.parquet", "step_2.parquet"]  # no temp files
+
+
+def test_a_dataset_index_that_is_not_an_integer_is_kept_out_not_fatal() -> None:
+    batch = _multi_turn_batch()
+    batch.non_tensors["index"] = np.array(["row-7"], dtype=object)  # a user's own column: anything goes
+    assert rollout_table(batch, _CharTokenizer(), step=1).to_pylist()[0]["index"] is None
+    batch.non_tensors["index"] = np.array([np.int64(7)], dtype=object)
+    assert rollout_table(batch, _CharTokenizer(), step=1).to_pylist()[0]["index"] == 7

@@ -47,6 +47,7 @@ SAMPLE_COLUMNS = (
 )
 """The scalar columns of a step's sample list (the per-token lists are read per sample)."""
 
+_CACHED_STEPS = 64
 _STEP_FILE = re.compile(r"^step_(\d+)\.parquet$")
 _SORTABLE = {
     "row",
@@ -159,6 +160,8 @@ class RunData:
             if cached is None or cached[0] != mtime:
                 present = pq.read_schema(file).names
                 cached = (mtime, pq.read_table(file, columns=[c for c in columns if c in present]))
+                while len(self._cache) >= _CACHED_STEPS:  # the oldest first: a long run stays bounded
+                    self._cache.pop(next(iter(self._cache)))
                 self._cache[file] = cached
             return cached[1]
         return pq.read_table(file)

@@ -93,9 +93,7 @@ def rollout_table(batch: Batch, tokenizer: Any, step: int, limit: int = 0, token
         "row": list(range(n)),
         "uid": [str(nt["uid"][i]) if "uid" in nt else str(i) for i in range(n)],
         "data_source": [str(nt["data_source"][i]) if "data_source" in nt else "" for i in range(n)],
-        "index": [
-            int(nt["index"][i]) if "index" in nt and nt["index"][i] is not None else None for i in range(n)
-        ],
+        "index": [_as_index(nt["index"][i]) if "index" in nt else None for i in range(n)],
         "prompt": tokenizer.batch_decode(prompt_rows),
         "response": tokenizer.batch_decode(response_rows),
         "prompt_tokens": [len(p) for p in prompt_rows],
@@ -147,6 +145,14 @@ def _typed(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
         **{name: pa.list_(pa.float32()) for name in TOKEN_COLUMNS},
     }
     return {k: pa.array(v, type=types.get(k)) for k, v in cols.items()}
+
+
+def _as_index(value: Any) -> int | None:
+    """A dataset row number, or None where the data's `index` is not an integer (it is the user's column)."""
+    try:
+        return int(value) if value is not None and float(value) == int(value) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _row_values(batch: Batch, key: str, n: int) -> list[float | None]:
