@@ -9,6 +9,11 @@ actors and their model loads; first step).
 
     .venv/bin/python benchmarks/startup.py [--repeat 3] [--no-trl]
 
+Variants: `quartet_ray` (a local Ray started by the run, `cluster.address=local`), `quartet_ray_warm` (a
+`ray start --head` cluster already running on this machine, which a run with the default `cluster.address`
+joins: the opt-in way to skip Ray's start on every run), `quartet_local` (`cluster.backend=local`, no Ray),
+and `trl`.
+
 Results: `benchmarks/results/startup.json` (medians, and every run).
 """
 
@@ -18,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,16 +80,28 @@ def main() -> None:
     args = parser.parse_args()
     s = GrpoSettings(steps=1, prompts_per_step=8, n=4, max_new_tokens=16, threads=args.threads)
     local = dataclasses.replace(s, quartet_overrides=("cluster.backend=local",))
+    cold = dataclasses.replace(s, quartet_overrides=("cluster.address=local",))
     trl_python = None if args.no_trl else ensure_trl_venv()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="quartet-startup-") as tmp:
         work = prepare(Path(tmp), "tiny")
         for r in range(args.repeat):
-            runs.append({"variant": "quartet_ray", **_quartet(work, s, Path(tmp) / f"q{r}", f"q{r}")})
+            runs.append({"variant": "quartet_ray", **_quartet(work, cold, Path(tmp) / f"q{r}", f"q{r}")})
             runs.append({"variant": "quartet_local", **_quartet(work, local, Path(tmp) / f"l{r}", f"l{r}")})
             if trl_python is not None:
                 runs.append({"variant": "trl", **_trl(trl_python, work, s, Path(tmp) / f"t{r}", f"t{r}")})
             print(json.dumps(runs[-3:], indent=1), flush=True)
+        ray = Path(sys.executable).parent / "ray"
+        subprocess.run(
+            [str(ray), "start", "--head", f"--num-cpus={args.threads}"], check=True, capture_output=True
+        )
+        try:
+            for r in range(args.repeat):
+                runs.append(
+                    {"variant": "quartet_ray_warm", **_quartet(work, s, Path(tmp) / f"w{r}", f"w{r}")}
+                )
+        finally:
+            subprocess.run([str(ray), "stop", "--force"], capture_output=True, timeout=120)
     summary: dict[str, Any] = {}
     for variant in sorted({r["variant"] for r in runs}):
         mine = [r for r in runs if r["variant"] == variant]
@@ -96,7 +114,7 @@ def main() -> None:
             k: round(statistics.median(r["phases"].get(k, 0.0) for r in mine), 3) for k in phases
         }
     if "trl" in summary:
-        for variant in ("quartet_ray", "quartet_local"):
+        for variant in ("quartet_ray", "quartet_ray_warm", "quartet_local"):
             summary[variant]["vs_trl"] = round(
                 summary[variant]["to_first_step_s"] / summary["trl"]["to_first_step_s"], 2
             )

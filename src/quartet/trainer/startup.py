@@ -9,37 +9,35 @@ and writes one record after the first step of the process:
      "workers_s": .., "workers/connect_s": .., "workers/pool_s": .., "workers/hosts_s": ..,
      "workers/role/actor_s": .., ..., "first_step_s": .., "to_first_step_s": .., "to_first_step_end_s": ..}
 
-`imports_s` runs from the process's start (the OS's clock) to the trainer's creation; `to_first_step_s` from
-the process's start to the first step's start. `benchmarks/startup.py` compares these with TRL's.
+`imports_s` runs from the process's first import of quartet (`quartet.IMPORTED_AT`, right after the
+interpreter starts when the `quartet` command runs) to the trainer's creation: the CLI's imports (torch,
+transformers, Ray). `to_first_step_s` runs from that same point to the first step's start.
+`benchmarks/startup.py` compares these with TRL's, measured from outside the process.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-__all__ = ["StartupClock", "process_age_s"]
+__all__ = ["StartupClock", "since_import_s"]
 
 T = TypeVar("T")
 
 
-def process_age_s() -> float:
-    """Seconds since this process started (0.0 where the OS does not say)."""
-    try:
-        import psutil  # type: ignore[import-untyped]
+def since_import_s() -> float:
+    """Seconds since this process first imported quartet."""
+    import quartet
 
-        return max(0.0, time.time() - float(psutil.Process(os.getpid()).create_time()))
-    except Exception:  # pragma: no cover - psutil comes with ray[default]
-        return 0.0
+    return max(0.0, time.time() - quartet.IMPORTED_AT)
 
 
 class StartupClock:
     """Laps of the phases before the first step, in seconds."""
 
     def __init__(self) -> None:
-        self.imports_s = process_age_s()
+        self.imports_s = since_import_s()
         self.created = time.perf_counter()
         self.phases: dict[str, float] = {}
         self.last = self.created
