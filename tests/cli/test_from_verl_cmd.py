@@ -39,7 +39,8 @@ def test_yaml_on_stdout_and_report_on_stderr(tmp_path: Path, capsys: pytest.Capt
     cfg = load_config(tmp_path / "run.yaml")
     assert (cfg.rollout.n, cfg.actor.mini_batch_size, cfg.actor.micro_batch_size_per_device) == (5, 256, 40)
     assert (cfg.trainer.save_freq, cfg.cluster.world_size, cfg.model.path) == (0, 8, "Qwen/Qwen2-7B-Instruct")
-    assert "unmapped: actor_rollout_ref.model.use_remove_padding=True:" in err
+    assert "unmapped: data.truncation='error':" in err
+    assert cfg.model.remove_padding  # verl's use_remove_padding=True: packed micro-batches
     assert "converted: trainer.save_freq=-1 -> trainer.save_freq=0" in err
     assert "unmapped" not in out and "converted" not in out
 
