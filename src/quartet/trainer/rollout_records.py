@@ -88,14 +88,14 @@ def rollout_rows(batch: Batch, tokenizer: Any, step: int, limit: int = 0) -> lis
         if "advantages" in batch and length:
             first = int(torch.as_tensor(response_mask).argmax()) if any(response_mask) else 0
             rec["advantage"] = float(batch["advantages"][i][first])
-        spans = _spans(batch, i, response_mask, length)
+        spans = turn_spans(batch, i, response_mask, length)
         if spans is not None:
             rec["turns"] = [_turn(batch, i, tokenizer, response_ids, span) for span in spans]
         records.append(rec)
     return records
 
 
-def _spans(batch: Batch, row: int, mask: list[int], length: int) -> list[tuple[str, int, int]] | None:
+def turn_spans(batch: Batch, row: int, mask: list[int], length: int) -> list[tuple[str, int, int]] | None:
     """The row's turns as (role, start, stop): the agent loop's own (`turn_spans`: assistant, tool, user),
     else runs of the mask (assistant / environment); None for a one-turn response."""
     spans = batch.non_tensors["turn_spans"][row] if "turn_spans" in batch.non_tensors else None

@@ -55,19 +55,13 @@ def _plain_json(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _spans(batch: Batch, row: int, mask: list[int], length: int) -> list[dict[str, Any]]:
-    """The row's turns (role, start, stop): the agent loop's spans, else runs of the mask, else one turn."""
-    spans = batch.non_tensors["turn_spans"][row] if "turn_spans" in batch.non_tensors else None
-    if spans:
-        cut = [(str(role), int(a), min(int(b), length)) for role, a, b in spans if int(a) < length]
-        return [{"role": r, "start": a, "stop": b} for r, a, b in cut if b > a]
-    out: list[dict[str, Any]] = []
-    start = 0
-    for i in range(1, length + 1):
-        if i == length or mask[i] != mask[start]:
-            out.append({"role": "assistant" if mask[start] else "environment", "start": start, "stop": i})
-            start = i
-    return out
+def _turns(batch: Batch, row: int, mask: list[int], length: int) -> list[dict[str, Any]]:
+    """The row's turns as the JSONL records cut them (`rollout_records`), one assistant turn for a one-turn
+    response."""
+    from quartet.trainer.rollout_records import turn_spans
+
+    spans = turn_spans(batch, row, mask, length) or ([("assistant", 0, length)] if length else [])
+    return [{"role": r, "start": a, "stop": b} for r, a, b in spans]
 
 
 def _agent_counter(batch: Batch, row: int, key: str) -> float | None:
@@ -111,7 +105,7 @@ def rollout_table(batch: Batch, tokenizer: Any, step: int, limit: int = 0, token
         "tool_calls": [_agent_counter(batch, i, "tool/calls") for i in range(n)],
         "tool_errors": [_agent_counter(batch, i, "tool/failed") for i in range(n)],
         "drift": _drift(batch, n, lengths),
-        "turns": [json.dumps(_spans(batch, i, masks[i], lengths[i])) for i in range(n)],
+        "turns": [json.dumps(_turns(batch, i, masks[i], lengths[i])) for i in range(n)],
         "tokens_dropped": [not tokens] * n,
     }
     reasons = cols["finish_reason"]
