@@ -80,7 +80,7 @@ def test_sft_with_tools_renders_the_block_and_masks_assistant_turns(
     ex = tokenize_chat(tok, row["messages"], tools=CALCULATOR_TOOLS)
     assert dataclasses.replace(ex, ground_truth=examples[0].ground_truth) == examples[0]
     prompt_text = tok.decode(list(ex.prompt_ids))
-    assert "You can call these tools" in prompt_text and "calculator(expression): Evaluate" in prompt_text
+    assert "You can call these tools" in prompt_text and "calculator(expression)\n<|im_end|>" in prompt_text
     # independently: the trained tokens are exactly the two assistant turns, each through its <|im_end|>
     ids = list(ex.response_ids)
     trained = tok.decode([t for t, m in zip(ids, ex.response_mask, strict=True) if m])

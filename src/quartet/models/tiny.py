@@ -44,19 +44,24 @@ __all__ = [
     "save_value_model",
 ]
 
+TOKENIZER_REVISION = 2
+"""Bumped when the tokenizer or its template changes, so a cached tiny model of an older one is not reused
+(2: tools listed by signature only)."""
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, "<|endoftext|>", "<|im_start|>", EOS_TOKEN, "<tool_call>", "</tool_call>"]
 
 # ChatML, as used by Qwen: each message is <|im_start|>role\ncontent<|im_end|>\n. Tools are listed in a
-# system block, one compact line each (`name(arg, ...): description`; the full JSON schema would be ~300
-# tokens of this small vocabulary); assistant tool calls are written as <tool_call>{json}</tool_call>.
+# system block, one signature per line (`name(arg, ...)`), without their English descriptions: a model of a
+# million parameters cannot read them, and they cost this small vocabulary ~100 tokens per tool (the full
+# JSON schema ~300), which would be 40% of every calculator trace (docs/agentic.md). Assistant tool calls
+# are written as <tool_call>{json}</tool_call>. Real models keep their own templates and the whole schema.
 CHAT_TEMPLATE = (
     "{%- if tools -%}"
     "{{- '<|im_start|>system\\nYou can call these tools:\\n' -}}"
     "{%- for tool in tools -%}{%- set f = tool['function'] if 'function' in tool else tool -%}"
-    "{{- f['name'] + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', ')) + '): ' -}}"
-    "{{- (f.get('description') or '') + '\\n' -}}{%- endfor -%}"
+    "{{- f['name'] + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', ')) + ')\\n' -}}"
+    "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- for message in messages -%}"
@@ -178,7 +183,8 @@ def ensure_tiny_model(spec: TinyModelConfig, root: str | Path) -> Path:
     The folder is written under a temporary name and renamed, so concurrent callers and interrupted builds
     never leave a half-written model behind.
     """
-    blob = json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str).encode()
+    key = {**dataclasses.asdict(spec), "tokenizer_revision": TOKENIZER_REVISION}
+    blob = json.dumps(key, sort_keys=True, default=str).encode()
     folder = Path(root) / f"tiny-{spec.arch.value}-{hashlib.sha256(blob).hexdigest()[:12]}"
     if (folder / "config.json").exists():
         return folder
