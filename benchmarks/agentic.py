@@ -41,26 +41,31 @@ def difference_se(p1: float, p2: float, n: int) -> float:
     return math.sqrt(max(p1 * (1 - p1), 0.0) / n + max(p2 * (1 - p2), 0.0) / n)
 
 
-def demo_seed(seed: int, overrides: list[str], out_dir: Path) -> dict[str, Any]:
-    """One seed of the calculator demo: its three rows and wall time."""
-    from quartet.demo import run_demo
+def demo_seed(seed: int, overrides: list[str], out_dir: Path, filtered: bool = False) -> dict[str, Any]:
+    """One seed of the calculator demo: its rows (three, or four with the verified-SFT control) and wall
+    time; GRPO against each control."""
+    from quartet.demo import FILTERED_ROW, run_demo
 
     start = time.perf_counter()
-    result = run_demo([f"trainer.output_dir={out_dir}", *overrides], seed=seed, task="calculator")
+    result = run_demo(
+        [f"trainer.output_dir={out_dir}", *overrides], seed=seed, task="calculator", filtered_control=filtered
+    )
+    wall = time.perf_counter() - start
     rows = {
         r.name: {"accuracy": r.accuracy, "total": r.total, "train_s": r.train_seconds} for r in result.rows
     }
-    grpo, control = rows["GRPO"], rows["more SFT (control)"]
-    diff = grpo["accuracy"] - control["accuracy"]
-    se = difference_se(grpo["accuracy"], control["accuracy"], grpo["total"])
-    return {
-        "seed": seed,
-        "rows": rows,
-        "grpo_minus_control": diff,
-        "difference_se": se,
-        "wins": diff > 2 * se,
-        "wall_s": time.perf_counter() - start,
-    }
+    grpo = rows["GRPO"]
+
+    def versus(control: dict[str, Any]) -> tuple[float, float]:
+        diff = grpo["accuracy"] - control["accuracy"]
+        return diff, difference_se(grpo["accuracy"], control["accuracy"], grpo["total"])
+
+    diff, se = versus(rows["more SFT (control)"])
+    run = {"seed": seed, "rows": rows, "grpo_minus_control": diff, "difference_se": se, "wins": diff > 2 * se}
+    if filtered:
+        diff_f, se_f = versus(rows[FILTERED_ROW])
+        run |= {"grpo_minus_verified": diff_f, "verified_se": se_f, "wins_verified": diff_f > 2 * se_f}
+    return run | {"wall_s": wall}
 
 
 def example_seed(task: str, seed: int, overrides: list[str], out_dir: Path) -> dict[str, Any]:
@@ -117,6 +122,7 @@ def summarise(task: str, seeds: list[dict[str, Any]]) -> dict[str, Any]:
             "grpo_minus_control": [s["grpo_minus_control"] for s in seeds],
             "difference_se": [s["difference_se"] for s in seeds],
             "wins": sum(bool(s["wins"]) for s in seeds),
+            "wins_verified": sum(bool(s.get("wins_verified")) for s in seeds),
             "seeds": len(seeds),
             "wall_s_mean": wall,
         }
@@ -138,6 +144,13 @@ def print_table(task: str, seeds: list[dict[str, Any]]) -> None:
             for s in seeds
         ]  # fmt: skip
         print(table(["seed", *seeds[0]["rows"], "GRPO - control", "SE", "wins", "wall s"], rows))
+        if "grpo_minus_verified" in seeds[0]:
+            rows = [
+                [s["seed"], f"{s['grpo_minus_verified']:+.1%}", f"{s['verified_se']:.1%}",
+                 "yes" if s["wins_verified"] else "no"]
+                for s in seeds
+            ]  # fmt: skip
+            print(table(["seed", "GRPO - verified SFT", "SE", "wins"], rows))
         return
     rows = [
         [s["seed"], f"{s['start']:.1%}", f"{s['final']:.1%}",
@@ -154,6 +167,9 @@ def main() -> None:
     parser.add_argument("--task", required=True, choices=["calculator", "python", "user"])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--filtered-control", action="store_true", help="calculator: add the verified-SFT control row"
+    )
     parser.add_argument("--name", default=None, help="the result file's name (default agentic_<task>)")
     parser.add_argument(
         "--out-dir", type=Path, default=None, help="result folder (default benchmarks/results)"
@@ -165,7 +181,7 @@ def main() -> None:
     for seed in map(int, args.seeds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             run = (
-                demo_seed(seed, args.override, Path(tmp))
+                demo_seed(seed, args.override, Path(tmp), args.filtered_control)
                 if args.task == "calculator"
                 else example_seed(args.task, seed, args.override, Path(tmp))
             )
@@ -174,6 +190,7 @@ def main() -> None:
         print(json.dumps(run), flush=True)
     print_table(args.task, results)
     settings = {"task": args.task, "seeds": args.seeds, "overrides": args.override}
+    settings["filtered_control"] = args.filtered_control
     path = write_result(name, settings, {"seeds": results}, summarise(args.task, results), args.out_dir)
     print(f"wrote {path}")
 

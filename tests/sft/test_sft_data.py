@@ -177,3 +177,31 @@ def test_collate_pads_prompts_left_responses_right_and_fills_to_a_multiple() -> 
     assert batch["attention_mask"][:2].tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
     assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 0, 1], [0, 0, 0], [0, 0, 0]]
     assert torch.equal(batch["prompts"][2], batch["prompts"][0])  # fillers: row 0, nothing trained
+
+
+def test_keep_verified_drops_the_answers_the_verifier_rejects(tokenizer: Any, tmp_path: Path) -> None:
+    """Rejection-sampled demonstrations: of a calculator set from two demonstrators, only the rows whose
+    final answer equals a*b+c (computed here from the question) are kept, and the rest are counted."""
+    from quartet.data.tasks.calculator import CalculatorSpec, write_sft_set
+
+    train, _ = write_sft_set(tmp_path, CalculatorSpec(2, sloppy=0.5), 40, 4, seed=3)
+    rows = pq.read_table(train).to_pylist()
+    right = 0
+    for row in rows:
+        a, b, c = map(int, re.findall(r"\d+", row["messages"][0]["content"]))
+        right += row["messages"][-1]["content"] == str(a * b + c)
+    assert 0 < right < len(rows)  # both demonstrators are present
+    examples, report = load_sft_files([train], tokenizer, max_length=1024, keep_verified=True)
+    assert (report.rows, report.kept, report.unverified_filtered) == (len(rows), right, len(rows) - right)
+    assert "failed the verifier" in report.summary()
+    assert all(len(ex.messages) == 4 for ex in examples)  # only the tool traces remain
+
+
+def test_keep_verified_names_a_row_it_cannot_check(tokenizer: Any, tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "train.jsonl", [GOOD])
+    with pytest.raises(SFTDataError, match=r"row 0 \(line 1\), field 'data_source'.*keep_verified"):
+        load_sft_files([path], tokenizer, keep_verified=True)
+    odd = {**GOOD, "data_source": "my_task", "ground_truth": "7"}
+    path = _write_jsonl(tmp_path / "odd.jsonl", [odd])
+    with pytest.raises(SFTDataError, match="no built-in verifier for data_source 'my_task'"):
+        load_sft_files([path], tokenizer, keep_verified=True)

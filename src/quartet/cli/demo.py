@@ -29,6 +29,11 @@ def add_parser(sub: Any) -> None:
         help="arithmetic: 2-digit addition, one turn; calculator: multi-turn, the model calls a tool",
     )
     parser.add_argument(
+        "--filtered-control",
+        action="store_true",
+        help="a fourth row: more SFT for GRPO's time on the traces the verifier accepts only",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="dotted overrides of the demo config, e.g. trainer.total_steps=50"
     )
     parser.set_defaults(run=run)
@@ -73,7 +78,14 @@ def run(args: argparse.Namespace) -> int:
     console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT (tiny Qwen2, {what}, CPU)")
     source = cfg.data.builtin_task.value
     try:
-        result = run_demo(args.overrides, args.seed, args.quick, _progress(console, source), args.task)
+        result = run_demo(
+            args.overrides,
+            args.seed,
+            args.quick,
+            _progress(console, source),
+            args.task,
+            filtered_control=args.filtered_control,
+        )
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"demo failed: {err}", style="red", markup=False, soft_wrap=True)

@@ -110,6 +110,11 @@ class SFTConfig:
     skip_bad_rows: bool = False
     """Count and log malformed rows (missing key, wrong type, no assistant turn) instead of stopping."""
 
+    keep_verified: bool = False
+    """Train only on conversations whose final answer the task's verifier accepts (rows need `data_source`
+    with a built-in verifier and `ground_truth`): rejection-sampled demonstrations. Dropped rows are counted
+    in the data report. The validation split is not filtered."""
+
     builtin: SFTBuiltinConfig = field(default_factory=SFTBuiltinConfig)
     """The generated arithmetic chat set used when `train_files` is empty."""
 

@@ -28,7 +28,7 @@ from typing import Any
 from quartet.config import QuartetConfig, load_config
 from quartet.config.trainer import Logger
 
-__all__ = ["DEMOS", "DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
+__all__ = ["DEMOS", "FILTERED_ROW", "DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
@@ -77,6 +77,9 @@ class DemoResult:
     grpo_run: Path | None = None
     """GRPO's run folder: its rollouts, token by token, open with `quartet inspect`."""
 
+
+FILTERED_ROW = "verified SFT (control)"
+"""The row of `run_demo(filtered_control=True)`: more SFT on the traces the verifier accepts only."""
 
 DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml"}
 """`quartet demo --task T`: the embedded config of each demo (single-turn addition; multi-turn tool use)."""
@@ -160,8 +163,14 @@ def run_demo(
     quick: bool = False,
     on_record: Callable[[Record], None] | None = None,
     task: str = "arithmetic",
+    filtered_control: bool = False,
 ) -> DemoResult:
-    """SFT start, GRPO from it, and the time-matched more-SFT control; the accuracy table."""
+    """SFT start, GRPO from it, and the time-matched more-SFT control; the accuracy table.
+
+    `filtered_control` adds a fourth row: more SFT from the same start, for the same time, on the traces the
+    verifier accepts only (`sft.keep_verified`: rejection-sampled demonstrations), the control a reviewer
+    asks for when the traces are of mixed quality.
+    """
     from quartet.sft import SFTTrainer
     from quartet.trainer import RLTrainer
 
@@ -188,12 +197,19 @@ def run_demo(
         epochs=100_000,
     )
     control = SFTTrainer(control_cfg, on_record=emit).run()
-    val_file = str(rl.run_dir / "data" / cfg.data.builtin_task.value / "rl_val.parquet")
-    for name, model_dir, seconds in (
+    models = [
         ("SFT start", sft_dir, sft_start.train_seconds),
         ("GRPO", str(rl.hf_dir), rl.train_seconds),
         ("more SFT (control)", str(control.hf_dir), control.train_seconds),
-    ):
+    ]
+    if filtered_control:
+        filtered_cfg = _with(
+            _with(control_cfg, "trainer", experiment_name="sft_filtered"), "sft", keep_verified=True
+        )
+        filtered = SFTTrainer(filtered_cfg, on_record=emit).run()
+        models.append((FILTERED_ROW, str(filtered.hf_dir), filtered.train_seconds))
+    val_file = str(rl.run_dir / "data" / cfg.data.builtin_task.value / "rl_val.parquet")
+    for name, model_dir, seconds in models:
         correct, total = greedy_accuracy(cfg, model_dir, val_file)
         row = DemoRow(name, correct / total, correct, total, seconds, model_dir)
         result.rows.append(row)

@@ -112,6 +112,8 @@ class LoadReport:
     """Rows longer than `max_length` that were dropped."""
     truncated: int = 0
     """Rows longer than `max_length` cut to it."""
+    unverified_filtered: int = 0
+    """Rows whose final assistant answer the task's verifier rejects, dropped (only with `keep_verified`)."""
     problems: list[str] = field(default_factory=list)
     """The first malformed rows' messages."""
 
@@ -124,6 +126,7 @@ class LoadReport:
             "malformed": self.malformed,
             "overlong_filtered": self.overlong_filtered,
             "truncated": self.truncated,
+            "unverified_filtered": self.unverified_filtered,
             "problems": list(self.problems),
         }
 
@@ -132,6 +135,7 @@ class LoadReport:
         return (
             f"{self.rows} rows read, {self.kept} kept, {self.malformed} malformed (skipped), "
             f"{self.overlong_filtered} overlong filtered, {self.truncated} truncated"
+            + (f", {self.unverified_filtered} failed the verifier (dropped)" * bool(self.unverified_filtered))
         )
 
 
@@ -294,10 +298,14 @@ def load_sft_files(
     max_length: int = 1024,
     truncate: bool = False,
     skip_bad_rows: bool = False,
+    keep_verified: bool = False,
 ) -> tuple[list[SFTExample], LoadReport]:
     """Every usable conversation of `paths`, tokenized, and the counts of what happened to each row.
 
-    Raises `SFTDataError` at the first malformed row unless `skip_bad_rows`.
+    Raises `SFTDataError` at the first malformed row unless `skip_bad_rows`. `keep_verified`: keep only the
+    rows whose final assistant message the built-in verifier of their `data_source` accepts against their
+    `ground_truth` (rejection-sampled demonstrations; the dropped rows are counted); a row without those
+    columns, or of a source with no built-in verifier, is then an error naming it.
     """
     report = LoadReport(files=tuple(str(p) for p in paths))
     examples: list[SFTExample] = []
@@ -319,6 +327,9 @@ def load_sft_files(
             truth = row.get("ground_truth")
             if truth is not None:
                 ex = dataclasses.replace(ex, ground_truth=str(truth))
+            if keep_verified and not _verified(row, messages, str(path), row_index, line):
+                report.unverified_filtered += 1
+                continue
             fitted = _fit_length(ex, max_length, truncate)
             if fitted is None:
                 report.overlong_filtered += 1
@@ -330,6 +341,24 @@ def load_sft_files(
     for message in report.problems:
         log.warning("skipped malformed row: %s", message)
     return examples, report
+
+
+def _verified(row: Any, messages: list[dict[str, Any]], path: str, row_index: int, line: int | None) -> bool:
+    """Whether the row's final assistant message passes its task's verifier (`keep_verified`)."""
+    from quartet.data.tasks import task_scorer
+
+    source, truth = row.get("data_source"), row.get("ground_truth")
+    if source is None or truth is None:
+        missing = "data_source" if source is None else "ground_truth"
+        problem = f"sft.keep_verified needs a '{missing}' column to check the answer; add it or turn it off"
+        raise SFTDataError(path, row_index, missing, problem, line)
+    scorer = task_scorer(str(source))
+    if scorer is None:
+        problem = f"no built-in verifier for data_source '{source}'; sft.keep_verified covers built-in tasks"
+        raise SFTDataError(path, row_index, "data_source", problem, line)
+    final = next(m for m in reversed(messages) if m.get("role") == "assistant")
+    text = str(final.get("content") or "")
+    return scorer(text, str(truth), {"final_message": text}) >= 1.0
 
 
 # ---- batching ---------------------------------------------------------------------------------------------

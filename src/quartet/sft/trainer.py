@@ -132,7 +132,7 @@ def prepare_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> SFTData:
             verify = arithmetic.verify_answer
         train_files, val_files = [paths[0]], [paths[1]]
 
-    def load(files: list[Path]) -> tuple[list[SFTExample], LoadReport]:
+    def load(files: list[Path], keep_verified: bool = False) -> tuple[list[SFTExample], LoadReport]:
         return load_sft_files(
             files,
             tokenizer,
@@ -141,9 +141,10 @@ def prepare_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> SFTData:
             max_length=sft.max_length,
             truncate=sft.truncate,
             skip_bad_rows=sft.skip_bad_rows,
+            keep_verified=keep_verified,
         )
 
-    train, train_report = load(train_files)
+    train, train_report = load(train_files, keep_verified=sft.keep_verified)
     if not train:
         raise ValueError(f"no usable training conversation in {train_files}: {train_report.summary()}")
     reports = {"train": train_report}
