@@ -83,3 +83,32 @@ def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
         "step_2.parquet",
         "step_3.parquet",
     ]
+
+
+@pytest.mark.slow
+def test_calculator_demo_quick_with_the_verified_control(tmp_path: Path) -> None:
+    """`quartet demo --task calculator --filtered-control`, shrunk: four rows, and the verified control
+    trained on exactly the tool traces (the head answers, recounted here from the questions, dropped)."""
+    import pyarrow.parquet as pq
+
+    small = ["model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2"]
+    small += ["model.tiny.intermediate_size=128"]
+    argv = [sys.executable, "-m", "quartet.cli.main", "demo", "--task", "calculator", "--quick"]
+    argv += ["--filtered-control", f"trainer.output_dir={tmp_path}", "sft.epochs=1", "trainer.total_steps=2"]
+    out = subprocess.run([*argv, *small], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for row in ("SFT start", "GRPO", "more SFT (control)", "verified SFT (control)"):
+        assert row in out.stdout
+    run = tmp_path / "demo-calculator-seed0"
+    traces = pq.read_table(run / "sft_filtered" / "data" / "calculator" / "sft_train.parquet").to_pylist()
+    wrong = 0
+    for row in traces:
+        question = row["messages"][0]["content"].removeprefix("What is ").rstrip("?")
+        a, b, c = (int(x) for x in question.split()[::2])
+        wrong += row["messages"][-1]["content"] != str(a * b + c)
+    assert 0 < wrong < len(traces)
+    records = [json.loads(line) for line in (run / "sft_filtered" / "metrics.jsonl").read_text().splitlines()]
+    (train_data,) = [r for r in records if r["kind"] == "data" and r["split"] == "train"]
+    assert (train_data["kept"], train_data["unverified_filtered"]) == (len(traces) - wrong, wrong)
+    control = [r for r in (run / "sft_control" / "metrics.jsonl").read_text().splitlines() if '"data"' in r]
+    assert json.loads(control[0])["unverified_filtered"] == 0  # the plain control keeps every trace
