@@ -95,6 +95,8 @@ def test_calculator_demo_quick_with_the_verified_control(tmp_path: Path) -> None
     small += ["model.tiny.intermediate_size=128"]
     argv = [sys.executable, "-m", "quartet.cli.main", "demo", "--task", "calculator", "--quick"]
     argv += ["--filtered-control", f"trainer.output_dir={tmp_path}", "sft.epochs=1", "trainer.total_steps=2"]
+    argv += ["data.builtin_val_size=16", "data.val_batch_size=16", "sft.builtin.val_size=16"]
+    argv += ["sft.builtin.train_size=128", "data.builtin_train_size=128", "rollout.n=4"]
     out = subprocess.run([*argv, *small], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for row in ("SFT start", "GRPO", "more SFT (control)", "verified SFT (control)"):
