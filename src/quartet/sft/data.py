@@ -132,11 +132,13 @@ class LoadReport:
 
     def summary(self) -> str:
         """One line of counts."""
-        return (
+        line = (
             f"{self.rows} rows read, {self.kept} kept, {self.malformed} malformed (skipped), "
             f"{self.overlong_filtered} overlong filtered, {self.truncated} truncated"
-            + (f", {self.unverified_filtered} failed the verifier (dropped)" * bool(self.unverified_filtered))
         )
+        if self.unverified_filtered:
+            line += f", {self.unverified_filtered} failed the verifier (dropped)"
+        return line
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
