@@ -11,7 +11,8 @@ Checks, in order:
 - update_and_planner: the FSDP2 engine with parameter + optimizer offload. Three steps with finite losses; the
   update's tokens/s; MFU against a measured bf16 matmul; the planner's update estimate over
   `torch.cuda.max_memory_allocated`.
-- rollout_builtin: the built-in engine's tokens/s on the device (CUDA graphs are not built; reported so).
+- rollout_builtin: the built-in engine's tokens/s on the device, eager and from CUDA graphs (capture count
+  and time, greedy agreement).
 - vllm_sleep: vLLM's sleep mode releases the memory it held (skips without vllm or CUDA).
 - weight_sync: the cross-process weight sync with real processes, bitwise (gloo: NCCL is not built).
 - grpo_steps: two GRPO steps of the whole loop, with each phase's time.
@@ -88,12 +89,16 @@ def main(argv: list[str] | None = None) -> int:
             failed |= result["status"] == "fail"
             reason = str(result.get("reason", ""))[:200]
             print(f"{name:20s} {result['status']:5s} {result['seconds']:8.2f} s  {reason}", flush=True)
+            _write(out, record)  # after every check: a run cut short still leaves what it measured
             if name == "build_model" and result["status"] != "pass":
                 break
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"wrote {out}")
     return 1 if failed else 0
+
+
+def _write(out: Path, record: dict[str, object]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

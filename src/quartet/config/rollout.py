@@ -276,6 +276,10 @@ class RolloutConfig:
     dtype: Dtype = Dtype.FLOAT32
     """Weights dtype of the inference engine (float32 is fastest on CPUs without AMX; bfloat16 on GPU)."""
 
+    cuda_graphs: bool = True
+    """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
+    length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
+
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may take for weights and KV cache (vLLM on GPU only)."""
 

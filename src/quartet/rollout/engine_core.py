@@ -31,6 +31,7 @@ import random
 
 import torch
 
+from quartet.rollout.graph_decode import BucketedDecoder
 from quartet.rollout.kv_cache import SlotKVCache
 from quartet.rollout.model_runner import DecoderRunner
 from quartet.rollout.penalties import apply_processing, build_processing
@@ -63,8 +64,11 @@ class EngineCore:
         max_prefill_tokens: int,
         seed: int,
         max_n: int | None = None,
+        decoder: BucketedDecoder | None = None,
     ) -> None:
         self.runner = runner
+        self.decoder = decoder
+        """Decodes the whole running batch at bucketed shapes (CUDA graphs); None: every step eagerly."""
         self.stop_checker = stop_checker
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -133,6 +137,8 @@ class EngineCore:
             raise RuntimeError("cannot free the KV cache while sequences are running")
         self.cache.free()
         self.table = None
+        if self.decoder is not None:
+            self.decoder.reset()
 
     def _ensure_memory(self, groups: list[SequenceGroup]) -> SlotTable:
         if self.table is None or self.cache.device != self.runner.device:
@@ -184,7 +190,11 @@ class EngineCore:
         assert table is not None  # running sequences imply allocated memory
         seqs = self.running[:rows]
         longest = max(s.cached_len for s in seqs) + 1
-        logits = self.runner.decode(table.last_token[:rows], table.cached_len[:rows], longest, self.cache)
+        tokens, lengths = table.last_token[:rows], table.cached_len[:rows]
+        if self.decoder is not None and rows == len(self.running):  # padded rows must be free slots
+            logits = self.decoder.decode(tokens, lengths, longest, self.cache)
+        else:
+            logits = self.runner.decode(tokens, lengths, longest, self.cache)
         return self._sample(logits, 0, seqs)
 
     def _isolate(self, rows: int, exc: Exception) -> None:

@@ -48,6 +48,7 @@ def make_engine(
                 max_num_seqs=rollout_cfg.max_num_seqs,
                 max_model_len=min(max_model_len, per_seq),
                 seed=seed,
+                cuda_graphs=rollout_cfg.cuda_graphs,
             )
         case RolloutEngineKind.VLLM:
             from quartet.rollout.vllm_engine import VLLMRolloutEngine

@@ -34,6 +34,7 @@ from quartet.config.rollout import RolloutConfig
 from quartet.rollout.base import EngineStateError, RolloutEngine
 from quartet.rollout.engine_core import EngineCore
 from quartet.rollout.engine_thread import EngineThread, settle
+from quartet.rollout.graph_decode import BucketedDecoder
 from quartet.rollout.model_runner import DecoderRunner
 from quartet.rollout.sequence import SequenceState
 from quartet.rollout.stopping import StopChecker
@@ -84,6 +85,7 @@ class TorchRolloutEngine(RolloutEngine):
         eos_token_ids: Iterable[int] | None = None,
         num_threads: int | None = None,
         max_n: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it).
 
@@ -94,6 +96,8 @@ class TorchRolloutEngine(RolloutEngine):
         PyTorch's usual OpenMP build this is per thread, so a trainer in the same process keeps its own
         setting; on a busy shared CPU, 1 thread is often much faster than 2). None keeps the default.
         max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
+        cuda_graphs: on a CUDA device, replay decode steps from CUDA graphs captured per bucketed shape
+        (`quartet.rollout.graph_decode`); False decodes eagerly. No effect on CPU.
         The tokenizer is only needed for stop strings.
         """
         if max_num_seqs < 1:
@@ -114,6 +118,11 @@ class TorchRolloutEngine(RolloutEngine):
             max_prefill_tokens=max_prefill_tokens,
             seed=seed,
             max_n=max_n,
+            decoder=(
+                BucketedDecoder(self.runner, max_num_seqs, capture=True)
+                if cuda_graphs and self.runner.device.type == "cuda"
+                else None
+            ),
         )
         self._pending: dict[str, _Pending] = {}  # request id -> its future, guarded by the thread's cond
         self._asleep = False
@@ -153,7 +162,14 @@ class TorchRolloutEngine(RolloutEngine):
     ) -> TorchRolloutEngine:
         """An engine over `model` sized by the rollout config (`max_num_seqs`, `kv_cache_tokens`, `seed`)."""
         max_len = cfg.kv_cache_tokens // cfg.max_num_seqs if cfg.kv_cache_tokens else None
-        return cls(model, tokenizer, max_num_seqs=cfg.max_num_seqs, max_model_len=max_len, seed=cfg.seed)
+        return cls(
+            model,
+            tokenizer,
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=max_len,
+            seed=cfg.seed,
+            cuda_graphs=cfg.cuda_graphs,
+        )
 
     # ---- generation ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,123 @@
+"""The bucketed decode step (what a CUDA graph replays) equals the eager step, on the CPU.
+
+The graph capture itself needs a GPU (tests/rollout/test_graph_decode_gpu.py); everything a graph depends
+on (padded rows in free slots, masked extra columns, buckets, dropping buffers when the cache moves) runs
+here eagerly at the same shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rollout_cases import hf_greedy, prompt_ids, recompute_logprobs, shared_model, tokenizer
+
+from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
+from quartet.rollout.graph_decode import BucketedDecoder, row_buckets
+from quartet.rollout.model_runner import DecoderRunner
+
+
+def test_row_buckets_are_powers_of_two_capped_at_the_slots() -> None:
+    assert row_buckets(1) == (1,)
+    assert row_buckets(5) == (1, 2, 4, 5)
+    assert row_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    with pytest.raises(ValueError, match="num_slots"):
+        row_buckets(0)
+
+
+def test_shapes_round_rows_up_and_lengths_to_the_quantum_within_capacity(tiny_model_dir: Path) -> None:
+    runner = DecoderRunner(shared_model(tiny_model_dir))
+    dec = BucketedDecoder(runner, 6, capture=False, length_quantum=8)
+    assert dec.shape(3, 5, capacity=64) == (4, 8)
+    assert dec.shape(5, 9, capacity=64) == (6, 16)
+    assert dec.shape(1, 57, capacity=60) == (1, 60)  # never past the cache's columns
+    with pytest.raises(ValueError, match="rows"):
+        dec.shape(7, 5, capacity=64)
+    with pytest.raises(ValueError, match="capacity"):
+        dec.shape(2, 65, capacity=64)
+
+
+def _prefilled(runner: DecoderRunner, prompts: list[list[int]], slots: int) -> tuple[object, torch.Tensor]:
+    cache = runner.new_cache(slots)
+    cache.ensure_capacity(64, used=0)
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    lengths = torch.tensor([len(p) for p in prompts])
+    logits = runner.prefill(ids, lengths, cache, 0, None)
+    return cache, logits
+
+
+@torch.inference_mode()
+def test_bucketed_steps_equal_eager_steps_and_touch_only_free_slots(tiny_model_dir: Path) -> None:
+    runner = DecoderRunner(shared_model(tiny_model_dir))
+    prompts = prompt_ids(tiny_model_dir)[:3]
+    eager_cache, logits = _prefilled(runner, prompts, slots=6)
+    bucket_cache, _ = _prefilled(runner, prompts, slots=6)
+    dec = BucketedDecoder(runner, 6, capture=False, length_quantum=8)
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = logits.argmax(-1)
+    for _ in range(12):  # lengths cross several 8-column buckets
+        longest = int(lengths.max()) + 1
+        want = runner.decode(tokens, lengths, longest, eager_cache)  # type: ignore[arg-type]
+        got = dec.decode(tokens, lengths, longest, bucket_cache)  # type: ignore[arg-type]
+        assert got.shape == want.shape == (3, runner.vocab_size)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        tokens, lengths = want.argmax(-1), lengths + 1
+    assert {shape[0] for shape in dec.shapes} == {4} and len(dec.shapes) >= 2
+    end = int(lengths.max())
+    for layer in range(len(runner.layers)):
+        keys_e, keys_b = eager_cache.keys[layer], bucket_cache.keys[layer]  # type: ignore[attr-defined]
+        vals_e, vals_b = eager_cache.values[layer], bucket_cache.values[layer]  # type: ignore[attr-defined]
+        torch.testing.assert_close(keys_b[:3, ..., :end], keys_e[:3, ..., :end], atol=1e-5, rtol=0)
+        torch.testing.assert_close(vals_b[:3, :, :end], vals_e[:3, :, :end], atol=1e-5, rtol=0)
+        # the padded row (slot 3) wrote only column 0 of a free slot; slots 4 and 5 are untouched
+        assert keys_b[3, ..., 0].abs().sum() > 0 and not keys_b[3, ..., 1:].any()
+        assert not keys_b[4:].any() and not vals_b[4:].any()
+
+
+@torch.inference_mode()
+def test_buffers_are_dropped_when_the_cache_moves(tiny_model_dir: Path) -> None:
+    runner = DecoderRunner(shared_model(tiny_model_dir))
+    prompts = prompt_ids(tiny_model_dir)[:2]
+    cache, logits = _prefilled(runner, prompts, slots=4)
+    dec = BucketedDecoder(runner, 4, capture=False, length_quantum=8)
+    lengths = torch.tensor([len(p) for p in prompts])
+    dec.decode(logits.argmax(-1), lengths, int(lengths.max()) + 1, cache)  # type: ignore[arg-type]
+    assert len(dec.shapes) == 1
+    cache.ensure_capacity(200, used=int(lengths.max()) + 1)  # type: ignore[attr-defined]  # new tensors
+    dec.decode(logits.argmax(-1), lengths + 1, int(lengths.max()) + 2, cache)  # type: ignore[arg-type]
+    assert len(dec.shapes) == 1  # the old bucket went with the old cache
+    dec.reset()
+    assert dec.shapes == []
+
+
+def test_an_engine_decoding_at_buckets_generates_what_transformers_does(tiny_model_dir: Path) -> None:
+    """Continuous batching with rows finishing at different steps (compaction), prompts queueing."""
+    model = shared_model(tiny_model_dir)
+    prompts = prompt_ids(tiny_model_dir)
+    budgets = [24, 5, 17, 9, 24]
+    expected = hf_greedy(model, prompts, max(budgets), tokenizer(tiny_model_dir).pad_token_id)
+    with TorchRolloutEngine(model, max_num_seqs=3) as eng:
+        eng.core.decoder = BucketedDecoder(eng.runner, 3, capture=False, length_quantum=8)
+        outs = eng.generate(
+            [
+                GenerationRequest(
+                    tuple(p), SamplingParams(temperature=0.0, max_new_tokens=b, ignore_eos=True)
+                )
+                for p, b in zip(prompts, budgets, strict=True)
+            ]
+        )
+        shapes = eng.core.decoder.shapes
+    assert [list(o[0].token_ids) for o in outs] == [e[:b] for e, b in zip(expected, budgets, strict=True)]
+    assert {rows for rows, _ in shapes} <= {1, 2, 3} and len(shapes) > 1
+    sampled = outs[0][0]
+    want = recompute_logprobs(model, prompts[0], list(sampled.token_ids), 1.0)
+    torch.testing.assert_close(torch.tensor(sampled.logprobs), want, atol=1e-4, rtol=0)
+
+
+def test_a_cpu_engine_builds_no_graph_decoder(tiny_model_dir: Path) -> None:
+    with TorchRolloutEngine(shared_model(tiny_model_dir), max_num_seqs=2, cuda_graphs=True) as eng:
+        assert eng.core.decoder is None  # graphs need CUDA; the CPU engine stays eager
