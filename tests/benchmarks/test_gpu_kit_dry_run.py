@@ -53,3 +53,21 @@ def test_the_kit_dry_run_passes_without_ray(tmp_path: Path) -> None:
     assert checks["rollout_builtin"]["tokens"] == 4 * 8
     assert checks["grpo_steps"]["steps"] == 2 and "timing_s/gen" in checks["grpo_steps"]["timing_last_step"]
     assert checks["weight_sync"]["figures"]["bytes"] > 0
+
+
+@pytest.mark.slow
+def test_the_decode_profile_dry_run_times_every_decode_step(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    script = KIT.parent / "decode_profile.py"
+    done = subprocess.run(
+        [sys.executable, "-c", NO_RAY, str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    # 8 rows of 16 new tokens: the prefill samples the first token, then 15 decode steps
+    assert run["cuda_graphs"] is False and run["decode_steps"] == 15
+    assert set(run["parts_ms"]) == {"forward", "sample", "append"}
+    assert 0 < run["parts_ms"]["forward"] <= run["step_ms"] * 1.5
