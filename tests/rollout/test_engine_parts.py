@@ -129,3 +129,32 @@ def test_min_tokens_defers_stop_ids_and_strings_but_not_the_length_limit() -> No
     short.token_ids += [5, 5]
     checker.check(short, 0)
     assert short.finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize(
+    ("family", "name"),
+    [
+        ("llama", "LlamaRMSNorm"),
+        ("qwen2", "Qwen2RMSNorm"),
+        ("qwen3", "Qwen3RMSNorm"),
+        ("mistral", "MistralRMSNorm"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_rms_norm_equals_each_familys_own_bit_for_bit(
+    family: str, name: str, dtype: torch.dtype
+) -> None:
+    import importlib
+
+    from quartet.rollout.model_runner import _RMS_NORMS, _norm
+
+    cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
+    assert name in _RMS_NORMS
+    norm = cls(96, eps=1e-5).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        norm.weight.normal_(generator=gen)
+    x = (torch.randn(5, 3, 96, generator=gen) * 4).to(dtype)
+    assert torch.equal(_norm(norm, x), norm(x))
+    layer_norm = nn.LayerNorm(96).to(dtype)  # not an RMSNorm: run as it is
+    assert torch.equal(_norm(layer_norm, x), layer_norm(x))

@@ -26,6 +26,8 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "DecoderRunner", "UnsupportedModelError"]
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# transformers' RMSNorm of these families: weight * (x in float32 * rsqrt(mean(x^2) + eps)).to(x.dtype)
+_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
 
 
 class UnsupportedModelError(ValueError):
@@ -35,6 +37,16 @@ class UnsupportedModelError(ValueError):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm through `F.rms_norm` (one fused kernel on CUDA where transformers' forward launches
+    seven; the same values: it normalises in float32 and casts back before the weight); other norms as is."""
+    if type(norm).__name__ in _RMS_NORMS:
+        out: torch.Tensor = norm.weight * F.rms_norm(x, (x.shape[-1],), eps=norm.variance_epsilon)
+        return out
+    result: torch.Tensor = norm(x)
+    return result
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -109,7 +121,7 @@ class DecoderRunner:
         k = attn.k_proj(h).view(batch, seq, -1, self.head_dim)
         v = attn.v_proj(h).view(batch, seq, -1, self.head_dim)
         if self.has_qk_norm:  # Qwen3: RMSNorm per head before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
 
@@ -136,11 +148,11 @@ class DecoderRunner:
         return out.view(rows, 1, self.num_heads * self.head_dim)
 
     def _mlp_block(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = x + layer.mlp(layer.post_attention_layernorm(x))
+        out: torch.Tensor = x + layer.mlp(_norm(layer.post_attention_layernorm, x))
         return out
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.lm_head(self.base.norm(last_hidden))
+        out: torch.Tensor = self.lm_head(_norm(self.base.norm, last_hidden))
         return out
 
     # ---- forwards ---------------------------------------------------------------------------------------
@@ -168,7 +180,7 @@ class DecoderRunner:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(h), cos, sin)
+            q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
             cache.write_prefill(i, k, v, start, expand)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads
@@ -198,7 +210,7 @@ class DecoderRunner:
         bias.masked_fill_(hidden, torch.finfo(h.dtype).min)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(h), cos, sin)
+            q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
             k_all, v_all = cache.write_decode(i, k, v, row_index, lengths, max_length)
             h = h + attn.o_proj(self._decode_attention(q, k_all, v_all, bias))
             h = self._mlp_block(layer, h)
