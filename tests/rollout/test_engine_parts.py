@@ -158,3 +158,25 @@ def test_the_fused_rms_norm_equals_each_familys_own_bit_for_bit(
     assert torch.equal(_norm(norm, x), norm(x))
     layer_norm = nn.LayerNorm(96).to(dtype)  # not an RMSNorm: run as it is
     assert torch.equal(_norm(layer_norm, x), layer_norm(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_three_kernel_rotary_embedding_equals_transformers(dtype: torch.dtype) -> None:
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    from quartet.rollout.model_runner import _apply_rope, _rope_tables
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(3, h, 5, 16, generator=gen).to(dtype) for h in (4, 2))
+    angles = torch.randn(3, 5, 8, generator=gen) * 3
+    cos, sin = (
+        torch.cat((angles, angles), -1).cos().to(dtype),
+        torch.cat((angles, angles), -1).sin().to(dtype),
+    )
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+    tables = _rope_tables(cos.unsqueeze(1), sin.unsqueeze(1))
+    # float32: equal to rounding. bf16: the sum may round once instead of twice, so a result differs by up to
+    # one unit in the last place of its terms (2**-5 for terms under 8), also where they cancel to ~0.
+    tol = {"atol": 1e-6, "rtol": 0.0} if dtype is torch.float32 else {"atol": 2**-5, "rtol": 0.0}
+    torch.testing.assert_close(_apply_rope(q, *tables), want_q, **tol)
+    torch.testing.assert_close(_apply_rope(k, *tables), want_k, **tol)

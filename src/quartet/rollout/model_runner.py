@@ -34,11 +34,6 @@ class UnsupportedModelError(ValueError):
     """A model whose architecture the built-in engine's forward pass does not reproduce."""
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """The model's RMSNorm through `F.rms_norm` (one fused kernel on CUDA where transformers' forward launches
     seven; the same values: it normalises in float32 and casts back before the weight); other norms as is."""
@@ -49,9 +44,19 @@ def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return result
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [B, heads, S, hd] with cos/sin [B, 1, S, hd] (transformers' convention)."""
-    return x * cos + _rotate_half(x) * sin
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and the signed sin [B, 1, S, hd] of `_apply_rope`, made once per forward for every layer."""
+    half = sin.shape[-1] // 2
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, heads, S, hd] (transformers' convention: x * cos + rotate_half(x) * sin).
+
+    rotate_half(x) * sin = cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): three kernels per
+    tensor (a roll, a product, a fused multiply-add) instead of five.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class DecoderRunner:
@@ -131,7 +136,7 @@ class DecoderRunner:
         """One query per row against its cached keys, grouped-query aware, without copying the cache.
 
         q [A, H, 1, hd]; k [A, kvH, hd, L] (keys transposed), v [A, kvH, L, hd] (strided views of the cache);
-        bias [A, 1, L] additive mask.
+        bias [A * kvH, 1, L] additive mask (each row's, repeated per key/value head).
         Returns [A, 1, H * hd]. Query heads are grouped per key/value head as a batched matmul over
         A * kvH, instead of repeating K/V to H heads (transformers' SDPA path copies the whole cache
         per layer and step when a mask is given).
@@ -141,10 +146,9 @@ class DecoderRunner:
         qg = q.reshape(rows * self.num_kv_heads, group, self.head_dim)
         kg = k.reshape(rows * self.num_kv_heads, self.head_dim, length)
         vg = v.reshape(rows * self.num_kv_heads, length, self.head_dim)
-        scores = torch.bmm(qg, kg).view(rows, self.num_heads, length)
-        scores = scores * self.scaling + bias
+        scores = torch.baddbmm(bias, qg, kg, alpha=self.scaling)  # bias + scaling * q @ k: one kernel
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.bmm(probs.view(rows * self.num_kv_heads, group, length), vg)
+        out = torch.bmm(probs, vg)
         return out.view(rows, 1, self.num_heads * self.head_dim)
 
     def _mlp_block(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
@@ -177,7 +181,7 @@ class DecoderRunner:
         mask = (causal.unsqueeze(0) & valid_key.unsqueeze(1)).unsqueeze(1)  # [G, 1, P, P]
         h = self.base.embed_tokens(input_ids)
         cos, sin = self.base.rotary_emb(h, positions.unsqueeze(0).expand(groups, seq))
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = _rope_tables(cos.unsqueeze(1), sin.unsqueeze(1))
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
@@ -202,12 +206,13 @@ class DecoderRunner:
         rows = tokens.shape[0]
         h = self.base.embed_tokens(tokens.unsqueeze(1))  # [A, 1, D]
         cos, sin = self.base.rotary_emb(h, lengths.unsqueeze(1))
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = _rope_tables(cos.unsqueeze(1), sin.unsqueeze(1))
         row_index = torch.arange(rows, device=tokens.device)
         keys = torch.arange(max_length, device=tokens.device)
         hidden = (keys.unsqueeze(0) > lengths.unsqueeze(1)).unsqueeze(1)  # [A, 1, L] True = not yet written
         bias = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device)
         bias.masked_fill_(hidden, torch.finfo(h.dtype).min)
+        bias = bias.repeat_interleave(self.num_kv_heads, dim=0)  # [A * kvH, 1, L], once for every layer
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
