@@ -86,6 +86,40 @@ def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_train_starts_ray_while_it_imports_the_trainer(tmp_path: Path) -> None:
+    """`quartet train` in a fresh process: Ray is started before the trainer's imports end, and the run's
+    own connect then finds it (the start-up record says how long each took)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quartet.cli.main",
+            "train",
+            f"trainer.output_dir={tmp_path}",
+            "cluster.address=local",  # a Ray of its own, even beside a `ray start` cluster
+            "trainer.total_steps=1",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+            "trainer.export_final=false",
+            "trainer.loggers=[jsonl]",
+            "data.builtin_train_size=64",
+            "model.tiny.hidden_size=64",
+            "model.tiny.num_hidden_layers=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (metrics,) = tmp_path.glob("*/*/metrics.jsonl")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    (startup,) = [r for r in records if r["kind"] == "startup"]
+    assert startup["workers/connect_early_s"] > 0  # started while the trainer was imported
+    assert startup["workers/connect_s"] < startup["workers/connect_early_s"]  # then only found connected
+    assert startup["imports_s"] >= startup["workers/connect_early_s"]  # the overlap is inside the imports
+
+
+@pytest.mark.slow
 def test_calculator_demo_quick_with_the_verified_control(tmp_path: Path) -> None:
     """`quartet demo --task calculator --filtered-control`, shrunk: four rows, and the verified control
     trained on exactly the tool traces (the head answers, recounted here from the questions, dropped)."""

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from quartet.config import ConfigError, QuartetConfig, load_config
+from quartet.config import Backend, ConfigError, QuartetConfig, load_config
 
 __all__ = ["add_parser", "run", "split_config_args"]
 
@@ -21,6 +21,22 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("config", nargs="?", help="YAML config file (default: the built-in demo config)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.adv_estimator=gae")
     parser.set_defaults(run=run)
+
+
+_TRAINER_MODULES = ("quartet.trainer", "rich.console")
+
+
+def _starts_ray_now(cfg: QuartetConfig) -> bool:
+    """Start Ray while the trainer is imported: for a Ray run that starts its own local Ray (joining a
+    running cluster takes ~0.4 s, too little to hide) and goes straight to RL (an SFT warm start trains
+    first, in this process, and would leave Ray idle meanwhile), in a process that has not imported the
+    trainer yet (else there is nothing to overlap, and the run connects as it always did)."""
+    if "quartet.trainer" in sys.modules or cfg.cluster.backend != Backend.RAY or cfg.trainer.sft_warm_start:
+        return False
+    from quartet.cluster.connect import resolve_target
+
+    c = cfg.cluster
+    return resolve_target(c.address, min(c.connect_timeout_s, 5.0)).mode == "start"
 
 
 def split_config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -37,6 +53,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    try:
+        if _starts_ray_now(cfg):  # Ray starts on this thread while another imports the trainer
+            from quartet.cluster.ray_session import connect_while_importing
+
+            connect_while_importing(cfg.cluster, _TRAINER_MODULES)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        print(f"run failed: {err}", file=sys.stderr)
+        return 1
     from rich.console import Console
     from transformers.utils import logging as hf_logging
 
@@ -57,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             what = "trained" if trained else "found, reused"
             console.print(f"sft warm start {what}: RL starts from {start}", markup=False)
         result = RLTrainer(cfg, console=console).run()
-    except (ValueError, FileNotFoundError, RuntimeError, TrackerUnavailableError) as err:
+    except (ValueError, FileNotFoundError, RuntimeError, ConnectionError, TrackerUnavailableError) as err:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"run failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
