@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/oversubscription.py [--threads 2] [--steps 30]
 
 Each worker is a fresh process that trains the demo-size model (fp32, `--threads` torch threads, SFT-shaped
-batches of 32 x 128 tokens) and reports its median step time. Per wait policy (OpenMP's default, and
-`OMP_WAIT_POLICY=PASSIVE`): one worker alone, then two at once on the same cores. With the default, an idle
-OpenMP thread spins for a while before it sleeps, which takes a core from the other process; a passive
-thread sleeps at once. Rounds alternate the policies. Results: `benchmarks/results/oversubscription.json`.
+batches of 32 x 128 tokens) and reports its median step time. Per wait policy (OpenMP's default,
+`OMP_WAIT_POLICY=PASSIVE`, and `GOMP_SPINCOUNT=10000`): one worker alone, then two at once on the same
+cores. With the default, an idle OpenMP thread spins for a while before it sleeps, which takes a core from
+the other process; a passive thread sleeps at once, a shorter spin count sleeps sooner. Rounds rotate
+the policies' order. Results: `benchmarks/results/oversubscription.json`.
 """
 
 from __future__ import annotations
@@ -43,15 +44,14 @@ for _ in range(steps):
     opt.step()
     opt.zero_grad()
     times.append(time.perf_counter() - start)
-print(json.dumps({"median_s": statistics.median(times[3:]), "times": times}))
+steady = times[3:]
+print(json.dumps({"median_s": statistics.median(steady), "mean_s": statistics.fmean(steady), "times": times}))
 """
 
 
-def run_workers(count: int, policy: str | None, threads: int, steps: int) -> list[float]:
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy
+def run_workers(count: int, policy: dict[str, str], threads: int, steps: int) -> list[dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env |= policy
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(threads), str(steps)],
@@ -62,7 +62,7 @@ def run_workers(count: int, policy: str | None, threads: int, steps: int) -> lis
         for _ in range(count)
     ]
     out = [json.loads(p.communicate(timeout=1200)[0].strip().splitlines()[-1]) for p in procs]
-    return [float(o["median_s"]) for o in out]
+    return out
 
 
 def main() -> None:
@@ -74,32 +74,46 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
-    policies = {"default": None, "passive": "PASSIVE"}
+    policies = {
+        "default": {},
+        "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+        "spin10k": {"GOMP_SPINCOUNT": "10000"},  # libgomp's default spins 300,000 times before sleeping
+    }
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        order = list(policies.items()) if r % 2 == 0 else list(policies.items())[::-1]
+        order = list(policies.items())[r % 3 :] + list(policies.items())[: r % 3]
         for name, policy in order:
             for count in (1, 2):
                 began = time.perf_counter()
-                medians = run_workers(count, policy, args.threads, args.steps)
-                runs.append({"round": r, "policy": name, "processes": count, "step_s": medians})
-                print(f"round {r} {name:8s} x{count}: {[round(m, 3) for m in medians]} "
-                      f"({time.perf_counter() - began:.0f} s)", flush=True)  # fmt: skip
+                workers = run_workers(count, policy, args.threads, args.steps)
+                wall = time.perf_counter() - began
+                means = [float(w["mean_s"]) for w in workers]
+                runs.append(
+                    {"round": r, "policy": name, "processes": count, "wall_s": wall, "workers": workers}
+                )
+                print(
+                    f"round {r} {name:8s} x{count}: mean step {[round(m, 3) for m in means]} ({wall:.0f} s)",
+                    flush=True,
+                )
     summary: dict[str, Any] = {}
     for name in policies:
-        alone = statistics.median(
-            m for r in runs if r["policy"] == name and r["processes"] == 1 for m in r["step_s"]
-        )
-        shared = statistics.median(
-            m for r in runs if r["policy"] == name and r["processes"] == 2 for m in r["step_s"]
-        )
-        summary[name] = {
-            "alone_s": round(alone, 4),
-            "shared_s": round(shared, 4),
-            "slowdown": round(shared / alone, 2),
+        mine = {n: [r for r in runs if r["policy"] == name and r["processes"] == n] for n in (1, 2)}
+        mean = {
+            n: statistics.median(float(w["mean_s"]) for r in mine[n] for w in r["workers"]) for n in (1, 2)
         }
-    for name, s in summary.items():
-        print(f"{name:8s} alone {s['alone_s']:.3f} s  two at once {s['shared_s']:.3f} s  ({s['slowdown']}x)")
+        wall = {n: statistics.median(float(r["wall_s"]) for r in mine[n]) for n in (1, 2)}
+        summary[name] = {
+            "alone_step_s": round(mean[1], 4),
+            "shared_step_s": round(mean[2], 4),
+            "slowdown": round(mean[2] / mean[1], 2),
+            "alone_wall_s": round(wall[1], 1),
+            "shared_wall_s": round(wall[2], 1),
+        }
+    for name, v in summary.items():
+        print(
+            f"{name:8s} mean step alone {v['alone_step_s']:.3f} s, two at once {v['shared_step_s']:.3f} s "
+            f"({v['slowdown']}x); wall {v['alone_wall_s']} s and {v['shared_wall_s']} s"
+        )
     settings = {"threads": args.threads, "steps": args.steps, "rounds": args.rounds}
     path = write_result("oversubscription", settings, runs, summary, args.out_dir)
     print(f"wrote {path}")

@@ -23,6 +23,20 @@ def test_config_show_prints_resolved_yaml_that_loads_back(
     assert cfg == load_config(overrides=["rollout.n=8", "actor.optim.lr=2e-6"])
 
 
+@pytest.mark.parametrize(("given", "kept"), [(None, "10000"), ("5", "5")])
+def test_the_cli_shortens_openmp_spinning_unless_told_otherwise(given: str | None, kept: str) -> None:
+    """Set before torch loads libgomp, which reads it once (benchmarks/oversubscription.py says why)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"} | (
+        {"GOMP_SPINCOUNT": given} if given else {}
+    )
+    code = "import sys, os, quartet.cli.main; print('torch' in sys.modules, os.environ['GOMP_SPINCOUNT'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", kept]  # torch not loaded yet: the value takes effect
+
+
 def test_config_show_reports_errors_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "show", "actor.optim.lrr=1"]) == 2
     err = capsys.readouterr().err
