@@ -3,26 +3,18 @@ failure reaches the caller, the connect's first, and nothing is left half-done."
 
 from __future__ import annotations
 
-import socket
 import sys
 
 import pytest
+from test_connect import closed_port
 
 from quartet.cluster.connect import RayConnectError
 from quartet.cluster.ray_session import connect_while_importing, take_early_connect_seconds
 from quartet.config.cluster import ClusterConfig
 
 
-def _closed_port() -> str:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
-    return f"127.0.0.1:{port}"
-
-
 def test_a_failed_connect_is_raised_after_the_imports_and_starts_nothing() -> None:
-    address = _closed_port()
+    address = closed_port()
     was_connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     with pytest.raises(RayConnectError, match=address.split(":")[1]):
         connect_while_importing(

@@ -275,6 +275,8 @@ def test_without_verl_defaults_unset_keys_keep_quartet_defaults() -> None:
         ("trainer.save_freq=-1", "trainer.save_freq", 0),
         ("trainer.test_freq=-1", "trainer.test_freq", 0),
         ("actor_rollout_ref.rollout.top_k=-1", "rollout.top_k", 0),
+        ("actor_rollout_ref.rollout.enforce_eager=True", "rollout.cuda_graphs", False),
+        ("actor_rollout_ref.rollout.enforce_eager=false", "rollout.cuda_graphs", True),
         ("actor_rollout_ref.rollout.name=hf", "rollout.engine", "torch"),
         ("trainer.logger=console", "trainer.loggers", ["console", "jsonl"]),
         ("trainer.resume_mode=disable", "trainer.resume", "off"),

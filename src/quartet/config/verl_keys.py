@@ -75,6 +75,12 @@ def _null_zero(value: Any, ctx: Context) -> int:
     return 0 if value is None else int(value)
 
 
+def _not(value: Any, ctx: Context) -> bool:
+    if isinstance(value, str):  # a command-line override arrives as text
+        value = value.strip().lower() in ("true", "1", "yes")
+    return not bool(value)
+
+
 def _top_k(value: Any, ctx: Context) -> int:
     return max(int(value), 0)
 
@@ -261,6 +267,12 @@ RULES: dict[str, Rule] = {
     f"{AR}.rollout.tensor_model_parallel_size": Rule("rollout.tensor_parallel_size"),
     f"{AR}.rollout.max_num_seqs": Rule("rollout.max_num_seqs", note="per replica"),
     f"{AR}.rollout.free_cache_engine": Rule("rollout.sleep_while_training"),
+    f"{AR}.rollout.enforce_eager": Rule(
+        "rollout.cuda_graphs",
+        _not,
+        "negated",
+        note="the built-in engine's CUDA graphs; the vLLM engine runs eager",
+    ),
     f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": Rule(
         "actor.logprobs.micro_batch_size_per_device", note="responses per device in both"
     ),
@@ -383,7 +395,6 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.actor.checkpoint.save_contents": "quartet always saves model, optimizer and extra state",
     f"{AR}.actor.checkpoint.load_contents": "quartet always loads model, optimizer and extra state",
     f"{AR}.rollout.micro_batch_size": "deprecated in verl, no effect",
-    f"{AR}.rollout.enforce_eager": "vLLM engine tuning quartet does not expose",
     f"{AR}.rollout.max_num_batched_tokens": "vLLM engine tuning quartet does not expose",
     f"{AR}.rollout.enable_chunked_prefill": "vLLM engine tuning quartet does not expose",
     f"{AR}.rollout.load_format": "quartet syncs weights itself",
