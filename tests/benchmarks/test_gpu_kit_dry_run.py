@@ -71,3 +71,19 @@ def test_the_decode_profile_dry_run_times_every_decode_step(tmp_path: Path) -> N
     assert run["cuda_graphs"] is False and run["decode_steps"] == 15
     assert set(run["parts_ms"]) == {"forward", "sample", "append"}
     assert 0 < run["parts_ms"]["forward"] <= run["step_ms"] * 1.5
+
+
+@pytest.mark.slow
+def test_the_compiled_graph_decode_dry_run_matches_the_eager_step(tmp_path: Path) -> None:
+    out = tmp_path / "compile.json"
+    done = subprocess.run(
+        [sys.executable, "-c", NO_RAY, str(KIT.parent / "graph_compile.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["graphs"] is False and record["rows"] == 4  # the CPU has no graphs: both run eagerly
+    assert record["max_logit_difference"] < 1e-4  # inductor's float32 forward is the eager one
+    assert record["compile_and_capture_s"] > 0
