@@ -26,13 +26,14 @@ log = logging.getLogger(__name__)
 _LOCAL_RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
 
 
-_CONNECTION: dict[str, str | float] = {"ray": "", "early_s": 0.0}  # how this process got its Ray
+_CONNECTION = {"ray": ""}  # how this process got its Ray (for the run's log)
+_EARLY_CONNECT_S = [0.0]  # seconds of the last `connect_while_importing`, until a launch reports them
 
 
 def connection() -> str:
     """How this process got its Ray, e.g. "joined the Ray cluster at 10.0.0.5:6379 (RAY_ADDRESS is set
     ...)"; empty before `connect`."""
-    return str(_CONNECTION["ray"])
+    return _CONNECTION["ray"]
 
 
 def connect(cfg: ClusterConfig) -> str:
@@ -96,8 +97,7 @@ def _watch_local_session() -> None:
 def take_early_connect_seconds() -> float:
     """Seconds the last `connect_while_importing` spent connecting, once (0 after, or without one): the
     start-up record's `workers/connect_early_s`."""
-    seconds = float(_CONNECTION["early_s"])
-    _CONNECTION["early_s"] = 0.0
+    seconds, _EARLY_CONNECT_S[0] = _EARLY_CONNECT_S[0], 0.0
     return seconds
 
 
@@ -125,7 +125,7 @@ def connect_while_importing(cfg: ClusterConfig, modules: Sequence[str]) -> float
     finally:
         loader.join()
     seconds = time.perf_counter() - began
-    _CONNECTION["early_s"] = seconds
+    _EARLY_CONNECT_S[0] = seconds
     if failures:
         raise failures[0]
     return seconds

@@ -79,6 +79,8 @@ class BucketedDecoder:
         self.row_buckets = row_buckets(num_slots)
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._addresses: tuple[int, ...] = ()
+        params = list(runner.model.parameters())
+        self._watched = (params[0], params[-1])  # `.to()` moves every parameter's data: these two tell
         self._pool: Any = None  # the first graph's memory pool handle, shared by the others
         self.captures = 0
         """Graphs captured so far (every bucket's first use, again after the cache or weights moved)."""
@@ -134,13 +136,13 @@ class BucketedDecoder:
         return bucket.logits[:rows].clone()  # the next replay of a graph sharing the pool may reuse it
 
     def _forget_moved(self, cache: SlotKVCache) -> None:
-        params = list(self.runner.model.parameters())
+        first, last = self._watched
         addresses = (
             cache.keys[0].data_ptr(),
             cache.values[-1].data_ptr(),
             cache.capacity,
-            params[0].data_ptr(),
-            params[-1].data_ptr(),
+            first.data_ptr(),
+            last.data_ptr(),
         )
         if addresses != self._addresses:
             self.reset()

@@ -44,10 +44,10 @@ def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return result
 
 
-def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and the signed sin [B, 1, S, hd] of `_apply_rope`, made once per forward for every layer."""
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """cat(-sin1, sin2) [B, 1, S, hd] of `_apply_rope`, made once per forward for every layer."""
     half = sin.shape[-1] // 2
-    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -181,7 +181,7 @@ class DecoderRunner:
         mask = (causal.unsqueeze(0) & valid_key.unsqueeze(1)).unsqueeze(1)  # [G, 1, P, P]
         h = self.base.embed_tokens(input_ids)
         cos, sin = self.base.rotary_emb(h, positions.unsqueeze(0).expand(groups, seq))
-        cos, sin = _rope_tables(cos.unsqueeze(1), sin.unsqueeze(1))
+        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
@@ -206,7 +206,7 @@ class DecoderRunner:
         rows = tokens.shape[0]
         h = self.base.embed_tokens(tokens.unsqueeze(1))  # [A, 1, D]
         cos, sin = self.base.rotary_emb(h, lengths.unsqueeze(1))
-        cos, sin = _rope_tables(cos.unsqueeze(1), sin.unsqueeze(1))
+        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         row_index = torch.arange(rows, device=tokens.device)
         keys = torch.arange(max_length, device=tokens.device)
         hidden = (keys.unsqueeze(0) > lengths.unsqueeze(1)).unsqueeze(1)  # [A, 1, L] True = not yet written
