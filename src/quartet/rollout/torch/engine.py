@@ -6,9 +6,9 @@ and many concurrent `generate_one` calls (agent loops) all feed the same running
 and sleep/wake take the step lock, hence happen between two steps.
 
 A request is checked before it is queued (`InvalidRequestError` for that caller alone), a sequence that
-makes a step raise fails its own request only (see `quartet.rollout.engine_core`), and no caller waits on a
-dead engine thread: the thread fails every pending future when it dies, and waits poll its liveness, so a
-wait raises `EngineStateError` instead of hanging.
+makes a step raise fails its own request only (see `quartet.rollout.torch.engine_core`), and no caller
+waits on a dead engine thread: the thread fails every pending future when it dies, and waits poll its
+liveness, so a wait raises `EngineStateError` instead of hanging.
 
 Usage:
     engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=64)
@@ -32,12 +32,12 @@ from torch import nn
 
 from quartet.config.rollout import RolloutConfig
 from quartet.rollout.base import EngineStateError, RolloutEngine
-from quartet.rollout.engine_core import EngineCore
 from quartet.rollout.engine_thread import EngineThread, settle
-from quartet.rollout.graph_decode import BucketedDecoder
-from quartet.rollout.model_runner import DecoderRunner
-from quartet.rollout.sequence import SequenceState
-from quartet.rollout.stopping import StopChecker
+from quartet.rollout.torch.engine_core import EngineCore
+from quartet.rollout.torch.graph_decode import BucketedDecoder
+from quartet.rollout.torch.model_runner import DecoderRunner
+from quartet.rollout.torch.sequence import SequenceState
+from quartet.rollout.torch.stopping import StopChecker
 from quartet.rollout.types import GenerationOutput, GenerationRequest
 from quartet.rollout.validation import check_request
 from quartet.rollout.weights import load_named_tensors
@@ -97,7 +97,7 @@ class TorchRolloutEngine(RolloutEngine):
         setting; on a busy shared CPU, 1 thread is often much faster than 2). None keeps the default.
         max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
         cuda_graphs: on a CUDA device, replay decode steps from CUDA graphs captured per bucketed shape
-        (`quartet.rollout.graph_decode`); False decodes eagerly. No effect on CPU.
+        (`quartet.rollout.torch.graph_decode`); False decodes eagerly. No effect on CPU.
         The tokenizer is only needed for stop strings.
         """
         if max_num_seqs < 1:
