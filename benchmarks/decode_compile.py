@@ -26,7 +26,7 @@ from grpo_runs import SIZES
 
 from quartet.config.model import TinyModelConfig
 from quartet.models.tiny import save_tiny_model
-from quartet.rollout.model_runner import DecoderRunner
+from quartet.rollout.torch.model_runner import DecoderRunner
 
 
 def step_ms(fn: Any, args: tuple[Any, ...], steps: int) -> float:

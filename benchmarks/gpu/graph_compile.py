@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device here: --dry-run runs on the CPU", file=sys.stderr)
         return 2
     from quartet.models.loading import load_causal_lm
-    from quartet.rollout.graph_decode import BucketedDecoder
-    from quartet.rollout.model_runner import DecoderRunner
+    from quartet.rollout.torch.graph_decode import BucketedDecoder
+    from quartet.rollout.torch.model_runner import DecoderRunner
 
     rows, prompt = (4, 8) if args.dry_run else (64, 32)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():

@@ -18,6 +18,7 @@ from quartet.data.layout import rl_row
 from quartet.data.prompts import PromptDataset
 from quartet.models.loading import load_tokenizer
 from quartet.roles.rollout import Rollout
+from quartet.roles.rollout.generators import AgentLoopGenerator
 from quartet.rollout.types import GenerationRequest
 from quartet.trainer.workers import run_values
 
@@ -38,8 +39,8 @@ def config(mode: str) -> QuartetConfig:
 
 
 def prompt_rows(cfg: QuartetConfig, model_dir: Path, role: Rollout) -> Any:
-    assert role.agents is not None
-    schemas = [tool.schema for tool in role.agents.env.tools.values()]
+    assert isinstance(role.generator, AgentLoopGenerator)
+    schemas = [tool.schema for tool in role.generator.runner.env.tools.values()]
     rows = [
         rl_row(
             [{"role": "user", "content": f"What is {a} * 7 + 1?"}],

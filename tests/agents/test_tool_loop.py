@@ -141,7 +141,7 @@ def test_tool_loop_stops_at_turn_and_token_limits(renderer: ChatRenderer) -> Non
 def test_tool_loop_with_the_tiny_model_and_the_builtin_engine(
     tiny_model_dir: Path, renderer: ChatRenderer
 ) -> None:
-    from quartet.rollout.torch_engine import TorchRolloutEngine
+    from quartet.rollout.torch.engine import TorchRolloutEngine
 
     engine = TorchRolloutEngine.from_pretrained(str(tiny_model_dir))
     try:

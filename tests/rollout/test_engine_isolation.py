@@ -138,7 +138,7 @@ def test_a_request_failing_in_prefill_fails_alone(
     good = GenerationRequest(prompt, sampled(4))
     expected = engine.generate([good])[0][0].token_ids
     # let an out-of-vocabulary id past the submission checks: the embedding then raises in the prefill
-    monkeypatch.setattr("quartet.rollout.engine_core.check_request", lambda *args: None)
+    monkeypatch.setattr("quartet.rollout.torch.engine_core.check_request", lambda *args: None)
     bad = GenerationRequest((*prompt, engine.runner.vocab_size + 7), sampled(4))
     failed, served = (
         outcome(f) for f in submit_together(engine, [bad, GenerationRequest(prompt, sampled(4))])

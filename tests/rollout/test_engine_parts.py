@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from quartet.rollout import FinishReason, GenerationRequest, SamplingParams
-from quartet.rollout.kv_cache import SlotKVCache
-from quartet.rollout.scheduler import Scheduler, split_into_groups
-from quartet.rollout.sequence import SequenceState
-from quartet.rollout.stopping import StopChecker
+from quartet.rollout.torch.kv_cache import SlotKVCache
+from quartet.rollout.torch.scheduler import Scheduler, split_into_groups
+from quartet.rollout.torch.sequence import SequenceState
+from quartet.rollout.torch.stopping import StopChecker
 from quartet.rollout.weights import load_named_tensors
 
 
@@ -146,7 +146,7 @@ def test_the_fused_rms_norm_equals_each_familys_own_bit_for_bit(
 ) -> None:
     import importlib
 
-    from quartet.rollout.model_runner import _RMS_NORMS, _norm
+    from quartet.rollout.torch.model_runner import _RMS_NORMS, _norm
 
     cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
     assert name in _RMS_NORMS
@@ -164,7 +164,7 @@ def test_the_fused_rms_norm_equals_each_familys_own_bit_for_bit(
 def test_the_three_kernel_rotary_embedding_equals_transformers(dtype: torch.dtype) -> None:
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-    from quartet.rollout.model_runner import _apply_rope, _signed_sin
+    from quartet.rollout.torch.model_runner import _apply_rope, _signed_sin
 
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(3, h, 5, 16, generator=gen).to(dtype) for h in (4, 2))

@@ -14,8 +14,8 @@ import torch
 from rollout_cases import hf_greedy, prompt_ids, recompute_logprobs, shared_model, tokenizer
 
 from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
-from quartet.rollout.graph_decode import BucketedDecoder, row_buckets
-from quartet.rollout.model_runner import DecoderRunner
+from quartet.rollout.torch.graph_decode import BucketedDecoder, row_buckets
+from quartet.rollout.torch.model_runner import DecoderRunner
 
 
 def test_row_buckets_are_powers_of_two_capped_at_the_slots() -> None:

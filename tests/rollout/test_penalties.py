@@ -9,9 +9,9 @@ import torch
 from rollout_cases import slow_penalised
 
 from quartet.rollout import GenerationRequest, SamplingParams
-from quartet.rollout.penalties import apply_processing, build_processing
-from quartet.rollout.sampling import top_logprobs
-from quartet.rollout.sequence import SequenceState
+from quartet.rollout.torch.penalties import apply_processing, build_processing
+from quartet.rollout.torch.sampling import top_logprobs
+from quartet.rollout.torch.sequence import SequenceState
 
 VOCAB = 12
 

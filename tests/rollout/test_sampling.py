@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from quartet.rollout.sampling import RowSampling, draw_uniforms, sample_next, sample_seed
+from quartet.rollout.torch.sampling import RowSampling, draw_uniforms, sample_next, sample_seed
 
 VOCAB = 6
 

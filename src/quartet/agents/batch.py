@@ -68,7 +68,7 @@ def trajectories_to_batch(
                 versions[i, : len(t.versions)] = torch.tensor(t.versions, dtype=torch.int64)
         columns["rollout_versions"] = versions
     non_tensors = {
-        "finish_reason": np.array([t.finish_reason for t in trajectories], dtype=object),
+        "finish_reason": np.array([str(t.finish_reason) for t in trajectories], dtype=object),
         "env_reward": np.array([t.reward for t in trajectories], dtype=object),
         "turn_spans": np.array(
             [[(span.role, span.start, span.stop) for span in t.turns] for t in trajectories] + [None],
@@ -86,7 +86,7 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     keys = sorted({k for t in trajectories for k in t.metrics})
     for key in keys:
         out[f"{key}/mean"] = float(np.mean([t.metrics.get(key, 0.0) for t in trajectories]))
-    for reason in sorted({t.finish_reason for t in trajectories}):
+    for reason in sorted({str(t.finish_reason) for t in trajectories}):
         share = sum(t.finish_reason == reason for t in trajectories) / len(trajectories)
         out[f"agent/finish/{reason}"] = float(share)
     model_tokens = [sum(t.response_mask) / max(1, t.assistant_turns) for t in trajectories]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from quartet.agents.tool_loop import Generate, LoopLimits, UserSim, run_tool_loop
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import ToolCallParser
-from quartet.agents.trajectory import ChatRenderer, Trajectory
+from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
 from quartet.rollout.types import FinishReason
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ async def single_turn_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> 
     ended = ids[-len(eot) :] == eot if eot else False
     text = renderer.tokenizer.decode(ids[: -len(eot)] if ended else ids, skip_special_tokens=False)
     trajectory.messages.append({"role": "assistant", "content": text})
-    reasons = {FinishReason.ABORT: "abort", FinishReason.LENGTH: "max_tokens"}
-    trajectory.finish_reason = reasons.get(out.finish_reason, "no_tool_call")
+    reasons = {FinishReason.ABORT: AgentFinishReason.ABORT, FinishReason.LENGTH: AgentFinishReason.MAX_TOKENS}
+    trajectory.finish_reason = reasons.get(out.finish_reason, AgentFinishReason.NO_TOOL_CALL)
     trajectory.metrics = {"agent/assistant_turns": 1.0}
     return trajectory
 

@@ -33,7 +33,7 @@ from quartet.agents.loops import AgentEnv, AgentRow, run_agent
 from quartet.agents.tool_loop import LoopLimits
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import get_parser
-from quartet.agents.trajectory import ChatRenderer, Trajectory, token_drift
+from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory, token_drift
 from quartet.config.rollout import MultiTurnConfig
 from quartet.core.batch import Batch
 from quartet.rollout.types import FinishReason, GenerationOutput, SamplingParams
@@ -183,7 +183,7 @@ class AgentRunner:
         trajectories = list(await asyncio.gather(*tasks))
         for i, j in cut:
             trajectory = trajectories[i * n + j]
-            trajectory.finish_reason = "deadline"
+            trajectory.finish_reason = AgentFinishReason.DEADLINE
             trajectory.metrics["agent/deadline_cut"] = 1.0
         return trajectories
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.executor import run_tool_calls
-from quartet.agents.tools.parsing import ToolCallParser
-from quartet.agents.trajectory import ChatRenderer, Trajectory
+from quartet.agents.tools.parsing import ParsedTurn, ToolCallParser
+from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
 from quartet.rollout.types import FinishReason, GenerationOutput
 
 if TYPE_CHECKING:
@@ -83,88 +83,20 @@ async def run_tool_loop(
     user: UserSim | None = None,
 ) -> Trajectory:
     """One trajectory of the tool loop from a dataset row's `messages` (see the module docstring)."""
-    tokenizer = renderer.tokenizer
-    eot_ids = set(renderer.encode(renderer.end_of_turn))
+    eot_ids = frozenset(renderer.encode(renderer.end_of_turn))
     trajectory = Trajectory(renderer.prompt_ids(messages), [dict(m) for m in messages])
     kwargs = dict(tools_kwargs or {})
     instances = {
         name: await tool.create(**dict(kwargs.get(name, {}).get("create_kwargs", {})))
         for name, tool in tools.items()
     }
-    counts = {"tool/calls": 0.0, "tool/failed": 0.0, "tool/parse_errors": 0.0, "agent/bad_turn_rewards": 0.0}
-    latencies: list[float] = []
     user_id = await user.interaction.start(**dict(user.kwargs)) if user is not None else ""
-    user_turns, user_score = 0, None
+    episode = _Episode(trajectory, renderer, eot_ids, parser, tools, limits, instances, user, user_id)
     try:
-        while True:
-            budget = limits.max_response_tokens - len(trajectory.response_ids)
-            if budget <= 0:
-                trajectory.finish_reason = "max_tokens"
-                break
-            out = await generate(trajectory.prompt_ids + trajectory.response_ids, budget)
-            ids = list(out.token_ids)
-            if out.finish_reason is FinishReason.ABORT and not ids:  # cut before it wrote anything
-                trajectory.finish_reason = "abort"
-                break
-            trajectory.add_model_turn(
-                ids, list(out.logprobs) if out.logprobs is not None else None, out.versions
-            )
-            ended = bool(ids) and ids[-1] in eot_ids
-            text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-            trajectory.messages.append({"role": "assistant", "content": text})
-            if out.finish_reason is FinishReason.ABORT:
-                trajectory.finish_reason = "abort"
-                break
-            if out.finish_reason is FinishReason.LENGTH:
-                trajectory.finish_reason = "max_tokens" if len(ids) >= budget else "length"
-                break
-            parsed = parser.parse(text) if tools else None
-            if parsed is None or (not parsed.calls and not parsed.errors):
-                if user is None:
-                    trajectory.finish_reason = "no_tool_call"
-                    break
-                reply = await user.interaction.respond(user_id, trajectory.messages)
-                user_score = reply.score if reply.score is not None else user_score
-                if reply.turn_reward is not None:
-                    counts["agent/bad_turn_rewards"] += _reward_turn(trajectory, [reply.turn_reward])
-                for key, value in reply.metrics.items():
-                    counts[key] = value  # the interaction's running figures: the last one stands
-                if reply.done:
-                    trajectory.finish_reason = "interaction_done"
-                    break
-                if user_turns >= limits.max_user_turns:
-                    trajectory.finish_reason = "max_user_turns"
-                    break
-                if trajectory.assistant_turns >= limits.max_assistant_turns:
-                    trajectory.finish_reason = "max_turns"
-                    break
-                user_turns += 1
-                user_messages = [{"role": "user", "content": reply.content}]
-                trajectory.add_env_turn("user", renderer.env_turn_ids(user_messages, ended_with_eot=ended))
-                trajectory.messages += user_messages
-                continue
-            if trajectory.assistant_turns >= limits.max_assistant_turns:
-                trajectory.finish_reason = "max_turns"
-                break
-            replies: list[str] = [f"Error: {problem}" for problem in parsed.errors]
-            counts["tool/parse_errors"] += len(parsed.errors)
-            if parsed.calls:
-                results, metrics = await run_tool_calls(
-                    parsed.calls, tools, instances, limits.tool_timeout_s, limits.max_tool_response_chars
-                )
-                replies += [r.text for r in results]
-                rewards = [r.reward for r in results if r.reward is not None]
-                counts["agent/bad_turn_rewards"] += _reward_turn(trajectory, rewards)
-                for key, value in metrics.items():
-                    if "latency" not in key:  # counters add up over turns
-                        counts[key] = counts.get(key, 0.0) + value
-                latencies.append(metrics.get("tool/latency_s/max", 0.0))
-            tool_messages = [{"role": "tool", "content": reply} for reply in replies]
-            trajectory.add_env_turn("tool", renderer.env_turn_ids(tool_messages, ended_with_eot=ended))
-            trajectory.messages += tool_messages
+        await episode.run(generate)
         rewards = [await tools[name].calc_reward(instances[name]) for name in tools]
-        if user_score is not None:
-            trajectory.reward = float(user_score)
+        if episode.user_score is not None:
+            trajectory.reward = float(episode.user_score)
         elif any(r != 0.0 for r in rewards):
             trajectory.reward = float(sum(rewards))
     finally:
@@ -173,10 +105,137 @@ async def run_tool_loop(
         if user is not None:
             await user.interaction.finish(user_id)
     trajectory.truncate(limits.max_response_tokens)
-    trajectory.metrics = {
-        **counts,
-        "agent/assistant_turns": float(trajectory.assistant_turns),
-        "agent/user_turns": float(user_turns),
-        "tool/latency_s/max": max(latencies, default=0.0),
-    }
+    trajectory.metrics = episode.metrics()
     return trajectory
+
+
+@dataclass(frozen=True)
+class _ModelTurn:
+    """A model turn the loop goes on from: its decoded text, and whether it ended at the end-of-turn id."""
+
+    text: str
+    ended: bool
+
+
+@dataclass
+class _Episode:
+    """One trajectory's loop: what it carries from turn to turn, one method per kind of turn."""
+
+    trajectory: Trajectory
+    renderer: ChatRenderer
+    eot_ids: frozenset[int]
+    parser: ToolCallParser
+    tools: Mapping[str, Tool]
+    limits: LoopLimits
+    instances: dict[str, str]
+    user: UserSim | None
+    user_id: str
+    counts: dict[str, float] = field(
+        default_factory=lambda: {
+            "tool/calls": 0.0,
+            "tool/failed": 0.0,
+            "tool/parse_errors": 0.0,
+            "agent/bad_turn_rewards": 0.0,
+        }
+    )
+    latencies: list[float] = field(default_factory=list)
+    user_turns: int = 0
+    user_score: float | None = None
+
+    def end(self, reason: AgentFinishReason) -> None:
+        self.trajectory.finish_reason = reason
+
+    async def run(self, generate: Generate) -> None:
+        """Model turns, each answered by the tools or the simulated user, until one of them ends it."""
+        while (turn := await self.model_turn(generate)) is not None:
+            parsed = self.parser.parse(turn.text) if self.tools else None
+            if parsed is None or (not parsed.calls and not parsed.errors):
+                if self.user is None:
+                    self.end(AgentFinishReason.NO_TOOL_CALL)
+                    return
+                if not await self.user_turn(self.user, turn.ended):
+                    return
+                continue
+            if self.trajectory.assistant_turns >= self.limits.max_assistant_turns:
+                self.end(AgentFinishReason.MAX_TURNS)
+                return
+            await self.tool_turn(parsed, turn.ended)
+
+    async def model_turn(self, generate: Generate) -> _ModelTurn | None:
+        """Generate within the response's token budget and append the turn; None when the turn ends the
+        trajectory (no budget left, aborted, cut by a length limit)."""
+        t = self.trajectory
+        budget = self.limits.max_response_tokens - len(t.response_ids)
+        if budget <= 0:
+            self.end(AgentFinishReason.MAX_TOKENS)
+            return None
+        out = await generate(t.prompt_ids + t.response_ids, budget)
+        ids = list(out.token_ids)
+        if out.finish_reason is FinishReason.ABORT and not ids:  # cut before it wrote anything
+            self.end(AgentFinishReason.ABORT)
+            return None
+        t.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None, out.versions)
+        ended = bool(ids) and ids[-1] in self.eot_ids
+        text = self.renderer.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+        t.messages.append({"role": "assistant", "content": text})
+        if out.finish_reason is FinishReason.ABORT:
+            self.end(AgentFinishReason.ABORT)
+            return None
+        if out.finish_reason is FinishReason.LENGTH:
+            self.end(AgentFinishReason.MAX_TOKENS if len(ids) >= budget else AgentFinishReason.LENGTH)
+            return None
+        return _ModelTurn(text, ended)
+
+    async def user_turn(self, user: UserSim, ended: bool) -> bool:
+        """The interaction loop's step: the simulated user answers the turn; False when that ends it."""
+        reply = await user.interaction.respond(self.user_id, self.trajectory.messages)
+        self.user_score = reply.score if reply.score is not None else self.user_score
+        if reply.turn_reward is not None:
+            self.counts["agent/bad_turn_rewards"] += _reward_turn(self.trajectory, [reply.turn_reward])
+        for key, value in reply.metrics.items():
+            self.counts[key] = value  # the interaction's running figures: the last one stands
+        if reply.done:
+            self.end(AgentFinishReason.INTERACTION_DONE)
+            return False
+        if self.user_turns >= self.limits.max_user_turns:
+            self.end(AgentFinishReason.MAX_USER_TURNS)
+            return False
+        if self.trajectory.assistant_turns >= self.limits.max_assistant_turns:
+            self.end(AgentFinishReason.MAX_TURNS)
+            return False
+        self.user_turns += 1
+        self.add_env_turn("user", [reply.content], ended)
+        return True
+
+    async def tool_turn(self, parsed: ParsedTurn, ended: bool) -> None:
+        """Run the turn's calls concurrently; their results (and the malformed calls' errors) answer it."""
+        replies: list[str] = [f"Error: {problem}" for problem in parsed.errors]
+        self.counts["tool/parse_errors"] += len(parsed.errors)
+        if parsed.calls:
+            timeout_s, max_chars = self.limits.tool_timeout_s, self.limits.max_tool_response_chars
+            results, metrics = await run_tool_calls(
+                parsed.calls, self.tools, self.instances, timeout_s, max_chars
+            )
+            replies += [r.text for r in results]
+            rewards = [r.reward for r in results if r.reward is not None]
+            self.counts["agent/bad_turn_rewards"] += _reward_turn(self.trajectory, rewards)
+            for key, value in metrics.items():
+                if "latency" not in key:  # counters add up over turns
+                    self.counts[key] = self.counts.get(key, 0.0) + value
+            self.latencies.append(metrics.get("tool/latency_s/max", 0.0))
+        self.add_env_turn("tool", replies, ended)
+
+    def add_env_turn(self, role: str, contents: list[str], ended: bool) -> None:
+        """Messages from the environment (`role`: "tool" or "user"), rendered once and appended."""
+        env_messages: list[dict[str, Any]] = [{"role": role, "content": c} for c in contents]
+        self.trajectory.add_env_turn(role, self.renderer.env_turn_ids(env_messages, ended_with_eot=ended))
+        self.trajectory.messages += env_messages
+
+    def metrics(self) -> dict[str, float]:
+        """The loop's counters, turns and slowest tool call."""
+        return {
+            **self.counts,
+            "agent/assistant_turns": float(self.trajectory.assistant_turns),
+            "agent/user_turns": float(self.user_turns),
+            "tool/latency_s/max": max(self.latencies, default=0.0),
+        }

@@ -25,11 +25,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
-__all__ = ["ChatRenderer", "Trajectory", "TurnSpan", "token_drift"]
+__all__ = ["AgentFinishReason", "ChatRenderer", "Trajectory", "TurnSpan", "token_drift"]
 
 _PLACEHOLDER = "\u2063quartet-placeholder\u2063"
+
+
+class AgentFinishReason(StrEnum):
+    """Why an agent loop ended a trajectory (the rollout batch's `finish_reason` column and the
+    `agent/finish/<reason>` metrics); the engine's own reasons for one generation are `FinishReason`."""
+
+    NO_TOOL_CALL = "no_tool_call"  # the model answered without a tool call (and no simulated user)
+    MAX_TURNS = "max_turns"  # max_assistant_turns model turns
+    MAX_USER_TURNS = "max_user_turns"  # max_user_turns simulated-user replies
+    MAX_TOKENS = "max_tokens"  # the response reached max_response_tokens
+    LENGTH = "length"  # a model turn was cut by the engine's length limit before the response's
+    ABORT = "abort"  # the engine aborted a generation
+    INTERACTION_DONE = "interaction_done"  # the simulated user ended the conversation
+    DEADLINE = "deadline"  # cut at the step's deadline (rollout.multi_turn.step_deadline_s)
 
 
 @dataclass(frozen=True)
@@ -56,8 +71,8 @@ class Trajectory:
     """Per response token, the engine's weight version behind it (0 on environment tokens); None once a
     model turn came from an engine that does not tag versions."""
     turns: list[TurnSpan] = field(default_factory=list)
-    finish_reason: str = ""
-    """Why the loop ended: no_tool_call, max_turns, max_tokens, length, abort, interaction_done."""
+    finish_reason: AgentFinishReason | Literal[""] = ""
+    """Why the loop ended ("" while it runs)."""
     reward: float | None = None
     """A score from the environment (a tool's or the interaction's), when it gives one."""
     metrics: dict[str, float] = field(default_factory=dict)

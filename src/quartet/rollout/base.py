@@ -1,7 +1,7 @@
 """The one interface every rollout engine implements: token ids in, token ids and log-probs out.
 
 The trainer and the agent loops only see `RolloutEngine`; the built-in PyTorch engine
-(`quartet.rollout.torch_engine`) and a vLLM engine (when installed) sit behind it.
+(`quartet.rollout.torch.engine`) and a vLLM engine (when installed) sit behind it.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def make_engine(
     kv_tokens = rollout_cfg.kv_cache_tokens or rollout_cfg.max_num_seqs * max_model_len
     match kind:
         case RolloutEngineKind.TORCH:
-            from quartet.rollout.torch_engine import TorchRolloutEngine
+            from quartet.rollout.torch.engine import TorchRolloutEngine
 
             # The built-in cache grows on demand; a token budget caps each sequence (as in `from_config`).
             per_seq = kv_tokens // rollout_cfg.max_num_seqs

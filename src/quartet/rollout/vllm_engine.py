@@ -43,17 +43,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from quartet.rollout.base import EngineStateError, RolloutEngine
+from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
+from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 from quartet.rollout.vllm_support import (
     CheckedWeights,
@@ -93,7 +93,7 @@ def _top_entries(entry: dict[int, Any], k: int) -> TopLogprobs:
     return tuple(pairs[:k])
 
 
-class VLLMRolloutEngine(RolloutEngine):
+class VLLMRolloutEngine(ThreadedEngine):
     """vLLM's continuous batching behind `RolloutEngine`, in the caller's process."""
 
     def __init__(
@@ -203,27 +203,6 @@ class VLLMRolloutEngine(RolloutEngine):
         return cls(llm, max_model_len=max_model_len, has_tokenizer=has_tokenizer, checkpoint_shapes=shapes)
 
     # ---- generation ---------------------------------------------------------------------------------------
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
-        """Responses to each request in order: `result[i][j]` is sample j of request i. Blocks until done."""
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            repeated = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"request ids repeat within one call: {repeated}")
-        for request in requests:
-            self._validate(request)
-        futures = [self._submit(r) for r in requests]
-        return [self._thread.wait(f) for f in futures]
-
-    async def generate_one(self, request: GenerationRequest) -> list[GenerationOutput]:
-        """The n responses to one request; concurrent calls share vLLM's running batch."""
-        self._validate(request)
-        future = self._submit(request)  # a cancelled caller gave up: stop generating for it
-        return await self._thread.wait_async(future, on_cancel=lambda: self.abort(request.request_id))
-
-    def abort(self, request_id: str) -> None:
-        """Stop a request: its samples finish with reason ABORT (and no tokens: vLLM returns none)."""
-        self._thread.abort(request_id)
 
     def _validate(self, request: GenerationRequest) -> None:
         params = request.sampling
@@ -482,11 +461,3 @@ class VLLMRolloutEngine(RolloutEngine):
                 self.llm.llm_engine.engine_core.shutdown()
             except Exception:
                 log.exception("vLLM engine shutdown failed")
-
-    def __enter__(self) -> VLLMRolloutEngine:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.shutdown()

@@ -89,7 +89,7 @@ def _chat_choice(
         message["content"] = turn.content
         if turn.tool_calls:
             message["tool_calls"] = turn.tool_calls
-            finish = "tool_calls" if finish == "stop" else finish
+            finish = "tool_calls" if output.finish_reason is FinishReason.STOP else finish
     return {
         "index": index,
         "message": message,

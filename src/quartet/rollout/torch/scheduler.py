@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from quartet.rollout.sequence import SequenceGroup, SequenceState
+from quartet.rollout.torch.sequence import SequenceGroup, SequenceState
 
 __all__ = ["Scheduler", "split_into_groups"]
 

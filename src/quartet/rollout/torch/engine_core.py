@@ -31,15 +31,15 @@ import random
 
 import torch
 
-from quartet.rollout.graph_decode import BucketedDecoder
-from quartet.rollout.kv_cache import SlotKVCache
-from quartet.rollout.model_runner import DecoderRunner
-from quartet.rollout.penalties import apply_processing, build_processing
-from quartet.rollout.sampling import sample_next, sample_seed, top_logprobs
-from quartet.rollout.scheduler import Scheduler, split_into_groups
-from quartet.rollout.sequence import SequenceGroup, SequenceState
-from quartet.rollout.slot_table import SlotTable
-from quartet.rollout.stopping import StopChecker
+from quartet.rollout.torch.graph_decode import BucketedDecoder
+from quartet.rollout.torch.kv_cache import SlotKVCache
+from quartet.rollout.torch.model_runner import DecoderRunner
+from quartet.rollout.torch.penalties import apply_processing, build_processing
+from quartet.rollout.torch.sampling import sample_next, sample_seed, top_logprobs
+from quartet.rollout.torch.scheduler import Scheduler, split_into_groups
+from quartet.rollout.torch.sequence import SequenceGroup, SequenceState
+from quartet.rollout.torch.slot_table import SlotTable
+from quartet.rollout.torch.stopping import StopChecker
 from quartet.rollout.types import FinishReason, GenerationRequest
 from quartet.rollout.validation import RequestLimits, check_request
 

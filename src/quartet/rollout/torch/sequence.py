@@ -18,7 +18,7 @@ class SequenceState:
     request: GenerationRequest
     sample_index: int
     seed: int
-    """Seed of this sample's uniforms (see `quartet.rollout.sampling.draw_uniforms`)."""
+    """Seed of this sample's uniforms (see `quartet.rollout.torch.sampling.draw_uniforms`)."""
     max_new_tokens: int
     """The request's limit, lowered so prompt + response fits the model's context."""
     stop_ids: frozenset[int]

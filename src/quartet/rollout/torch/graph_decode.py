@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from quartet.rollout.kv_cache import SlotKVCache
-from quartet.rollout.model_runner import DecoderRunner
+from quartet.rollout.torch.kv_cache import SlotKVCache
+from quartet.rollout.torch.model_runner import DecoderRunner
 
 __all__ = ["BucketedDecoder", "row_buckets"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quartet.rollout.sequence import SequenceState
+from quartet.rollout.torch.sequence import SequenceState
 
 __all__ = ["LogitProcessing", "apply_processing", "build_processing"]
 

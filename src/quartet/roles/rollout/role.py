@@ -7,15 +7,16 @@
     ... actor.update(batch) ...
     rollout.sync_weights()                     # the actor's new weights, in-process; wakes the engine
 
-Weight sync needs no file and no network: the rollout object holds its sibling actor object (same
-process), streams `inference_weights(actor.engine.module)` (FSDP2 shards gathered per parameter, LoRA
-merged) into the engine's own model copy. Every rank does it at once (the gather is a collective), and
-every rank's engine gets the full model: the engine is a tensor-parallel-1 replica per rank.
+The role holds an engine and a `Generator` (`generators`: single-turn, or the agent loops) and delegates;
+its other jobs are objects of their own: the in-process weight sync from the sibling actor
+(`sibling_sync.SiblingSync`: no file, no network), the subscriber to an actor in another process
+(`quartet.roles.weight_stream.WeightSubscriber`), the OpenAI-compatible server (`server.ReplicaServer`) and
+the generation spans (`busy.BusyLog`).
 
 Seeds: a training step's requests are seeded from (rollout.seed, global step, data-parallel rank, row), so
 a run is reproducible and no two rows of a step share a random stream.
 
-Multi-turn (`rollout.multi_turn.enable`): `generate` runs the agent loops (`quartet.agents.runner`) over
+Multi-turn (`rollout.multi_turn.enable`): the generator runs the agent loops (`quartet.agents.runner`) over
 this rank's rows, n trajectories per row, their turns batched together by the engine through the replica's
 `OpenAIServer` (in-process token calls). With `rollout.mode=async` that server also listens on HTTP
 (`server_url()`), so agent frameworks and other processes can drive the same engine; `sleep`/`wake` close
@@ -24,35 +25,32 @@ and reopen it with the engine (503 while training).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.rollout import RolloutConfig, RolloutMode, SamplingConfig, WeightApply
 from quartet.core.batch import Batch
-from quartet.engines.weight_export import inference_weights
 from quartet.models.loading import load_tokenizer
+from quartet.roles.rollout.busy import BusyLog
+from quartet.roles.rollout.generators import AgentLoopGenerator, Generator, SingleTurnGenerator
+from quartet.roles.rollout.sibling_sync import SiblingSync
 from quartet.roles.run_values import RunValues
 from quartet.roles.weight_stream import GenerationLock, WeightSubscriber
 from quartet.rollout.base import RolloutEngine
-from quartet.rollout.batch_io import generate_batch, pad_rollout
+from quartet.rollout.batch_io import pad_rollout
 from quartet.rollout.factory import make_engine
 from quartet.rollout.types import SamplingParams
 
 if TYPE_CHECKING:
-    from quartet.agents.runner import AgentRunner
     from quartet.roles.actor import Actor
-    from quartet.serving import OpenAIServer, ServerThread
-
-T = TypeVar("T")
+    from quartet.roles.rollout.server import ReplicaServer
 
 __all__ = ["Rollout"]
 
@@ -67,7 +65,7 @@ class Rollout:
     def __init__(self, cfg: RolloutConfig, run: RunValues, trainer: Actor | None = None) -> None:
         """`trainer`: the sibling actor whose weights `sync_weights` copies (`Sibling("actor")`)."""
         self.rc, self.max_response_length = cfg, run.max_response_length
-        self.trainer = trainer
+        self.sibling = SiblingSync(trainer) if trainer is not None else None
         model_path = run.model_path
         self.engine: RolloutEngine = make_engine(
             cfg.engine,
@@ -79,52 +77,32 @@ class Rollout:
         )
         self.pad_token_id = _pad_token_id(model_path)
         self.asleep = False
-        self._busy: list[_Busy] = []
+        self.busy = BusyLog()
         self._generation = GenerationLock()  # one generation at a time, in arrival order; receives run beside
         self.subscriber = WeightSubscriber(self._load_version, self._generation, cfg.weight_sync.apply)
-        self.server: OpenAIServer | None = None
-        self.server_thread: ServerThread | None = None
-        self.agents: AgentRunner | None = None
+        self.server: ReplicaServer | None = None
+        self.generator: Generator = SingleTurnGenerator(self.engine, self.pad_token_id)
         if cfg.multi_turn.enable or cfg.mode is RolloutMode.ASYNC:
             self._start_server(model_path)
 
     def _start_server(self, model_path: str) -> None:
-        """The replica's OpenAI-compatible server (HTTP in async mode) and the agent loops."""
+        """The replica's OpenAI-compatible server (HTTP in async mode); with multi-turn, the agent loops
+        generate through it."""
         from quartet.agents.runner import AgentRunner
-        from quartet.serving import OpenAIServer, ServerThread
+        from quartet.roles.rollout.server import ReplicaServer
 
         tokenizer: Any = load_tokenizer(model_path)
-        sc = self.rc.server
-        rank = int(os.environ.get("RANK", "0"))
-        self.server = OpenAIServer(
-            self.engine,
-            tokenizer,
-            sc.model_name,
-            host=sc.host,
-            port=sc.port + rank if sc.port else 0,
-            api_key=sc.api_key or None,
-            max_new_tokens_default=self.max_response_length,
-            request_timeout_s=sc.request_timeout_s,
-            max_n=sc.max_n,
-            max_request_tokens=sc.max_request_tokens,
-            max_body_bytes=sc.max_body_bytes,
-        )
-        if self.rc.mode is RolloutMode.ASYNC:
-            self.server_thread = ServerThread(self.server)
-            self.server_thread.start()
+        http = self.rc.mode is RolloutMode.ASYNC
+        self.server = ReplicaServer(self.engine, tokenizer, self.rc.server, self.max_response_length, http)
         if self.rc.multi_turn.enable:
-            self.agents = AgentRunner.from_config(self.rc.multi_turn, tokenizer, self.max_response_length)
-
-    def _on_server_loop(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        """Run a coroutine of the server: on its HTTP loop when it has one, else on a loop of our own."""
-        if self.server_thread is not None:
-            return self.server_thread.call(coro, timeout_s)
-        return asyncio.run(asyncio.wait_for(coro, timeout_s))
+            runner = AgentRunner.from_config(self.rc.multi_turn, tokenizer, self.max_response_length)
+            generate_tokens = self.server.server.generate_tokens
+            self.generator = AgentLoopGenerator(runner, generate_tokens, self.pad_token_id)
 
     @dispatch(Split.BROADCAST)
     def server_url(self) -> str | None:
         """This replica's base URL (`http://host:port/v1`); None unless rollout.mode=async."""
-        return None if self.server is None or self.server_thread is None else self.server.url
+        return None if self.server is None else self.server.url
 
     # ---- generation --------------------------------------------------------------------------------------
 
@@ -141,12 +119,8 @@ class Rollout:
         self._generation.acquire(first=first)
         try:
             self.subscriber.apply_pending()  # a version that arrived during the previous generation
-            busy = _Busy(time.time())
-            self._busy = [*self._busy[-_BUSY_KEPT:], busy]  # colocated runs never ask: keep it bounded
-            try:
+            with self.busy.span():
                 return self._generate(prompts, greedy)
-            finally:
-                busy.end = time.time()
         finally:
             self._generation.release()
 
@@ -154,9 +128,7 @@ class Rollout:
     def busy_intervals(self, since: float) -> list[tuple[float, float]]:
         """The (start, end) wall times (`time.time()`) this replica spent generating after `since`, the one
         in flight ending now: the driver's idle and overlap metrics."""
-        now = time.time()
-        spans = [(b.start, now if b.end is None else b.end) for b in list(self._busy)]
-        return [(max(start, since), end) for start, end in spans if end > since]
+        return self.busy.since(since)
 
     def _generate(self, prompts: Batch, greedy: bool) -> Batch:
         self.wake()
@@ -164,11 +136,7 @@ class Rollout:
         if greedy:
             sampling = dataclasses.replace(sampling, temperature=0.0, n=1)
         start, version = time.perf_counter(), self.engine.weight_version
-        if self.agents is not None and self.server is not None:
-            out = self.agents.run(prompts, sampling, self.server.generate_tokens, self.pad_token_id)
-            out = out.with_meta(temperature=sampling.temperature if sampling.temperature > 0 else 1.0)
-        else:
-            out = generate_batch(self.engine, prompts, sampling, self.pad_token_id)
+        out = self.generator.generate(prompts, sampling)
         if "rollout_versions" not in out:  # an engine without per-token versions: the version at the start
             out = out.union(Batch({"rollout_versions": out["response_mask"] * version}))
         # every rank's responses as wide as the limit, so data-parallel ranks' batches join
@@ -199,22 +167,12 @@ class Rollout:
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
         """Copy the sibling actor's current weights into the engine (wakes it first), as weight `version`
         (the trainer's count of actor updates; None keeps the engine's); count and seconds."""
-        if self.trainer is None:
+        if self.sibling is None:
             raise RuntimeError(
                 "this Rollout has no trainer to sync from; construct it with trainer=Sibling('actor')"
             )
         self.wake()
-        start = time.perf_counter()
-        engine = self.trainer.engine
-        was_offloaded = engine.offloaded
-        if was_offloaded:
-            engine.onload()
-        try:
-            count = self.engine.load_weights(inference_weights(engine.module), version=version)
-        finally:
-            if was_offloaded:
-                engine.offload()
-        return {"rollout/sync_tensors": float(count), "timing_s/weight_sync": time.perf_counter() - start}
+        return self.sibling.copy_into(self.engine, version)
 
     # ---- weights from an actor in another process (quartet.roles.weight_stream) -------------------------
 
@@ -247,8 +205,7 @@ class Rollout:
         if self.asleep:
             return
         if self.server is not None:
-            timeout = self.server.request_timeout_s + 30.0
-            self._on_server_loop(self.server.sleep(offload_weights=False), timeout)
+            self.server.sleep()
         else:
             self.engine.sleep(offload_weights=False)
         self.asleep = True
@@ -259,7 +216,7 @@ class Rollout:
         if not self.asleep:
             return
         if self.server is not None:
-            self._on_server_loop(self.server.wake(), 120.0)
+            self.server.wake()
         else:
             self.engine.wake()
         self.asleep = False
@@ -269,24 +226,10 @@ class Rollout:
         """Stop the server (when there is one), then the engine."""
         try:
             self.subscriber.close()
-            if self.server_thread is not None:
-                self.server_thread.stop()
-            elif self.server is not None:
-                asyncio.run(asyncio.wait_for(self.server.stop(), 30.0))
+            if self.server is not None:
+                self.server.stop()
         finally:
             self.engine.shutdown()
-
-
-_BUSY_KEPT = 1000
-"""Generation spans a replica keeps for `busy_intervals` (the driver asks every step)."""
-
-
-@dataclasses.dataclass
-class _Busy:
-    """One generation's wall-clock span; `end` is None while it runs."""
-
-    start: float
-    end: float | None = None
 
 
 def _pad_token_id(model_path: str) -> int:

@@ -6,9 +6,9 @@ and many concurrent `generate_one` calls (agent loops) all feed the same running
 and sleep/wake take the step lock, hence happen between two steps.
 
 A request is checked before it is queued (`InvalidRequestError` for that caller alone), a sequence that
-makes a step raise fails its own request only (see `quartet.rollout.engine_core`), and no caller waits on a
-dead engine thread: the thread fails every pending future when it dies, and waits poll its liveness, so a
-wait raises `EngineStateError` instead of hanging.
+makes a step raise fails its own request only (see `quartet.rollout.torch.engine_core`), and no caller
+waits on a dead engine thread: the thread fails every pending future when it dies, and waits poll its
+liveness, so a wait raises `EngineStateError` instead of hanging.
 
 Usage:
     engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=64)
@@ -20,24 +20,24 @@ Usage:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from quartet.config.rollout import RolloutConfig
-from quartet.rollout.base import EngineStateError, RolloutEngine
-from quartet.rollout.engine_core import EngineCore
+from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
-from quartet.rollout.graph_decode import BucketedDecoder
-from quartet.rollout.model_runner import DecoderRunner
-from quartet.rollout.sequence import SequenceState
-from quartet.rollout.stopping import StopChecker
+from quartet.rollout.threaded_engine import ThreadedEngine
+from quartet.rollout.torch.engine_core import EngineCore
+from quartet.rollout.torch.graph_decode import BucketedDecoder
+from quartet.rollout.torch.model_runner import DecoderRunner
+from quartet.rollout.torch.sequence import SequenceState
+from quartet.rollout.torch.stopping import StopChecker
 from quartet.rollout.types import GenerationOutput, GenerationRequest
 from quartet.rollout.validation import check_request
 from quartet.rollout.weights import load_named_tensors
@@ -70,7 +70,7 @@ def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
     return ids
 
 
-class TorchRolloutEngine(RolloutEngine):
+class TorchRolloutEngine(ThreadedEngine):
     """Batched generation with a KV cache, continuous batching and prefix sharing, in plain PyTorch."""
 
     def __init__(
@@ -97,7 +97,7 @@ class TorchRolloutEngine(RolloutEngine):
         setting; on a busy shared CPU, 1 thread is often much faster than 2). None keeps the default.
         max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
         cuda_graphs: on a CUDA device, replay decode steps from CUDA graphs captured per bucketed shape
-        (`quartet.rollout.graph_decode`); False decodes eagerly. No effect on CPU.
+        (`quartet.rollout.torch.graph_decode`); False decodes eagerly. No effect on CPU.
         The tokenizer is only needed for stop strings.
         """
         if max_num_seqs < 1:
@@ -105,24 +105,10 @@ class TorchRolloutEngine(RolloutEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.runner = DecoderRunner(model)
-        limit = self.runner.max_model_len
-        if max_model_len is not None:
-            limit = min(max_model_len, limit)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
-        self.core = EngineCore(
-            self.runner,
-            self.stop_checker,
-            max_num_seqs=max_num_seqs,
-            max_model_len=limit,
-            max_prefill_tokens=max_prefill_tokens,
-            seed=seed,
-            max_n=max_n,
-            decoder=(
-                BucketedDecoder(self.runner, max_num_seqs, capture=True)
-                if cuda_graphs and self.runner.device.type == "cuda"
-                else None
-            ),
+        self.core = self._build_core(
+            max_num_seqs, max_model_len, max_prefill_tokens, seed, max_n, cuda_graphs
         )
         self._pending: dict[str, _Pending] = {}  # request id -> its future, guarded by the thread's cond
         self._asleep = False
@@ -134,6 +120,32 @@ class TorchRolloutEngine(RolloutEngine):
             has_work=self.core.has_work,
             on_death=self._fail_all,
             on_start=self._on_thread_start,
+        )
+
+    def _build_core(
+        self,
+        max_num_seqs: int,
+        max_model_len: int | None,
+        max_prefill_tokens: int,
+        seed: int,
+        max_n: int | None,
+        cuda_graphs: bool,
+    ) -> EngineCore:
+        """The core that steps `self.runner`: sequences capped by the model's own context, decode steps
+        replayed from CUDA graphs where asked and on a CUDA device."""
+        limit = self.runner.max_model_len
+        if max_model_len is not None:
+            limit = min(max_model_len, limit)
+        graphs = cuda_graphs and self.runner.device.type == "cuda"
+        return EngineCore(
+            self.runner,
+            self.stop_checker,
+            max_num_seqs=max_num_seqs,
+            max_model_len=limit,
+            max_prefill_tokens=max_prefill_tokens,
+            seed=seed,
+            max_n=max_n,
+            decoder=BucketedDecoder(self.runner, max_num_seqs, capture=True) if graphs else None,
         )
 
     @classmethod
@@ -172,27 +184,6 @@ class TorchRolloutEngine(RolloutEngine):
         )
 
     # ---- generation ---------------------------------------------------------------------------------------
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
-        """Responses to each request in order: `result[i][j]` is sample j of request i. Blocks until done."""
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            repeated = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"request ids repeat within one call: {repeated}")
-        for request in requests:
-            self._validate(request)
-        futures = [self._submit(r) for r in requests]
-        return [self._thread.wait(f) for f in futures]
-
-    async def generate_one(self, request: GenerationRequest) -> list[GenerationOutput]:
-        """The n responses to one request; concurrent calls share the running batch."""
-        self._validate(request)
-        future = self._submit(request)  # a cancelled caller gave up: stop generating for it
-        return await self._thread.wait_async(future, on_cancel=lambda: self.abort(request.request_id))
-
-    def abort(self, request_id: str) -> None:
-        """Stop a request: its samples finish with reason ABORT and the tokens generated so far."""
-        self._thread.abort(request_id)
 
     def _validate(self, request: GenerationRequest) -> None:
         """Raise `InvalidRequestError` (a ValueError) before `request` can reach the batch."""
@@ -327,11 +318,3 @@ class TorchRolloutEngine(RolloutEngine):
             finished = self.core.abort_all()
             self.core.free_cache()
         self._deliver(finished)
-
-    def __enter__(self) -> TorchRolloutEngine:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.shutdown()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from quartet.rollout.sequence import SequenceState
+from quartet.rollout.torch.sequence import SequenceState
 from quartet.rollout.types import FinishReason, SamplingParams
 from quartet.rollout.validation import InvalidRequestError
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from quartet.rollout.sampling import RowSampling, draw_uniforms
-from quartet.rollout.sequence import SequenceState
+from quartet.rollout.torch.sampling import RowSampling, draw_uniforms
+from quartet.rollout.torch.sequence import SequenceState
 
 __all__ = ["SlotTable"]
 

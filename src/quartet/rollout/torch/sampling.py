@@ -9,8 +9,8 @@ per step instead of a generator call per row, and works the same on CPU and GPU.
 
 Log-probs are `log_softmax(logits / T)` at the sampled token, before top-k/top-p
 (see `quartet.rollout.types`); `top_logprobs` reads the alternatives from the same distribution. The
-`logits` given here are those the engine samples from: after penalties (`quartet.rollout.penalties`) when a
-request asks for them.
+`logits` given here are those the engine samples from: after penalties
+(`quartet.rollout.torch.penalties`) when a request asks for them.
 """
 
 from __future__ import annotations

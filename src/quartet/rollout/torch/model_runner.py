@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quartet.rollout.kv_cache import SlotKVCache
+from quartet.rollout.torch.kv_cache import SlotKVCache
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "DecoderRunner", "UnsupportedModelError"]
 

@@ -1,0 +1,60 @@
+"""How a rollout replica turns a batch of prompts into a batch of responses: the role's `Generator` seam.
+
+The role (and the driver behind it) never knows whether generation is single-turn or an agent loop: it
+derives the sampling parameters, hands `prompts` to its generator and pads what comes back.
+
+    SingleTurnGenerator   one response per sample, straight from the engine's batch (`generate_batch`)
+    AgentLoopGenerator    one trajectory per sample (`quartet.agents.runner`): each row's loop, by its
+                          `agent_name`, is the tool loop (`tool_agent`), the interaction loop with a
+                          simulated user (`user_sim`) or one chat turn (`single_turn`); all trajectories of
+                          the batch run concurrently, their turns batched by the engine through the
+                          replica's server
+
+Both return the rollout Batch of `quartet.rollout.batch_io` (the agent loop adds its per-row columns,
+`quartet.agents.batch`), not yet padded to the response limit.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING
+
+from quartet.core.batch import Batch
+from quartet.rollout.base import RolloutEngine
+from quartet.rollout.batch_io import generate_batch
+from quartet.rollout.types import SamplingParams
+
+if TYPE_CHECKING:
+    from quartet.agents.runner import AgentRunner, GenerateTokens
+
+__all__ = ["AgentLoopGenerator", "Generator", "SingleTurnGenerator"]
+
+
+class Generator(abc.ABC):
+    """Responses to a batch of prompt rows (`prompts`, `attention_mask` left-padded, non-tensor columns)."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """`sampling.n` responses per row, row-major, as the rollout Batch."""
+
+
+class SingleTurnGenerator(Generator):
+    """Each row's prompt ids go to the engine as they are; one generation per sample."""
+
+    def __init__(self, engine: RolloutEngine, pad_token_id: int) -> None:
+        self.engine, self.pad_token_id = engine, pad_token_id
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        return generate_batch(self.engine, prompts, sampling, self.pad_token_id)
+
+
+class AgentLoopGenerator(Generator):
+    """Each row's chat messages go through its agent loop; turns reach the engine via `generate_tokens`."""
+
+    def __init__(self, runner: AgentRunner, generate_tokens: GenerateTokens, pad_token_id: int) -> None:
+        self.runner, self.generate_tokens, self.pad_token_id = runner, generate_tokens, pad_token_id
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        out = self.runner.run(prompts, sampling, self.generate_tokens, self.pad_token_id)
+        # the temperature the trainer rescales logits by; a greedy batch's log-probs are those of T = 1
+        return out.with_meta(temperature=sampling.temperature if sampling.temperature > 0 else 1.0)
