@@ -103,7 +103,7 @@ def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[
     simulated users as in training), scored on what the loop hands the reward function.
     """
     from quartet.data.prompts import PromptDataset
-    from quartet.data.tasks import task_scorer
+    from quartet.tasks import task_scorer
     from quartet.models.loading import load_tokenizer
     from quartet.rollout import SamplingParams, TorchRolloutEngine, requests_from_batch
 

@@ -28,7 +28,7 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
-        from quartet.data.tasks import ArithmeticSpec, builtin_spec, write_builtin
+        from quartet.tasks import ArithmeticSpec, builtin_spec, write_builtin
 
         spec: Any = builtin_spec(cfg.data.builtin_task, cfg.data.builtin_digits)
         if cfg.data.builtin_task is BuiltinTask.ARITHMETIC:
