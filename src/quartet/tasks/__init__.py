@@ -8,8 +8,8 @@ strings), so the trainer and the reward layer reach a task's functions through a
 
 Where the package sits: it imports `quartet.config` and `quartet.agents` (the calculator and python tools
 and the guessing game's simulated user are general agent tools that the tasks render and replay, not
-task code), never `quartet.data` or `quartet.rewards`; both of those import it (the prompt data for the
-data sets, the rule scorer for the verifiers). The row layout the tasks write is `quartet.tasks.rows`.
+task code), never `quartet.data` or `quartet.rewards`; both of those import it (data's converters for
+the row layout, `quartet.tasks.rows`; the rule scorer for the verifiers).
 """
 
 from __future__ import annotations
