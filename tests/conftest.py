@@ -1,9 +1,10 @@
-"""Shared fixtures: one tiny model folder and one local Ray cluster per test session."""
+"""Shared fixtures: one tiny model folder, its chat tokenizer and one local Ray cluster per test session."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from quartet.models.tiny import ensure_tiny_model
 
     return ensure_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(tiny_model_dir: Path) -> Any:
+    """The tiny tokenizer (with its ChatML template), loaded like a downloaded one."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The arithmetic task's exact verifier, free of quartet's imports, for the TRL side of the benchmarks.
 
-Same rule as `quartet.data.tasks.arithmetic.verify_answer` (tests/benchmarks check the two agree): the
+Same rule as `quartet.tasks.arithmetic.verify_answer` (tests/benchmarks check the two agree): the
 answer is the text after the last `=` (or the whole stripped text), a final `.` removed; it must be an
 integer equal to the ground truth.
 """

@@ -14,12 +14,12 @@ import torch
 
 from quartet.agents.runner import trajectory_seed
 from quartet.config import QuartetConfig, load_config
-from quartet.data.layout import rl_row
 from quartet.data.prompts import PromptDataset
 from quartet.models.loading import load_tokenizer
 from quartet.roles.rollout import Rollout
 from quartet.roles.rollout.generators import AgentLoopGenerator
 from quartet.rollout.types import GenerationRequest
+from quartet.tasks.rows import rl_row
 from quartet.trainer.workers import run_values
 
 API_KEY = "test-key"

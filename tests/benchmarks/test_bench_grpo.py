@@ -16,7 +16,7 @@ from grpo_vs_trl import floor_seconds
 from scaling import analyse, linear_fit
 from time_to_accuracy import crossing
 
-from quartet.data.tasks.arithmetic import compute_score
+from quartet.tasks.arithmetic import compute_score
 
 
 def test_trl_side_scores_exactly_like_quartet() -> None:

@@ -14,9 +14,10 @@ import pytest
 
 from quartet.config import load_config
 from quartet.config.data import DataConfig
-from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, replace_load_rows
+from quartet.data.bad_rows import BadRow, replace_load_rows
 from quartet.data.errors import DataError
 from quartet.data.prompts import PromptDataset
+from quartet.tracking.run_layout import BAD_ROWS_FILE
 from quartet.trainer.rl_data import source_checker
 
 

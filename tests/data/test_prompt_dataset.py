@@ -208,7 +208,7 @@ def test_skip_bad_rows_counts_by_reason_and_logs_once(
 
 def test_builtin_rl_sets_fit_the_default_prompt_length(tmp_path: Path, chat_tokenizer: Any) -> None:
     from quartet.config.data import BuiltinTask
-    from quartet.data.tasks import write_builtin
+    from quartet.tasks import write_builtin
 
     for task in BuiltinTask:
         train, val = write_builtin(task, tmp_path, train_size=64, val_size=16, seed=0)

@@ -136,7 +136,7 @@ def test_builtin_task_is_scored_by_its_verifier() -> None:
 
 
 def test_countdown_task_is_found_through_the_task_registry() -> None:
-    tasks = pytest.importorskip("quartet.data.tasks")
+    tasks = pytest.importorskip("quartet.tasks")
     if not hasattr(tasks, "task_scorer") or tasks.task_scorer("countdown") is None:
         pytest.skip("the countdown task is not registered")
     truth = '{"target": 10, "numbers": [2, 3, 4]}'

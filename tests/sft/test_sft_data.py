@@ -182,7 +182,7 @@ def test_collate_pads_prompts_left_responses_right_and_fills_to_a_multiple() -> 
 def test_keep_verified_drops_the_answers_the_verifier_rejects(tokenizer: Any, tmp_path: Path) -> None:
     """Rejection-sampled demonstrations: of a calculator set from two demonstrators, only the rows whose
     final answer equals a*b+c (computed here from the question) are kept, and the rest are counted."""
-    from quartet.data.tasks.calculator import CalculatorSpec, write_sft_set
+    from quartet.tasks.calculator import CalculatorSpec, write_sft_set
 
     train, _ = write_sft_set(tmp_path, CalculatorSpec(2, sloppy=0.5), 40, 4, seed=3)
     rows = pq.read_table(train).to_pylist()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from quartet.agents.interactions.guessing import INVALID, last_integer
-from quartet.data.tasks import guessing, word_problems
+from quartet.tasks import guessing, word_problems
 
 pytestmark = pytest.mark.slow
 

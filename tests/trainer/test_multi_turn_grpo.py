@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from quartet.config import load_config
-from quartet.data.tasks.calculator import verify_answer
 from quartet.sft import SFTTrainer
+from quartet.tasks.calculator import verify_answer
 from quartet.trainer import RLTrainer
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunNames", "parse_actor_name", "write_json_atomic"]
+from quartet.tracking.run_layout import CLUSTER_FILE
 
-LOCATION_FILE = "cluster.json"
+__all__ = ["RunNames", "parse_actor_name", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:
@@ -51,12 +51,12 @@ class RunNames:
         data: dict[str, Any] = asdict(self)
         if ranks is not None:
             data["ranks"] = ranks
-        return write_json_atomic(Path(run_dir) / LOCATION_FILE, data)
+        return write_json_atomic(Path(run_dir) / CLUSTER_FILE, data)
 
     @staticmethod
     def load(run_dir: str | Path) -> RunNames:
         """The names of a run folder's `cluster.json` (any version: keys added later are ignored here)."""
-        data = json.loads((Path(run_dir) / LOCATION_FILE).read_text())
+        data = json.loads((Path(run_dir) / CLUSTER_FILE).read_text())
         return RunNames(data["namespace"], data["prefix"], data.get("address", ""))
 
 

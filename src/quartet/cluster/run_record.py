@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from quartet.cluster.naming import LOCATION_FILE, RunNames, write_json_atomic
+from quartet.cluster.naming import RunNames, write_json_atomic
+from quartet.tracking.run_layout import CLUSTER_FILE, RUN_STATE_FILE
 
 __all__ = [
-    "STATE_FILE",
     "RankPlace",
     "RunState",
     "load_ranks",
@@ -46,7 +46,6 @@ __all__ = [
     "record_hosts",
 ]
 
-STATE_FILE = "run_state.json"
 State = Literal["running", "finished", "failed"]
 
 
@@ -105,14 +104,14 @@ def record_hosts(run_dir: str | Path, names: RunNames, host_sets: Iterable[_Plac
 
 def load_ranks(run_dir: str | Path) -> dict[str, list[RankPlace]]:
     """Per host label, where each rank ran ({} for a `cluster.json` written before ranks were recorded)."""
-    data = json.loads((Path(run_dir) / LOCATION_FILE).read_text())
+    data = json.loads((Path(run_dir) / CLUSTER_FILE).read_text())
     return {label: [RankPlace(**p) for p in places] for label, places in data.get("ranks", {}).items()}
 
 
 def mark_running(run_dir: str | Path) -> RunState:
     """Record that this process drives the run from now on."""
     state = RunState("running", os.getpid(), socket.gethostname(), time.time())
-    write_json_atomic(Path(run_dir) / STATE_FILE, asdict(state))
+    write_json_atomic(Path(run_dir) / RUN_STATE_FILE, asdict(state))
     return state
 
 
@@ -129,7 +128,7 @@ def mark_failed(run_dir: str | Path, error: BaseException) -> RunState:
 
 def load_run_state(run_dir: str | Path) -> RunState | None:
     """The run folder's state record, or None when it has none (a run older than the record)."""
-    path = Path(run_dir) / STATE_FILE
+    path = Path(run_dir) / RUN_STATE_FILE
     if not path.exists():
         return None
     data = json.loads(path.read_text())
@@ -147,5 +146,5 @@ def _end(run_dir: str | Path, state: State, error: str) -> RunState:
     before = load_run_state(run_dir)
     start = before.started_at if before is not None else time.time()
     ended = RunState(state, os.getpid(), socket.gethostname(), start, time.time(), error)
-    write_json_atomic(Path(run_dir) / STATE_FILE, asdict(ended))
+    write_json_atomic(Path(run_dir) / RUN_STATE_FILE, asdict(ended))
     return ended

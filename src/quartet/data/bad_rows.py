@@ -10,7 +10,8 @@ written here with its file, 0-based row (and JSONL line), the field and the reas
      "reason": "error", "message": "the score function raised ..."}
 
 Each start of a run rewrites the `load` lines (a resumed run loads the same files again) and keeps the
-`reward` lines of earlier processes; the run's log names the file with a summary.
+`reward` lines of earlier processes; the run's log names the file with a summary. The file's name is
+`quartet.tracking.run_layout.BAD_ROWS_FILE`; the trainer passes the path.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BAD_ROWS_FILE", "BadRow", "append_bad_rows", "replace_load_rows"]
-
-BAD_ROWS_FILE = "bad_rows.jsonl"
+__all__ = ["BadRow", "append_bad_rows", "replace_load_rows"]
 
 
 @dataclass(frozen=True)

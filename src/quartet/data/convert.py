@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from quartet.data.errors import DataError, RowProblem
-from quartet.data.layout import rl_row, write_parquet
 from quartet.data.reading import read_rows
+from quartet.tasks.rows import rl_row, write_parquet
 
 __all__ = [
     "GSM8K_DATA_SOURCE",

@@ -27,6 +27,8 @@ from typing import Any
 
 from quartet.config import QuartetConfig, load_config
 from quartet.config.trainer import Logger
+from quartet.tasks.rows import RL_FILES
+from quartet.tracking.run_layout import DATA_DIR
 
 __all__ = ["DEMOS", "FILTERED_ROW", "DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
 
@@ -103,9 +105,9 @@ def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[
     simulated users as in training), scored on what the loop hands the reward function.
     """
     from quartet.data.prompts import PromptDataset
-    from quartet.data.tasks import task_scorer
     from quartet.models.loading import load_tokenizer
     from quartet.rollout import SamplingParams, TorchRolloutEngine, requests_from_batch
+    from quartet.tasks import task_scorer
 
     tokenizer = load_tokenizer(model_dir)
     mt = cfg.rollout.multi_turn
@@ -208,7 +210,7 @@ def run_demo(
         )
         filtered = SFTTrainer(filtered_cfg, on_record=emit).run()
         models.append((FILTERED_ROW, str(filtered.hf_dir), filtered.train_seconds))
-    val_file = str(rl.run_dir / "data" / cfg.data.builtin_task.value / "rl_val.parquet")
+    val_file = str(rl.run_dir / DATA_DIR / cfg.data.builtin_task.value / RL_FILES[1])
     for name, model_dir, seconds in models:
         correct, total = greedy_accuracy(cfg, model_dir, val_file)
         row = DemoRow(name, correct / total, correct, total, seconds, model_dir)

@@ -1,8 +1,9 @@
 """What `quartet inspect` reads from a run folder: curves, recorded steps, samples, tokens, groups.
 
 A run folder (`trainer.run_dir`) holds `metrics.jsonl` (the curves of `quartet plot`) and, with
-`trainer.rollout_freq`, `rollouts/step_<N>.parquet` (`quartet.trainer.rollout_tables`). Everything is read
-on demand and again when a file changes, so the page of a live run shows new steps as they land. A step's
+`trainer.rollout_freq`, `rollouts/step_<N>.parquet` (the rollout tables; their file names and columns are
+`quartet.tracking.run_layout`'s, shared with the trainer that writes them). Everything is read on demand
+and again when a file changes, so the page of a live run shows new steps as they land. A step's
 sample list reads only the scalar columns; one sample's tokens read one row group's token columns.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from quartet.tracking.jsonl_sink import METRICS_FILE
 from quartet.tracking.plot import ENTROPY, KL_KEYS, LENGTH, SCORE, STEP_TIME, read_curves
-from quartet.trainer.rollout_tables import TOKEN_COLUMNS
+from quartet.tracking.run_layout import (
+    METRICS_FILE,
+    ROLLOUT_TABLE_GLOB,
+    ROLLOUTS_DIR,
+    TOKEN_COLUMNS,
+    TOKEN_LIST_COLUMNS,
+    rollout_table_file,
+    rollout_table_step,
+)
 
 __all__ = ["SAMPLE_COLUMNS", "RunData", "RunNotFoundError", "SampleFilter"]
 
@@ -48,7 +55,6 @@ SAMPLE_COLUMNS = (
 """The scalar columns of a step's sample list (the per-token lists are read per sample)."""
 
 _CACHED_STEPS = 64
-_STEP_FILE = re.compile(r"^step_(\d+)\.parquet$")
 _SORTABLE = {
     "row",
     "score",
@@ -96,7 +102,7 @@ class RunData:
         self.path = Path(self.path).resolve()
         if not self.path.is_dir():
             raise RunNotFoundError(f"no run folder at {self.path}")
-        if not (self.path / METRICS_FILE).is_file() and not (self.path / "rollouts").is_dir():
+        if not (self.path / METRICS_FILE).is_file() and not (self.path / ROLLOUTS_DIR).is_dir():
             raise RunNotFoundError(
                 f"{self.path} is not a run folder: it has neither {METRICS_FILE} nor rollouts/. "
                 "Pass the folder a run wrote (trainer.output_dir/project_name/experiment_name; "
@@ -136,21 +142,19 @@ class RunData:
 
     def steps(self) -> list[dict[str, Any]]:
         """Recorded steps, in order: step, samples, whether the per-token values are there."""
-        folder = self.path / "rollouts"
+        folder = self.path / ROLLOUTS_DIR
         out = []
-        for file in sorted(folder.glob("step_*.parquet")) if folder.is_dir() else []:
-            match = _STEP_FILE.match(file.name)
-            if not match:
+        for file in sorted(folder.glob(ROLLOUT_TABLE_GLOB)) if folder.is_dir() else []:
+            step = rollout_table_step(file.name)
+            if step is None:
                 continue
             meta = pq.read_metadata(file)
             names = set(meta.schema.to_arrow_schema().names)
-            out.append(
-                {"step": int(match.group(1)), "samples": meta.num_rows, "tokens": "token_ids" in names}
-            )
+            out.append({"step": step, "samples": meta.num_rows, "tokens": "token_ids" in names})
         return sorted(out, key=lambda s: s["step"])
 
     def _table(self, step: int, columns: tuple[str, ...] | None = None) -> pa.Table:
-        file = self.path / "rollouts" / f"step_{step}.parquet"
+        file = self.path / ROLLOUTS_DIR / rollout_table_file(step)
         if not file.is_file():
             have = ", ".join(str(s["step"]) for s in self.steps()) or "none"
             raise KeyError(f"run {self.name}: no recorded step {step} (recorded steps: {have})")
@@ -214,9 +218,7 @@ class RunData:
         if not 0 <= row < table.num_rows:
             raise KeyError(f"run {self.name}, step {step}: no row {row} (it has {table.num_rows})")
         rec = table.slice(row, 1).to_pylist()[0]
-        tokens = [
-            name for name in ("token_ids", "token_text", "mask", *TOKEN_COLUMNS) if rec.get(name) is not None
-        ]
+        tokens = [name for name in (*TOKEN_LIST_COLUMNS, *TOKEN_COLUMNS) if rec.get(name) is not None]
         out = {k: v for k, v in rec.items() if k not in tokens}
         out["turns"] = json.loads(out.get("turns") or "[]")
         out["token_fields"] = [name for name in TOKEN_COLUMNS if name in tokens]
@@ -234,7 +236,7 @@ class RunData:
         chosen = table.filter(pc.equal(table["uid"], uid))
         if chosen.num_rows == 0:
             raise KeyError(f"run {self.name}, step {step}: no group {uid!r}")
-        full = pq.read_table(self.path / "rollouts" / f"step_{step}.parquet", columns=["row", "response"])
+        full = pq.read_table(self.path / ROLLOUTS_DIR / rollout_table_file(step), columns=["row", "response"])
         responses = dict(zip(full["row"].to_pylist(), full["response"].to_pylist(), strict=True))
         rows = chosen.sort_by("row").to_pylist()
         for r in rows:

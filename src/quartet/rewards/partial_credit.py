@@ -44,8 +44,8 @@ def digit_partial_credit(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
     """1.0 exact, PARTIAL x `digit_share` for another integer, 0 otherwise (module docstring)."""
-    from quartet.data.tasks.calculator import final_text
     from quartet.rewards.rules.registry import default_compute_score
+    from quartet.tasks.calculator import final_text
 
     exact = float(default_compute_score(data_source, solution_str, ground_truth, extra_info))
     if data_source not in SOURCES or exact >= 1.0:

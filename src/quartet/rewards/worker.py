@@ -14,7 +14,7 @@ Safety nets, because the parent may kill it at any moment and may itself die:
 - SIGINT is ignored: the parent decides when workers stop.
 
 Only the standard library and the function's own imports are loaded, so a replacement starts in ~0.1 s.
-(The default rule scorer's `warm_up` imports `quartet.data` for the built-in tasks, which loads torch.)
+(The default rule scorer's `warm_up` imports `quartet.tasks` for the built-in tasks, about a second.)
 """
 
 from __future__ import annotations

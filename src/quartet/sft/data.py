@@ -347,7 +347,7 @@ def load_sft_files(
 
 def _verified(row: Any, messages: list[dict[str, Any]], path: str, row_index: int, line: int | None) -> bool:
     """Whether the row's final assistant message passes its task's verifier (`keep_verified`)."""
-    from quartet.data.tasks import task_scorer
+    from quartet.tasks import task_scorer
 
     source, truth = row.get("data_source"), row.get("ground_truth")
     if source is None or truth is None:

@@ -36,11 +36,12 @@ from quartet.cluster.run_record import mark_failed, mark_finished, mark_running,
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
 from quartet.config.data import BuiltinTask
-from quartet.data.tasks import TASKS, arithmetic, builtin_spec
 from quartet.models.resolve import resolve_model
 from quartet.sft.data import LoadReport, SFTExample, collate, load_sft_files
 from quartet.sft.evaluate import ExactMatch, Verifier, eval_samples, exact_text_match, greedy_exact_match
 from quartet.sft.worker import SFTWorker
+from quartet.tasks import TASKS, arithmetic, builtin_spec
+from quartet.tracking.run_layout import CONFIG_FILE, DATA_DIR, HF_DIR, METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["EpochSampler", "SFTData", "SFTResult", "SFTTrainer", "prepare_data"]
 
@@ -122,13 +123,13 @@ def prepare_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> SFTData:
         b = sft.builtin
         if b.task is not BuiltinTask.ARITHMETIC:  # a multi-turn task's traces
             task = TASKS[b.task]
-            folder = run_dir / "data" / b.task.value
+            folder = run_dir / DATA_DIR / b.task.value
             spec_t = builtin_spec(b.task, b.digits, b.sloppy)
             paths = task.write_sft_set(folder, spec_t, b.train_size, b.val_size, sft.seed)
             verify = task.verify_answer
         else:
             spec = arithmetic.ArithmeticSpec(b.digits, b.symbols, b.worked_answer)
-            paths = arithmetic.write_sft_set(run_dir / "data", spec, b.train_size, b.val_size, sft.seed)
+            paths = arithmetic.write_sft_set(run_dir / DATA_DIR, spec, b.train_size, b.val_size, sft.seed)
             verify = arithmetic.verify_answer
         train_files, val_files = [paths[0]], [paths[1]]
 
@@ -161,7 +162,7 @@ class SFTTrainer:
         self.cfg, self.sft = cfg, cfg.sft
         self.on_record = on_record
         self.run_dir = cfg.trainer.run_dir
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS_FILE
 
     def record(self, kind: str, **values: Any) -> None:
         """Append one record to metrics.jsonl and pass it on."""
@@ -177,13 +178,13 @@ class SFTTrainer:
         start = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path.write_text("")
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
+        (self.run_dir / CONFIG_FILE).write_text(to_yaml(self.cfg))
         model_path = resolve_model(self.cfg)
         tokenizer = load_tokenizer(self.cfg.model.tokenizer_path or model_path)
         data = prepare_data(self.cfg, tokenizer, self.run_dir)
         for split, report in data.reports.items():
             self.record("data", split=split, **report.as_dict())
-        result = SFTResult(self.run_dir, self.run_dir / "hf")
+        result = SFTResult(self.run_dir, self.run_dir / HF_DIR)
         result.before = self.exact_match("before", model_path, tokenizer, data)
         sampler = EpochSampler(len(data.train), self.sft.batch_size, self.sft.seed)
         total = self.sft.epochs * sampler.batches_per_epoch
@@ -215,7 +216,7 @@ class SFTTrainer:
         self.record("export", hf_dir=str(result.hf_dir))
         result.after = self.exact_match("after", str(result.hf_dir), tokenizer, data)
         result.seconds = time.perf_counter() - start
-        (self.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2) + "\n")
+        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(result.summary(), indent=2) + "\n")
         log.info("SFT done: %s", result.summary())
         return result
 

@@ -22,9 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRICS_FILE", "JsonlSink", "MetricsFileError", "drop_torn_tail", "read_records"]
-
-METRICS_FILE = "metrics.jsonl"
+__all__ = ["JsonlSink", "MetricsFileError", "drop_torn_tail", "read_records"]
 log = logging.getLogger(__name__)
 
 

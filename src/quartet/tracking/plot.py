@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.tracking.errors import require_module
-from quartet.tracking.jsonl_sink import METRICS_FILE
+from quartet.tracking.run_layout import METRICS_FILE, PLOTS_FILE
 from quartet.tracking.sink import numeric_metrics, record_step
 
 __all__ = ["RunCurves", "plot_run", "read_curves"]
@@ -168,7 +168,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
             _no_data(ax)
     last = max(curves.steps, default=0)
     fig.suptitle(f"{Path(run_dir).resolve().name}: {len(curves.steps)} steps (last {last})")
-    target = Path(out) if out is not None else Path(run_dir) / "plots.png"
+    target = Path(out) if out is not None else Path(run_dir) / PLOTS_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=100)
     return target

@@ -25,7 +25,8 @@ from rich.console import Console
 from quartet.config.trainer import Logger
 from quartet.tracking.console_sink import ConsoleSink
 from quartet.tracking.errors import require_module
-from quartet.tracking.jsonl_sink import METRICS_FILE, JsonlSink
+from quartet.tracking.jsonl_sink import JsonlSink
+from quartet.tracking.run_layout import METRICS_FILE
 from quartet.tracking.sink import Sink
 
 __all__ = ["Tracking"]

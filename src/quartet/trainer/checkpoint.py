@@ -34,12 +34,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from quartet.tracking.run_layout import (
+    CHECKPOINT_GLOB,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    LATEST_FILE,
+    TRAINER_STATE_FILE,
+    checkpoint_name,
+    checkpoint_step,
+)
 
 __all__ = [
     "CheckpointError",
@@ -51,11 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-STATE_FILE = "trainer_state.json"
-_NAME = re.compile(r"^global_step_(\d+)$")
 
 
 class CheckpointError(RuntimeError):
@@ -97,25 +101,25 @@ def _fsync(path: Path) -> None:
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints of the run (holding their state file), oldest step first."""
-    root = run_dir / CHECKPOINTS
+    root = run_dir / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
     found = [
-        (int(m.group(1)), p)
+        (step, p)
         for p in root.iterdir()
-        if p.is_dir() and (m := _NAME.match(p.name)) and (p / STATE_FILE).exists()
+        if p.is_dir() and (step := checkpoint_step(p.name)) is not None and (p / TRAINER_STATE_FILE).exists()
     ]
     return [p for _, p in sorted(found)]
 
 
 def _point_latest(root: Path, name: str) -> None:
     """`latest` names `name`, replaced atomically."""
-    latest_tmp = root / f".{LATEST}.tmp"
+    latest_tmp = root / f".{LATEST_FILE}.tmp"
     with latest_tmp.open("w") as f:
         f.write(name + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(latest_tmp, root / LATEST)
+    os.replace(latest_tmp, root / LATEST_FILE)
     _fsync(root)
 
 
@@ -123,11 +127,11 @@ def _repair(root: Path) -> None:
     """Finish or undo a re-save a crash interrupted (see the module docstring)."""
     if not root.is_dir():
         return
-    for old in root.glob(".old-global_step_*"):
+    for old in root.glob(f".old-{CHECKPOINT_GLOB}"):
         final = root / old.name.removeprefix(".old-")
-        if (final / STATE_FILE).exists():
+        if (final / TRAINER_STATE_FILE).exists():
             shutil.rmtree(old, ignore_errors=True)  # the new one is in: the old one was to be deleted
-        elif (old / STATE_FILE).exists():
+        elif (old / TRAINER_STATE_FILE).exists():
             if final.exists():
                 shutil.rmtree(final)
             os.rename(old, final)  # crashed between moving the old one aside and the new one in
@@ -137,7 +141,7 @@ def _repair(root: Path) -> None:
 
 def _set_aside(root: Path, final: Path) -> Path:
     """Move an existing `final` out of the way of its re-save; `latest` never names a missing folder."""
-    pointer = root / LATEST
+    pointer = root / LATEST_FILE
     if pointer.exists() and pointer.read_text().strip() == final.name:
         others = [p for p in list_checkpoints(root.parent) if p != final]
         if others:
@@ -161,19 +165,19 @@ def save_checkpoint(
     `save_roles(folder)` writes every role's state under `folder` and returns the role folder names.
     `after_roles_saved(tmp_folder)` is a test hook (e.g. one that kills the process mid-write).
     """
-    root = run_dir / CHECKPOINTS
+    root = run_dir / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
     _repair(root)
-    name = f"global_step_{state.step}"
+    name = checkpoint_name(state.step)
     tmp, final = root / f".tmp-{name}", root / name
     tmp.mkdir()
     state.roles = save_roles(tmp)
     if after_roles_saved is not None:
         after_roles_saved(tmp)
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
-    (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / TRAINER_STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+    (tmp / CONFIG_FILE).write_text(config_yaml)
     _fsync_tree(tmp)
     # a checkpoint of this step from an earlier attempt: replaced, deleted only once the new one is in
     aside = _set_aside(root, final) if final.exists() else None
@@ -193,13 +197,13 @@ def save_checkpoint(
 def _latest(run_dir: Path) -> Path | None:
     """The checkpoint `latest` names, else the newest complete one, else None (after repairing what an
     interrupted re-save left)."""
-    root = run_dir / CHECKPOINTS
+    root = run_dir / CHECKPOINTS_DIR
     _repair(root)
-    pointer = root / LATEST
+    pointer = root / LATEST_FILE
     found = list_checkpoints(run_dir)
     if pointer.exists():
         target = root / pointer.read_text().strip()
-        if (target / STATE_FILE).exists():
+        if (target / TRAINER_STATE_FILE).exists():
             return target
         if not found:
             raise CheckpointError(
@@ -224,22 +228,23 @@ def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
     if resume == "auto":
         return _latest(run_dir)
     path = Path(resume).expanduser()
-    if (path / CHECKPOINTS).is_dir() or (path / LATEST).exists():  # a run folder or its checkpoints folder
-        found = _latest(path if (path / CHECKPOINTS).is_dir() else path.parent)
+    # a run folder or its checkpoints folder
+    if (path / CHECKPOINTS_DIR).is_dir() or (path / LATEST_FILE).exists():
+        found = _latest(path if (path / CHECKPOINTS_DIR).is_dir() else path.parent)
         if found is None:
             raise CheckpointError(f"trainer.resume={resume}: the run folder has no checkpoint")
         return found
-    if not (path / STATE_FILE).exists():
+    if not (path / TRAINER_STATE_FILE).exists():
         raise CheckpointError(
-            f"trainer.resume={resume} is not a checkpoint folder (no {STATE_FILE} in it). Fix: give a "
-            "'.../checkpoints/global_step_N' folder, or trainer.resume=auto|off"
+            f"trainer.resume={resume} is not a checkpoint folder (no {TRAINER_STATE_FILE} in it). Fix: "
+            "give a '.../checkpoints/global_step_N' folder, or trainer.resume=auto|off"
         )
     return path
 
 
 def load_trainer_state(checkpoint: Path, world_size: int) -> TrainerState:
     """The driver's state of `checkpoint`; refuses one written with another data-parallel world size."""
-    raw = json.loads((checkpoint / STATE_FILE).read_text())
+    raw = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
     state = TrainerState(**raw)
     if state.world_size != world_size:
         raise CheckpointError(

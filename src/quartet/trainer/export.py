@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from quartet.config import load_config
 from quartet.engines.checkpoint import TOKENIZER_FILES
-from quartet.trainer.checkpoint import STATE_FILE, CheckpointError, find_resume_checkpoint
+from quartet.tracking.run_layout import CONFIG_FILE, TRAINER_STATE_FILE
+from quartet.trainer.checkpoint import CheckpointError, find_resume_checkpoint
 
 __all__ = ["export_checkpoint", "resolve_checkpoint"]
 
@@ -30,7 +31,7 @@ LoraExport = Literal["merge", "adapter"]
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint folder as given, or the latest checkpoint of a run folder."""
-    if (path / STATE_FILE).exists():
+    if (path / TRAINER_STATE_FILE).exists():
         return path
     found = find_resume_checkpoint(str(path), path)
     if found is None:
@@ -41,8 +42,8 @@ def resolve_checkpoint(path: Path) -> Path:
 def export_checkpoint(checkpoint: Path, out: Path, lora: LoraExport = "merge") -> Path:
     """Write the policy of `checkpoint` (a `global_step_N` folder or a run folder) to `out`; returns `out`."""
     checkpoint = resolve_checkpoint(checkpoint)
-    state = json.loads((checkpoint / STATE_FILE).read_text())
-    cfg = load_config(str(checkpoint / "config.yaml"))
+    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
+    cfg = load_config(str(checkpoint / CONFIG_FILE))
     has_lora = cfg.model.lora.rank > 0
     if lora == "adapter" and not has_lora:
         raise ValueError(f"{checkpoint} was trained without LoRA (model.lora.rank=0): no adapter to export")

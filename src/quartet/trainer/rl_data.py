@@ -11,6 +11,7 @@ from typing import Any
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.data.prompts import PromptDataset
+from quartet.tracking.run_layout import DATA_DIR
 
 __all__ = ["RLData", "prepare_rl_data", "prompt_batch", "source_checker"]
 
@@ -28,7 +29,7 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
-        from quartet.data.tasks import ArithmeticSpec, builtin_spec, write_builtin
+        from quartet.tasks import ArithmeticSpec, builtin_spec, write_builtin
 
         spec: Any = builtin_spec(cfg.data.builtin_task, cfg.data.builtin_digits)
         if cfg.data.builtin_task is BuiltinTask.ARITHMETIC:
@@ -36,7 +37,7 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
             spec = ArithmeticSpec(digits=cfg.data.builtin_digits, operations=ops)
         train_path, val_path = write_builtin(
             cfg.data.builtin_task,
-            run_dir / "data",
+            run_dir / DATA_DIR,
             cfg.data.builtin_train_size,
             cfg.data.builtin_val_size,
             cfg.data.seed,

@@ -50,6 +50,7 @@ from quartet.models.resolve import resolve_model
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
 from quartet.tracking import Tracking
+from quartet.tracking.run_layout import CONFIG_FILE, HF_DIR, METRICS_FILE
 from quartet.trainer.callbacks import CallbackList, OnRecord, Record, RunCallbacks
 from quartet.trainer.checkpoint import (
     CheckpointError,
@@ -141,7 +142,7 @@ class RLTrainer:
         self.cfg, self.console = cfg, console
         self.tracking: Tracking | None = None
         self.run_dir = cfg.trainer.run_dir
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS_FILE
         self.startup = StartupClock()
 
     def record(self, kind: str, **values: Any) -> Record:
@@ -184,7 +185,7 @@ class RLTrainer:
         checkpoint = find_resume_checkpoint(cfg.trainer.resume, self.run_dir)
         resumed = load_trainer_state(checkpoint, cfg.cluster.world_size) if checkpoint else None
         prepare_metrics_file(self.metrics_path, resumed.step if resumed else None)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (self.run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
         model_path = resolve_model(cfg)
         tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
         data = prepare_rl_data(cfg, tokenizer, self.run_dir)
@@ -342,8 +343,8 @@ class RLTrainer:
         if s.prep.planned.report is not None and s.result.steps > 0:
             self.record("memory", step=s.result.steps, **s.prep.planned.record(), **measured_peaks(s.workers))
         if self.cfg.trainer.export_final and s.result.steps == s.prep.total:
-            s.workers.actor.call(Actor.export_hf, str(self.run_dir / "hf"))
-            s.result.hf_dir = self.run_dir / "hf"
+            s.workers.actor.call(Actor.export_hf, str(self.run_dir / HF_DIR))
+            s.result.hf_dir = self.run_dir / HF_DIR
 
     # ---- checkpoints ------------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ import torch
 
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
+from quartet.tracking.run_layout import ROLLOUTS_DIR, rollout_records_file
 from quartet.trainer.rollout_tables import TokenTableWriter
 
 __all__ = ["RolloutRecorder", "rollout_rows", "write_rollout_records"]
@@ -141,7 +142,7 @@ class RolloutRecorder:
 
     def __init__(self, cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> None:
         self.freq, self.limit = cfg.trainer.rollout_freq, cfg.trainer.rollout_samples
-        self.tokenizer, self.folder = tokenizer, run_dir / "rollouts"
+        self.tokenizer, self.folder = tokenizer, run_dir / ROLLOUTS_DIR
         self.tables = (
             TokenTableWriter(self.folder, tokenizer, self.limit, cfg.trainer.rollout_budget_mb)
             if cfg.trainer.rollout_tokens
@@ -151,7 +152,7 @@ class RolloutRecorder:
     def train(self, batch: Batch, step: int) -> None:
         if self.freq and step % self.freq == 0:
             rows = rollout_rows(batch, self.tokenizer, step, self.limit)
-            path = self.folder / f"step_{step}.jsonl"
+            path = self.folder / rollout_records_file(step)
             path.unlink(missing_ok=True)  # a resumed run records the step again: no duplicate lines
             write_rollout_records(path, rows)
             if self.tables is not None:
@@ -163,6 +164,6 @@ class RolloutRecorder:
 
         def write(batch: Batch) -> None:
             rows = rollout_rows(batch, self.tokenizer, step)
-            write_rollout_records(self.folder / f"val_step_{step}.jsonl", rows)
+            write_rollout_records(self.folder / rollout_records_file(step, val=True), rows)
 
         return write

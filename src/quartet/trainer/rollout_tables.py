@@ -13,9 +13,10 @@ sample (the same rows as the JSONL), columns:
   `logprobs` (the trainer's old log-probs), `rollout_logprobs` (the engine's), `ref_logprobs`, `entropy`,
   `advantages`, `values`, `versions` (the weight version that wrote the token).
 
-The file is written to a temporary name and renamed, so a reader (the page of a live run) never sees half
-a file. `trainer.rollout_budget_mb` bounds the run's total: past it a step is written without the
-per-token columns, and `tokens_dropped` is true in its rows.
+The file names and the per-token column list are `quartet.tracking.run_layout`'s, which the inspector
+reads too. The file is written to a temporary name and renamed, so a reader (the page of a live run) never
+sees half a file. `trainer.rollout_budget_mb` bounds the run's total: past it a step is written without
+the per-token columns, and `tokens_dropped` is true in its rows.
 """
 
 from __future__ import annotations
@@ -30,21 +31,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from quartet.core.batch import Batch
+from quartet.tracking.run_layout import ROLLOUT_TABLE_GLOB, TOKEN_COLUMNS, rollout_table_file
 
-__all__ = ["TOKEN_COLUMNS", "TokenTableWriter", "rollout_table"]
+__all__ = ["TokenTableWriter", "rollout_table"]
 
 log = logging.getLogger(__name__)
-
-TOKEN_COLUMNS = {
-    "logprobs": "old_logprobs",
-    "rollout_logprobs": "rollout_logprobs",
-    "ref_logprobs": "ref_logprobs",
-    "entropy": "entropy",
-    "advantages": "advantages",
-    "values": "values",
-    "versions": "rollout_versions",
-}
-"""Per-token float columns of the table and the batch column each comes from (when the step has it)."""
 
 
 def _plain_json(value: Any) -> str | None:
@@ -176,7 +167,8 @@ class TokenTableWriter:
     def __init__(self, folder: Path, tokenizer: Any, limit: int, budget_mb: float) -> None:
         self.folder, self.tokenizer, self.limit = folder, tokenizer, limit
         self.budget_bytes = int(budget_mb * 2**20)
-        self.written = sum(p.stat().st_size for p in folder.glob("step_*.parquet")) if folder.is_dir() else 0
+        tables = folder.glob(ROLLOUT_TABLE_GLOB) if folder.is_dir() else ()
+        self.written = sum(p.stat().st_size for p in tables)
         self.warned = False
 
     def write(self, batch: Batch, step: int) -> Path:
@@ -192,7 +184,7 @@ class TokenTableWriter:
             self.warned = True
         table = rollout_table(batch, self.tokenizer, step, self.limit, tokens=tokens)
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"step_{step}.parquet"
+        path = self.folder / rollout_table_file(step)
         tmp = path.with_suffix(".parquet.tmp")
         pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, path)

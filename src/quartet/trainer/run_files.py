@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quartet.data.bad_rows import BAD_ROWS_FILE, BadRow, append_bad_rows, replace_load_rows
+from quartet.data.bad_rows import BadRow, append_bad_rows, replace_load_rows
 from quartet.data.prompts import PromptDataset
 from quartet.tracking.jsonl_sink import drop_torn_tail, read_records
+from quartet.tracking.run_layout import BAD_ROWS_FILE, SUPERSEDED_METRICS_FILE, set_aside_metrics_file
 from quartet.trainer.rl_data import RLData
 
 __all__ = ["name_bad_rows", "name_reward_failures", "prepare_metrics_file"]
@@ -27,7 +28,7 @@ def prepare_metrics_file(metrics_path: Path, resumed_step: int | None) -> None:
     if not metrics_path.exists():
         return
     if resumed_step is None:
-        aside = metrics_path.with_name(f"metrics.{int(time.time())}.jsonl")
+        aside = metrics_path.with_name(set_aside_metrics_file(int(time.time())))
         metrics_path.rename(aside)
         log.warning("a fresh start: the earlier %s was renamed %s", metrics_path.name, aside.name)
         return
@@ -38,7 +39,7 @@ def prepare_metrics_file(metrics_path: Path, resumed_step: int | None) -> None:
         later = rec.get("kind") in ("step", "val", "checkpoint") and rec.get("step", 0) > resumed_step
         (superseded if later else keep).append(json.dumps(rec))
     if superseded:
-        with metrics_path.with_name("metrics.superseded.jsonl").open("a") as f:
+        with metrics_path.with_name(SUPERSEDED_METRICS_FILE).open("a") as f:
             f.write("\n".join(superseded) + "\n")
     metrics_path.write_text("".join(line + "\n" for line in keep))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.config import QuartetConfig
+from quartet.tracking.run_layout import HF_DIR
 
 __all__ = ["sft_warm_start", "warm_start_dir"]
 
@@ -31,7 +32,7 @@ def sft_warm_start(
     from quartet.sft import SFTTrainer
 
     run_dir = warm_start_dir(cfg)
-    hf = run_dir / "hf"
+    hf = run_dir / HF_DIR
     trained = not (hf / "config.json").is_file()
     if trained:
         trainer = dataclasses.replace(

@@ -22,7 +22,7 @@ Anything else is an `UnknownDataSourceError` that names the data source, the kno
 (`reward.function`). The choice is an explicit table, not a plug-in registry: a custom scorer is one
 `reward.function` away, and a typo in a data source fails on the driver before any worker scores a row.
 
-Built-in tasks are looked up lazily through `quartet.data.tasks.task_scorer(data_source)`, whose task
+Built-in tasks are looked up lazily through `quartet.tasks.task_scorer(data_source)`, whose task
 functions have the signature `compute_score(solution_str, ground_truth, extra_info=None)`; they are
 adapted to verl's. When that registry is not there, `arithmetic` falls back to its `verify_answer`.
 """
@@ -74,14 +74,14 @@ class _TaskScorer:
 
 
 def _arithmetic_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    from quartet.data.tasks.arithmetic import verify_answer
+    from quartet.tasks.arithmetic import verify_answer
 
     return 1.0 if verify_answer(solution_str, str(ground_truth)) else 0.0
 
 
 def _task_module() -> Any:
     try:
-        import quartet.data.tasks as tasks
+        import quartet.tasks as tasks
     except ImportError:
         return None
     return tasks
@@ -147,8 +147,8 @@ class _RuleScorer:
     """The function used when `reward.function` is empty: the rule of each row's data source.
 
     A class for its `warm_up`, which scoring workers call once before their first item: the built-in
-    tasks live in `quartet.data`, whose import is slow (it loads torch), and paid inside the first item's
-    time limit it would time that item out.
+    tasks live in `quartet.tasks`, whose import is slow (the config and the agent tools, about a second on an
+    idle machine), and paid inside the first item's time limit it would time that item out.
     """
 
     def __init__(self, mode: str, name: str) -> None:

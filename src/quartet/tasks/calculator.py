@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quartet.data.layout import rl_row, write_parquet
+from quartet.tasks.rows import RL_FILES, SFT_FILES, ProblemRows, write_splits
+from quartet.tasks.splits import distinct_split
 
 __all__ = [
     "CALCULATOR_TOOLS",
     "DATA_SOURCE",
+    "ROWS",
     "CalculatorProblem",
     "CalculatorSpec",
     "compute_score",
@@ -108,21 +110,7 @@ def held_out_split(
     spec: CalculatorSpec, train_size: int, val_size: int, seed: int
 ) -> tuple[list[CalculatorProblem], list[CalculatorProblem]]:
     """(train, val): `val_size` distinct problems, and `train_size` problems that are none of them."""
-    rng = random.Random(seed)
-    val: list[CalculatorProblem] = []
-    seen: set[CalculatorProblem] = set()
-    while len(val) < val_size:
-        problem = spec.draw(rng)
-        if problem not in seen:
-            seen.add(problem)
-            val.append(problem)
-    rng = random.Random(seed + 1)
-    train: list[CalculatorProblem] = []
-    while len(train) < train_size:
-        problem = spec.draw(rng)
-        if problem not in seen:
-            train.append(problem)
-    return train, val
+    return distinct_split(spec.draw, lambda problem: problem, train_size, val_size, seed)
 
 
 def final_text(solution_str: str, extra_info: dict[str, Any] | None) -> str:
@@ -171,6 +159,17 @@ def _sft_messages(problem: CalculatorProblem, from_head: bool = False) -> list[d
     ]
 
 
+ROWS: ProblemRows[CalculatorProblem] = ProblemRows(
+    DATA_SOURCE,
+    "tool_use",
+    question=lambda p: p.question,
+    answer=lambda p: p.answer,
+    extra=lambda p: {"expression": p.expression},
+    agent_name="tool_agent",
+)
+"""The task's row layout (verl's, `agent_name` = tool_agent)."""
+
+
 def sft_rows(
     problems: Iterable[CalculatorProblem], sloppy: float = 0.0, seed: int = 0
 ) -> list[dict[str, Any]]:
@@ -179,35 +178,12 @@ def sft_rows(
     A share `sloppy` of them (drawn with `seed`) answers from the head without the tool (module docstring).
     """
     tools = json.dumps(CALCULATOR_TOOLS)
-    rng = random.Random(seed + 2)
-    return [
-        {
-            "messages": _sft_messages(p, from_head=rng.random() < sloppy),
-            "tools": tools,
-            "ground_truth": p.answer,
-            "data_source": DATA_SOURCE,
-        }
-        for p in problems
-    ]
+    return ROWS.sft_rows(problems, _sft_messages, sloppy=sloppy, seed=seed, tools=tools)
 
 
 def rl_rows(problems: Iterable[CalculatorProblem], split: str) -> list[dict[str, Any]]:
     """Rows of the RL prompt set (verl's layout, `agent_name` = tool_agent)."""
-    return [
-        {
-            **rl_row(
-                [{"role": "user", "content": p.question}],
-                DATA_SOURCE,
-                p.answer,
-                index=i,
-                split=split,
-                ability="tool_use",
-                extra={"expression": p.expression},
-            ),
-            "agent_name": "tool_agent",
-        }
-        for i, p in enumerate(problems)
-    ]
+    return ROWS.rl_rows(problems, split)
 
 
 def write_rl_set(
@@ -215,11 +191,7 @@ def write_rl_set(
 ) -> tuple[Path, Path]:
     """`folder/rl_train.parquet` and `folder/rl_val.parquet`."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(rl_rows(train, "train"), folder / "rl_train.parquet"),
-        write_parquet(rl_rows(val, "val"), folder / "rl_val.parquet"),
-    )
+    return write_splits(folder, RL_FILES, rl_rows(train, "train"), rl_rows(val, "val"))
 
 
 def write_sft_set(
@@ -227,8 +199,4 @@ def write_sft_set(
 ) -> tuple[Path, Path]:
     """`folder/sft_train.parquet` and `folder/sft_val.parquet` (the same held-out split as the RL set)."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(sft_rows(train, spec.sloppy, seed), folder / "sft_train.parquet"),
-        write_parquet(sft_rows(val), folder / "sft_val.parquet"),
-    )
+    return write_splits(folder, SFT_FILES, sft_rows(train, spec.sloppy, seed), sft_rows(val))

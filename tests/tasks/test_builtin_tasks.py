@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from quartet.config.data import BuiltinTask, DataConfig
-from quartet.data.tasks import TASKS, arithmetic, countdown, resolve_data_files, task_scorer, write_builtin
+from quartet.tasks import TASKS, arithmetic, countdown, resolve_data_files, task_scorer, write_builtin
 
 
 def test_registry_covers_every_builtin_task() -> None:

@@ -1,8 +1,4 @@
-"""The built-in arithmetic task: held-out split, verifier, chat set files.
-
-(Kept under tests/sft while the SFT issue owns `quartet.data.tasks`; it mirrors
-`quartet/data/tasks/arithmetic.py` and can move to tests/data/tasks/.)
-"""
+"""The built-in arithmetic task: held-out split, verifier, chat set files."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from quartet.data.tasks.arithmetic import (
+from quartet.tasks.arithmetic import (
     ArithmeticProblem,
     ArithmeticSpec,
     chat_messages,

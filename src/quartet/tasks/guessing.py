@@ -38,7 +38,7 @@ from quartet.agents.interactions.guessing import (
     last_integer,
     narrowed_range,
 )
-from quartet.data.layout import rl_row, write_parquet
+from quartet.tasks.rows import RL_FILES, SFT_FILES, ProblemRows, sft_row, write_splits
 
 __all__ = [
     "DATA_SOURCE",
@@ -137,21 +137,15 @@ def rl_rows(spec: GuessingSpec, targets: Iterable[int], split: str) -> list[dict
         "announce_range": spec.announce_range,
         "max_guesses": spec.max_guesses,
     }
-    return [
-        {
-            **rl_row(
-                [{"role": "user", "content": opening(spec)}],
-                DATA_SOURCE,
-                str(target),
-                index=i,
-                split=split,
-                ability="interaction",
-                extra={"interaction_kwargs": {**kwargs, "target": target}},
-            ),
-            "agent_name": "user_sim",
-        }
-        for i, target in enumerate(targets)
-    ]
+    rows: ProblemRows[int] = ProblemRows(
+        DATA_SOURCE,
+        "interaction",
+        question=lambda _target: opening(spec),
+        answer=str,
+        extra=lambda target: {"interaction_kwargs": {**kwargs, "target": target}},
+        agent_name="user_sim",
+    )
+    return rows.rl_rows(targets, split)
 
 
 def write_rl_set(
@@ -161,12 +155,8 @@ def write_rl_set(
     `val_size` rows at least once each)."""
     every = list(range(spec.low, spec.high + 1))
     val = [every[i % len(every)] for i in range(max(val_size, len(every)))]
-    folder = Path(folder)
     train = _targets(spec, train_size, random.Random(seed))
-    return (
-        write_parquet(rl_rows(spec, train, "train"), folder / "rl_train.parquet"),
-        write_parquet(rl_rows(spec, val, "val"), folder / "rl_val.parquet"),
-    )
+    return write_splits(folder, RL_FILES, rl_rows(spec, train, "train"), rl_rows(spec, val, "val"))
 
 
 def sft_rows(spec: GuessingSpec, targets: Iterable[int], seed: int) -> list[dict[str, Any]]:
@@ -178,13 +168,7 @@ def sft_rows(spec: GuessingSpec, targets: Iterable[int], seed: int) -> list[dict
         if rng.random() < spec.sloppy:  # a random game that still wins within the interaction's guesses
             games = (_random_player(target, spec.low, spec.high, rng) for _ in range(50))
             guesses = next((g for g in games if len(g) <= spec.max_guesses), guesses)
-        rows.append(
-            {
-                "messages": transcript_messages(spec, guesses, target),
-                "ground_truth": str(target),
-                "data_source": DATA_SOURCE,
-            }
-        )
+        rows.append(sft_row(transcript_messages(spec, guesses, target), str(target), DATA_SOURCE))
     return rows
 
 
@@ -193,8 +177,6 @@ def write_sft_set(
 ) -> tuple[Path, Path]:
     """`sft_train.parquet` and `sft_val.parquet`: games for random targets."""
     rng = random.Random(seed + 2)
-    folder = Path(folder)
-    return (
-        write_parquet(sft_rows(spec, _targets(spec, train_size, rng), seed), folder / "sft_train.parquet"),
-        write_parquet(sft_rows(spec, _targets(spec, val_size, rng), seed + 1), folder / "sft_val.parquet"),
-    )
+    train = sft_rows(spec, _targets(spec, train_size, rng), seed)
+    val = sft_rows(spec, _targets(spec, val_size, rng), seed + 1)
+    return write_splits(folder, SFT_FILES, train, val)

@@ -12,8 +12,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from quartet.config.data import BuiltinTask
-from quartet.data.tasks import TASKS, task_scorer
-from quartet.data.tasks.calculator import (
+from quartet.sft.data import SFTDataError, load_sft_files, tokenize_chat
+from quartet.tasks import TASKS, task_scorer
+from quartet.tasks.calculator import (
     CALCULATOR_TOOLS,
     CalculatorSpec,
     compute_score,
@@ -22,7 +23,6 @@ from quartet.data.tasks.calculator import (
     write_rl_set,
     write_sft_set,
 )
-from quartet.sft.data import SFTDataError, load_sft_files, tokenize_chat
 
 
 def test_split_is_seeded_and_held_out() -> None:

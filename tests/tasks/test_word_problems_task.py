@@ -13,8 +13,8 @@ import pytest
 
 from quartet.agents.tools.python_runner import PythonTool
 from quartet.config.data import BuiltinTask
-from quartet.data.tasks import TASKS, task_scorer
-from quartet.data.tasks.word_problems import (
+from quartet.tasks import TASKS, task_scorer
+from quartet.tasks.word_problems import (
     DATA_SOURCE,
     TEMPLATES,
     WordProblemSpec,

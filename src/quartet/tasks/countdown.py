@@ -39,7 +39,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from quartet.data.layout import rl_row, write_parquet
+from quartet.tasks.rows import CHAT_FILES, RL_FILES, ProblemRows, write_splits
 
 __all__ = [
     "DATA_SOURCE",
@@ -325,35 +325,33 @@ def _answer(problem: CountdownProblem, spec: CountdownSpec) -> str:
     return "\n".join([*problem.steps, final]) if spec.worked_solution else final
 
 
+def _rows(spec: CountdownSpec) -> ProblemRows[CountdownProblem]:
+    """The task's row layout under `spec` (whose `answer_tags` words the question); the known solution is
+    kept in `extra_info`."""
+    return ProblemRows(
+        DATA_SOURCE,
+        "math",
+        question=lambda p: p.question(spec.answer_tags),
+        answer=lambda p: p.ground_truth,
+        extra=lambda p: {"solution": p.solution},
+    )
+
+
 def rl_rows(problems: Iterable[CountdownProblem], spec: CountdownSpec, split: str) -> list[dict[str, Any]]:
     """Rows of the RL prompt set in verl's layout (the known solution is kept in `extra_info`)."""
-    return [
-        rl_row(
-            [{"role": "user", "content": p.question(spec.answer_tags)}],
-            DATA_SOURCE,
-            p.ground_truth,
-            index=i,
-            split=split,
-            ability="math",
-            extra={"solution": p.solution},
-        )
-        for i, p in enumerate(problems)
-    ]
+    return _rows(spec).rl_rows(problems, split)
 
 
 def sft_rows(problems: Iterable[CountdownProblem], spec: CountdownSpec) -> list[dict[str, Any]]:
     """Rows of the chat set: `messages` (question, worked solution), `ground_truth`, `data_source`."""
-    return [
-        {
-            "messages": [
-                {"role": "user", "content": p.question(spec.answer_tags)},
-                {"role": "assistant", "content": _answer(p, spec)},
-            ],
-            "ground_truth": p.ground_truth,
-            "data_source": DATA_SOURCE,
-        }
-        for p in problems
-    ]
+
+    def messages(p: CountdownProblem, _weak: bool) -> list[dict[str, str]]:
+        return [
+            {"role": "user", "content": p.question(spec.answer_tags)},
+            {"role": "assistant", "content": _answer(p, spec)},
+        ]
+
+    return _rows(spec).sft_rows(problems, messages)
 
 
 def write_rl_set(
@@ -361,11 +359,7 @@ def write_rl_set(
 ) -> tuple[Path, Path]:
     """Write `rl_train.parquet` and `rl_val.parquet` (verl layout; no validation problem is in training)."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(rl_rows(train, spec, "train"), folder / "rl_train.parquet"),
-        write_parquet(rl_rows(val, spec, "val"), folder / "rl_val.parquet"),
-    )
+    return write_splits(folder, RL_FILES, rl_rows(train, spec, "train"), rl_rows(val, spec, "val"))
 
 
 def write_sft_set(
@@ -373,8 +367,4 @@ def write_sft_set(
 ) -> tuple[Path, Path]:
     """Write `train.parquet` and `val.parquet` of the chat set of worked solutions into `folder`."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(sft_rows(train, spec), folder / "train.parquet"),
-        write_parquet(sft_rows(val, spec), folder / "val.parquet"),
-    )
+    return write_splits(folder, CHAT_FILES, sft_rows(train, spec), sft_rows(val, spec))

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quartet.data.layout import rl_row, write_parquet
+from quartet.tasks.rows import CHAT_FILES, RL_FILES, ProblemRows, write_splits
 
 __all__ = [
     "DATA_SOURCE",
     "OPERATIONS",
+    "ROWS",
     "ArithmeticProblem",
     "ArithmeticSpec",
     "chat_messages",
@@ -170,32 +171,24 @@ def chat_messages(problem: ArithmeticProblem, worked_answer: bool = False) -> li
     return [{"role": "user", "content": problem.question}, {"role": "assistant", "content": reply}]
 
 
+ROWS: ProblemRows[ArithmeticProblem] = ProblemRows(
+    DATA_SOURCE,
+    "arithmetic",
+    question=lambda p: p.question,
+    answer=lambda p: p.answer,
+    extra=lambda p: {"expression": p.expression},
+)
+"""The task's row layout: the question alone as the prompt (the SFT set's prompt too)."""
+
+
 def sft_rows(problems: Iterable[ArithmeticProblem], worked_answer: bool = False) -> list[dict[str, Any]]:
     """Rows of the chat set: `messages`, `ground_truth`, `data_source`."""
-    return [
-        {
-            "messages": chat_messages(p, worked_answer),
-            "ground_truth": p.answer,
-            "data_source": DATA_SOURCE,
-        }
-        for p in problems
-    ]
+    return ROWS.sft_rows(problems, lambda p, _weak: chat_messages(p, worked_answer))
 
 
 def rl_rows(problems: Iterable[ArithmeticProblem], split: str) -> list[dict[str, Any]]:
     """Rows of the RL prompt set in verl's layout (the question alone: the SFT set's prompt)."""
-    return [
-        rl_row(
-            [{"role": "user", "content": p.question}],
-            DATA_SOURCE,
-            p.answer,
-            index=i,
-            split=split,
-            ability="arithmetic",
-            extra={"expression": p.expression},
-        )
-        for i, p in enumerate(problems)
-    ]
+    return ROWS.rl_rows(problems, split)
 
 
 def write_rl_set(
@@ -203,24 +196,14 @@ def write_rl_set(
 ) -> tuple[Path, Path]:
     """Write `rl_train.parquet` and `rl_val.parquet` (verl layout; no validation problem is in training)."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(rl_rows(train, "train"), folder / "rl_train.parquet"),
-        write_parquet(rl_rows(val, "val"), folder / "rl_val.parquet"),
-    )
+    return write_splits(folder, RL_FILES, rl_rows(train, "train"), rl_rows(val, "val"))
 
 
 def write_sft_set(
     folder: str | Path, spec: ArithmeticSpec, train_size: int, val_size: int, seed: int
 ) -> tuple[Path, Path]:
     """Write `train.parquet` and `val.parquet` of the chat set into `folder`; their paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = folder / "train.parquet", folder / "val.parquet"
-    for path, problems in zip(paths, (train, val), strict=True):
-        pq.write_table(pa.Table.from_pylist(sft_rows(problems, spec.worked_answer)), path)
-    return paths
+    return write_splits(
+        folder, CHAT_FILES, sft_rows(train, spec.worked_answer), sft_rows(val, spec.worked_answer)
+    )

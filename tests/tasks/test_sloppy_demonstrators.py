@@ -10,10 +10,10 @@ import pytest
 
 from quartet.config import load_config
 from quartet.config.errors import ConfigError
-from quartet.data.tasks.calculator import CalculatorSpec, held_out_split, write_sft_set
-from quartet.data.tasks.word_problems import TEMPLATES, WordProblemSpec
-from quartet.data.tasks.word_problems import held_out_split as word_split
-from quartet.data.tasks.word_problems import write_sft_set as write_word_sft
+from quartet.tasks.calculator import CalculatorSpec, held_out_split, write_sft_set
+from quartet.tasks.word_problems import TEMPLATES, WordProblemSpec
+from quartet.tasks.word_problems import held_out_split as word_split
+from quartet.tasks.word_problems import write_sft_set as write_word_sft
 
 
 def _tens(x: int) -> int:

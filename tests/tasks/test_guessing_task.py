@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from quartet.agents.interactions.guessing import GuessingGameInteraction
-from quartet.data.tasks.guessing import (
+from quartet.tasks.guessing import (
     MAX_GUESSES,
     GuessingSpec,
     compute_score,

@@ -31,11 +31,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from quartet.data.layout import rl_row, write_parquet
-from quartet.data.tasks.calculator import compute_score, round_tens, verify_answer
+from quartet.tasks.calculator import compute_score, round_tens, verify_answer
+from quartet.tasks.rows import RL_FILES, SFT_FILES, ProblemRows, write_splits
+from quartet.tasks.splits import distinct_split
 
 __all__ = [
     "DATA_SOURCE",
+    "ROWS",
     "TEMPLATES",
     "WordProblem",
     "WordProblemSpec",
@@ -184,22 +186,7 @@ def held_out_split(
     spec: WordProblemSpec, train_size: int, val_size: int, seed: int
 ) -> tuple[list[WordProblem], list[WordProblem]]:
     """(train, val): `val_size` distinct problems, and `train_size` problems with none of their numbers."""
-    rng = random.Random(seed)
-    val: list[WordProblem] = []
-    seen: set[tuple[int, int, int, int]] = set()
-    while len(val) < val_size:
-        problem = spec.draw(rng)
-        key = (problem.template, problem.a, problem.b, problem.c)
-        if key not in seen:
-            seen.add(key)
-            val.append(problem)
-    rng = random.Random(seed + 1)
-    train: list[WordProblem] = []
-    while len(train) < train_size:
-        problem = spec.draw(rng)
-        if (problem.template, problem.a, problem.b, problem.c) not in seen:
-            train.append(problem)
-    return train, val
+    return distinct_split(spec.draw, lambda p: (p.template, p.a, p.b, p.c), train_size, val_size, seed)
 
 
 def tool_message(program_output: str) -> str:
@@ -219,41 +206,29 @@ def _sft_messages(problem: WordProblem, from_head: bool = False) -> list[dict[st
     ]
 
 
+ROWS: ProblemRows[WordProblem] = ProblemRows(
+    DATA_SOURCE,
+    "tool_use",
+    question=lambda p: p.question,
+    answer=lambda p: p.answer,
+    extra=lambda p: {"program": p.program},
+    agent_name="tool_agent",
+)
+"""The task's row layout (verl's, `agent_name` = tool_agent)."""
+
+
 def sft_rows(problems: Iterable[WordProblem], sloppy: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
     """Rows of the SFT set: `messages`, `tools` (JSON text of the schemas), `ground_truth`, `data_source`.
 
     A share `sloppy` of them (drawn with `seed`) answers from the head without code (module docstring).
     """
     tools = "[" + ", ".join(python_tool_schemas()) + "]"
-    rng = random.Random(seed + 2)
-    return [
-        {
-            "messages": _sft_messages(p, from_head=rng.random() < sloppy),
-            "tools": tools,
-            "ground_truth": p.answer,
-            "data_source": DATA_SOURCE,
-        }
-        for p in problems
-    ]
+    return ROWS.sft_rows(problems, _sft_messages, sloppy=sloppy, seed=seed, tools=tools)
 
 
 def rl_rows(problems: Iterable[WordProblem], split: str) -> list[dict[str, Any]]:
     """Rows of the RL prompt set (verl's layout, `agent_name` = tool_agent)."""
-    return [
-        {
-            **rl_row(
-                [{"role": "user", "content": p.question}],
-                DATA_SOURCE,
-                p.answer,
-                index=i,
-                split=split,
-                ability="tool_use",
-                extra={"program": p.program},
-            ),
-            "agent_name": "tool_agent",
-        }
-        for i, p in enumerate(problems)
-    ]
+    return ROWS.rl_rows(problems, split)
 
 
 def write_rl_set(
@@ -261,11 +236,7 @@ def write_rl_set(
 ) -> tuple[Path, Path]:
     """`folder/rl_train.parquet` and `folder/rl_val.parquet`."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(rl_rows(train, "train"), folder / "rl_train.parquet"),
-        write_parquet(rl_rows(val, "val"), folder / "rl_val.parquet"),
-    )
+    return write_splits(folder, RL_FILES, rl_rows(train, "train"), rl_rows(val, "val"))
 
 
 def write_sft_set(
@@ -273,8 +244,4 @@ def write_sft_set(
 ) -> tuple[Path, Path]:
     """`folder/sft_train.parquet` and `folder/sft_val.parquet` (the same held-out split as the RL set)."""
     train, val = held_out_split(spec, train_size, val_size, seed)
-    folder = Path(folder)
-    return (
-        write_parquet(sft_rows(train, spec.sloppy, seed), folder / "sft_train.parquet"),
-        write_parquet(sft_rows(val), folder / "sft_val.parquet"),
-    )
+    return write_splits(folder, SFT_FILES, sft_rows(train, spec.sloppy, seed), sft_rows(val))

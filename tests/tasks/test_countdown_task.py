@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from quartet.data.tasks.countdown import (
+from quartet.tasks.countdown import (
     DATA_SOURCE,
     CountdownProblem,
     CountdownSpec,

@@ -5,6 +5,11 @@ extra_info=None) -> float` (verl's reward-function form), `write_rl_set` (verl-l
 validation problems never occur in training) and `write_sft_set` (chat set of worked answers). `TASKS`
 describes them with one typed `Task` record each, keyed by the config's `BuiltinTask` enum (not by free
 strings), so the trainer and the reward layer reach a task's functions through attributes.
+
+Where the package sits: it imports `quartet.config` and `quartet.agents` (the calculator and python tools
+and the guessing game's simulated user are general agent tools that the tasks render and replay, not
+task code), never `quartet.data` or `quartet.rewards`; both of those import it (data's converters for
+the row layout, `quartet.tasks.rows`; the rule scorer for the verifiers).
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from quartet.config.data import BuiltinTask, DataConfig
-from quartet.data.tasks import arithmetic, calculator, countdown, guessing, word_problems
-from quartet.data.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
-from quartet.data.tasks.calculator import CalculatorSpec
-from quartet.data.tasks.countdown import CountdownProblem, CountdownSpec
-from quartet.data.tasks.guessing import GuessingSpec
-from quartet.data.tasks.word_problems import WordProblemSpec
+from quartet.tasks import arithmetic, calculator, countdown, guessing, word_problems
+from quartet.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
+from quartet.tasks.calculator import CalculatorSpec
+from quartet.tasks.countdown import CountdownProblem, CountdownSpec
+from quartet.tasks.guessing import GuessingSpec
+from quartet.tasks.word_problems import WordProblemSpec
 
 __all__ = [
     "TASKS",
