@@ -1,5 +1,5 @@
-"""The parts of the overlapped modes that need no cluster: busy/overlap arithmetic against a brute-force
-timeline, the staleness helpers against a per-token recount, the in-order generation lock, and the
+"""The parts of the overlapped modes that need no cluster: busy/overlap arithmetic (`busy_time`) against a
+brute-force timeline, the staleness helpers against a per-token recount, the in-order generation lock, and the
 weight versions a multi-turn trajectory keeps."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from quartet.agents.batch import trajectories_to_batch
 from quartet.agents.trajectory import Trajectory
 from quartet.core.batch import Batch
 from quartet.roles.weight_stream import GenerationLock
-from quartet.trainer.overlap import busy_seconds, overlap_seconds, pool_metrics
+from quartet.trainer.busy_time import busy_outside, busy_seconds, overlap_seconds, pool_metrics
 from quartet.trainer.rollout_feed import stale_groups, staleness_metrics
 
 TICK = 0.01
@@ -46,6 +46,15 @@ def test_busy_and_overlap_match_a_brute_force_timeline() -> None:
         metrics = pool_metrics(first, second, window)
         assert abs(metrics["timing_s/trainer_idle"] - (len(a) - sum(a)) * TICK) < 1e-9
         assert abs(metrics["timing_s/rollout_idle"] - (len(b) - sum(b)) * TICK) < 1e-9
+
+
+def test_the_trainer_is_busy_exactly_outside_its_waits() -> None:
+    rng = random.Random(1)
+    window = (0.0, 1.0)
+    for _ in range(200):
+        waits = _random_intervals(rng)
+        waiting, busy = _timeline(waits, window), _timeline(busy_outside(waits, window), window)
+        assert busy == [not w for w in waiting]
 
 
 def _rollout(versions: list[list[int]], mask: list[list[int]], uids: list[str]) -> Batch:

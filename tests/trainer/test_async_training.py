@@ -28,11 +28,13 @@ from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
 from quartet.roles.actor import Actor
 from quartet.roles.rollout import Rollout
-from quartet.trainer import rl_trainer
+from quartet.trainer.batch_source import BatchSource, SyncGeneration
 from quartet.trainer.callbacks import RunCallbacks, StopAfter
 from quartet.trainer.rl_data import prepare_rl_data, prompt_batch
 from quartet.trainer.rl_trainer import RLTrainer
-from quartet.trainer.step import StepRunner, kl_controller
+from quartet.trainer.scoring import RolloutScorer
+from quartet.trainer.step import StepRunner, TrainedStep, kl_controller
+from quartet.trainer.weight_push import open_weight_sync
 from quartet.trainer.workers import start_workers
 
 pytestmark = pytest.mark.ray
@@ -77,10 +79,17 @@ def test_cross_process_sync_is_bitwise_and_logprobs_match(
         pids = {g: getattr(workers, g).execute(lambda _: os.getpid())[0] for g in ("actor", "rollout")}
         assert pids["actor"] != pids["rollout"]  # two processes: the weights cross a process boundary
         data = prepare_rl_data(cfg, tokenizer, tmp_path)
-        runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
+        runner = StepRunner(cfg, workers, open_weight_sync(cfg, workers), kl_controller(cfg))
+        scorer = RolloutScorer(cfg, workers.reward_model, reward)
+        source = SyncGeneration(
+            cfg,
+            workers,
+            scorer,
+            lambda step, k: prompt_batch(data.train, list(range(4 * step - 4, 4 * step)), step),
+        )
         before = _weights(workers.actor, "module")
         for step in (1, 2):
-            _, metrics = runner.run(prompt_batch(data.train, list(range(4 * step - 4, 4 * step)), step), step)
+            metrics = runner.run(source, step).metrics
             assert metrics["weight_sync/version"] == step and metrics["weight_sync/bytes"] > 0
         actor, engine = _weights(workers.actor, "module"), _weights(workers.rollout, "model")
         assert any(not torch.equal(before[k], actor[k]) for k in actor)  # the update moved them
@@ -117,18 +126,22 @@ def _weights(group: Any, attribute: str) -> dict[str, torch.Tensor]:
     return group.execute(grab)[0]
 
 
+_REAL_RUN = StepRunner.run
+
+
 class _Batches:
-    """Wraps `overlapped_step` to keep each step's trained batch and the trainer's version before it."""
+    """Wraps `StepRunner.run` to keep each step's trained batch and the trainer's version before it."""
 
-    def __init__(self) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.steps: dict[int, tuple[Batch, int]] = {}
-        self.real = rl_trainer.overlapped_step
 
-    def __call__(self, runner: StepRunner, feed: Any, step: int) -> Any:
-        version = runner.weight_version
-        batch, metrics, state = self.real(runner, feed, step)
-        self.steps[step] = (batch, version)
-        return batch, metrics, state
+        def run(runner: StepRunner, source: BatchSource, step: int) -> TrainedStep:
+            version = runner.weight_version
+            trained = _REAL_RUN(runner, source, step)
+            self.steps[step] = (trained.batch, version)
+            return trained
+
+        monkeypatch.setattr(StepRunner, "run", run)
 
     def prompts(self, step: int) -> list[tuple[int, ...]]:
         """The distinct prompts (token ids) of a step, in row order."""
@@ -144,8 +157,7 @@ class _Batches:
 def test_async_run_never_trains_on_tokens_older_than_the_bound(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    batches = _Batches()
-    monkeypatch.setattr(rl_trainer, "overlapped_step", batches)
+    batches = _Batches(monkeypatch)
     cfg = _config(
         tiny_model_dir,
         tmp_path,
@@ -181,16 +193,13 @@ def test_resumed_async_run_draws_the_prompts_of_the_uninterrupted_one(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     common = ["trainer.mode=async", "trainer.async_buffer=2", "trainer.total_steps=6", "trainer.save_freq=0"]
-    whole = _Batches()
-    monkeypatch.setattr(rl_trainer, "overlapped_step", whole)
+    whole = _Batches(monkeypatch)
     RLTrainer(_config(tiny_model_dir, tmp_path / "whole", *common)).run()
-    first = _Batches()
-    monkeypatch.setattr(rl_trainer, "overlapped_step", first)
+    first = _Batches(monkeypatch)
     cut = _config(tiny_model_dir, tmp_path / "cut", *common)
     stopped = RLTrainer(cut, callbacks=StopAfter(3)).run()  # steps 4 and 5 were already drawn ahead
     assert stopped.steps == 3
-    rest = _Batches()
-    monkeypatch.setattr(rl_trainer, "overlapped_step", rest)
+    rest = _Batches(monkeypatch)
     resumed = RLTrainer(cut).run()
     assert resumed.steps == 6 and sorted(rest.steps) == [4, 5, 6]
     for step in range(1, 7):

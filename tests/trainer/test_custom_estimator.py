@@ -20,8 +20,11 @@ from quartet.config import load_config, plan_step
 from quartet.core.registry import CUSTOM_MODULES_ENV, registered_estimators
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
+from quartet.trainer.batch_source import SyncGeneration
 from quartet.trainer.rl_data import prepare_rl_data, prompt_batch
+from quartet.trainer.scoring import RolloutScorer
 from quartet.trainer.step import StepRunner, kl_controller
+from quartet.trainer.weight_push import open_weight_sync
 from quartet.trainer.workers import start_workers
 
 MODULE = Path(__file__).parents[2] / "examples" / "custom_algorithm" / "my_algo.py"
@@ -82,10 +85,17 @@ def test_custom_estimator_trains_two_steps(tiny_model_dir: Path, tmp_path: Path)
     )
     try:
         before = _weights(workers.actor)
-        runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
+        runner = StepRunner(cfg, workers, open_weight_sync(cfg, workers), kl_controller(cfg))
+        scorer = RolloutScorer(cfg, workers.reward_model, reward)
+        source = SyncGeneration(
+            cfg,
+            workers,
+            scorer,
+            lambda step, k: prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step),
+        )
         for step in (1, 2):
-            prompts = prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step)
-            batch, metrics = runner.run(prompts, step)
+            trained = runner.run(source, step)
+            batch, metrics = trained.batch, trained.metrics
             mask = (batch["response_mask"] != 0).tolist()
             rewards = batch["token_level_rewards"].double()
             scores = [
@@ -158,8 +168,12 @@ def test_registered_policy_loss_runs_in_the_ray_actor(
         cfg, plan_step(cfg), cfg.model.path, RunNames.new(cfg.cluster.namespace, "custom-loss"), 1
     )
     try:
-        runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
-        _, metrics = runner.run(prompt_batch(data.train, [0, 1, 2, 3], 1), 1)
+        runner = StepRunner(cfg, workers, open_weight_sync(cfg, workers), kl_controller(cfg))
+        scorer = RolloutScorer(cfg, workers.reward_model, reward)
+        source = SyncGeneration(
+            cfg, workers, scorer, lambda step, k: prompt_batch(data.train, [0, 1, 2, 3], 1)
+        )
+        metrics = runner.run(source, 1).metrics
         actor_pid = workers.actor.execute(lambda _: os.getpid())[0]
         assert actor_pid != os.getpid()
         assert metrics["custom/marker"] == 42.0

@@ -20,9 +20,12 @@ from quartet.config import QuartetConfig, load_config, plan_step
 from quartet.core.choices import AdvantageEstimator
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
+from quartet.trainer.batch_source import SyncGeneration
 from quartet.trainer.rl_data import prepare_rl_data, prompt_batch
 from quartet.trainer.rl_trainer import RLTrainer
+from quartet.trainer.scoring import RolloutScorer
 from quartet.trainer.step import StepRunner, kl_controller
+from quartet.trainer.weight_push import open_weight_sync
 from quartet.trainer.workers import Workers, start_workers
 
 BASE = [
@@ -109,12 +112,16 @@ def _run_steps(
         before["critic"] = _weights(workers.critic)
     if workers.reference is not None:
         before["reference"] = _weights(workers.reference)
-    runner = StepRunner(cfg, workers, reward, kl_controller(cfg))
     metrics = []
+
+    def draw(step: int, k: int) -> Any:
+        return prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step, draw=k)
+
     try:
+        runner = StepRunner(cfg, workers, open_weight_sync(cfg, workers), kl_controller(cfg))
+        source = SyncGeneration(cfg, workers, RolloutScorer(cfg, workers.reward_model, reward), draw)
         for step in range(1, steps + 1):
-            prompts = prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step)
-            metrics.append(runner.run(prompts, step)[1])
+            metrics.append(runner.run(source, step).metrics)
     except BaseException:
         workers.shutdown()
         raise
@@ -234,13 +241,18 @@ def test_dynamic_sampling_draws_more_prompts_in_a_real_step(
     )
     drawn: list[int] = []
 
-    def more(k: int) -> Any:
+    def draw(step: int, k: int) -> Any:  # k > 0: dynamic sampling's extra draws
+        if k == 0:
+            return prompt_batch(data.train, [0, 1, 2, 3], 1)
         drawn.append(k)
         return prompt_batch(data.train, list(range(4 * k, 4 * k + 4)), 1, draw=k)
 
     try:
-        runner = StepRunner(cfg, workers, reward, kl_controller(cfg), data.train.pad_id)
-        batch, metrics = runner.run(prompt_batch(data.train, [0, 1, 2, 3], 1), 1, more)
+        runner = StepRunner(cfg, workers, open_weight_sync(cfg, workers), kl_controller(cfg))
+        scorer = RolloutScorer(cfg, workers.reward_model, reward)
+        source = SyncGeneration(cfg, workers, scorer, draw, pad_id=data.train.pad_id)
+        trained = runner.run(source, 1)
+        batch, metrics = trained.batch, trained.metrics
     finally:
         workers.shutdown()
         reward.close()

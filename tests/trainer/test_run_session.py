@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from quartet.config import load_config
-from quartet.trainer import rl_trainer
+from quartet.trainer import session
 from quartet.trainer.callbacks import CallbackList, OnRecord, RunCallbacks, StopAfter
 from quartet.trainer.rl_trainer import RLTrainer
 
@@ -53,7 +53,7 @@ def test_a_failure_while_starting_workers_closes_what_was_started(
         raise RuntimeError("no workers today")
 
     monkeypatch.setattr(RewardComputer, "close", close)
-    monkeypatch.setattr(rl_trainer, "start_workers", no_workers)
+    monkeypatch.setattr(session, "start_workers", no_workers)
     seen: list[str] = []
     trainer = RLTrainer(_cfg(tiny_model_dir, tmp_path), on_record=lambda r: seen.append(r["kind"]))
     with pytest.raises(RuntimeError, match="no workers today"):

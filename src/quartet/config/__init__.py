@@ -14,7 +14,7 @@ from quartet.config.model import Dtype, LoraConfig, ModelConfig, TinyArch, TinyM
 from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.config.plan import OldLogprobs, RefLogprobs, StepPlan, plan_step
 from quartet.config.reward import RewardConfig
-from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig
+from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig, Role
 from quartet.config.rollout import (
     RolloutConfig,
     RolloutEngineKind,
@@ -55,6 +55,7 @@ __all__ = [
     "RefLogprobs",
     "ReferenceConfig",
     "RewardConfig",
+    "Role",
     "RolloutConfig",
     "RolloutEngineKind",
     "RolloutMode",

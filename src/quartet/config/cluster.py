@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from quartet.config.errors import require
+from quartet.config.roles import Role
 
 __all__ = ["SEPARABLE_ROLES", "Backend", "ClusterConfig", "DeviceKind", "PlacementStrategy"]
 
-SEPARABLE_ROLES = ("rollout", "reference", "critic", "reward_model")
+SEPARABLE_ROLES = (Role.ROLLOUT, Role.REFERENCE, Role.CRITIC, Role.REWARD_MODEL)
 """Roles that `cluster.separate_pools` may move off the actor's pool. A separate `rollout` gets the actor's
 weights over a weight-sync group (`rollout.weight_sync`) instead of in-process, and is what lets
 `trainer.mode=one_step_off|async` generate while the actor trains."""
@@ -87,7 +88,7 @@ class ClusterConfig:
     call_timeout_s: float = 3600.0
     """Longest wait for one call on a worker group before the driver reports which ranks hang."""
 
-    separate_pools: tuple[str, ...] = ()
+    separate_pools: tuple[Role, ...] = ()
     """Roles on a pool of their own, of the same shape as the main one (`rollout`, `reference`, `critic`,
     `reward_model`): their memory never competes with the actor's, at the price of more devices. A separate
     `rollout` pool is disaggregated RL: its engines take the actor's weights over `rollout.weight_sync`."""
@@ -108,7 +109,7 @@ class ClusterConfig:
                 role in SEPARABLE_ROLES,
                 "separate_pools",
                 f"'{role}' is not a role that can have its own pool",
-                f"use some of {list(SEPARABLE_ROLES)}; the actor always stays on the main pool",
+                f"use some of {[str(r) for r in SEPARABLE_ROLES]}; the actor always stays on the main pool",
             )
         require(
             len(set(self.separate_pools)) == len(self.separate_pools), "separate_pools", "lists a role twice"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from quartet.config.roles import Role
 from quartet.config.root import QuartetConfig
 from quartet.core.choices import AdvantageEstimator
 
@@ -66,15 +67,15 @@ class StepPlan:
     """Steps that update only the critic; the actor update and weight sync start after them."""
 
     @property
-    def roles(self) -> tuple[str, ...]:
+    def roles(self) -> tuple[Role, ...]:
         """The roles to start, actor first (the rollout engine syncs its weights from it)."""
-        out = ["actor", "rollout"]
+        out = [Role.ACTOR, Role.ROLLOUT]
         if self.ref_logprobs is RefLogprobs.REFERENCE:
-            out.append("reference")
+            out.append(Role.REFERENCE)
         if self.critic:
-            out.append("critic")
+            out.append(Role.CRITIC)
         if self.reward_model:
-            out.append("reward_model")
+            out.append(Role.REWARD_MODEL)
         return tuple(out)
 
     def updates_actor(self, step: int) -> bool:

@@ -1,15 +1,28 @@
-"""The trained and frozen model roles: actor (policy), critic (values), reference (frozen policy)."""
+"""The model roles of a run by name (`Role`), and the sections of the trained and frozen ones: actor
+(policy), critic (values), reference (frozen policy)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from quartet.config.errors import require
 from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
 from quartet.core.choices import KLPenalty, LossAggMode, PolicyLoss, TISMode
 
-__all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig"]
+__all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig", "Role"]
+
+
+class Role(StrEnum):
+    """The model roles of an RL run: one group of workers each. A value is also the role's name wherever
+    a name is shown or written (pool labels, worker names, errors, checkpoint folders)."""
+
+    ACTOR = "actor"
+    ROLLOUT = "rollout"
+    REFERENCE = "reference"
+    CRITIC = "critic"
+    REWARD_MODEL = "reward_model"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ class Logger(StrEnum):
 
 
 class TrainerMode(StrEnum):
-    """How generation and training take turns (`quartet.trainer.rollout_feed`)."""
+    """How generation and training take turns (`quartet.trainer.batch_source`)."""
 
     SYNC = "sync"
     """Generate a batch, train on it, sync the weights, repeat: every token is on-policy."""

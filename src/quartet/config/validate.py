@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from quartet.config.algorithm import unknown_name_fix
 from quartet.config.errors import ConfigError, raise_problems
-from quartet.config.roles import ActorConfig, CriticConfig
+from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
 from quartet.core.registry import policy_loss_names
 
@@ -164,7 +164,7 @@ def _mode_rules(cfg: QuartetConfig) -> list[ConfigError]:
     mode = cfg.trainer.mode
     if mode == "sync":
         return out
-    if "rollout" not in cfg.cluster.separate_pools:
+    if Role.ROLLOUT not in cfg.cluster.separate_pools:
         out.append(
             ConfigError(
                 "trainer.mode",

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from quartet.config import load_config
+from quartet.config import Role, load_config
 from quartet.engines.checkpoint import TOKENIZER_FILES
 from quartet.tracking.run_layout import CONFIG_FILE, TRAINER_STATE_FILE
 from quartet.trainer.checkpoint import CheckpointError, find_resume_checkpoint
@@ -58,7 +58,7 @@ def export_checkpoint(checkpoint: Path, out: Path, lora: LoraExport = "merge") -
     from quartet.trainer.workers import run_values
 
     actor = Actor(cfg.actor, run_values(cfg, str(model_path)), lora=cfg.model.lora)
-    actor.engine.load(checkpoint / "actor")
+    actor.engine.load(checkpoint / Role.ACTOR)  # the folder `save_roles` wrote
     if lora == "merge":
         actor.engine.export_hf(out)
         return out

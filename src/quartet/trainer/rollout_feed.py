@@ -1,7 +1,8 @@
-"""Where a step's generated batch comes from when generation overlaps training (`trainer.mode`).
+"""The batch source of `trainer.mode=one_step_off|async`: batches generated ahead on the rollout's own pool.
 
-    feed = RolloutFeed(workers, draw, depth=1, max_staleness=None, last_step=total)   # one_step_off
-    fed = feed.take(step, version)      # this step's batch; the next `depth` are already generating
+    feed = RolloutFeed(workers, scorer, draw, sampler_state, depth=1, max_staleness=None, last_step=total)
+    with feed:                                    # a replica failing ahead is reported at once
+        got = feed.take(step, version, timer)     # this step's scored batch; the next `depth` are generating
 
 The rollout lives on a pool of its own. `take(k)` hands over batch k and, before waiting for it, submits
 the prompts of the steps after it until `depth` batches are generating ahead (in flight or done: the
@@ -17,7 +18,8 @@ that computed it (`rollout_versions`).
 
 The prompts are drawn in step order however far ahead, so the sampler state after step k's draw is what a
 checkpoint of step k saves (`FedBatch.sampler_state`): a resumed run draws exactly the prompts the
-uninterrupted one would have. Waiting for a batch is the trainer's idle time.
+uninterrupted one would have. Waiting for a batch (phase `gen`) is the trainer's idle time; the batch is
+then scored (phase `reward`) as in sync mode, with the feed's `async/*` metrics added.
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import torch
 
 from quartet.cluster.group import Pending
+from quartet.cluster.hostset import add_sentinel, remove_sentinel
 from quartet.core.batch import Batch
 from quartet.roles.rollout import Rollout
 from quartet.rollout.batch_io import concat_rollouts
+from quartet.trainer.batch_source import BatchSource, PromptDraw, SourcedBatch
+from quartet.trainer.phase_timer import PhaseTimer
+from quartet.trainer.scoring import RolloutScorer
 from quartet.trainer.workers import Workers
 
 __all__ = ["FedBatch", "RolloutFeed", "staleness_metrics", "stale_groups"]
@@ -90,28 +97,47 @@ def staleness_metrics(batch: Batch, version: int) -> dict[str, float]:
     }
 
 
-class RolloutFeed:
+class RolloutFeed(BatchSource):
     """Generated batches, `depth` steps ahead of the trainer (see the module docstring)."""
 
     def __init__(
         self,
         workers: Workers,
-        draw: Callable[[int], Batch],
+        scorer: RolloutScorer,
+        draw: PromptDraw,
         sampler_state: Callable[[], dict[str, Any]],
         depth: int,
         max_staleness: int | None,
         last_step: int,
         pad_id: int = 0,
     ) -> None:
-        """`draw(step)`: that step's prompts (drawn in step order); `sampler_state()`: the sampler's state
-        now; `max_staleness` None keeps every sample (one_step_off's staleness is 1 by construction)."""
-        self.workers, self.draw, self.sampler_state = workers, draw, sampler_state
+        """`draw(step, 0)`: that step's prompts (drawn in step order); `sampler_state()`: the sampler's
+        state now; `max_staleness` None keeps every sample (one_step_off's staleness is 1 by construction)."""
+        self.workers, self.scorer, self.draw, self.sampler_state = workers, scorer, draw, sampler_state
         self.depth, self.max_staleness, self.last_step, self.pad_id = depth, max_staleness, last_step, pad_id
         self.queue: deque[_Ahead] = deque()
         self.next_step: int | None = None
         self.dropped_total = 0
 
-    def take(self, step: int, version: int) -> FedBatch:
+    def take(self, step: int, version: int, timer: PhaseTimer) -> SourcedBatch:
+        """Step `step`'s batch (phase `gen`: the wait for it) scored (phase `reward`), with the feed's
+        metrics."""
+        with timer("gen"):
+            fed = self._generated(step, version)
+        batch, metrics = self.scorer.score_rollout(fed.batch, timer)
+        metrics |= fed.metrics
+        return SourcedBatch(batch, metrics, fed.sampler_state, [fed.waited])
+
+    def __enter__(self) -> RolloutFeed:
+        add_sentinel(self.check)  # a replica failing while the actor trains is reported within a second or so
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        remove_sentinel(self.check)
+
+    def _generated(self, step: int, version: int) -> FedBatch:
         """Step `step`'s generated batch (waiting for it if needed), fresh within `max_staleness` of the
         trainer's weights `version`; the batches after it keep generating."""
         if self.next_step is None:
@@ -138,7 +164,7 @@ class RolloutFeed:
     def _submit(self) -> None:
         assert self.next_step is not None
         step = self.next_step
-        prompts = self.draw(step)
+        prompts = self.draw(step, 0)
         state = self.sampler_state()
         pending = self.workers.rollout.submit_batch(Rollout.generate, prompts)
         self.queue.append(_Ahead(step, prompts, state, pending))

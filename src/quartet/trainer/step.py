@@ -6,17 +6,21 @@
 Each phase is one call on a role group (or a pure function of `quartet.core` on the driver); its wall time
 is logged as `timing_s/<phase>` (verl's names). Roles that the algorithm does not need are absent and their
 phases skipped: no reference without a KL term, no critic without GAE.
+
+    trained = StepRunner(cfg, workers, weights, kl_ctrl).run(source, step)
+
+Generation and scoring come from a `BatchSource` (`quartet.trainer.batch_source`): generated now in sync
+mode, or ahead on the rollout's own pool (`trainer.mode=one_step_off|async`); every mode runs this one
+path.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from quartet.agents.batch import agent_batch_metrics
 from quartet.config import QuartetConfig, TrainerMode, WeightApply
 from quartet.config.plan import OldLogprobs, RefLogprobs
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
@@ -27,36 +31,26 @@ from quartet.core.metrics import batch_data_metrics, logprob_diff_metrics, maske
 from quartet.core.turn_credit import turn_level_advantages
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
-from quartet.roles.reward_model import RewardModel
+from quartet.roles.reference import Reference
 from quartet.roles.rollout import Rollout
-from quartet.trainer.dynamic_sampling import fill_informative_groups
+from quartet.trainer.batch_source import BatchSource
+from quartet.trainer.busy_time import Interval, busy_outside, pool_metrics
+from quartet.trainer.phase_timer import PhaseTimer
+from quartet.trainer.weight_push import WeightSync
 from quartet.trainer.workers import Workers, mean_over_ranks
 
-if TYPE_CHECKING:
-    from quartet.rewards.compute import RewardComputer
-
-__all__ = ["PhaseTimer", "StepRunner", "kl_controller", "mean_over_ranks"]
+__all__ = ["StepRunner", "TrainedStep", "kl_controller"]
 
 
 @dataclass
-class PhaseTimer:
-    """Wall time of named phases: `timing_s/<name>`."""
+class TrainedStep:
+    """What one step gives the driver."""
 
-    seconds: dict[str, float] = field(default_factory=dict)
-    on_enter: Callable[[str], None] | None = None
-    """Told the name of each phase as it starts (the console's progress bar shows it)."""
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        if self.on_enter is not None:
-            self.on_enter(name)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + (
-                time.perf_counter() - start
-            )
+    batch: Batch
+    """The trained batch, with its advantages and returns."""
+    metrics: dict[str, float]
+    sampler_state: dict[str, Any]
+    """The sampler right after the step's draws: what a checkpoint of the step saves."""
 
 
 def kl_controller(cfg: QuartetConfig) -> KLController:
@@ -66,29 +60,24 @@ def kl_controller(cfg: QuartetConfig) -> KLController:
 
 
 class StepRunner:
-    """Runs training steps with the run's workers, reward computer and KL controller."""
+    """Runs training steps with the run's workers, weight sync and KL controller, on batches of a source."""
 
     def __init__(
         self,
         cfg: QuartetConfig,
         workers: Workers,
-        reward: RewardComputer,
+        weights: WeightSync,
         kl_ctrl: KLController,
-        pad_id: int = 0,
         on_phase: Callable[[str], None] | None = None,
         weight_version: int = 0,
     ) -> None:
-        self.cfg, self.workers, self.reward, self.kl_ctrl = cfg, workers, reward, kl_ctrl
+        self.cfg, self.workers, self.weights, self.kl_ctrl = cfg, workers, weights, kl_ctrl
         self.on_phase = on_phase
         self.weight_version = weight_version
         """Actor updates so far: the version of the weights the last sync sent (0: the initial model)."""
         one_step_off = cfg.trainer.mode is TrainerMode.ONE_STEP_OFF
         self.apply = WeightApply.AFTER_DRAIN if one_step_off else None
         """one_step_off: the batch generating during the update keeps the weights it started with."""
-        self.gen_waits: list[tuple[float, float]] = []
-        """Wall-clock spans the driver waited for generation in the current step (sync mode)."""
-        self.pad_id = pad_id
-        """Padding of prompts/responses when dynamic sampling joins rollouts of different widths."""
         self.estimator = cfg.algorithm.adv_estimator
         self.params = AdvantageParams(
             gamma=cfg.algorithm.gamma,
@@ -97,42 +86,18 @@ class StepRunner:
             whiten=cfg.algorithm.whiten_advantages,
         )
 
-    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """`token_level_scores` (and `scores`) of the responses: reward model and/or rule scorers."""
-        if self.workers.reward_model is not None:
-            scored = self.workers.reward_model.call_batch(RewardModel.score, batch)
-            batch = batch.union(scored.select("rm_scores"))
-        scored, metrics = self.reward.score(batch)
-        return batch.union(scored), dict(metrics)
-
-    def run(
-        self, prompts: Batch, step: int, more_prompts: Callable[[int], Batch] | None = None
-    ) -> tuple[Batch, dict[str, float]]:
-        """One step over `prompts` (with a `uid` column); the trained batch and the step's metrics.
-
-        `more_prompts(k)` gives the k-th extra prompt batch (fresh uids) that DAPO's dynamic sampling
-        (`algorithm.filter_groups`) draws when too few groups are informative.
-        """
-        cfg, plan, timer = self.cfg, self.workers.plan, self.timer()
+    def run(self, source: BatchSource, step: int) -> TrainedStep:
+        """Step `step`: its scored batch from `source` (phases `gen`, `reward`), then log-probs, advantages,
+        updates and weight sync; with the rollout on its own pool, the pools' idle and overlap times."""
+        timer = PhaseTimer(on_enter=self.on_phase)
         start, window_start = time.perf_counter(), time.time()
-        self.gen_waits = []
-        batch, metrics = self._rollout(prompts, timer)
-        if plan.dynamic_sampling:
-            extra = None if more_prompts is None else lambda k: self._rollout(more_prompts(k), timer)[0]
-            batch, filter_metrics = fill_informative_groups(
-                batch, len(prompts), cfg.rollout.n, extra, cfg.algorithm.max_num_gen_batches, self.pad_id
-            )
-            metrics |= filter_metrics
-        batch, metrics = self.train(batch, step, metrics, timer, start)
+        got = source.take(step, self.weight_version, timer)
+        batch, metrics = self._train(got.batch, step, got.metrics, timer, start)
         if self.workers.rollout_separate:
-            metrics |= self.workers.pool_metrics((window_start, time.time()), self.gen_waits)
-        return batch, metrics
+            metrics |= self._pool_metrics((window_start, time.time()), got.gen_waits)
+        return TrainedStep(batch, metrics, got.sampler_state)
 
-    def timer(self) -> PhaseTimer:
-        """A fresh phase timer that reports each phase as it starts."""
-        return PhaseTimer(on_enter=self.on_phase)
-
-    def train(
+    def _train(
         self, batch: Batch, step: int, metrics: dict[str, float], timer: PhaseTimer, start: float
     ) -> tuple[Batch, dict[str, float]]:
         """The step after generation and scoring: log-probs, advantages, updates, weight sync; `start` is
@@ -152,7 +117,7 @@ class StepRunner:
                 )
         if plan.ref_logprobs is not RefLogprobs.NONE:
             with timer("ref"):
-                batch = batch.union(w.ref_logprobs(batch))
+                batch = batch.union(self._ref_logprobs(batch))
         if w.critic is not None:
             with timer("values"):
                 batch = batch.union(w.critic.call_batch(Critic.compute_values, batch))
@@ -167,35 +132,25 @@ class StepRunner:
                 metrics |= mean_over_ranks(w.actor.call(Actor.update, batch))
             with timer("update_weights"):
                 self.weight_version += 1
-                metrics |= w.sync_weights(self.weight_version, self.apply)
+                metrics |= self.weights.sync(self.weight_version, self.apply)
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
         return batch, metrics
 
-    def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
-        """Generate `rollout.n` responses per prompt and score them (phases `gen`, `reward`)."""
-        w = self.workers
-        with timer("gen"):
-            began = time.time()
-            batch = w.rollout.call_batch(Rollout.generate, prompts)
-            greedy = self.workers.plan.greedy_baseline
-            baseline = w.rollout.call_batch(Rollout.generate, prompts, greedy=True) if greedy else None
-            self.gen_waits.append((began, time.time()))
-        return self.score_rollout(batch, timer, baseline)
+    def _ref_logprobs(self, batch: Batch) -> Batch:
+        """`ref_logprobs` of the batch from wherever the reference policy lives."""
+        if self.workers.plan.ref_logprobs is RefLogprobs.ACTOR:  # LoRA: the actor with adapters disabled
+            return self.workers.actor.call_batch(Actor.compute_ref_logprobs, batch)
+        assert self.workers.reference is not None
+        return self.workers.reference.call_batch(Reference.compute_ref_logprobs, batch)
 
-    def score_rollout(
-        self, batch: Batch, timer: PhaseTimer, baseline: Batch | None = None
-    ) -> tuple[Batch, dict[str, float]]:
-        """Phase `reward`: scores, agent metrics and (ReMax) the scored greedy baseline of a rollout."""
-        n = self.cfg.rollout.n
-        with timer("reward"):
-            batch, metrics = self.score(batch)
-            metrics |= agent_batch_metrics(batch, self.cfg.rollout.multi_turn.success_score)
-            if baseline is not None:
-                scored_baseline, _ = self.score(baseline)
-                baseline_scores = scored_baseline["token_level_scores"].sum(-1)
-                batch = batch.union(Batch({"reward_baselines": baseline_scores.repeat_interleave(n)}))
-        return batch, metrics
+    def _pool_metrics(self, window: Interval, gen_waits: list[Interval]) -> dict[str, float]:
+        """The pools' idle times and overlap over the step's `window`: the rollout replicas report their
+        busy spans; the trainer is busy whenever it was not waiting for generation."""
+        rollout_busy: list[Interval] = []
+        for spans in self.workers.rollout.call(Rollout.busy_intervals, window[0]):
+            rollout_busy.extend(spans)
+        return pool_metrics(busy_outside(gen_waits, window), rollout_busy, window)
 
     def _balance(self, batch: Batch) -> Batch:
         """Reorder rows so every data-parallel rank gets about the same number of tokens."""

@@ -1,4 +1,5 @@
-"""Busy time of the two pools within a step's wall-clock window, and the time both were busy.
+"""Busy time of the two pools within a step's wall-clock window, and the time both were busy: the step's
+`timing_s/trainer_idle`, `timing_s/rollout_idle` and `perf/overlap` are computed here and nowhere else.
 
 Intervals are (start, end) wall-clock seconds (`time.time()`, comparable across processes of one machine
 and, with synchronised clocks, across nodes). The step window is (start, end) too.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["busy_seconds", "clip", "merged", "overlap_seconds", "pool_metrics"]
+__all__ = ["Interval", "busy_outside", "busy_seconds", "clip", "merged", "overlap_seconds", "pool_metrics"]
 
 Interval = tuple[float, float]
 
@@ -49,6 +50,17 @@ def overlap_seconds(first: Iterable[Interval], second: Iterable[Interval], windo
         else:
             j += 1
     return total
+
+
+def busy_outside(waits: Iterable[Interval], window: Interval) -> list[Interval]:
+    """The parts of `window` outside every wait: the trainer is busy whenever it is not waiting for
+    generation."""
+    busy, cursor = [], window[0]
+    for began, ended in sorted(waits):
+        busy.append((cursor, began))
+        cursor = max(cursor, ended)
+    busy.append((cursor, window[1]))
+    return busy
 
 
 def pool_metrics(
