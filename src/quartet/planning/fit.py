@@ -87,7 +87,11 @@ def detect_capacity(device: str, memory_bytes: int | None = None) -> Capacity:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError("the plan is for a GPU but torch sees no CUDA device; plan with --device cpu")
+        raise ConfigError(
+            "device",
+            "the plan is for a GPU but torch sees no CUDA device on this machine",
+            "plan with --device cpu, or give the GPU's free memory with --memory-gib",
+        )
     free, _total = torch.cuda.mem_get_info(0)
     name = torch.cuda.get_device_name(0)
     return Capacity("gpu", int(free), host, f"torch.cuda.mem_get_info of {name}; host MemAvailable")
