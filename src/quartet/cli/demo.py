@@ -13,6 +13,7 @@ import logging
 import sys
 from typing import Any
 
+from quartet.cli.quiet import quiet_transformers
 from quartet.config import ConfigError
 
 __all__ = ["add_parser", "run"]
@@ -61,7 +62,6 @@ def _progress(console: Any, source: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
-    from transformers.utils import logging as hf_logging
 
     from quartet.demo import demo_config, run_demo
 
@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     logging.basicConfig(level=logging.WARNING)
     console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
     what = "2-digit addition" if args.task == "arithmetic" else "a*b+c with a calculator tool, multi-turn"

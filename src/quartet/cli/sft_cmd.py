@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from quartet.cli.quiet import quiet_transformers
 from quartet.config import ConfigError, QuartetConfig, load_config, sft_rules
 from quartet.config.errors import raise_problems
 
@@ -42,12 +43,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
     from rich.console import Console
-    from transformers.utils import logging as hf_logging
 
     from quartet.sft import SFTTrainer
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
     console.rule("[bold]quartet sft")
     every = max(1, args.log_every)

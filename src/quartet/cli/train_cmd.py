@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from quartet.cli.quiet import quiet_transformers
 from quartet.config import Backend, ConfigError, QuartetConfig, load_config
 
 __all__ = ["add_parser", "run", "split_config_args"]
@@ -62,13 +63,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
     from rich.console import Console
-    from transformers.utils import logging as hf_logging
 
     from quartet.tracking import TrackerUnavailableError
     from quartet.trainer import RLTrainer
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
     console.rule(f"[bold]quartet train: {cfg.algorithm.adv_estimator} on {cfg.cluster.backend}")
 

@@ -117,7 +117,9 @@ def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[
             data = PromptDataset.from_files([val_file], cfg.data, tokenizer)
             batch = data.batch(list(range(len(data))))
             outputs = engine.generate(requests_from_batch(batch, params))
-            texts = [tokenizer.decode(outs[0].token_ids, skip_special_tokens=True) for outs in outputs]
+            texts = [
+                str(tokenizer.decode(list(outs[0].token_ids), skip_special_tokens=True)) for outs in outputs
+            ]
             extras = [None] * len(texts)
     correct = 0
     for i, text in enumerate(texts):
