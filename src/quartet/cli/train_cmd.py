@@ -62,13 +62,12 @@ def run(args: argparse.Namespace) -> int:
     except (ConnectionError, RuntimeError, ValueError) as err:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
-    from rich.console import Console
-
+    from quartet.cli.console import command_console
     from quartet.tracking import TrackerUnavailableError
     from quartet.trainer import RLTrainer
 
     quiet_transformers()
-    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
+    console = command_console()
     console.rule(f"[bold]quartet train: {cfg.algorithm.adv_estimator} on {cfg.cluster.backend}")
 
     try:
