@@ -72,3 +72,19 @@ def test_quartet_plan_cli_exit_codes_and_json(capsys: pytest.CaptureFixture[str]
     assert out["plan"]["peak_device_bytes"] == peak
     assert out["fitted_plan"]["peak_device_bytes"] <= HEADROOM * float(small) * 2**30
     assert main(["plan", PPO, "actor.optim.lrr=1"]) == 2
+
+
+def test_plan_for_a_gpu_without_cuda_names_the_problem_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`quartet plan ... --device gpu` on a machine without CUDA used to end in a TypeError (the
+    ConfigError lacked its `problem`); it must be a config error that says what to do instead."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine's case, on any machine
+    code = main(["plan", "examples/single_gpu/config.yaml", "--device", "gpu"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "TypeError" not in err
+    assert "torch sees no CUDA device" in err
+    assert "--device cpu" in err and "--memory-gib" in err

@@ -11,9 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from quartet.cli.quiet import quiet_transformers
 from quartet.config import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["add_parser", "run"]
 
@@ -39,7 +44,7 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _progress(console: Any, source: str) -> Any:
+def _progress(console: Console, source: str) -> Callable[[dict[str, Any]], None]:
     from quartet.tracking.console_sink import format_step, format_val
 
     def show(rec: dict[str, Any]) -> None:
@@ -59,10 +64,9 @@ def _progress(console: Any, source: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
-    from transformers.utils import logging as hf_logging
 
+    from quartet.cli.console import command_console
     from quartet.demo import demo_config, run_demo
 
     try:
@@ -70,10 +74,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     logging.basicConfig(level=logging.WARNING)
-    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
+    console = command_console()
     what = "2-digit addition" if args.task == "arithmetic" else "a*b+c with a calculator tool, multi-turn"
     console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT (tiny Qwen2, {what}, CPU)")
     source = cfg.data.builtin_task.value
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             f"{row.train_seconds:.0f} s",
             row.model_dir,
         )
-    console.print(table)
+    console.print(table, soft_wrap=False)  # a table keeps its layout, in a log file too
     console.print(f"whole demo: {result.seconds:.0f} s; run files under {result.run_dir}", markup=False)
     if result.plot is not None:
         console.print(

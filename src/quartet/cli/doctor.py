@@ -93,17 +93,7 @@ def run(args: argparse.Namespace) -> int:
         address, only = record.names.address or address, (record.names.namespace, record.names.prefix)
     report: dict[str, Any] = {"versions": versions()}
     checks = [_package_check(report["versions"])]
-    problem = not_listening(address, timeout_s=3.0)  # at once, before Ray's own retries
-    facts: ClusterSurvey | None = None
-    refused = False
-    if problem is None:
-        try:
-            facts = survey(address, only)
-        except ClusterAuthError as err:
-            problem, refused = str(err), True
-        except (ConnectionError, RuntimeError) as err:
-            problem = str(err).strip().splitlines()[0]
-    why = problem or "unknown error"
+    facts, why, refused = _reach_cluster(address, only)
     if facts is None:
         report.update(address=address, error=why, auth_refused=refused)
         if refused:
@@ -114,28 +104,12 @@ def run(args: argparse.Namespace) -> int:
         if record is not None:
             record.apply(facts)
         if not args.no_probe:
-            for run_facts in facts.runs:
-                if run_facts.alive and run_facts.status == "live":
-                    facts.probes.append(
-                        probe_discovery(
-                            facts.address,
-                            run_facts.namespace,
-                            run_facts.prefix,
-                            run_facts.alive,
-                            args.probe_timeout,
-                        )
-                    )
+            _probe_live_runs(facts, args.probe_timeout)
         report.update(json.loads(facts.to_json()))
         checks += _cluster_checks(facts, record.ranks if record else None)
-    host, cuda = host_facts(), cuda_facts()
-    device = resolve_device(args.device, cuda)
-    checks += device_checks(host, cuda, args.device)
-    checks.append(precision_check(device))
-    smoke: SmokeResult | None = None
-    if not args.no_smoke and (device == "cpu" or (cuda.available and not cuda.error)):
-        smoke = smoke_test(device, args.smoke_timeout)
-        checks.append(smoke_check(smoke))
-    report.update(host=asdict(host), cuda=asdict(cuda), device=device, smoke=smoke and asdict(smoke))
+    machine, machine_checks, smoke = _machine(args.device, args.no_smoke, args.smoke_timeout)
+    report.update(machine)
+    checks += machine_checks
     report["checks"] = [asdict(c) for c in checks]
     if args.json:
         console.print_json(json.dumps(report))
@@ -155,6 +129,49 @@ def run(args: argparse.Namespace) -> int:
     if facts is None:
         return 2
     return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+def _reach_cluster(address: str, only: tuple[str, str] | None) -> tuple[ClusterSurvey | None, str, bool]:
+    """The survey of the cluster at `address`, or None and why: (survey, why, whether auth refused)."""
+    problem = not_listening(address, timeout_s=3.0)  # at once, before Ray's own retries
+    facts: ClusterSurvey | None = None
+    refused = False
+    if problem is None:
+        try:
+            facts = survey(address, only)
+        except ClusterAuthError as err:
+            problem, refused = str(err), True
+        except (ConnectionError, RuntimeError) as err:
+            problem = str(err).strip().splitlines()[0]
+    return facts, problem or "unknown error", refused
+
+
+def _probe_live_runs(facts: ClusterSurvey, timeout_s: float) -> None:
+    """A discovery round trip from a fresh process for each live run, added to `facts.probes`."""
+    for run_facts in facts.runs:
+        if run_facts.alive and run_facts.status == "live":
+            facts.probes.append(
+                probe_discovery(
+                    facts.address, run_facts.namespace, run_facts.prefix, run_facts.alive, timeout_s
+                )
+            )
+
+
+def _machine(
+    requested: str, no_smoke: bool, smoke_timeout_s: float
+) -> tuple[dict[str, Any], list[Check], SmokeResult | None]:
+    """This machine's facts for the report (host, CUDA, the smoke test's device and result), their checks,
+    and the smoke result (None when skipped, or when the CUDA it would run on is missing or broken)."""
+    host, cuda = host_facts(), cuda_facts()
+    device = resolve_device(requested, cuda)
+    checks = device_checks(host, cuda, requested)
+    checks.append(precision_check(device))
+    smoke: SmokeResult | None = None
+    if not no_smoke and (device == "cpu" or (cuda.available and not cuda.error)):
+        smoke = smoke_test(device, smoke_timeout_s)
+        checks.append(smoke_check(smoke))
+    facts = {"host": asdict(host), "cuda": asdict(cuda), "device": device, "smoke": smoke and asdict(smoke)}
+    return facts, checks, smoke
 
 
 def _package_check(found: dict[str, str]) -> Check:

@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from quartet.cli.quiet import quiet_transformers
+
 __all__ = ["add_parser", "run"]
 
 
@@ -27,13 +29,10 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers.utils import logging as hf_logging
-
     from quartet.trainer.checkpoint import CheckpointError
     from quartet.trainer.export import export_checkpoint
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     try:
         out = export_checkpoint(args.checkpoint, args.out, args.lora)
     except (CheckpointError, ValueError, FileNotFoundError) as err:

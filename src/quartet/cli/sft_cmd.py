@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from quartet.cli.quiet import quiet_transformers
 from quartet.config import ConfigError, QuartetConfig, load_config, sft_rules
 from quartet.config.errors import raise_problems
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["add_parser", "load_sft_config", "run"]
 
@@ -35,22 +40,9 @@ def load_sft_config(path: str | None, overrides: list[str]) -> QuartetConfig:
     return cfg
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_sft_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    from rich.console import Console
-    from transformers.utils import logging as hf_logging
-
-    from quartet.sft import SFTTrainer
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
-    console.rule("[bold]quartet sft")
-    every = max(1, args.log_every)
+def _progress(console: Console, every: int) -> Callable[[dict[str, Any]], None]:
+    """The sft progress printer: every `every`-th train step (and the first), validation, data, eval and
+    export records, one line each."""
 
     def show(rec: dict[str, Any]) -> None:
         kind = rec["kind"]
@@ -75,8 +67,23 @@ def run(args: argparse.Namespace) -> int:
         elif kind == "export":
             console.print(f"export {rec['hf_dir']}", markup=False)
 
+    return show
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        result = SFTTrainer(cfg, on_record=show).run()
+        cfg = load_sft_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    from quartet.cli.console import command_console
+    from quartet.sft import SFTTrainer
+
+    quiet_transformers()
+    console = command_console()
+    console.rule("[bold]quartet sft")
+    try:
+        result = SFTTrainer(cfg, on_record=_progress(console, max(1, args.log_every))).run()
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         console.print(f"sft failed: {err}", style="bold red", markup=False, soft_wrap=True)
         return 1

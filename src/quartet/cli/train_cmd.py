@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from quartet.cli.quiet import quiet_transformers
 from quartet.config import Backend, ConfigError, QuartetConfig, load_config
 
 __all__ = ["add_parser", "run", "split_config_args"]
@@ -61,15 +62,12 @@ def run(args: argparse.Namespace) -> int:
     except (ConnectionError, RuntimeError, ValueError) as err:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
-    from rich.console import Console
-    from transformers.utils import logging as hf_logging
-
+    from quartet.cli.console import command_console
     from quartet.tracking import TrackerUnavailableError
     from quartet.trainer import RLTrainer
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    console = Console(highlight=False, emoji=False)  # ":1234:" in an error is not an emoji
+    quiet_transformers()
+    console = command_console()
     console.rule(f"[bold]quartet train: {cfg.algorithm.adv_estimator} on {cfg.cluster.backend}")
 
     try:

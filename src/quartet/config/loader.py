@@ -190,70 +190,94 @@ def _type_name(tp: Any) -> str:
 def _convert(value: Any, tp: Any, path: str, source: str) -> Any:
     """Check and convert one YAML value to the field type `tp`."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-
-    def wrong(expected: str, fix: str = "") -> ConfigError:
-        problem = f"expected {expected}, got {type(value).__name__} {value!r}"
-        return ConfigError(path, problem, fix or f"set {path} to {expected}", source)
-
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = _strip_optional(tp)
         if inner is tp:
-            raise wrong(_type_name(tp))
+            raise _wrong(value, path, source, _type_name(tp))
         return _convert(value, inner, path, source)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise wrong(f"a section ({_type_name(tp)})", f"give {path} as a mapping of its fields")
+            raise _wrong(
+                value,
+                path,
+                source,
+                f"a section ({_type_name(tp)})",
+                f"give {path} as a mapping of its fields",
+            )
         return from_dict(tp, value, source, path)
     if isinstance(tp, type) and issubclass(tp, Enum):
-        choices = [m.value for m in tp]
-        if isinstance(value, tp):
-            return value
-        if isinstance(value, str):
-            for member in tp:
-                if member.value.lower() == value.lower() or member.name.lower() == value.lower():
-                    return member
-        raise ConfigError(path, f"'{value}' is not a valid choice", f"use one of {choices}", source)
+        return _convert_enum(value, tp, path, source)
     if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise wrong("a list", f"write it as [a, b] (e.g. {path}=[x,y])")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(v, args[0], f"{path}[{i}]", source) for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise wrong(f"a list of {len(args)} values")
-        return tuple(
-            _convert(v, a, f"{path}[{i}]", source) for i, (v, a) in enumerate(zip(value, args, strict=True))
-        )
+        return _convert_tuple(value, args, path, source)
+    if tp in (bool, int, float, str):
+        return _convert_scalar(value, tp, path, source)
+    if tp is Any:
+        return value
+    raise ConfigError(
+        path, f"unsupported field type {_type_name(tp)}", "this is a quartet bug; please report it"
+    )
+
+
+def _wrong(value: Any, path: str, source: str, expected: str, fix: str = "") -> ConfigError:
+    """The error for a value of the wrong type at `path`: what was expected, what came, how to fix it."""
+    problem = f"expected {expected}, got {type(value).__name__} {value!r}"
+    return ConfigError(path, problem, fix or f"set {path} to {expected}", source)
+
+
+def _convert_enum(value: Any, tp: type[Enum], path: str, source: str) -> Enum:
+    """A member of `tp` named by its value or its name, in any case."""
+    if isinstance(value, tp):
+        return value
+    if isinstance(value, str):
+        for member in tp:
+            if member.value.lower() == value.lower() or member.name.lower() == value.lower():
+                return member
+    choices = [m.value for m in tp]
+    raise ConfigError(path, f"'{value}' is not a valid choice", f"use one of {choices}", source)
+
+
+def _convert_tuple(value: Any, args: tuple[Any, ...], path: str, source: str) -> tuple[Any, ...]:
+    """A YAML list as a tuple: `tuple[X, ...]` of any length, or `tuple[X, Y]` of exactly that many."""
+    if not isinstance(value, list | tuple):
+        raise _wrong(value, path, source, "a list", f"write it as [a, b] (e.g. {path}=[x,y])")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_convert(v, args[0], f"{path}[{i}]", source) for i, v in enumerate(value))
+    if len(value) != len(args):
+        raise _wrong(value, path, source, f"a list of {len(args)} values")
+    return tuple(
+        _convert(v, a, f"{path}[{i}]", source) for i, (v, a) in enumerate(zip(value, args, strict=True))
+    )
+
+
+def _convert_scalar(value: Any, tp: type, path: str, source: str) -> Any:
+    """A bool, int, float or str field: exact types, plus the lossless conversions YAML users expect
+    (2.0 for an int, "1e-6" or 3 for a float, 42 for a string); never a bool for a number."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise wrong("true or false")
+        raise _wrong(value, path, source, "true or false")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise wrong("an integer")
+        raise _wrong(value, path, source, "an integer")
     if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if number:
             return float(value)
         if isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
                 pass
-        raise wrong("a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
-        raise wrong("a string")
-    if tp is Any:
+        raise _wrong(value, path, source, "a number")
+    if isinstance(value, str):
         return value
-    raise ConfigError(
-        path, f"unsupported field type {_type_name(tp)}", "this is a quartet bug; please report it"
-    )
+    if number:
+        return str(value)
+    raise _wrong(value, path, source, "a string")

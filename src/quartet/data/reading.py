@@ -157,20 +157,21 @@ def _batch_rows(batch: Any) -> list[dict[str, Any] | RowProblem]:
     names = batch.schema.names
     out: list[dict[str, Any] | RowProblem] = []
     for i in range(batch.num_rows):
-        value: dict[str, Any] | RowProblem = {}
+        fields: dict[str, Any] = {}
+        problem: RowProblem | None = None
         for j, name in enumerate(names):
             try:
-                value[name] = batch.column(j)[i].as_py()
+                fields[name] = batch.column(j)[i].as_py()
             except UnicodeDecodeError as err:
                 bad = err.object[err.start : err.start + 1].hex()
-                value = RowProblem(
+                problem = RowProblem(
                     "invalid_utf8",
                     name,
                     f"the text is not valid UTF-8 (byte 0x{bad} at byte {err.start} of the value)",
                     "re-encode the file as UTF-8, or fix or drop the row",
                 )
                 break
-        out.append(value)
+        out.append(fields if problem is None else problem)
     return out
 
 

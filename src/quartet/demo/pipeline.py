@@ -119,7 +119,9 @@ def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[
             data = PromptDataset.from_files([val_file], cfg.data, tokenizer)
             batch = data.batch(list(range(len(data))))
             outputs = engine.generate(requests_from_batch(batch, params))
-            texts = [tokenizer.decode(outs[0].token_ids, skip_special_tokens=True) for outs in outputs]
+            texts = [
+                str(tokenizer.decode(list(outs[0].token_ids), skip_special_tokens=True)) for outs in outputs
+            ]
             extras = [None] * len(texts)
     correct = 0
     for i, text in enumerate(texts):
@@ -173,15 +175,33 @@ def run_demo(
     verifier accepts only (`sft.keep_verified`: rejection-sampled demonstrations), the control a reviewer
     asks for when the traces are of mixed quality.
     """
-    from quartet.sft import SFTTrainer
-    from quartet.trainer import RLTrainer
-
     start = time.perf_counter()
     cfg = demo_config(overrides, seed, quick, task)
     project = f"{cfg.trainer.experiment_name}-seed{seed}"
     base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
     result = DemoResult(run_dir=base)
     emit = on_record or (lambda rec: None)
+    models, rl_run_dir = _train_models(cfg, project, emit, filtered_control)
+    val_file = str(rl_run_dir / DATA_DIR / cfg.data.builtin_task.value / RL_FILES[1])
+    for name, model_dir, seconds in models:
+        correct, total = greedy_accuracy(cfg, model_dir, val_file)
+        row = DemoRow(name, correct / total, correct, total, seconds, model_dir)
+        result.rows.append(row)
+        emit({"kind": "demo_row", **dataclasses.asdict(row)})
+    result.plot = _plot(rl_run_dir)
+    result.grpo_run = rl_run_dir
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _train_models(
+    cfg: QuartetConfig, project: str, emit: Callable[[Record], None], filtered_control: bool
+) -> tuple[list[tuple[str, str, float]], Path]:
+    """Train the demo's models in turn: the SFT start, GRPO from it, the more-SFT control for GRPO's
+    training time (and the filtered control). Returns (row name, model folder, training seconds) per
+    model, and the GRPO run folder (it holds the validation file and the curves)."""
+    from quartet.sft import SFTTrainer
+    from quartet.trainer import RLTrainer
 
     # the demo prints its own progress (on_record): the console logger would say everything twice
     loggers = tuple(x for x in cfg.trainer.loggers if x is not Logger.CONSOLE)
@@ -210,16 +230,7 @@ def run_demo(
         )
         filtered = SFTTrainer(filtered_cfg, on_record=emit).run()
         models.append((FILTERED_ROW, str(filtered.hf_dir), filtered.train_seconds))
-    val_file = str(rl.run_dir / DATA_DIR / cfg.data.builtin_task.value / RL_FILES[1])
-    for name, model_dir, seconds in models:
-        correct, total = greedy_accuracy(cfg, model_dir, val_file)
-        row = DemoRow(name, correct / total, correct, total, seconds, model_dir)
-        result.rows.append(row)
-        emit({"kind": "demo_row", **dataclasses.asdict(row)})
-    result.plot = _plot(rl.run_dir)
-    result.grpo_run = rl.run_dir
-    result.seconds = time.perf_counter() - start
-    return result
+    return models, rl.run_dir
 
 
 def _plot(run_dir: Path) -> Path | None:

@@ -104,7 +104,10 @@ def varlen_attention(
     lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
     # split, not slicing: the backward of a split is one concatenation, that of b slices b full-size buffers
     spans = zip(
-        query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2), strict=True
+        torch.split(query, lengths, dim=2),
+        torch.split(key, lengths, dim=2),
+        torch.split(value, lengths, dim=2),
+        strict=True,
     )
     outs = [
         F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)

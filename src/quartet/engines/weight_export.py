@@ -39,12 +39,13 @@ def _lora_delta(layer: nn.Module) -> torch.Tensor:
     name = adapters[0]
     if getattr(layer, "use_dora", {}).get(name, False):
         raise NotImplementedError("weight sync of DoRA adapters is not supported; use plain LoRA")
-    lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]  # type: ignore[index]
-    if not isinstance(lora_a, nn.Linear):
+    lora_a, lora_b = layer.get_submodule(f"lora_A.{name}"), layer.get_submodule(f"lora_B.{name}")
+    if not isinstance(lora_a, nn.Linear) or not isinstance(lora_b, nn.Linear):
         raise NotImplementedError(
             f"weight sync merges LoRA on linear layers only, not {type(lora_a).__name__}"
         )
-    delta = (_full(lora_b.weight) @ _full(lora_a.weight)) * float(layer.scaling[name])  # type: ignore[index]
+    scaling = float(layer.scaling[name])  # type: ignore[index]  # a plain dict that peft sets
+    delta = (_full(lora_b.weight) @ _full(lora_a.weight)) * scaling
     return delta.T if getattr(layer, "fan_in_fan_out", False) else delta
 
 

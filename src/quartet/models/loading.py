@@ -62,6 +62,7 @@ def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Pr
     folder = _check_folder(path, "config.json")
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # a value regression target should not be noised
-    return AutoModelForTokenClassification.from_pretrained(
+    model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(
         folder, config=config, dtype=dtype, local_files_only=True
     )
+    return model

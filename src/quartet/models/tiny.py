@@ -108,7 +108,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedToke
         show_progress=False,
     )
     tok.train_from_iterator(_training_text(seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers' __init__ is unannotated
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
@@ -140,9 +140,9 @@ def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFa
     torch.manual_seed(spec.seed)
     model: PreTrainedModel
     if spec.arch is TinyArch.QWEN2:
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
+        model = Qwen2ForCausalLM(Qwen2Config(**common))  # type: ignore[no-untyped-call]  # as above
     else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
+        model = LlamaForCausalLM(LlamaConfig(**common))  # type: ignore[no-untyped-call]  # as above
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -87,7 +87,11 @@ def detect_capacity(device: str, memory_bytes: int | None = None) -> Capacity:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError("the plan is for a GPU but torch sees no CUDA device; plan with --device cpu")
+        raise ConfigError(
+            "device",
+            "the plan is for a GPU but torch sees no CUDA device on this machine",
+            "plan with --device cpu, or give the GPU's free memory with --memory-gib",
+        )
     free, _total = torch.cuda.mem_get_info(0)
     name = torch.cuda.get_device_name(0)
     return Capacity("gpu", int(free), host, f"torch.cuda.mem_get_info of {name}; host MemAvailable")
@@ -177,70 +181,75 @@ def _halve(value: int, floor: int) -> int:
     return max(floor, value // 2)
 
 
-def _candidates(
-    cfg: QuartetConfig, device: str
-) -> Iterator[tuple[Callable[[QuartetConfig], list[str]], str]]:
-    """(change -> overrides for the current config, or [] when it has nothing left to give; why), in order."""
+_Change = Callable[[QuartetConfig], list[str]]
+"""A config change: the overrides it makes to the current config, or [] when it has nothing left to give."""
 
-    def switch(key: str, on: Callable[[QuartetConfig], bool]) -> Callable[[QuartetConfig], list[str]]:
-        return lambda c: [] if on(c) else [f"{key}=true"]
 
-    def halve_micro(role: str, section: str) -> Callable[[QuartetConfig], list[str]]:
-        def change(c: QuartetConfig) -> list[str]:
-            m = getattr(getattr(c, role), section) if section else getattr(c, role)
-            prefix = f"{role}.{section}." if section else f"{role}."
-            if m.use_dynamic_batch:
-                seq = c.data.max_prompt_length + c.data.max_response_length
-                new = _halve(m.max_tokens_per_micro_batch, seq)
-                return (
-                    []
-                    if new == m.max_tokens_per_micro_batch
-                    else [f"{prefix}max_tokens_per_micro_batch={new}"]
-                )
-            new = _halve(m.micro_batch_size_per_device, 1)
+def _switch(key: str, on: Callable[[QuartetConfig], bool]) -> _Change:
+    """Turn the boolean `key` on (once)."""
+    return lambda c: [] if on(c) else [f"{key}=true"]
+
+
+def _halve_micro(role: str, section: str) -> _Change:
+    """Halve a role's micro-batch (`section`: its logprobs/values pass; "": its update), in tokens when it
+    batches dynamically (down to one full-length row), else in rows (down to one)."""
+
+    def change(c: QuartetConfig) -> list[str]:
+        m = getattr(getattr(c, role), section) if section else getattr(c, role)
+        prefix = f"{role}.{section}." if section else f"{role}."
+        if m.use_dynamic_batch:
+            seq = c.data.max_prompt_length + c.data.max_response_length
+            new = _halve(m.max_tokens_per_micro_batch, seq)
             return (
-                [] if new == m.micro_batch_size_per_device else [f"{prefix}micro_batch_size_per_device={new}"]
+                [] if new == m.max_tokens_per_micro_batch else [f"{prefix}max_tokens_per_micro_batch={new}"]
             )
+        new = _halve(m.micro_batch_size_per_device, 1)
+        return [] if new == m.micro_batch_size_per_device else [f"{prefix}micro_batch_size_per_device={new}"]
 
-        return change
+    return change
 
-    def halve_seqs(c: QuartetConfig) -> list[str]:
-        new = _halve(c.rollout.max_num_seqs, c.rollout.n)  # at least one prompt's n samples in flight
-        return [] if new == c.rollout.max_num_seqs else [f"rollout.max_num_seqs={new}"]
 
+def _halve_seqs(c: QuartetConfig) -> list[str]:
+    new = _halve(c.rollout.max_num_seqs, c.rollout.n)  # at least one prompt's n samples in flight
+    return [] if new == c.rollout.max_num_seqs else [f"rollout.max_num_seqs={new}"]
+
+
+def _candidates(cfg: QuartetConfig, device: str) -> Iterator[tuple[_Change, str]]:
+    """(change, why), cheapest first: offloads that cost little time on a GPU, then smaller batches,
+    then recomputation, then the weights' offload."""
     gpu = device == "gpu"
     critic = plan_step(cfg).critic
     if gpu:
         yield (
-            switch("reference.param_offload", lambda c: c.reference.param_offload),
+            _switch("reference.param_offload", lambda c: c.reference.param_offload),
             "reference weights in host memory",
         )
         yield (
-            switch("actor.optimizer_offload", lambda c: c.actor.optimizer_offload),
+            _switch("actor.optimizer_offload", lambda c: c.actor.optimizer_offload),
             "actor AdamW states in host memory",
         )
         if critic:
             yield (
-                switch("critic.optimizer_offload", lambda c: c.critic.optimizer_offload),
+                _switch("critic.optimizer_offload", lambda c: c.critic.optimizer_offload),
                 "critic AdamW states in host memory",
             )
-    yield halve_seqs, "fewer sequences in flight (KV cache, activations)"
-    yield halve_micro("actor", "logprobs"), "smaller log-prob micro-batch"
-    yield halve_micro("reference", "logprobs"), "smaller reference micro-batch"
+    yield _halve_seqs, "fewer sequences in flight (KV cache, activations)"
+    yield _halve_micro("actor", "logprobs"), "smaller log-prob micro-batch"
+    yield _halve_micro("reference", "logprobs"), "smaller reference micro-batch"
     if critic:
-        yield halve_micro("critic", "values"), "smaller value micro-batch"
-    yield halve_micro("actor", ""), "smaller actor update micro-batch"
+        yield _halve_micro("critic", "values"), "smaller value micro-batch"
+    yield _halve_micro("actor", ""), "smaller actor update micro-batch"
     if critic:
-        yield halve_micro("critic", ""), "smaller critic update micro-batch"
+        yield _halve_micro("critic", ""), "smaller critic update micro-batch"
     yield (
-        switch("model.gradient_checkpointing", lambda c: c.model.gradient_checkpointing),
+        _switch("model.gradient_checkpointing", lambda c: c.model.gradient_checkpointing),
         "gradient checkpointing",
     )
     if gpu:
-        yield switch("actor.param_offload", lambda c: c.actor.param_offload), "actor weights in host memory"
+        yield _switch("actor.param_offload", lambda c: c.actor.param_offload), "actor weights in host memory"
         if critic:
             yield (
-                switch("critic.param_offload", lambda c: c.critic.param_offload),
+                _switch("critic.param_offload", lambda c: c.critic.param_offload),
                 "critic weights in host memory",
             )
 

@@ -162,7 +162,7 @@ def measure_peak_rss(
     `fn` must be importable by name (a module-level function) and its arguments and result picklable.
     With `context="forkserver"` the server preloads `preload` (effective when this call starts the server).
     """
-    ctx = mp.get_context(context)
+    ctx = mp.get_context("forkserver") if context == "forkserver" else mp.get_context("spawn")
     if context == "forkserver":
         ctx.set_forkserver_preload(list(preload))
     parent, child = ctx.Pipe(duplex=False)

@@ -184,7 +184,8 @@ class RewardComputer:
         rows = list(batch.non_tensors["index"]) if "index" in batch.non_tensors else [None] * len(items)
         for i, status in enumerate(result.statuses):
             if status is not ItemStatus.OK:
-                row = None if rows[i] is None else int(rows[i])
+                index = rows[i]
+                row = None if index is None else int(index)
                 reason = result.reasons.get(i, "the score call failed")
                 self._failures.append(ScoreFailure(i, row, str(status), reason, items[i].data_source))
         metrics: Metrics = {

@@ -172,12 +172,17 @@ class OpenAIServer:
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
         """Base URL (`http://host:port/v1`) once started."""
-        self.app = web.Application(middlewares=[self._middleware], client_max_size=max_body_bytes)
-        self.app.router.add_get("/openapi.json", self._openapi)
-        self.app.router.add_get("/v1/models", self._models)
-        self.app.router.add_post("/v1/chat/completions", self._chat)
-        self.app.router.add_post("/v1/completions", self._completions)
-        self.app.router.add_post("/v1/quartet/generate", self._generate)
+        self.app = self._application(max_body_bytes)
+
+    def _application(self, max_body_bytes: int) -> web.Application:
+        """The aiohttp app: this server's routes behind its middleware (auth, limits, errors)."""
+        app = web.Application(middlewares=[self._middleware], client_max_size=max_body_bytes)
+        app.router.add_get("/openapi.json", self._openapi)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/quartet/generate", self._generate)
+        return app
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 

@@ -87,7 +87,8 @@ def _sampling(limits: RequestLimits) -> dict[str, Any]:
     }
 
 
-def _chat(limits: RequestLimits) -> dict[str, Any]:
+def _message() -> dict[str, Any]:
+    """One chat message: a role, text (or text parts), and the tool calls or the tool answer it carries."""
     text_part = {
         "type": "object",
         "required": ["type", "text"],
@@ -106,7 +107,7 @@ def _chat(limits: RequestLimits) -> dict[str, Any]:
             },
         },
     }
-    message = {
+    return {
         "type": "object",
         "required": ["role"],
         "properties": {
@@ -120,7 +121,11 @@ def _chat(limits: RequestLimits) -> dict[str, Any]:
             "name": {"type": "string"},
         },
     }
-    tool = {
+
+
+def _tool() -> dict[str, Any]:
+    """One tool the model may call: a function with a name and JSON-schema parameters."""
+    return {
         "type": "object",
         "required": ["type", "function"],
         "properties": {
@@ -136,14 +141,17 @@ def _chat(limits: RequestLimits) -> dict[str, Any]:
             },
         },
     }
+
+
+def _chat(limits: RequestLimits) -> dict[str, Any]:
     return {
         "type": "object",
         "additionalProperties": False,
         "required": ["messages"],
         "properties": {
             **_sampling(limits),
-            "messages": {"type": "array", "minItems": 1, "items": message},
-            "tools": {"type": "array", "items": tool, "nullable": True},
+            "messages": {"type": "array", "minItems": 1, "items": _message()},
+            "tools": {"type": "array", "items": _tool(), "nullable": True},
             "tool_choice": {"type": "string", "enum": ["auto", "none"], "nullable": True},
             "parallel_tool_calls": {"type": "boolean", "enum": [True], "nullable": True},
             "max_completion_tokens": {"type": "integer", "minimum": 1, "nullable": True},

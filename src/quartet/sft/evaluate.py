@@ -82,7 +82,7 @@ def greedy_exact_match(
     result = ExactMatch()
     if not samples:
         return result
-    model = load_causal_lm(model_dir).eval()
+    model = load_causal_lm(model_dir).eval()  # type: ignore[no-untyped-call]  # unannotated in transformers
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
         enc = tokenizer.apply_chat_template(

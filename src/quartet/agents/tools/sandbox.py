@@ -53,7 +53,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,18 @@ def _command(
     return boundary.command(workdir / "main.py", _BOOT, program, limits.scratch_mb << 20), workdir
 
 
+@dataclass
+class _Run:
+    """The host-side state of one run: whatever point the run reached, the cleanup needs it."""
+
+    workdir: Path
+    status_read: int
+    uid: int
+    proc: asyncio.subprocess.Process | None = None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+
+
 async def run_python(
     code: str, limits: SandboxLimits, *, namespaces: bool = True, bwrap: str | None = None
 ) -> RunOutcome:
@@ -276,79 +288,100 @@ async def run_python(
     workdir = Path(tempfile.mkdtemp(prefix="quartet-python-"))
     status_read, status_write = os.pipe()
     os.set_blocking(status_read, False)
-    proc: asyncio.subprocess.Process | None = None
-    tasks: list[asyncio.Task[Any]] = []
-    status: dict[str, Any] = {}
-    uid = _UID_BASE + secrets.randbelow(500_000_000)
+    run = _Run(workdir, status_read, uid=_UID_BASE + secrets.randbelow(500_000_000))
     out, err = _Capture(limits.max_output_chars * 4), _Capture(limits.max_output_chars * 4)
     start = time.monotonic()
     try:
         code_file = workdir / "main.py"
         code_file.write_text(code, encoding="utf-8")
         code_file.chmod(0o644)  # bwrap binds it for the run's unprivileged uid to read
-        config = {
-            "code_path": "main.py",  # relative to the working directory: tracebacks show main.py
-            "status_fd": status_write,
-            "isolated": False,
-            "namespaces": namespaces,
-            "wall_s": limits.wall_s,
-            "cpu_s": limits.cpu_s,
-            "memory_bytes": limits.memory_mb << 20,
-            "file_bytes": limits.max_file_mb << 20,
-            "max_processes": limits.max_processes,
-            "uid": uid,
-        }
+        config = _boot_config(limits, namespaces, status_write, run.uid)
         argv, cwd = _command(boundary, workdir, limits, config)
         home = SCRATCH if boundary is not None else str(workdir)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=cwd, env=_environment(home),
-                start_new_session=True, pass_fds=(status_write,),
-            )  # fmt: skip
-        finally:
-            os.close(status_write)
-        assert proc.stdout is not None and proc.stderr is not None
-        running = proc  # for the closure: alive while asyncio has not reaped it
-        watchdog = asyncio.create_task(
-            watch_memory(proc.pid, limits.memory_mb << 20, lambda: running.returncode is None)
-        )
-        tasks = [watchdog, asyncio.create_task(out.pump(proc.stdout))]
-        tasks.append(asyncio.create_task(err.pump(proc.stderr)))
-        exited = asyncio.create_task(proc.wait())
-        done, _ = await asyncio.wait(
-            [watchdog, exited], timeout=limits.wall_s + _BACKSTOP_S, return_when=asyncio.FIRST_COMPLETED
-        )
-        backstop = not done
-        memory_total = watchdog.result() if watchdog in done else None
-        watchdog.cancel()
-        exited.cancel()
-        status = _read_status(status_read)
-        _kill_session(proc.pid, uid, status, reaped=proc.returncode is not None)  # normally nothing left
-        await proc.wait()
-        await asyncio.wait(tasks, timeout=_DRAIN_S)
+        run.proc = await _spawn(argv, cwd, _environment(home), status_write)
+        backstop, memory_total = await _supervise(run, run.proc, limits, out, err)
         stderr = err.text(limits.max_output_chars)
         return RunOutcome(
             stdout=out.text(limits.max_output_chars),
             stderr=stderr,
-            exit_code=status.get("exit_code"),
-            signal=status.get("signal"),
-            reason=_reason(status, stderr, limits, backstop, memory_total),
-            cpu_s=float(status.get("cpu_s", 0.0)),
+            exit_code=run.status.get("exit_code"),
+            signal=run.status.get("signal"),
+            reason=_reason(run.status, stderr, limits, backstop, memory_total),
+            cpu_s=float(run.status.get("cpu_s", 0.0)),
             wall_s=time.monotonic() - start,
-            namespaces=bool(status.get("namespaces", False)),
+            namespaces=bool(run.status.get("namespaces", False)),
             isolated=boundary is not None,
         )
     finally:
-        try:
-            if proc is not None and proc.returncode is None:  # cancelled (or failed) while running
-                _kill_session(proc.pid, uid, status or _read_status(status_read), reaped=False)
-                await proc.wait()
-        finally:
-            for task in tasks:
-                task.cancel()
-            os.close(status_read)
-            _remove(workdir)
+        await _clean_up(run)
+
+
+def _boot_config(limits: SandboxLimits, namespaces: bool, status_fd: int, uid: int) -> dict[str, Any]:
+    """What the boot script (`sandbox_boot.py`) reads: the program, where to report, the limits."""
+    return {
+        "code_path": "main.py",  # relative to the working directory: tracebacks show main.py
+        "status_fd": status_fd,
+        "isolated": False,
+        "namespaces": namespaces,
+        "wall_s": limits.wall_s,
+        "cpu_s": limits.cpu_s,
+        "memory_bytes": limits.memory_mb << 20,
+        "file_bytes": limits.max_file_mb << 20,
+        "max_processes": limits.max_processes,
+        "uid": uid,
+    }
+
+
+async def _spawn(
+    argv: list[str], cwd: Path, env: dict[str, str], status_write: int
+) -> asyncio.subprocess.Process:
+    """Start the run in a new session; the status pipe's write end is the child's alone afterwards."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env,
+            start_new_session=True, pass_fds=(status_write,),
+        )  # fmt: skip
+    finally:
+        os.close(status_write)
+
+
+async def _supervise(
+    run: _Run, proc: asyncio.subprocess.Process, limits: SandboxLimits, out: _Capture, err: _Capture
+) -> tuple[bool, int | None]:
+    """Wait for the program's exit, the memory watchdog or the backstop; then kill what is left and drain
+    the output. Returns whether the backstop fired, and the resident total when the watchdog killed."""
+    assert proc.stdout is not None and proc.stderr is not None
+    watchdog = asyncio.create_task(
+        watch_memory(proc.pid, limits.memory_mb << 20, lambda: proc.returncode is None)
+    )
+    run.tasks = [watchdog, asyncio.create_task(out.pump(proc.stdout))]
+    run.tasks.append(asyncio.create_task(err.pump(proc.stderr)))
+    exited = asyncio.create_task(proc.wait())
+    done, _ = await asyncio.wait(
+        [watchdog, exited], timeout=limits.wall_s + _BACKSTOP_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    memory_total = watchdog.result() if watchdog in done else None
+    watchdog.cancel()
+    exited.cancel()
+    run.status = _read_status(run.status_read)
+    _kill_session(proc.pid, run.uid, run.status, reaped=proc.returncode is not None)  # normally nothing left
+    await proc.wait()
+    await asyncio.wait(run.tasks, timeout=_DRAIN_S)
+    return not done, memory_total
+
+
+async def _clean_up(run: _Run) -> None:
+    """Kill a run cancelled (or failed) while running, stop its tasks, close its pipe, remove its folder."""
+    try:
+        if run.proc is not None and run.proc.returncode is None:
+            _kill_session(run.proc.pid, run.uid, run.status or _read_status(run.status_read), reaped=False)
+            await run.proc.wait()
+    finally:
+        for task in run.tasks:
+            task.cancel()
+        os.close(run.status_read)
+        _remove(run.workdir)
 
 
 def _remove(workdir: Path) -> None:
