@@ -85,8 +85,8 @@ class Workdir:
 def prepare(workdir: Path, size: str, train_size: int = 4096, val_size: int = 200, seed: int = 0) -> Workdir:
     """Save the model of `size` and the 2-digit addition prompt files under `workdir` (once)."""
     from quartet.config.model import TinyModelConfig
-    from quartet.tasks.arithmetic import ArithmeticSpec, write_rl_set
     from quartet.models.tiny import save_tiny_model
+    from quartet.tasks.arithmetic import ArithmeticSpec, write_rl_set
 
     model_dir = workdir / f"model-{size}"
     if not (model_dir / "config.json").exists():

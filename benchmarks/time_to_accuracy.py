@@ -37,9 +37,9 @@ def warm_start(workdir: Path, sft_epochs: int, seed: int) -> tuple[Workdir, floa
     """SFT the demo's model (local backend); the RL prompt files; the warm start's held-out accuracy."""
     from quartet.config.data import BuiltinTask
     from quartet.config.trainer import Logger
-    from quartet.tasks import ArithmeticSpec, write_builtin
     from quartet.demo.pipeline import demo_config, greedy_accuracy
     from quartet.sft import SFTTrainer
+    from quartet.tasks import ArithmeticSpec, write_builtin
 
     overrides = [
         f"sft.epochs={sft_epochs}",
