@@ -89,9 +89,10 @@ def update_and_planner(ctx: Context) -> Result:
     from quartet.config import load_config
     from quartet.config.model import Dtype
     from quartet.config.optim import OptimConfig
+    from quartet.config.roles import Role
     from quartet.engines import EngineSpec, MicroSpec, TrainingEngine
     from quartet.planning.estimate import estimate_memory
-    from quartet.planning.plan import Phase, Role
+    from quartet.planning.plan import Phase
 
     rows, prompt, response = (4, 16, 16) if ctx.dry_run else (8, 256, 256)
     offload = ctx.cuda  # offload is a no-op on CPU

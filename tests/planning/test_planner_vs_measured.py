@@ -14,9 +14,10 @@ import planner_probes as probes
 import pytest
 
 from quartet.config import load_config
+from quartet.config.roles import Role
 from quartet.planning.estimate import estimate_memory
 from quartet.planning.measure import measure_peak_rss
-from quartet.planning.plan import Phase, Role, format_bytes
+from quartet.planning.plan import Phase, format_bytes
 
 TOLERANCE = 0.25
 NOISE_BYTES = 8 * 2**20

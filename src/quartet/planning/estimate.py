@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from quartet.config.cluster import DeviceKind
 from quartet.config.model import Dtype
 from quartet.config.plan import RefLogprobs, plan_step
-from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching
+from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, Role
 from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
 from quartet.engines.precision import resolve_precision
@@ -51,7 +51,7 @@ from quartet.planning.activations import (
     train_working_bytes,
 )
 from quartet.planning.model_shape import HeadKind, ModelShape, policy_shape, shape_from_path
-from quartet.planning.plan import MemoryPlan, Phase, PlanRow, Role
+from quartet.planning.plan import MemoryPlan, Phase, PlanRow
 
 __all__ = ["DTYPE_BYTES", "RoleShapes", "estimate_memory", "resolve_device", "resolve_shapes"]
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["MemoryPlan", "Phase", "PlanRow", "Role", "format_bytes"]
+from quartet.config.roles import Role
+
+__all__ = ["MemoryPlan", "Phase", "PlanRow", "format_bytes"]
 
 
 class Phase(StrEnum):
@@ -29,16 +31,6 @@ class Phase(StrEnum):
     VALUES = "values"  # critic forward, no grad
     UPDATE_CRITIC = "update_critic"  # critic forward/backward/optimizer step
     UPDATE_ACTOR = "update_actor"  # actor forward/backward/optimizer step
-
-
-class Role(StrEnum):
-    """Roles that may share a bundle."""
-
-    ACTOR = "actor"
-    ROLLOUT = "rollout"
-    REFERENCE = "reference"
-    CRITIC = "critic"
-    REWARD_MODEL = "reward_model"
 
 
 @dataclass(frozen=True)
