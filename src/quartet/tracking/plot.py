@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ def _timing(ax: Any, curves: RunCurves) -> bool:
     return True
 
 
-_PANELS = (
+_PANELS: tuple[tuple[str, str, Callable[[Any, RunCurves], bool]], ...] = (
     ("score", "score", _score),
     ("response length", "tokens", lambda ax, c: _lines(ax, c, [LENGTH], band=True)),
     ("KL", "KL", lambda ax, c: _lines(ax, c, KL_KEYS)),
