@@ -279,7 +279,7 @@ async def run_python(
     proc: asyncio.subprocess.Process | None = None
     tasks: list[asyncio.Task[Any]] = []
     status: dict[str, Any] = {}
-    uid = _UID_BASE + secrets.randbelow(500_000_000)
+    uid = _fresh_uid()
     out, err = _Capture(limits.max_output_chars * 4), _Capture(limits.max_output_chars * 4)
     start = time.monotonic()
     try:
@@ -349,6 +349,13 @@ async def run_python(
                 task.cancel()
             os.close(status_read)
             _remove(workdir)
+
+
+def _fresh_uid() -> int:
+    """The uid one run takes on a root host: drawn at random above `_UID_BASE`, so no other run (another
+    call, another program on this host) shares it, and the host's sweep and a caller's leftover check can
+    name this run's processes by it alone."""
+    return _UID_BASE + secrets.randbelow(500_000_000)
 
 
 def _remove(workdir: Path) -> None:
