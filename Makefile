@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: install test test-under-load test-fast lint typecheck demo bench clean install-vllm test-vllm test-browser
+.PHONY: install test test-under-load test-twice test-fast lint typecheck demo bench clean install-vllm test-vllm test-browser
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ test: install
 REPEAT ?= 1
 test-under-load: install
 	$(PY) tools/test_under_load.py --busy 1 --repeat $(REPEAT) -- $(ARGS)
+
+# Two copies of the tests that start processes (the sandbox, Ray), at the same time: both must pass, so no
+# test counts, signals or cleans up what another run on this machine started (tools/twice_at_once.py).
+# ARGS replace the default test folders, e.g. make test-twice ARGS='-m "not slow" tests/agents_tools'.
+test-twice: install
+	$(PY) tools/twice_at_once.py -- $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/async_throughput.py                 # 3 seeds, 120 s of training per mode
     .venv/bin/python benchmarks/async_throughput.py --seeds 0 --train-seconds 60
-    .venv/bin/python benchmarks/async_throughput.py --smoke         # CI: 1 seed, a few steps each
+    .venv/bin/python benchmarks/async_throughput.py --smoke         # CI: 1 seed, 3 steps each
     .venv/bin/python benchmarks/async_throughput.py --task calculator --seeds 0 --sft-epochs 8 \
         --modes sync_separate,async --name async_throughput_calculator    # multi-turn, tool calls
 
@@ -13,11 +13,12 @@ ways, one after another in one process and one local Ray of `--cpus` CPUs (the s
 - `sync_separate`: the rollout on a pool of its own (half the CPUs each), weights streamed after each update;
 - `one_step_off`: separate pools, batch k+1 generated while the actor trains on batch k;
 - `async`: separate pools, `--async-buffer` batches generated ahead, staleness bounded by `--max-staleness`.
-Each mode trains until its steps add up to `--train-seconds` (`timing_s/step`, start-up excluded), then the
-checkpoint it stops with is exported and scored greedily on the same 200 held-out problems. Reported per
-mode and seed: steps, steps/min, samples/s, the ratio to `sync_separate` in samples/s, the pools' idle time
-and overlap, the mean staleness, and the accuracy. The modes' order rotates with the seed, so a slow
-stretch of the machine does not always hit the same mode. Writes `benchmarks/results/<name>.json`.
+Each mode trains until its steps add up to `--train-seconds` (`timing_s/step`, start-up excluded; or for
+`--train-steps` steps, whichever comes first), then the checkpoint it stops with is exported and scored
+greedily on the same 200 held-out problems. Reported per mode and seed: steps, steps/min, samples/s, the
+ratio to `sync_separate` in samples/s, the pools' idle time and overlap, the mean staleness, and the
+accuracy. The modes' order rotates with the seed, so a slow stretch of the machine does not always hit the
+same mode. Writes `benchmarks/results/<name>.json`.
 `--task calculator` runs the multi-turn tool-use demo instead (conversations of up to 3 model turns, the
 calculator tool between them): generation is a larger share of its step, as in agentic RL.
 """
@@ -45,10 +46,12 @@ BASELINE = "sync_separate"
 
 
 class _TrainFor(RunCallbacks):
-    """Stops a run once its training steps add up to `seconds` (start-up and validation excluded)."""
+    """Stops a run once its training steps add up to `seconds` (start-up and validation excluded), or
+    after `steps` steps: a count, so that a smoke run does the same work however busy the machine is.
+    None: no bound of that kind."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.spent = seconds, 0.0
+    def __init__(self, seconds: float | None, steps: int | None = None) -> None:
+        self.seconds, self.spent, self.max_steps = seconds, 0.0, steps
         self.steps: list[dict[str, Any]] = []
 
     def on_record(self, record: dict[str, Any]) -> None:
@@ -57,7 +60,8 @@ class _TrainFor(RunCallbacks):
             self.steps.append(record)
 
     def should_stop(self, step: int, steps_this_process: int) -> bool:
-        return self.spent >= self.seconds
+        counted = self.max_steps is not None and len(self.steps) >= self.max_steps
+        return counted or (self.seconds is not None and self.spent >= self.seconds)
 
 
 def _mean(records: list[dict[str, Any]], key: str) -> float | None:
@@ -66,9 +70,9 @@ def _mean(records: list[dict[str, Any]], key: str) -> float | None:
 
 
 def run_mode(
-    name: str, seed: int, sft_dir: str, base: list[str], out: Path, seconds: float, cpus: int, task: str
+    name: str, seed: int, sft_dir: str, base: list[str], out: Path, stop: _TrainFor, cpus: int, task: str
 ) -> dict[str, Any]:
-    """One mode from the SFT start for `seconds` of training; its figures and held-out accuracy."""
+    """One mode from the SFT start until `stop` says so; its figures and held-out accuracy."""
     from quartet.demo.pipeline import demo_config, greedy_accuracy
     from quartet.trainer import RLTrainer
     from quartet.trainer.checkpoint import list_checkpoints
@@ -77,7 +81,6 @@ def run_mode(
     pool = [f"cluster.cpus_per_bundle={cpus if name == 'sync_colocated' else cpus // 2}"]
     overrides = [*base, *MODES[name], *pool, f"model.path={sft_dir}", f"trainer.experiment_name={name}"]
     cfg = demo_config(overrides, seed, quick=False, task=task)
-    stop = _TrainFor(seconds)
     began = time.perf_counter()
     result = RLTrainer(cfg, callbacks=stop).run()
     wall = time.perf_counter() - began
@@ -162,6 +165,7 @@ def main() -> None:
         help="the demo task: arithmetic, or calculator (multi-turn, tool calls)",
     )
     parser.add_argument("--train-seconds", type=float, default=120.0)
+    parser.add_argument("--train-steps", type=int, default=None, help="stop after this many steps at most")
     parser.add_argument("--sft-epochs", type=int, default=60, help="SFT start (the demo uses 160)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray, shared by all modes")
     parser.add_argument("--async-buffer", type=int, default=2)
@@ -173,12 +177,13 @@ def main() -> None:
         default=["actor.tis_cap=2.0"],
         help="config overrides for every mode (default: actor.tis_cap=2.0, which is a no-op on-policy)",
     )
-    parser.add_argument("--smoke", action="store_true", help="CI: one seed, a few seconds per mode")
+    parser.add_argument("--smoke", action="store_true", help="CI: one seed, 3 steps per mode")
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="async_throughput")
     args = parser.parse_args()
     if args.smoke:  # the two ends of the comparison; the other modes have tests of their own
-        args.seeds, args.train_seconds, args.sft_epochs = "0", 3.0, 1
+        # a step count, not seconds: on a busy machine 3 s of steps was 1 step, too few for the figures
+        args.seeds, args.train_seconds, args.train_steps, args.sft_epochs = "0", None, 3, 1
         args.modes = "sync_separate,async"
     import ray
 
@@ -208,7 +213,8 @@ def main() -> None:
             sft_dir, starts[seed] = sft_start(seed, base, args.sft_epochs, args.task)
             order = modes[seed % len(modes) :] + modes[: seed % len(modes)]
             for mode in order:
-                row = run_mode(mode, seed, sft_dir, base, out, args.train_seconds, args.cpus, args.task)
+                stop = _TrainFor(args.train_seconds, args.train_steps)
+                row = run_mode(mode, seed, sft_dir, base, out, stop, args.cpus, args.task)
                 rows.append(row)
                 print(
                     f"seed {seed} {mode:15s} steps {row['steps']:4d}  {row['samples_per_s']:7.1f} samples/s  "

@@ -1,4 +1,4 @@
-"""Fixtures for the Python tool's sandbox tests: the tool in each mode, the run's host folders, a listener."""
+"""Fixtures for the Python tool's sandbox tests: the tool in each mode, what its runs made, a listener."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_helpers import MODES, make_tool
+from sandbox_helpers import MODES, SandboxRuns, make_tool
 
+from quartet.agents.tools import sandbox
 from quartet.agents.tools.python_runner import PythonTool
 
 
@@ -25,17 +26,23 @@ def tool(mode: str) -> PythonTool:
 
 
 @pytest.fixture
-def workdirs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Records the temporary directories the runner makes."""
-    made: list[Path] = []
-    real = tempfile.mkdtemp
+def runs(monkeypatch: pytest.MonkeyPatch) -> SandboxRuns:
+    """Records what the runs of this test make: their temporary folders and (a root host) their uids."""
+    made = SandboxRuns()
+    real_mkdtemp, real_uid = tempfile.mkdtemp, sandbox._fresh_uid
 
-    def spy(*args: Any, **kwargs: Any) -> str:
-        path: str = real(*args, **kwargs)
-        made.append(Path(path))
+    def mkdtemp(*args: Any, **kwargs: Any) -> str:
+        path: str = real_mkdtemp(*args, **kwargs)
+        made.workdirs.append(Path(path))
         return path
 
-    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    def fresh_uid() -> int:
+        uid = real_uid()
+        made.uids.add(uid)
+        return uid
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(sandbox, "_fresh_uid", fresh_uid)
     return made
 
 

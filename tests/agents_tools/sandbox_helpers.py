@@ -1,11 +1,12 @@
 """Helpers for the Python tool's sandbox tests: the tool in each mode this machine offers, running code,
-finding a run's leftover processes."""
+finding a run's leftover processes (this test's runs only: another test process on this machine, e.g. a
+second copy of the suite, has sandbox processes of its own)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from quartet.agents.tools.python_runner import PythonTool
 from quartet.agents.tools.sandbox_boundary import find_boundary
 
 MISSING_BWRAP = "/nonexistent/bwrap"  # "no boundary can be built here", on any machine
-SANDBOX_UID_BASE = 1_500_000_000  # the runs' fresh uids on a root host (sandbox._UID_BASE)
+SANDBOX_UID_BASE = 1_500_000_000  # the runs' fresh uids on a root host start here (sandbox._UID_BASE)
 MODES = ["bwrap", "unisolated", "unisolated-no-namespaces"]
 
 
@@ -41,25 +42,45 @@ def run(tool: PythonTool, code: str) -> ToolResult:
     return asyncio.run(tool.execute("test", {"code": code}))
 
 
-def leftovers(workdirs: list[Path]) -> list[psutil.Process]:
-    """Live processes of a run: started in one of its host folders, or (root host) of a sandbox uid."""
+@dataclass
+class SandboxRuns:
+    """What the runs of one test made: their host folders and (a root host) their fresh uids.
+
+    A run's processes carry one of these marks: they start in its folder, and as root they run under its
+    uid, which the program cannot give up (it has no capabilities) even where it leaves the folder.
+    """
+
+    workdirs: list[Path] = field(default_factory=list)
+    uids: set[int] = field(default_factory=set)
+
+
+def _is_of(proc: psutil.Process, runs: SandboxRuns) -> bool:
+    if proc.status() == psutil.STATUS_ZOMBIE:
+        return False
+    if set(proc.uids()) & runs.uids:
+        return True
+    return bool(proc.cwd().startswith(tuple(map(str, runs.workdirs))))
+
+
+def leftovers(runs: SandboxRuns) -> list[psutil.Process]:
+    """Live processes of `runs`: started in one of their host folders, or (root host) of one of their uids.
+
+    Never "every sandbox process": a sandbox uid or a boot script of another run is not this test's.
+    """
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            sandbox_uid = os.geteuid() == 0 and proc.uids().real >= SANDBOX_UID_BASE
-            if sandbox_uid or proc.cwd().startswith(tuple(map(str, workdirs))):
+            if _is_of(proc, runs):
                 found.append(proc)
         except psutil.Error:
             continue
     return found
 
 
-def assert_clean(workdirs: list[Path]) -> None:
-    """No process of the run is left, and its host folder is gone."""
+def assert_clean(runs: SandboxRuns) -> None:
+    """No process of the runs is left, and their host folders are gone."""
     deadline = time.monotonic() + 2.0
-    while (left := leftovers(workdirs)) and time.monotonic() < deadline:
+    while (left := leftovers(runs)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes left running: {[(p.pid, p.cmdline()) for p in left]}"
-    assert workdirs and not any(d.exists() for d in workdirs), "temporary directory not removed"
+    assert runs.workdirs and not any(d.exists() for d in runs.workdirs), "temporary directory not removed"

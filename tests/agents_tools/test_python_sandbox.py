@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import secrets
 import select
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import assert_clean, leftovers, make_tool, run
+from sandbox_helpers import SANDBOX_UID_BASE, SandboxRuns, assert_clean, leftovers, make_tool, run
 
 from quartet.agents.tools.base import ToolResult
 from quartet.agents.tools.executor import run_tool_calls
@@ -27,30 +28,48 @@ from quartet.agents.tools.python_runner import PythonTool
 _HANG_GUARD_S = 15.0
 
 
+def _sleeper(cwd: Path, uid: int | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "30"], cwd=cwd, user=uid, group=uid)
+
+
 def test_leftover_check_sees_a_survivor(tmp_path: Path) -> None:
     """The check used below does find a process left in a run's directory (so its silence means something)."""
-    survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
+    survivor = _sleeper(tmp_path)
     try:
-        assert [p.pid for p in leftovers([tmp_path])] == [survivor.pid]
+        assert [p.pid for p in leftovers(SandboxRuns([tmp_path]))] == [survivor.pid]
     finally:
         survivor.kill()
         survivor.wait()
-    assert leftovers([tmp_path]) == []
+    assert leftovers(SandboxRuns([tmp_path])) == []
 
 
-def test_normal_output(tool: PythonTool, workdirs: list[Path]) -> None:
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs take fresh uids on a root host only")
+def test_leftover_check_sees_the_runs_uid_and_not_another_runs(tmp_path: Path) -> None:
+    """A process of this test's run uid is found wherever it went; one of another run's uid (a second
+    copy of the suite on this machine, say) is not this test's to report."""
+    mine, theirs = (SANDBOX_UID_BASE + secrets.randbelow(500_000_000) for _ in range(2))  # fresh, as runs'
+    own, foreign = _sleeper(Path("/"), mine), _sleeper(Path("/"), theirs)
+    try:
+        assert [p.pid for p in leftovers(SandboxRuns([tmp_path], {mine}))] == [own.pid]
+    finally:
+        for proc in (own, foreign):
+            proc.kill()
+            proc.wait()
+
+
+def test_normal_output(tool: PythonTool, runs: SandboxRuns) -> None:
     result = run(tool, "import os\nprint(sum(i * i for i in range(100)))\nprint(os.getcwd())")
     expected = sum(i * i for i in range(100))
     lines = result.text.splitlines()
     assert lines[:3] == ["exit status 0", "[stdout]", str(expected)]
-    scratch = "/tmp" if tool.isolated else str(workdirs[0])
+    scratch = "/tmp" if tool.isolated else str(runs.workdirs[0])
     assert lines[3] == scratch, "the program runs in its fresh scratch folder"
     assert result.metrics["python/isolated"] == float(tool.isolated)
     assert result.error is None and result.metrics["python/stopped"] == 0
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
-def test_error_exit_status_and_stderr(tool: PythonTool, workdirs: list[Path]) -> None:
+def test_error_exit_status_and_stderr(tool: PythonTool, runs: SandboxRuns) -> None:
     result = run(tool, "import sys\nprint('partial')\nsys.stderr.write('oops\\n')\nraise SystemExit(3)")
     assert result.text == "exit status 3\n[stdout]\npartial\n\n[stderr]\noops\n"
     traceback = run(tool, "def f():\n    return 1 / 0\nf()")
@@ -67,29 +86,29 @@ def test_stdin_is_closed_and_output_truncated(tool: PythonTool) -> None:
 
 
 @pytest.mark.slow
-def test_cpu_loop_is_stopped(tool: PythonTool, workdirs: list[Path]) -> None:
+def test_cpu_loop_is_stopped(tool: PythonTool, runs: SandboxRuns) -> None:
     start = time.monotonic()
     result = run(tool, "while True:\n    pass")
     assert time.monotonic() - start < _HANG_GUARD_S
     assert result.error in ("killed: CPU time limit 1 s", "killed: wall-clock limit 2 s"), result.text
     assert result.text.startswith("killed: ")
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 @pytest.mark.slow
-def test_sleeping_program_hits_wall_clock(tool: PythonTool, workdirs: list[Path]) -> None:
+def test_sleeping_program_hits_wall_clock(tool: PythonTool, runs: SandboxRuns) -> None:
     start = time.monotonic()
     result = run(tool, "import time\nprint('started', flush=True)\ntime.sleep(60)")
     assert 1.9 < time.monotonic() - start < _HANG_GUARD_S
     assert result.error == "killed: wall-clock limit 2 s"
     assert result.text == "killed: wall-clock limit 2 s\n[stdout]\nstarted\n"
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 @pytest.mark.parametrize(
     "code", ["x = bytearray(10**10)", "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))"]
 )
-def test_memory_bomb_is_stopped(tool: PythonTool, workdirs: list[Path], code: str) -> None:
+def test_memory_bomb_is_stopped(tool: PythonTool, runs: SandboxRuns, code: str) -> None:
     start = time.monotonic()
     result = run(tool, code)
     assert time.monotonic() - start < _HANG_GUARD_S
@@ -98,7 +117,7 @@ def test_memory_bomb_is_stopped(tool: PythonTool, workdirs: list[Path], code: st
     total = "killed: memory limit 256 MiB for all processes together ("
     assert result.error is not None and result.error.startswith((per_process, total)), result.text
     assert result.text.startswith((f"exit status 1; {per_process}", total))
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 @pytest.mark.parametrize(
@@ -112,17 +131,17 @@ def test_memory_bomb_is_stopped(tool: PythonTool, workdirs: list[Path], code: st
     ],
     ids=["os.fork", "libc.fork"],
 )
-def test_fork_bomb_is_stopped_and_nothing_survives(tool: PythonTool, workdirs: list[Path], code: str) -> None:
+def test_fork_bomb_is_stopped_and_nothing_survives(tool: PythonTool, runs: SandboxRuns, code: str) -> None:
     start = time.monotonic()
     result = run(tool, code)
     assert time.monotonic() - start < _HANG_GUARD_S
     assert result.error is not None, result.text
     assert result.error.startswith(("process limit reached", "killed: ")), result.text
-    assert_clean(workdirs)
+    assert_clean(runs)
     _assert_host_unharmed()
 
 
-def test_processes_that_leave_the_group_are_killed(tool: PythonTool, workdirs: list[Path]) -> None:
+def test_processes_that_leave_the_group_are_killed(tool: PythonTool, runs: SandboxRuns) -> None:
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
@@ -135,7 +154,7 @@ def test_processes_that_leave_the_group_are_killed(tool: PythonTool, workdirs: l
     )
     result = run(tool, code)
     assert result.text == "exit status 0\n[stdout]\nparent done\n"
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 def _server_saw_connection(server: socket.socket) -> bool:
@@ -143,7 +162,7 @@ def _server_saw_connection(server: socket.socket) -> bool:
     return bool(readable)
 
 
-def test_network_is_refused(tool: PythonTool, workdirs: list[Path], listener: socket.socket) -> None:
+def test_network_is_refused(tool: PythonTool, runs: SandboxRuns, listener: socket.socket) -> None:
     port = listener.getsockname()[1]
     connect = run(tool, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)")
     plain = run(tool, "import socket\nsocket.socket()")
@@ -153,7 +172,7 @@ def test_network_is_refused(tool: PythonTool, workdirs: list[Path], listener: so
     assert not _server_saw_connection(listener)
     pair = run(tool, "import asyncio\nasync def f():\n    return 7\nprint(asyncio.run(f()))")
     assert pair.text == "exit status 0\n[stdout]\n7\n", "local socketpairs (asyncio) still work"
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 def test_raw_sockets_are_refused(tool: PythonTool, listener: socket.socket) -> None:
@@ -185,7 +204,7 @@ def test_other_programs_and_foreign_signals_are_refused(tool: PythonTool) -> Non
 
 
 @pytest.mark.slow
-def test_cancelled_call_kills_the_program(tool: PythonTool, workdirs: list[Path]) -> None:
+def test_cancelled_call_kills_the_program(tool: PythonTool, runs: SandboxRuns) -> None:
     async def main() -> tuple[list[ToolResult], dict[str, float]]:
         iid = await tool.create()
         call = ToolCall("python", {"code": "import os, time\nos.fork()\ntime.sleep(60)"})
@@ -196,7 +215,7 @@ def test_cancelled_call_kills_the_program(tool: PythonTool, workdirs: list[Path]
     assert time.monotonic() - start < _HANG_GUARD_S
     assert results[0].text == "Error: tool 'python' timed out after 0.5 s"
     assert metrics["tool/timeouts"] == 1
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 def _assert_host_unharmed() -> None:

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import MISSING_BWRAP, assert_clean, make_tool, run
+from sandbox_helpers import MISSING_BWRAP, SandboxRuns, assert_clean, make_tool, run
 
 from quartet.agents.tools.python_runner import PythonTool
 from quartet.agents.tools.registry import ToolConfigError, build_tools
@@ -270,7 +270,7 @@ def test_memory_is_capped_for_all_processes_together(mode: str) -> None:
     assert result.error is not None and "memory limit 256 MiB for all processes together" in result.error
 
 
-def test_a_daemon_does_not_outlive_the_call(tool: PythonTool, workdirs: list[Path]) -> None:
+def test_a_daemon_does_not_outlive_the_call(tool: PythonTool, runs: SandboxRuns) -> None:
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
@@ -285,7 +285,7 @@ def test_a_daemon_does_not_outlive_the_call(tool: PythonTool, workdirs: list[Pat
     )
     result = run(tool, code)
     assert result.text == "exit status 0\n[stdout]\nmain done\n", result.text
-    assert_clean(workdirs)
+    assert_clean(runs)
 
 
 def test_a_flood_of_output_is_cut(tool: PythonTool) -> None:

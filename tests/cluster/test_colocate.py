@@ -255,7 +255,9 @@ def test_pool_too_big_fails_at_once_naming_resources(ray_cluster: None) -> None:
     start = time.monotonic()
     with pytest.raises(ResourcesUnavailableError, match="free resources by node") as info:
         ResourcePool(1, 3, 2.0, use_gpu=False).create()
-    assert time.monotonic() - start < 5
+    # refused up front, not after the placement wait (the pool's 60 s timeout): a busy machine may take
+    # seconds to answer, never half of that
+    assert time.monotonic() - start < 30
     assert "cluster.cpus_per_bundle" in str(info.value)
     with pytest.raises(ResourcesUnavailableError, match="GPU"):
         ResourcePool(1, 1, 0.5, use_gpu=True).create()

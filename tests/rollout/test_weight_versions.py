@@ -1,5 +1,11 @@
 """Weight versions in the built-in engine: a load while sequences are in flight lands between two forward
-passes, and every generated token is tagged with the version of the weights that computed it."""
+passes, and every generated token is tagged with the version of the weights that computed it.
+
+The in-flight test orders its events itself instead of racing the engine: the engine holds after 5 steps
+until the load has begun, then is let go while the load is still copying (so a step that did not wait for
+it would run mid-load). On a busy machine the load can no longer miss the generation; it once did: the 60
+tokens were all out before the test's thread got to load.
+"""
 
 from __future__ import annotations
 
@@ -26,10 +32,38 @@ def _fingerprint(model: torch.nn.Module) -> tuple[float, float]:
     return float(params[0].detach().double().sum()), float(params[-1].detach().double().sum())
 
 
-def _slow_stream(model: torch.nn.Module, shift: float) -> Iterator[tuple[str, torch.Tensor]]:
+def _slow_stream(
+    model: torch.nn.Module, shift: float, started: threading.Event | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's tensors plus `shift`, slowly; `started` is set once the load takes the first one."""
     for name, param in model.named_parameters():
+        if started is not None:
+            started.set()
         time.sleep(0.003)  # a forward pass that ran mid-load would see the first tensors new, the last old
         yield name, param.detach() + shift
+
+
+_HANG_GUARD_S = 120.0  # far above what the test takes; only a hang (a bug) ever reaches it
+
+
+def _hold_after(engine: TorchRolloutEngine, steps: int, release: threading.Event) -> threading.Event:
+    """Make the engine wait after `steps` steps until `release` is set; the returned event says it waits.
+
+    It waits where the engine thread asks whether there is work (under the thread's `cond`, outside
+    `step_lock`): between two steps, where a load, which takes `step_lock` alone, can run meanwhile.
+    """
+    held = threading.Event()
+    thread: Any = engine._thread
+    has_work = thread._has_work
+
+    def has_work_after_release() -> bool:
+        if engine.core.steps >= steps and not release.is_set():
+            held.set()
+            release.wait(_HANG_GUARD_S)
+        return bool(has_work())
+
+    thread._has_work = has_work_after_release
+    return held
 
 
 def test_in_flight_load_never_splits_a_forward_pass_and_tags_tokens(tiny_model_dir: Path) -> None:
@@ -56,16 +90,18 @@ def test_in_flight_load_never_splits_a_forward_pass_and_tags_tokens(tiny_model_d
     params = SamplingParams(temperature=1.0, max_new_tokens=60, ignore_eos=True, seed=3, n=2)
     requests = [GenerationRequest(tuple(p), params) for p in prompt_ids(tiny_model_dir)[:4]]
     results: list[list[list[GenerationOutput]]] = []
+    load_started = threading.Event()
+    held = _hold_after(engine, 5, release=load_started)
     worker = threading.Thread(target=lambda: results.append(engine.generate(requests)))
     try:
         worker.start()
-        deadline = time.monotonic() + 60
-        while engine.core.steps < 5 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert engine.core.steps >= 5, "the generation never started"
-        loaded = engine.load_weights(_slow_stream(model, 0.25), version=1)
-        worker.join(120)
+        assert held.wait(_HANG_GUARD_S), "the generation never reached its 5th step"
+        # 55 tokens still to come; the engine is let go at the load's first tensor, so it steps again
+        # while the load copies: a step that did not wait for the load would show as a split pass
+        loaded = engine.load_weights(_slow_stream(model, 0.25, started=load_started), version=1)
+        worker.join(_HANG_GUARD_S)
     finally:
+        load_started.set()  # a failed assertion above must not leave the engine held
         engine.shutdown()
     assert loaded == len(list(model.parameters()))
     assert engine.weight_version == 1

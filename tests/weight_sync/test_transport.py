@@ -25,11 +25,15 @@ from quartet.weight_sync import (
 )
 
 pytestmark = pytest.mark.timeout(60)
+GROUP_TIMEOUT_S = 20.0  # the groups' own timeout, the bound a sync would hit if its own were ignored
+# A failure sooner than this came from the sync's own timeout (1-3 s in these tests): a busy machine adds
+# seconds of scheduling to it, never this many. The test's claim, not a speed check.
+WITHIN_S = GROUP_TIMEOUT_S / 2
 
 
 @contextmanager
 def groups(
-    receivers: int = 1, timeout_s: float = 20
+    receivers: int = 1, timeout_s: float = GROUP_TIMEOUT_S
 ) -> Iterator[tuple[WeightSyncGroup, list[WeightSyncGroup]]]:
     """A sender group and its receivers' groups, all in this process (each rank joins from its own thread)."""
     listener = listen(GroupConfig(HOST, 0, receivers + 1, timeout_s=timeout_s))
@@ -161,7 +165,7 @@ def test_a_hung_receiver_fails_the_sync_within_its_timeout_and_breaks_the_group(
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match="version 8 failed at begin") as err:
             sender.send(iter(make_weights(8)), version=8, timeout_s=1.0)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < WITHIN_S
         assert err.value.version == 8 and err.value.stage.startswith("begin")
         assert sender_group.broken is not None
         with pytest.raises(WeightSyncError, match="broken"):
@@ -173,7 +177,7 @@ def test_a_receiver_without_a_sender_times_out_naming_no_version() -> None:
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match="unknown version .*begin") as err:
             WeightReceiver(receiver_group).receive_all(timeout_s=1.0)
-        assert time.monotonic() - start < 5 and err.value.version is None
+        assert time.monotonic() - start < WITHIN_S and err.value.version is None
 
 
 def test_measure_plain_broadcast_times_the_same_bytes_on_every_rank() -> None:
@@ -197,12 +201,12 @@ def test_roles_and_arguments_are_checked_before_the_wire() -> None:
 
 
 def test_a_receiver_lost_mid_sync_fails_the_sender_naming_the_bucket_and_bytes_done() -> None:
-    with groups(timeout_s=20) as (sender_group, (receiver_group,)), ThreadPoolExecutor(1) as pool:
+    with groups() as (sender_group, (receiver_group,)), ThreadPoolExecutor(1) as pool:
         future = pool.submit(WeightReceiver(receiver_group).receive, lambda _: receiver_group.close(), 20.0)
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match="version 11 failed at bucket") as err:
             WeightSender(sender_group, BUCKET_BYTES).send(iter(make_weights(11)), version=11, timeout_s=3.0)
-        assert time.monotonic() - start < 3.0 + 2
+        assert time.monotonic() - start < WITHIN_S
         assert err.value.bytes_done > 0 and f"after {err.value.bytes_done} payload bytes" in str(err.value)
         with pytest.raises(WeightSyncError, match="version 11"):
             future.result(timeout=30)

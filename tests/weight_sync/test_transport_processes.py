@@ -119,4 +119,6 @@ def test_a_receiver_that_died_fails_the_sync_within_the_timeout(processes: Proce
     processes.join()
     assert version == 7, message
     assert "version 7" in message and "failed at" in message
-    assert seconds < 5 + 2  # within the sync's 5 s timeout (plus scheduling slack)
+    # the sync's 5 s timeout fired, not the group's 30 s one (weight_sync_workers): a busy machine may add
+    # seconds of scheduling to the 5, never 10
+    assert seconds < 15

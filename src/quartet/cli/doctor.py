@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -126,9 +128,21 @@ def run(args: argparse.Namespace) -> int:
             _render(console, facts)
         _render_smoke(console, smoke)
         _render_checks(console, checks)
-    if facts is None:
-        return 2
-    return 1 if any(c.status == "fail" for c in checks) else 0
+    code = 2 if facts is None else 1 if any(c.status == "fail" for c in checks) else 0
+    if smoke is not None and smoke.timed_out:
+        _exit_past_the_smoke_thread(code)
+    return code
+
+
+def _exit_past_the_smoke_thread(code: int) -> None:
+    """End the process now, skipping the interpreter's shutdown, after a smoke test that timed out.
+
+    Its thread cannot be stopped: still importing torch, or inside a torch call, it made the shutdown
+    abort (SIGABRT: exit -6, a C++ stack trace, instead of the doctor's 1) on a busy machine.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _reach_cluster(address: str, only: tuple[str, str] | None) -> tuple[ClusterSurvey | None, str, bool]:

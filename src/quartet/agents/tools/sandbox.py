@@ -288,7 +288,7 @@ async def run_python(
     workdir = Path(tempfile.mkdtemp(prefix="quartet-python-"))
     status_read, status_write = os.pipe()
     os.set_blocking(status_read, False)
-    run = _Run(workdir, status_read, uid=_UID_BASE + secrets.randbelow(500_000_000))
+    run = _Run(workdir, status_read, uid=_fresh_uid())
     out, err = _Capture(limits.max_output_chars * 4), _Capture(limits.max_output_chars * 4)
     start = time.monotonic()
     try:
@@ -382,6 +382,13 @@ async def _clean_up(run: _Run) -> None:
             task.cancel()
         os.close(run.status_read)
         _remove(run.workdir)
+
+
+def _fresh_uid() -> int:
+    """The uid one run takes on a root host: drawn at random above `_UID_BASE`, so no other run (another
+    call, another program on this host) shares it, and the host's sweep and a caller's leftover check can
+    name this run's processes by it alone."""
+    return _UID_BASE + secrets.randbelow(500_000_000)
 
 
 def _remove(workdir: Path) -> None:
