@@ -95,19 +95,19 @@ def run(args: argparse.Namespace) -> int:
     checks = [_package_check(report["versions"])]
     problem = not_listening(address, timeout_s=3.0)  # at once, before Ray's own retries
     facts: ClusterSurvey | None = None
-    refused = False
+    refused, auth_fix = False, AUTH_FIX
     if problem is None:
         try:
             facts = survey(address, only)
         except ClusterAuthError as err:
-            problem, refused = str(err), True
+            problem, refused, auth_fix = str(err), True, err.fix or AUTH_FIX
         except (ConnectionError, RuntimeError) as err:
             problem = str(err).strip().splitlines()[0]
     why = problem or "unknown error"
     if facts is None:
         report.update(address=address, error=why, auth_refused=refused)
         if refused:
-            checks.append(Check("ray", "fail", why, AUTH_FIX))
+            checks.append(Check("ray", "fail", why, auth_fix))
         else:
             checks.append(Check("ray", "fail", f"no Ray cluster at '{address}': {why}", RAY_FIX))
     else:
