@@ -8,6 +8,10 @@ which would stop every Ray on the machine). Against it:
   two ranks on both nodes; while it trains, `quartet doctor` and `find_workers` in other processes find
   the run; then the second node's processes are killed and the run's error names that node and its rank;
 - a run submitted with `ray job submit` joins the job's cluster (Ray sets `RAY_ADDRESS` for the job).
+
+A second cluster, one head started with token authentication off (`RAY_AUTH_MODE=disabled`), is joined
+the way a plain run joins (its `ray start` record) by a process whose HOME holds a Ray token file: the join
+follows the cluster's mode and its actor runs.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ TRAIN = [
     "trainer.save_freq=0",
     "trainer.export_final=false",
 ]
+COMMON = ["--num-cpus=2", "--disable-usage-stats", "--block"]
 
 
 def free_port() -> int:
@@ -109,47 +114,67 @@ def alive_nodes(cluster_env: dict[str, str], gcs: str) -> int:
     return active.count(" node_")
 
 
-@pytest.fixture(scope="module")
-def started_cluster() -> Iterator[StartedCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="qrs", dir="/tmp"))  # short: Ray's socket paths live under it
-    port, dash = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token")
-    common = ["--num-cpus=2", "--disable-usage-stats", "--block"]
+def start_head(tmp: Path, env: dict[str, str], *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`ray start --head --block` in a session of its own, with Ray's temp folder `tmp` (its `ray start`
+    record included) and private ports; the process and the GCS address it recorded."""
     logs = tmp / "logs"
     logs.mkdir()
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", f"--port={port}", "--include-dashboard=true"]
-        + [f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}"]
-        + [f"--dashboard-agent-listen-port={free_port()}", *common],
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            f"--port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+        ]
+        + [f"--dashboard-agent-listen-port={free_port()}", *COMMON, *flags],
         env=env,
         stdout=(logs / "head.log").open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    worker: subprocess.Popen[bytes] | None = None
     try:
         record = tmp / "ray" / "ray_current_cluster"
         wait_for(
             lambda: record.exists() and record.read_text().strip(), 240, "the head's ray_current_cluster"
         )
-        gcs = record.read_text().strip()
+    except BaseException:
+        stop(head, tmp)
+        raise
+    return head, record.read_text().strip()
+
+
+def stop(proc: subprocess.Popen[bytes] | None, tmp: Path | None = None) -> None:
+    """Kill every process of `proc`'s session (never `ray stop`: other Rays may run here) and remove `tmp`."""
+    if proc is not None:
+        kill_session(proc.pid)
+        proc.wait(timeout=30)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def started_cluster() -> Iterator[StartedCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="qrs", dir="/tmp"))  # short: Ray's socket paths live under it
+    dash = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token")
+    head, gcs = start_head(tmp, env, "--include-dashboard=true", f"--dashboard-port={dash}")
+    worker: subprocess.Popen[bytes] | None = None
+    try:
         worker = subprocess.Popen(
             [str(BIN / "ray"), "start", f"--address={gcs}", f"--dashboard-agent-listen-port={free_port()}"]
-            + common,
+            + COMMON,
             env=env,
-            stdout=(logs / "worker.log").open("wb"),
+            stdout=(tmp / "logs" / "worker.log").open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         wait_for(lambda: alive_nodes(env, gcs) == 2, 240, "two alive nodes in `ray status`")
         yield StartedCluster(tmp, gcs, f"http://127.0.0.1:{dash}", head, worker)
     finally:
-        for proc in (worker, head):
-            if proc is not None:
-                kill_session(proc.pid)
-                proc.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop(worker)
+        stop(head, tmp)
 
 
 FIND = textwrap.dedent(
@@ -287,3 +312,57 @@ def test_ray_address_set_by_the_user_is_joined_without_local_ray_arguments(
     assert line.startswith(f"CONNECTED {c.gcs} | joined the Ray cluster at {c.gcs}")
     assert "RAY_ADDRESS is set" in line
     assert "cluster.num_cpus=2 applies to a local Ray this run starts; ignored" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster_without_auth() -> Iterator[tuple[Path, str]]:
+    """A `ray start --head` cluster with token authentication off (`RAY_AUTH_MODE=disabled`, as many
+    existing clusters run): its Ray temp folder and GCS address. One raylet is enough: an actor on the head
+    already died when the driver turned token authentication on."""
+    tmp = Path(tempfile.mkdtemp(prefix="qra", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="disabled")
+    head, gcs = start_head(tmp, env, "--include-dashboard=false")
+    try:
+        yield tmp, gcs
+    finally:
+        stop(head, tmp)
+
+
+JOIN_AND_CALL = textwrap.dedent(
+    """
+    import os, ray
+    from quartet.cluster.runtime import connect, connection
+    from quartet.config.cluster import ClusterConfig
+    connect(ClusterConfig(namespace="no-auth-test"))  # as `quartet train`: the `ray start` record
+    print("CONNECTED " + connection())
+    Echo = ray.remote(num_cpus=0)(type("Echo", (), {"pid": lambda self: os.getpid()}))
+    print("ACTOR " + str(ray.get(Echo.remote().pid.remote(), timeout=120)))
+    """
+)
+
+
+def test_a_run_joins_a_cluster_without_token_auth_despite_a_token_file(
+    cluster_without_auth: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A token file in ~/.ray (left by any earlier local run) made the driver turn token authentication
+    on, and every actor of the run died before it started; the driver now follows the cluster. An explicit
+    RAY_AUTH_MODE=token against it is named at once, with the fix."""
+    tmp, gcs = cluster_without_auth
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t" * 32)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    env = {**clean, "HOME": str(tmp_path), "RAY_TMPDIR": str(tmp)}
+    argv = [sys.executable, "-c", JOIN_AND_CALL]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr[-3000:]
+    assert f"CONNECTED joined the Ray cluster at {gcs}" in done.stdout, out
+    assert "token authentication off" in done.stdout and "\nACTOR " in done.stdout, out
+
+    forced = subprocess.run(
+        argv, env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=120
+    )
+    assert forced.returncode != 0 and "ACTOR" not in forced.stdout
+    refused = f"the Ray cluster at '{gcs}' runs without token authentication, but this process has "
+    assert refused + "RAY_AUTH_MODE=token" in forced.stderr, forced.stderr[-3000:]
+    assert "set RAY_AUTH_MODE=disabled" in forced.stderr

@@ -1,6 +1,7 @@
 """Rows that cannot be used, found at load and named: a data_source no rule scores, text that is not UTF-8
-(parquet and JSONL), over-long prompts; each skipped row is listed in `DatasetReport.bad`, and the trainer
-writes them to `<run dir>/bad_rows.jsonl`."""
+(parquet and JSONL), over-long prompts, prompts with an empty message, only system messages or an unknown
+role (tool turns and OpenAI's roles stay valid); each skipped row is listed in `DatasetReport.bad`, and the
+trainer writes them to `<run dir>/bad_rows.jsonl`."""
 
 from __future__ import annotations
 
@@ -154,3 +155,64 @@ def test_invalid_utf8_in_a_json_array_file_spoils_only_its_row(tmp_path: Path, c
     assert len(ds) == 2 and list(ds.batch([0, 1])["ground_truth"]) == ["0", "2"]
     assert [(b.row, b.field, b.reason) for b in ds.report.bad] == [(1, "prompt[0].content", "invalid_utf8")]
     assert "byte 0xfe" in ds.report.bad[0].message
+
+
+def _chat(*messages: dict[str, Any]) -> dict[str, Any]:
+    return {**_row(0), "prompt": list(messages)}
+
+
+SYSTEM = {"role": "system", "content": "Answer briefly."}
+USER = {"role": "user", "content": "What is 3+4?"}
+BAD_MESSAGES = [
+    (_chat(SYSTEM, {"role": "user", "content": ""}), "prompt[1].content", "empty_message"),
+    (_chat({"role": "user", "content": " \n\t"}), "prompt[0].content", "empty_message"),
+    (_chat(SYSTEM), "prompt", "system_only_prompt"),
+    (_chat({"role": "robot", "content": "beep"}, USER), "prompt[0].role", "unknown_role"),
+]
+
+
+def test_empty_system_only_and_unknown_role_messages_are_bad_rows(
+    tmp_path: Path, chat_tokenizer: Any
+) -> None:
+    rows = [_row(0)] + [row for row, _, _ in BAD_MESSAGES] + [_row(5)]
+    path = _jsonl(tmp_path / "train.jsonl", rows)
+    with pytest.raises(DataError) as err:
+        PromptDataset.from_files([str(path)], _cfg(), chat_tokenizer)
+    assert (err.value.file, err.value.row, err.value.column) == (str(path), 1, "prompt[1].content")
+    assert "the user message has no text ('')" in str(err.value) and "data.skip_bad_rows=true" in str(
+        err.value
+    )
+
+    ds = PromptDataset.from_files([str(path)], _cfg(skip_bad_rows=True), chat_tokenizer)
+    assert len(ds) == 2 and list(ds.batch([0, 1])["ground_truth"]) == ["0", "5"]
+    assert ds.report.bad_rows == {"empty_message": 2, "system_only_prompt": 1, "unknown_role": 1}
+    named = [(b.row, b.field, b.reason) for b in ds.report.bad]
+    assert named == [(i + 1, field, reason) for i, (_, field, reason) in enumerate(BAD_MESSAGES)]
+    robot = ds.report.bad[-1].message
+    assert "unknown role 'robot'" in robot
+    out = tmp_path / "run" / BAD_ROWS_FILE
+    out.parent.mkdir()
+    replace_load_rows(out, ds.report.bad)  # what the trainer writes to <run dir>/bad_rows.jsonl
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(w["row"], w["field"], w["reason"]) for w in written] == named
+
+
+def test_tool_turns_and_the_openai_roles_stay_valid(tmp_path: Path, chat_tokenizer: Any) -> None:
+    call = {"type": "function", "function": {"name": "calc", "arguments": {"expression": "3+4"}}}
+    rows = [
+        _chat(
+            SYSTEM,
+            USER,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "7"},
+        ),
+        _chat(
+            USER,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": ""},
+        ),
+        _chat({"role": "developer", "content": "Be brief."}, USER),
+    ]
+    path = _jsonl(tmp_path / "train.jsonl", rows)
+    ds = PromptDataset.from_files([str(path)], _cfg(), chat_tokenizer)
+    assert len(ds) == 3 and ds.report.bad == []

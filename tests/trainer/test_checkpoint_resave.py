@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from quartet.trainer import checkpoint as ckpt
 from quartet.trainer.checkpoint import (
     CheckpointError,
     TrainerState,
@@ -48,16 +48,17 @@ def _run_with_two_checkpoints(run_dir: Path) -> None:
     _save(run_dir, 4, "first-4")  # latest -> global_step_4
 
 
-FS_CALLS = [("os", "rename"), ("os", "replace"), ("shutil", "rmtree")]
+FS_CALLS = [("os", "rename"), ("os", "replace"), ("os", "remove"), ("shutil", "rmtree")]
 
 
 class FileOps:
-    """Counts the checkpoint module's renames, replaces and deletions; raises `Crash` at call `crash_at`."""
+    """Counts the checkpoint module's renames, replaces, removals and deletions; raises `Crash` at call
+    `crash_at`."""
 
     def __init__(self, mp: pytest.MonkeyPatch, crash_at: int | None = None) -> None:
         self.calls, self.crash_at = 0, crash_at
         for mod, name in FS_CALLS:
-            module = ckpt.os if mod == "os" else ckpt.shutil
+            module = os if mod == "os" else shutil  # the modules the checkpoint code calls them through
             mp.setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,7 +77,7 @@ def test_a_crash_at_every_point_of_a_resave_leaves_a_complete_checkpoint(tmp_pat
         ops = FileOps(mp)
         _save(tmp_path / "count", 4, "second-4")
     points = ops.calls
-    assert points >= 5  # set aside, rename in, point latest (x2), delete the old one
+    assert points >= 7  # marker, point latest away, set aside, rename in, point latest, delete old, marker
     for crash_at in range(points):
         run_dir = tmp_path / f"crash{crash_at}"
         _run_with_two_checkpoints(run_dir)
@@ -87,11 +88,15 @@ def test_a_crash_at_every_point_of_a_resave_leaves_a_complete_checkpoint(tmp_pat
 
         found = find_resume_checkpoint("auto", run_dir)  # no CheckpointError: something complete is found
         assert found is not None and (found / "trainer_state.json").exists(), crash_at
-        assert _tag(found) in ("first-2", "first-4", "second-4"), crash_at
+        # step 4 as it was or as it became, never step 2, where `latest` waited during the re-save (resuming
+        # from it redid two steps)
+        assert _tag(found) in ("first-4", "second-4"), crash_at
+        assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step_4", crash_at
         assert json.loads((found / "trainer_state.json").read_text())["step"] == int(found.name[12:])
         # step 4 survives the crash in one version or the other; nothing is left aside after the repair
         assert [p.name for p in list_checkpoints(run_dir)] == ["global_step_2", "global_step_4"], crash_at
         assert not list((run_dir / "checkpoints").glob(".old-*")), crash_at
+        assert not list((run_dir / "checkpoints").glob(".resave-*")), crash_at
         again = _save(run_dir, 4, "third-4")  # and the run goes on
         assert _tag(again) == "third-4" and find_resume_checkpoint("auto", run_dir) == again
 
@@ -111,3 +116,20 @@ def test_latest_naming_a_missing_folder_falls_back_with_a_warning(
     shutil.rmtree(tmp_path / "checkpoints" / "global_step_2")
     with pytest.raises(CheckpointError, match="no other complete checkpoint"):
         find_resume_checkpoint("auto", tmp_path)
+
+
+def test_an_interrupted_resave_of_a_step_latest_does_not_name_leaves_latest_where_it_was(
+    tmp_path: Path,
+) -> None:
+    """Resumed from step 2, the run saved step 3 (`latest`), then crashed re-saving step 4 (an earlier
+    attempt's): the old step 4 is restored, and the run resumes from step 3, as before the re-save."""
+    _run_with_two_checkpoints(tmp_path)
+    _save(tmp_path, 3, "second-3")
+    with pytest.MonkeyPatch.context() as mp:
+        FileOps(mp, crash_at=1)  # 0: step 4 set aside; 1: the new step 4 renamed in
+        with pytest.raises(Crash):
+            _save(tmp_path, 4, "second-4")
+    assert (tmp_path / "checkpoints" / ".old-global_step_4").is_dir()
+    found = find_resume_checkpoint("auto", tmp_path)
+    assert found is not None and _tag(found) == "second-3"
+    assert _tag(tmp_path / "checkpoints" / "global_step_4") == "first-4"

@@ -95,11 +95,11 @@ def run(args: argparse.Namespace) -> int:
         address, only = record.names.address or address, (record.names.namespace, record.names.prefix)
     report: dict[str, Any] = {"versions": versions()}
     checks = [_package_check(report["versions"])]
-    facts, why, refused = _reach_cluster(address, only)
+    facts, why, refused, auth_fix = _reach_cluster(address, only)
     if facts is None:
         report.update(address=address, error=why, auth_refused=refused)
         if refused:
-            checks.append(Check("ray", "fail", why, AUTH_FIX))
+            checks.append(Check("ray", "fail", why, auth_fix))
         else:
             checks.append(Check("ray", "fail", f"no Ray cluster at '{address}': {why}", RAY_FIX))
     else:
@@ -145,19 +145,20 @@ def _exit_past_the_smoke_thread(code: int) -> None:
     os._exit(code)
 
 
-def _reach_cluster(address: str, only: tuple[str, str] | None) -> tuple[ClusterSurvey | None, str, bool]:
-    """The survey of the cluster at `address`, or None and why: (survey, why, whether auth refused)."""
+def _reach_cluster(address: str, only: tuple[str, str] | None) -> tuple[ClusterSurvey | None, str, bool, str]:
+    """The survey of the cluster at `address`, or None and why: (survey, why, whether authentication
+    refused the join, the fix to print when it did)."""
     problem = not_listening(address, timeout_s=3.0)  # at once, before Ray's own retries
     facts: ClusterSurvey | None = None
-    refused = False
+    refused, auth_fix = False, AUTH_FIX
     if problem is None:
         try:
             facts = survey(address, only)
         except ClusterAuthError as err:
-            problem, refused = str(err), True
+            problem, refused, auth_fix = str(err), True, err.fix or AUTH_FIX
         except (ConnectionError, RuntimeError) as err:
             problem = str(err).strip().splitlines()[0]
-    return facts, problem or "unknown error", refused
+    return facts, problem or "unknown error", refused, auth_fix
 
 
 def _probe_live_runs(facts: ClusterSurvey, timeout_s: float) -> None:

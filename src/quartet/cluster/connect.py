@@ -14,9 +14,9 @@ Ray's own `ray.init` does the same lookup but then refuses the arguments quartet
 (`num_cpus`, `_system_config`), and joining an address where no Ray answers retries for minutes with
 SIGTERM ignored. Here a join is checked first: something must listen (TCP, `timeout_s`) and speak gRPC
 (Ray's GCS protocol) before `ray.init` is called, whose own retries are capped by
-`RAY_gcs_server_port_wait_time_s`. Each failure is a `RayConnectError` naming the address, where it came
-from, the cause (nothing listening, not a Ray GCS, authentication token refused, Ray/Python version
-mismatch) and the fix.
+`RAY_gcs_server_port_wait_time_s`, in the cluster's own token-authentication mode (`quartet.cluster.auth`).
+Each failure is a `RayConnectError` naming the address, where it came from, the cause (nothing listening,
+not a Ray GCS, authentication token refused or modes in conflict, Ray/Python version mismatch) and the fix.
 """
 
 from __future__ import annotations
@@ -223,17 +223,17 @@ def target_of(address: str, source: str) -> RayTarget:
 
 def join_bounded(
     target: RayTarget, namespace: str, timeout_s: float = 30.0, retries: int | None = None, **init: Any
-) -> None:
+) -> bool:
     """`ray.init` into the cluster of `target` (mode `join`) in `namespace`, bounded by `timeout_s` for the
-    checks and `retries` (~1 s each, default `timeout_s`) for Ray's own GCS wait; token authentication on
-    when this machine has a token. Every failure is a `RayConnectError` (`ClusterAuthError` for a refused
-    token) naming address, source, cause and fix."""
+    checks and `retries` (~1 s each, default `timeout_s`) for Ray's own GCS wait, with token authentication
+    on exactly when the cluster has it (the return value). Every failure is a `RayConnectError`
+    (`ClusterAuthError` for a refused token or conflicting modes) naming address, source, cause and fix."""
     assert target.mode == "join" and target.address, target
     address = target.address
     check_listening(address, target.source, min(timeout_s, 10.0))
     os.environ.setdefault(_WAIT_VAR, str(max(1, int(retries if retries is not None else timeout_s))))
     try:
-        join(address, namespace, **init)
+        return join(address, namespace, **init)
     except ClusterAuthError:
         raise
     except Exception as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -61,7 +62,7 @@ def connect(cfg: ClusterConfig) -> str:
                 cfg.num_cpus,
                 target.describe(),
             )
-        join_bounded(target, cfg.namespace, cfg.connect_timeout_s, log_to_driver=True)
+        token = join_bounded(target, cfg.namespace, cfg.connect_timeout_s, log_to_driver=True)
     else:
         ray.init(
             address="local",  # never a stale `ray start` record or RAY_ADDRESS: resolve_target decided
@@ -70,9 +71,13 @@ def connect(cfg: ClusterConfig) -> str:
             log_to_driver=True,
             _system_config=_LOCAL_RAY_SYSTEM_CONFIG,
         )
+        token = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"  # Ray's choice for a local Ray
     address = str(ray.get_runtime_context().gcs_address)
     verb = "joined" if target.mode == "join" else "started"
-    _CONNECTION["ray"] = f"{verb} {target.describe()}: GCS {address}, namespace '{cfg.namespace}'"
+    auth = "on" if token else "off"
+    _CONNECTION["ray"] = (
+        f"{verb} {target.describe()}: GCS {address}, namespace '{cfg.namespace}', token authentication {auth}"
+    )
     log.info("Ray: %s", _CONNECTION["ray"])
     _watch_local_session()
     return address

@@ -140,7 +140,7 @@ def survey(address: str, only: tuple[str, str] | None = None) -> ClusterSurvey:
     (only the run `(namespace, prefix)` when given), each classified by `classify_run`."""
     import ray
 
-    if not ray.is_initialized():  # token auth on when this machine has a token; a refusal is named
+    if not ray.is_initialized():  # in the cluster's auth mode; a refusal is named
         target = target_of(address, "--address")  # checked and bounded; a refused token is named
         quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
         join_bounded(target, DOCTOR_NAMESPACE, 10.0, retries=8, **quiet)

@@ -85,8 +85,9 @@ class DataConfig:
     """What to do with prompts longer than `max_prompt_length`."""
 
     skip_bad_rows: bool = False
-    """Skip malformed rows (bad columns, invalid JSON or UTF-8, a data_source no rule scorer knows) instead of
-    stopping at the first one; each is counted, and named in `<run dir>/bad_rows.jsonl`."""
+    """Skip malformed rows (bad columns, invalid JSON or UTF-8, a prompt message without text or of an
+    unknown role, a prompt of only system messages, a data_source no rule scorer knows) instead of stopping
+    at the first one; each is counted, and named in `<run dir>/bad_rows.jsonl`."""
 
     train_batch_size: int = 8
     """Prompts per training step, global (each is sampled `rollout.n` times)."""

@@ -1,7 +1,9 @@
 """RL prompts in verl's dataset layout, tokenized once at load, served as left-padded `Batch`es.
 
 Row layout (verl's `RLHFDataset`; column names are config keys):
-    prompt        list of chat messages {role, content} (`data.prompt_key`)
+    prompt        list of chat messages {role, content} (`data.prompt_key`): roles of OpenAI's chat
+                  (`CHAT_ROLES`), text in each (a tool result, or an assistant turn with `tool_calls`, may be
+                  empty), and more than system messages
     data_source   which rule scorer grades the row (`data.data_source_key`)
     reward_model  {"ground_truth": ..., "style": "rule"}; the ground truth is found by the dotted
                   `data.ground_truth_key` and handed on as a string (JSON for lists and objects)
@@ -39,7 +41,7 @@ from quartet.data.bad_rows import BadRow
 from quartet.data.errors import DataError, RowProblem
 from quartet.data.reading import RowSource, SourcedRow, read_files
 
-__all__ = ["DatasetReport", "PromptDataset", "parse_messages", "pad_token_id"]
+__all__ = ["CHAT_ROLES", "DatasetReport", "PromptDataset", "parse_messages", "pad_token_id"]
 
 log = logging.getLogger(__name__)
 _SKIP_HINT = "or set data.skip_bad_rows=true to count and skip such rows"
@@ -140,9 +142,46 @@ def _suggest(config_key: str, wanted: str, available: Iterable[str], prefix: str
     return f"add the column, or point {config_key} at one of the columns {names}"
 
 
+# The roles of OpenAI's chat API (verl hands messages to the chat template as they are): `developer` is its
+# newer name for `system`, `function` the result of a legacy function call. Anything else is a typo or a
+# role no chat template renders as meant (some drop the message, some raise mid-load).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_INSTRUCTION_ROLES = ("system", "developer")
+# Roles whose content may be empty: an assistant turn that only calls tools, and a tool that returned
+# nothing (an empty output is still an answer the model must read).
+_MAY_BE_EMPTY = ("tool", "function")
+
+
+def _message(message: Any, name: str) -> dict[str, Any]:
+    """One message checked: a known role, and text content unless it is an empty tool result or an
+    assistant turn that only calls tools. Raises `RowProblem` naming the field."""
+    if not isinstance(message, dict):
+        got = type(message).__name__
+        raise RowProblem("bad_prompt", name, f"expected a {{role, content}} message, got {got}")
+    role, content, calls = message.get("role"), message.get("content"), message.get("tool_calls")
+    if not isinstance(role, str) or not role:
+        raise RowProblem("bad_prompt", f"{name}.role", f"expected a non-empty string, got {role!r}")
+    if role not in CHAT_ROLES:
+        close = difflib.get_close_matches(role.lower(), CHAT_ROLES, n=1, cutoff=0.6)
+        fix = f"did you mean '{close[0]}'? " if close else ""
+        raise RowProblem(
+            "unknown_role", f"{name}.role", f"unknown role {role!r}", fix + f"use one of {list(CHAT_ROLES)}"
+        )
+    if not isinstance(content, str) and not (content is None and calls):
+        got = type(content).__name__
+        raise RowProblem("bad_prompt", f"{name}.content", f"expected a string, got {got}")
+    if not (content or "").strip() and not calls and role not in _MAY_BE_EMPTY:
+        raise RowProblem("empty_message", f"{name}.content", f"the {role} message has no text ({content!r})")
+    # Parquet gives every struct field to every message (None where absent): drop the absent ones, so a
+    # template testing `message.get('tool_calls')` sees what the writer wrote.
+    return {k: v for k, v in message.items() if v is not None or k == "content"}
+
+
 def parse_messages(value: Any, column: str) -> list[dict[str, Any]]:
-    """`value` checked as a non-empty list of {role: str, content: str} messages (content may be null on
-    a message with `tool_calls`). Raises `RowProblem` naming the column."""
+    """`value` checked as a non-empty list of {role, content} messages with a known role (`CHAT_ROLES`) and
+    text content (empty only for a tool result or an assistant turn with `tool_calls`), not all system
+    messages. Raises `RowProblem` naming the column; each such row is a bad row, not a prompt the model
+    would be trained to answer with nothing to answer."""
     if isinstance(value, (tuple, np.ndarray)):  # rows from pandas / numpy-backed readers
         value = list(value)
     if not isinstance(value, list):
@@ -155,21 +194,14 @@ def parse_messages(value: Any, column: str) -> list[dict[str, Any]]:
         )
     if not value:
         raise RowProblem("empty_prompt", column, "the prompt has no messages")
-    messages = []
-    for i, message in enumerate(value):
-        name = f"{column}[{i}]"
-        if not isinstance(message, dict):
-            got = type(message).__name__
-            raise RowProblem("bad_prompt", name, f"expected a {{role, content}} message, got {got}")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or not role:
-            raise RowProblem("bad_prompt", f"{name}.role", f"expected a non-empty string, got {role!r}")
-        if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
-            got = type(content).__name__
-            raise RowProblem("bad_prompt", f"{name}.content", f"expected a string, got {got}")
-        # Parquet gives every struct field to every message (None where absent): drop the absent ones, so a
-        # template testing `message.get('tool_calls')` sees what the writer wrote.
-        messages.append({k: v for k, v in message.items() if v is not None or k == "content"})
+    messages = [_message(message, f"{column}[{i}]") for i, message in enumerate(value)]
+    if all(m["role"] in _INSTRUCTION_ROLES for m in messages):
+        raise RowProblem(
+            "system_only_prompt",
+            column,
+            "the prompt has only system messages: nothing for the model to answer",
+            'add the question as a {"role": "user", "content": ...} message',
+        )
     return messages
 
 

@@ -17,12 +17,15 @@ temporary file, flushed, `os.replace`d). A crash at any point leaves `latest` na
 `max_checkpoints_to_keep` prunes the oldest complete ones after `latest` moves.
 
 Re-saving a step that already has a checkpoint (a run resumed from an older one reaches it again) never
-deletes the old folder before the new one is in: `latest` is first pointed at the newest other complete
-checkpoint (when it named this step), the old folder is renamed aside to `.old-global_step_N`, the new one
-renamed in, `latest` pointed at it, and only then is the old one deleted. Resuming (and the next save)
+deletes the old folder before the new one is in: when `latest` names this step, a marker
+`.resave-global_step_N` is written and `latest` pointed at the newest other complete checkpoint (so it never
+names a missing folder); the old folder is renamed aside to `.old-global_step_N`, the new one renamed in,
+`latest` pointed at it, and only then are the old one and the marker deleted. Resuming (and the next save)
 repairs what a crash between those steps left: an `.old-*` folder whose step folder is missing is renamed
-back, one whose step folder is back is deleted; and a `latest` naming a missing or incomplete folder falls
-back, with a warning, to the newest complete checkpoint.
+back, one whose step folder is back is deleted; a marker whose step is complete (old or new) points
+`latest` back at it, so the run resumes from that step, not the older one `latest` was parked on (which
+redid the steps between); and a `latest` naming a missing or incomplete folder falls back, with a warning,
+to the newest complete checkpoint.
 
 The reference policy is frozen (it is the starting model) and the rollout engine gets the actor's weights
 by a sync after loading, so neither is saved. With several nodes the run folder must be on storage every
@@ -60,6 +63,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_RESAVE = ".resave-"  # prefix of the marker a re-save of the step `latest` names leaves until it is done
 
 
 class CheckpointError(RuntimeError):
@@ -112,21 +117,29 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _point_latest(root: Path, name: str) -> None:
-    """`latest` names `name`, replaced atomically."""
-    latest_tmp = root / f".{LATEST_FILE}.tmp"
-    with latest_tmp.open("w") as f:
-        f.write(name + "\n")
+def _write_atomic(root: Path, name: str, text: str) -> None:
+    """`root/name` holds `text`, replaced atomically (a crash leaves the old content or the new)."""
+    tmp = root / f".{name}.tmp"
+    with tmp.open("w") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(latest_tmp, root / LATEST_FILE)
+    os.replace(tmp, root / name)
     _fsync(root)
 
 
-def _repair(root: Path) -> None:
-    """Finish or undo a re-save a crash interrupted (see the module docstring)."""
-    if not root.is_dir():
-        return
+def _point_latest(root: Path, name: str) -> None:
+    """`latest` names `name`, replaced atomically."""
+    _write_atomic(root, LATEST_FILE, name + "\n")
+
+
+def _latest_name(root: Path) -> str | None:
+    pointer = root / LATEST_FILE
+    return pointer.read_text().strip() if pointer.exists() else None
+
+
+def _restore_set_aside(root: Path) -> None:
+    """An `.old-*` folder back in place when its re-save did not get the new one in; deleted when it did."""
     for old in root.glob(f".old-{CHECKPOINT_GLOB}"):
         final = root / old.name.removeprefix(".old-")
         if (final / TRAINER_STATE_FILE).exists():
@@ -139,12 +152,34 @@ def _repair(root: Path) -> None:
             log.warning("restored %s, set aside by a re-save that was interrupted", final)
 
 
+def _repair(root: Path) -> None:
+    """Finish or undo a re-save a crash interrupted (see the module docstring): the step folder as it was
+    or as it became, and `latest` naming it again when it named it before."""
+    if not root.is_dir():
+        return
+    _restore_set_aside(root)
+    for marker in root.glob(f"{_RESAVE}{CHECKPOINT_GLOB}"):
+        name = marker.name.removeprefix(_RESAVE)
+        if (root / name / TRAINER_STATE_FILE).exists() and _latest_name(root) != name:
+            _point_latest(root, name)
+            log.warning("latest names %s again, which an interrupted re-save had moved it off", name)
+        _drop_marker(root, name)
+
+
+def _drop_marker(root: Path, name: str) -> None:
+    marker = root / (_RESAVE + name)
+    if marker.exists():
+        os.remove(marker)
+        _fsync(root)
+
+
 def _set_aside(root: Path, final: Path) -> Path:
-    """Move an existing `final` out of the way of its re-save; `latest` never names a missing folder."""
-    pointer = root / LATEST_FILE
-    if pointer.exists() and pointer.read_text().strip() == final.name:
+    """Move an existing `final` out of the way of its re-save; `latest` never names a missing folder, and a
+    marker says it named `final` (`_repair` points it back after a crash)."""
+    if _latest_name(root) == final.name:
         others = [p for p in list_checkpoints(root.parent) if p != final]
         if others:
+            _write_atomic(root, _RESAVE + final.name, final.name + "\n")
             _point_latest(root, others[-1].name)
     aside = root / f".old-{final.name}"
     os.rename(final, aside)
@@ -186,6 +221,7 @@ def save_checkpoint(
     _point_latest(root, name)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+        _drop_marker(root, name)  # `latest` names this step again, if it did before
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             if old != final:
