@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from quartet.cluster.watchdog import active_deadline
+from quartet.config import load_config
 from quartet.trainer.hang_deadline import HANG_FACTOR, HANG_FLOOR_S, PhaseDeadlines
 from quartet.trainer.phase_timer import PhaseTimer
+from quartet.trainer.step import StepRunner
 
 
 def test_constants_are_the_documented_ones() -> None:
@@ -51,3 +53,10 @@ def test_timer_opens_the_phase_deadline_and_records_its_time(tmp_path: Path) -> 
     with pytest.raises(ValueError), timer("ref"):
         raise ValueError("a failed phase records no time")
     assert active_deadline() is None
+
+
+def test_step_runner_takes_its_deadlines_from_the_config() -> None:
+    cfg = load_config(None, ["trainer.hang_timeout_s=5000", "cluster.call_timeout_s=4000"])
+    runner = StepRunner(cfg, None, None, None)  # type: ignore[arg-type]  # the deadlines need no workers
+    assert runner.deadlines.timeout_s("gen") == 4000.0
+    assert runner.deadlines.run_dir == cfg.trainer.run_dir
