@@ -178,7 +178,12 @@ def top_frame(stacks: str) -> str:
     threads = [block for block in re.split(r"\n\s*\n", stacks) if _FRAME.search(block.split("\n", 1)[-1])]
     frames = [[m for m in map(_FRAME.match, block.splitlines()) if m] for block in threads]
     running = [
-        f for f in frames if any(m["file"].endswith("host.py") and m["fn"] in ("call", "execute") for m in f)
+        f
+        for f in frames
+        if any(
+            m["file"].endswith(os.path.join("cluster", "host.py")) and m["fn"] in ("call", "execute")
+            for m in f
+        )
     ]
     current = [f for f, block in zip(frames, threads, strict=True) if block.lstrip().startswith("Current")]
     chosen = (running or current or frames or [[]])[0]
