@@ -17,7 +17,7 @@ from roles_for_tests import AllReducer, Stalling
 from quartet.cluster.colocate import RoleSpec, colocate
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
-from quartet.cluster.watchdog import HangError
+from quartet.cluster.watchdog import HangError, collect_stacks
 from quartet.trainer.hang_deadline import PhaseDeadlines
 from quartet.trainer.phase_timer import PhaseTimer
 
@@ -25,7 +25,7 @@ from quartet.trainer.phase_timer import PhaseTimer
 cloudpickle.register_pickle_by_value(roles_for_tests)
 pytestmark = pytest.mark.ray
 
-DEADLINE_S = 3.0
+DEADLINE_S = 5.0
 HANG_GUARD_S = 120.0
 
 
@@ -44,6 +44,9 @@ def test_rank_stuck_in_update_is_named_with_its_stack(ray_cluster: None, tmp_pat
         with pytest.raises(HangError) as caught, _timer(tmp_path, 7)("update_actor"):
             hosts.groups["stalling"].call(Stalling.update, 1)
         assert time.monotonic() - start < HANG_GUARD_S
+        # the path for ranks on another node than the driver's: a Ray task pinned to the rank's node
+        through_tasks = collect_stacks(hosts.nodes, here=None)
+        assert sorted(through_tasks) == [0, 1] and " in update" in through_tasks[1]
     finally:
         hosts.shutdown()
     message = str(caught.value)
