@@ -131,10 +131,10 @@ class TrainerConfig:
 
     hang_timeout_s: float = 0.0
     """Deadline in seconds of every phase of a step (generation, each role's pass, updates, weight sync);
-    0 derives one per phase: max(600 s, 5x the longest time the phase took in earlier steps), the first step
-    getting 600 s. Never above `cluster.call_timeout_s`. When a phase passes it, every rank's Python stacks go
-    to `<run dir>/hang_<step>.txt` and the run fails naming the phase, the silent ranks and their top frames
-    (docs/reliability.md)."""
+    0 derives one per phase: max(600 s, 5x the longest time the phase took in earlier steps), and 1800 s
+    for a phase with no earlier time (the first step). Never above `cluster.call_timeout_s`. When a phase
+    passes it, every rank's Python stacks go to `<run dir>/hang_<step>.txt` and the run fails naming the
+    phase, the silent ranks and their top frames (docs/reliability.md)."""
 
     @property
     def run_dir(self) -> Path:

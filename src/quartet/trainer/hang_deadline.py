@@ -4,8 +4,8 @@
     timer = PhaseTimer(guard=deadlines.guard(step))
 
 `trainer.hang_timeout_s` > 0 is the deadline of every phase. 0 (the default) derives it per phase:
-`max(HANG_FLOOR_S, HANG_FACTOR x the longest time the phase took in this process's earlier steps)`, so the
-first step gets the floor. Either way it is never above `cluster.call_timeout_s`.
+`max(HANG_FLOOR_S, HANG_FACTOR x the longest time the phase took in this process's earlier steps)`, and
+`HANG_FIRST_S` for a phase not seen yet (the first step). Either way never above `cluster.call_timeout_s`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ from pathlib import Path
 from quartet.cluster.watchdog import phase_deadline
 from quartet.tracking.run_layout import hang_file
 
-__all__ = ["HANG_FACTOR", "HANG_FLOOR_S", "PhaseDeadlines"]
+__all__ = ["HANG_FACTOR", "HANG_FIRST_S", "HANG_FLOOR_S", "PhaseDeadlines"]
 
+HANG_FIRST_S = 1800.0
+"""The deadline of a phase with no earlier time (the first step, and the first after a resume): nothing is
+known of the run's speed yet, that step loads kernels and fills caches, and a long-reasoning generation of
+a large batch can legitimately take 10-20 minutes; half the `call_timeout_s` default still names a hang
+half an hour sooner than before, and a false kill of a healthy run would cost more than the wait."""
 HANG_FLOOR_S = 600.0
-"""The least deadline of a phase, and the first step's: that step loads kernels, fills caches and warms the
-allocator, and a loaded cluster can make it several times slower than later steps; ten minutes is far more
-than any tiny-to-mid run's first phase takes, yet six times sooner than the `call_timeout_s` default."""
+"""The least deadline of a phase once it has a time: a phase measured at seconds may still meet a slower
+node or a checkpoint's I/O in a later step; ten minutes leaves room for that and is six times sooner than
+the `call_timeout_s` default."""
 HANG_FACTOR = 5.0
 """A phase's time varies from step to step with response lengths (sampled up to the maximum) and with a
 shared node's load, about 2-3x in practice; 5x the longest seen leaves that room and still names a hang
@@ -42,7 +47,9 @@ class PhaseDeadlines:
         """The deadline of `phase` now, in seconds from its start."""
         if self.override_s > 0:
             return min(self.override_s, self.cap_s)
-        return min(self.cap_s, max(HANG_FLOOR_S, HANG_FACTOR * self.longest.get(phase, 0.0)))
+        if phase not in self.longest:
+            return min(self.cap_s, HANG_FIRST_S)
+        return min(self.cap_s, max(HANG_FLOOR_S, HANG_FACTOR * self.longest[phase]))
 
     def record(self, phase: str, seconds: float) -> None:
         """A completed entry of `phase` took `seconds`."""
