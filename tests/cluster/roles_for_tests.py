@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -85,6 +86,26 @@ class AllReducer:
         t = torch.tensor([value * (dist.get_rank() + 1)])
         dist.all_reduce(t)
         return float(t.item())
+
+    @dispatch(Split.BROADCAST)
+    def all_reduce_except(self, skip_rank: int) -> int:
+        """Every rank but `skip_rank` joins an all-reduce: they block in it until gloo's own timeout."""
+        import torch.distributed as dist
+
+        if dist.get_rank() != skip_rank:
+            dist.all_reduce(torch.ones(1))
+        return dist.get_rank()
+
+
+class Stalling:
+    """A role whose `update` never returns on one rank (a rank alive but stuck)."""
+
+    @dispatch(Split.BROADCAST)
+    def update(self, stuck_rank: int) -> int:
+        rank = int(os.environ["RANK"])
+        if rank == stuck_rank:
+            time.sleep(3600)
+        return rank
 
 
 class BrokenInit:

@@ -21,7 +21,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if row % 4 == 1:
         raise RuntimeError("scorer bug on purpose")
     if row % 4 == 2:
-        time.sleep(30)
+        time.sleep(3600)  # never returns within the run: only the pool's kill ends it
     return 1.0
 """
 
@@ -69,6 +69,7 @@ def test_raising_and_hanging_rewards_do_not_stop_training(
     last = result.last_metrics
     # rows 0..3 of the unshuffled second step hold one raising and one hanging prompt, n=2 samples each
     assert last["reward/error_count"] == 2 and last["reward/timeout_count"] == 2
+    assert last["reward/worker_restarts"] == 2  # each stuck worker was killed and replaced
     assert last["critic/score/mean"] == pytest.approx(0.5)  # the other half scored 1
     # each failed response is named by its prompt's dataset row, in the run folder
     named = [json.loads(line) for line in (result.run_dir / "bad_rows.jsonl").read_text().splitlines()]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quartet.cluster.dispatch import DataRank
+from quartet.cluster.watchdog import install_stack_dump
 
 __all__ = ["LocalRef", "RoleHost", "Sibling"]
 
@@ -64,6 +65,8 @@ class RoleHost:
         self.rank, self.world_size, self.local_rank, self.name = rank, world_size, local_rank, name
         self.in_process = in_process  # the local backend: the driver's own process, never a Ray worker
         self.roles: dict[str, Any] = {}
+        self.stacks_file = None if in_process else install_stack_dump(name)
+        """Where this process writes every thread's stack on `HANG_SIGNAL` (`quartet.cluster.watchdog`)."""
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)})
         if not in_process:
             # A worker's stderr goes to the driver's console: no per-rank "Loading weights" progress bars.
@@ -76,7 +79,14 @@ class RoleHost:
             node_id, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         else:
             node_id, ip = "local", "127.0.0.1"
-        return {"rank": self.rank, "pid": os.getpid(), "node_id": node_id, "ip": ip, "name": self.name}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "node_id": node_id,
+            "ip": ip,
+            "name": self.name,
+            "stacks_file": self.stacks_file,
+        }
 
     def free_port(self) -> int:
         """A TCP port free on this node now (rank 0's node hosts the torch.distributed store)."""

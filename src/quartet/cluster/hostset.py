@@ -20,6 +20,7 @@ from quartet.cluster.errors import WorkerError
 from quartet.cluster.failures import failure_report
 from quartet.cluster.host import LocalRef
 from quartet.cluster.naming import RunNames
+from quartet.cluster.watchdog import active_deadline, hang_error
 
 if TYPE_CHECKING:
     from quartet.cluster.group import RoleGroup
@@ -107,14 +108,16 @@ class HostSet:
 
     def _ray_wait(self, role: str, method: str, refs: list[Any], timeout: float) -> list[Any]:
         """Wait for all refs at once (one fetch when all succeed); a failed rank is reported as soon as
-        it is seen, without waiting for the others, and a silent one when the timeout passes."""
+        it is seen, without waiting for the others, and a silent one when the timeout (or the open phase's
+        deadline, `quartet.cluster.watchdog`, whichever comes first) passes."""
         import ray
 
         deadline = time.monotonic() + timeout
+        watch = active_deadline()
         remaining = list(refs)
         while True:
             _run_sentinels()
-            left = deadline - time.monotonic()
+            left = min(deadline, watch.deadline if watch else deadline) - time.monotonic()
             ready, remaining = ray.wait(
                 remaining, num_returns=len(remaining), timeout=max(0.0, min(_POLL_S, left)), fetch_local=True
             )
@@ -132,6 +135,8 @@ class HostSet:
                     raise
             if left <= 0:
                 missing = [rank for rank, ref in enumerate(refs) if ref in remaining]
+                if watch is not None and watch.deadline < deadline:
+                    raise hang_error(role, method, watch, missing, self.nodes)
                 raise WorkerError(
                     role,
                     missing[0],

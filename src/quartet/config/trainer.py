@@ -129,6 +129,13 @@ class TrainerConfig:
     """When the plan does not fit, apply the proposed changes (offload, smaller micro-batches, gradient
     checkpointing, smaller KV cache: cheapest first) instead of refusing; the applied overrides are logged."""
 
+    hang_timeout_s: float = 0.0
+    """Deadline in seconds of every phase of a step (generation, each role's pass, updates, weight sync);
+    0 derives one per phase: max(600 s, 5x the longest time the phase took in earlier steps), and 1800 s
+    for a phase with no earlier time (the first step). Never above `cluster.call_timeout_s`. When a phase
+    passes it, every rank's Python stacks go to `<run dir>/hang_<step>.txt` and the run fails naming the
+    phase, the silent ranks and their top frames (docs/reliability.md)."""
+
     @property
     def run_dir(self) -> Path:
         """`output_dir/project_name/experiment_name`: everything the run writes."""
@@ -151,4 +158,5 @@ class TrainerConfig:
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0", "use 0 to train the actor at once")
         require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
         require(self.async_buffer >= 1, "async_buffer", "must be >= 1")
+        require(self.hang_timeout_s >= 0, "hang_timeout_s", "must be >= 0", "use 0 for the automatic one")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

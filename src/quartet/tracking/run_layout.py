@@ -7,6 +7,7 @@
       bad_rows.jsonl                   every row skipped at load or scored 0 by a failed score call
       cluster.json                     the run's Ray names and where each rank ran
       run_state.json                   running, finished or failed
+      hang_<N>.txt                     every rank's Python stacks when a phase of step N passed its deadline
       data/<task>/                     the built-in task's data sets
       rollouts/step_<N>.jsonl          recorded samples, one line each (val_step_<N>.jsonl: validation)
       rollouts/step_<N>.parquet        the same samples as a table, with per-token columns
@@ -46,6 +47,7 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "checkpoint_name",
     "checkpoint_step",
+    "hang_file",
     "rollout_records_file",
     "rollout_table_file",
     "rollout_table_step",
@@ -62,6 +64,12 @@ DATA_DIR = "data"
 HF_DIR = "hf"
 PLOTS_FILE = "plots.png"
 SUMMARY_FILE = "summary.json"
+
+
+def hang_file(step: int) -> str:
+    """The stacks file of step `step`'s hang (`quartet.cluster.watchdog`)."""
+    return f"hang_{step}.txt"
+
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"

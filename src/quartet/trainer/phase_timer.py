@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 __all__ = ["PhaseTimer"]
@@ -18,6 +18,8 @@ class PhaseTimer:
     seconds: dict[str, float] = field(default_factory=dict)
     on_enter: Callable[[str], None] | None = None
     """Told the name of each phase as it starts (the console's progress bar shows it)."""
+    guard: Callable[[str], AbstractContextManager[None]] | None = None
+    """Wraps each phase by name: the step's hang deadlines (`quartet.trainer.hang_deadline`)."""
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -25,7 +27,8 @@ class PhaseTimer:
             self.on_enter(name)
         start = time.perf_counter()
         try:
-            yield
+            with self.guard(name) if self.guard is not None else nullcontext():
+                yield
         finally:
             self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + (
                 time.perf_counter() - start

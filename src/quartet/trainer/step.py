@@ -35,6 +35,7 @@ from quartet.roles.reference import Reference
 from quartet.roles.rollout import Rollout
 from quartet.trainer.batch_source import BatchSource
 from quartet.trainer.busy_time import Interval, busy_outside, pool_metrics
+from quartet.trainer.hang_deadline import PhaseDeadlines
 from quartet.trainer.phase_timer import PhaseTimer
 from quartet.trainer.weight_push import WeightSync
 from quartet.trainer.workers import Workers, mean_over_ranks
@@ -78,6 +79,10 @@ class StepRunner:
         one_step_off = cfg.trainer.mode is TrainerMode.ONE_STEP_OFF
         self.apply = WeightApply.AFTER_DRAIN if one_step_off else None
         """one_step_off: the batch generating during the update keeps the weights it started with."""
+        self.deadlines = PhaseDeadlines(
+            cfg.trainer.hang_timeout_s, cfg.cluster.call_timeout_s, cfg.trainer.run_dir
+        )
+        """Each phase's hang deadline, from the phase's earlier times in this run (`hang_deadline`)."""
         self.estimator = cfg.algorithm.adv_estimator
         self.params = AdvantageParams(
             gamma=cfg.algorithm.gamma,
@@ -89,7 +94,7 @@ class StepRunner:
     def run(self, source: BatchSource, step: int) -> TrainedStep:
         """Step `step`: its scored batch from `source` (phases `gen`, `reward`), then log-probs, advantages,
         updates and weight sync; with the rollout on its own pool, the pools' idle and overlap times."""
-        timer = PhaseTimer(on_enter=self.on_phase)
+        timer = PhaseTimer(on_enter=self.on_phase, guard=self.deadlines.guard(step))
         start, window_start = time.perf_counter(), time.time()
         got = source.take(step, self.weight_version, timer)
         batch, metrics = self._train(got.batch, step, got.metrics, timer, start)

@@ -1,0 +1,76 @@
+"""The hang watchdog: a rank alive but stuck is named within its phase's deadline, with every rank's stacks.
+
+Both tests would otherwise wait `cluster.call_timeout_s` (an hour) or gloo's own 30-minute timeout; the
+elapsed-time bounds are hang guards, far above what the watchdog takes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import roles_for_tests
+from ray import cloudpickle
+from roles_for_tests import AllReducer, Stalling
+
+from quartet.cluster.colocate import RoleSpec, colocate
+from quartet.cluster.naming import RunNames
+from quartet.cluster.pool import ResourcePool
+from quartet.cluster.watchdog import HangError, collect_stacks
+from quartet.trainer.hang_deadline import PhaseDeadlines
+from quartet.trainer.phase_timer import PhaseTimer
+
+# The role classes live in the test folder, which Ray workers cannot import: ship them by value.
+cloudpickle.register_pickle_by_value(roles_for_tests)
+pytestmark = pytest.mark.ray
+
+DEADLINE_S = 5.0
+HANG_GUARD_S = 120.0
+
+
+def _pool(world: int) -> ResourcePool:
+    return ResourcePool(1, world, 0.5, use_gpu=False, timeout_s=30).create()
+
+
+def _timer(run_dir: Path, step: int) -> PhaseTimer:
+    return PhaseTimer(guard=PhaseDeadlines(DEADLINE_S, 3600.0, run_dir).guard(step))
+
+
+def test_rank_stuck_in_update_is_named_with_its_stack(ray_cluster: None, tmp_path: Path) -> None:
+    hosts = colocate(_pool(2), RunNames.new("quartet-tests", "hang"), stalling=RoleSpec(Stalling))
+    try:
+        start = time.monotonic()
+        with pytest.raises(HangError) as caught, _timer(tmp_path, 7)("update_actor"):
+            hosts.groups["stalling"].call(Stalling.update, 1)
+        assert time.monotonic() - start < HANG_GUARD_S
+        # the path for ranks on another node than the driver's: a Ray task pinned to the rank's node
+        through_tasks = collect_stacks(hosts.nodes, here=None)
+        assert sorted(through_tasks) == [0, 1] and " in update" in through_tasks[1]
+    finally:
+        hosts.shutdown()
+    message = str(caught.value)
+    assert "phase 'update_actor' of step 7" in message and "silent ranks [1]" in message
+    assert "rank 1: roles_for_tests.py:" in message and " update on " in message  # the frame that sleeps
+    assert caught.value.silent == [1] and caught.value.stacks_file == tmp_path / "hang_7.txt"
+    stacks = (tmp_path / "hang_7.txt").read_text()
+    assert "## rank 0 (answered)" in stacks and "## rank 1 (SILENT)" in stacks
+    assert stacks.count("most recent call first") >= 2  # a stack dumped from each rank
+    assert 'roles_for_tests.py", line' in stacks.split("## rank 1")[1]
+
+
+def test_rank_blocked_in_a_collective_its_peer_skipped_is_named(ray_cluster: None, tmp_path: Path) -> None:
+    hosts = colocate(_pool(2), RunNames.new("quartet-tests", "hang"), reducer=RoleSpec(AllReducer))
+    try:
+        start = time.monotonic()
+        with pytest.raises(HangError) as caught, _timer(tmp_path, 2)("update_weights"):
+            hosts.groups["reducer"].call(AllReducer.all_reduce_except, 1)
+        assert time.monotonic() - start < HANG_GUARD_S
+    finally:
+        hosts.shutdown()
+    message = str(caught.value)
+    assert "phase 'update_weights' of step 2" in message and "silent ranks [0]" in message
+    assert "all_reduce" in message.split("top frames:")[1]  # rank 0's innermost Python frame
+    stacks = (tmp_path / "hang_2.txt").read_text()
+    assert "## rank 0 (SILENT)" in stacks and "## rank 1 (answered)" in stacks
+    assert "all_reduce_except" in stacks.split("## rank 0")[1].split("## rank 1")[0]
