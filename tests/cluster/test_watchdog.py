@@ -6,6 +6,9 @@ elapsed-time bounds are hang guards, far above what the watchdog takes.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -74,3 +77,25 @@ def test_rank_blocked_in_a_collective_its_peer_skipped_is_named(ray_cluster: Non
     stacks = (tmp_path / "hang_2.txt").read_text()
     assert "## rank 0 (SILENT)" in stacks and "## rank 1 (answered)" in stacks
     assert "all_reduce_except" in stacks.split("## rank 0")[1].split("## rank 1")[0]
+
+
+def test_the_stack_dump_leaves_no_file_behind(tmp_path: Path) -> None:
+    """The per-process stacks file is read through /proc while the process lives and is gone with it."""
+    code = (
+        "import os, signal, sys\n"
+        "from quartet.cluster.watchdog import dump_stacks, install_stack_dump\n"
+        "path = install_stack_dump('probe:0')\n"
+        "print(path)\n"
+        "print(dump_stacks(os.getpid(), path, wait_s=5.0))\n"
+        "print(sorted(os.listdir(os.path.join(sys.argv[1], 'quartet-stacks'))))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("/proc/") and "/fd/" in lines[0]
+    assert "<module>" in out.stdout  # the dump holds the main thread's stack
+    assert lines[-1] == "[]"  # no named file while the process runs
+    assert os.listdir(tmp_path / "quartet-stacks") == []  # nor after it ended

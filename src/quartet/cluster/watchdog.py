@@ -18,6 +18,7 @@ otherwise hold the run until `cluster.call_timeout_s` and then be reported only 
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import re
@@ -107,12 +108,23 @@ class HangError(WorkerError):
 
 
 def install_stack_dump(name: str) -> str:
-    """Register faulthandler on `HANG_SIGNAL` for this process, writing to a file of its own; its path."""
+    """Register faulthandler on `HANG_SIGNAL` for this process, writing to a file of its own; the path to
+    read it by.
+
+    Where `/proc` exists the file is unlinked at once and read through `/proc/<pid>/fd/<fd>`: it lives as
+    long as the process holds it, so nothing is left behind however the process ends (a SIGKILL included).
+    Elsewhere the named file is removed when the process exits normally.
+    """
     folder = Path(tempfile.gettempdir()) / "quartet-stacks"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{os.getpid()}.txt"
     stream = path.open("a")  # faulthandler keeps the file object alive for as long as it is registered
     faulthandler.register(HANG_SIGNAL, file=stream, all_threads=True, chain=False)
+    held = Path(f"/proc/{os.getpid()}/fd/{stream.fileno()}")
+    if held.exists():
+        path.unlink()
+        return str(held)
+    atexit.register(path.unlink, missing_ok=True)
     return str(path)
 
 
