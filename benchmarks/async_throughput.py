@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/async_throughput.py                 # 3 seeds, 120 s of training per mode
     .venv/bin/python benchmarks/async_throughput.py --seeds 0 --train-seconds 60
-    .venv/bin/python benchmarks/async_throughput.py --smoke         # CI: 1 seed, 3 steps each
+    .venv/bin/python benchmarks/async_throughput.py --smoke         # CI: 1 seed, 2 steps each
     .venv/bin/python benchmarks/async_throughput.py --task calculator --seeds 0 --sft-epochs 8 \
         --modes sync_separate,async --name async_throughput_calculator    # multi-turn, tool calls
 
@@ -177,13 +177,13 @@ def main() -> None:
         default=["actor.tis_cap=2.0"],
         help="config overrides for every mode (default: actor.tis_cap=2.0, which is a no-op on-policy)",
     )
-    parser.add_argument("--smoke", action="store_true", help="CI: one seed, 3 steps per mode")
+    parser.add_argument("--smoke", action="store_true", help="CI: one seed, 2 steps per mode")
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="async_throughput")
     args = parser.parse_args()
     if args.smoke:  # the two ends of the comparison; the other modes have tests of their own
         # a step count, not seconds: on a busy machine 3 s of steps was 1 step, too few for the figures
-        args.seeds, args.train_seconds, args.train_steps, args.sft_epochs = "0", None, 3, 1
+        args.seeds, args.train_seconds, args.train_steps, args.sft_epochs = "0", None, 2, 1
         args.modes = "sync_separate,async"
     import ray
 
