@@ -49,7 +49,6 @@ def test_config_show_doc_lists_fields_with_docs(capsys: pytest.CaptureFixture[st
     assert "rollout.n = 4\n    Responses sampled per training prompt" in out
 
 
-@pytest.mark.slow
 def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
     """The README's main job, shrunk: SFT start, GRPO on a real local Ray, the control, the table."""
     small = [

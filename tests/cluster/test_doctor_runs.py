@@ -120,6 +120,7 @@ def test_doctor_tells_finished_crashed_and_live_runs_apart(ray_cluster: None) ->
             hosts.shutdown()
 
 
+@pytest.mark.slow
 def test_run_dir_shows_that_run_only_with_its_state_record(ray_cluster: None, tmp_path: Path) -> None:
     mine, other = f"{EXPERIMENT}-20260102-000000", f"{EXPERIMENT}-20260102-000001"
     names, hosts = _start(mine)

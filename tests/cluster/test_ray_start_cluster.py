@@ -32,7 +32,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 TRAIN = [
@@ -187,6 +186,7 @@ FIND = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_plain_run_joins_the_ray_start_cluster_spans_both_nodes_and_names_a_lost_node(
     started_cluster: StartedCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -266,6 +266,7 @@ def test_a_plain_run_joins_the_ray_start_cluster_spans_both_nodes_and_names_a_lo
     assert state["state"] == "failed" and "lost node" in state["error"]
 
 
+@pytest.mark.slow
 def test_a_run_submitted_as_a_ray_job_joins_the_jobs_cluster(
     started_cluster: StartedCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -298,6 +299,7 @@ CONNECT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_ray_address_set_by_the_user_is_joined_without_local_ray_arguments(
     started_cluster: StartedCluster, tmp_path: Path
 ) -> None:

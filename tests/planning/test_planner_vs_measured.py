@@ -129,6 +129,7 @@ def test_actor_update_peak(model: tuple[Size, Path]) -> None:
     _check(f"{size.name} actor update", _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR), measured)
 
 
+@pytest.mark.slow  # CI keeps the actor update and generation checks (the suite's time)
 def test_critic_update_peak(model: tuple[Size, Path]) -> None:
     size, folder = model
     measured = _measured(probes.update, size, folder, True, "float32", False, size.micro)
@@ -142,6 +143,7 @@ def test_critic_update_peak(model: tuple[Size, Path]) -> None:
     _check(f"{size.name} critic update", planned, measured)
 
 
+@pytest.mark.slow  # CI keeps the actor update and generation checks (the suite's time)
 def test_old_logprob_peak(model: tuple[Size, Path]) -> None:
     size, folder = model
     measured = _measured(probes.old_logprobs, size, folder, "float32", size.micro)
