@@ -105,7 +105,10 @@ def engine_case(step: Step, model: Any, rows: int, new: int, vocab: int, profile
         seconds = time.perf_counter() - t0
         result: dict[str, Any] = {"first_generate_s": round(first, 3)}
         if profile:
-            result["profile"] = _profile(step, eng.core, requests)
+            try:  # the profile is extra: its failure must not lose the timed case
+                result["profile"] = _profile(step, eng.core, requests)
+            except Exception as err:
+                result["profile"] = {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:1000]}
     tokens = sum(len(o[0].token_ids) for o in outs)
     return {
         "rows": rows,
