@@ -52,7 +52,7 @@ def build_model(step: Step, shape: dict[str, Any], vocab: int) -> Any:
     try:
         torch.manual_seed(0)
         with torch.device(step.device):
-            model = Qwen2ForCausalLM(config)
+            model: Any = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
     finally:
         torch.set_default_dtype(previous)
     model.generation_config.eos_token_id = None

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ DRY_SIZES = (
 def model_folder(step: Step, shape: dict[str, int], name: str) -> Path:
     """A random model of `shape` with quartet's tiny tokenizer, built on the device, saved in bf16 on GPU."""
     import torch
+    from torch import nn
 
     from quartet.config.model import TinyModelConfig
     from quartet.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
@@ -54,12 +56,13 @@ def model_folder(step: Step, shape: dict[str, int], name: str) -> Path:
     folder = step.work / name
     if (folder / "config.json").exists():
         return folder
-    spec = TinyModelConfig(**(TINY if step.dry_run else shape), max_position_embeddings=1024)
+    sizes: dict[str, Any] = TINY if step.dry_run else shape
+    spec = TinyModelConfig(**sizes, max_position_embeddings=1024)
     tokenizer = build_tiny_tokenizer(spec.vocab_size, spec.seed)
     with torch.device(step.device):
         model = build_tiny_causal_lm(spec, tokenizer)
     if step.cuda:
-        model = model.to(torch.bfloat16)
+        nn.Module.to(model, dtype=torch.bfloat16)
     tokenizer.save_pretrained(folder)
     model.save_pretrained(folder)
     del model
@@ -211,9 +214,9 @@ def async_vs_sync(step: Step) -> None:
             step.put(mode, train(step, config, extra, f"mode_{mode}", n) | {"config": config.name})
         except Exception as err:
             step.put(mode, {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:2000]})
-    done = {m: step.record.get(m, {}).get("steady_step_s") for m in ("sync", "async")}
-    if all(done.values()):
-        step.put("async_speedup", round(done["sync"] / done["async"], 3))  # type: ignore[operator]
+    sync_s, async_s = (step.record.get(m, {}).get("steady_step_s") for m in ("sync", "async"))
+    if sync_s and async_s:
+        step.put("async_speedup", round(sync_s / async_s, 3))
     log("async_vs_sync: done")
 
 
@@ -243,7 +246,7 @@ def trl_side_by_side(step: Step) -> None:
         quartet_overrides=DRY_QUARTET if tiny else ("cluster.address=local",),
     )  # fmt: skip
     python = Path(sys.executable)
-    sides = {
+    sides: dict[str, Callable[[], Any]] = {
         "quartet": lambda: grpo_runs.run_quartet(work, settings, step.work / "q", "quartet"),
         "trl": lambda: grpo_runs.run_trl(python, work, settings, step.work / "t", "trl"),
     }

@@ -57,14 +57,15 @@ def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> 
     from quartet.engines import EngineSpec, MicroSpec, TrainingEngine
 
     rows, prompt, response, micro = (4, 8, 16, 2) if step.dry_run else (64, 128, 512, 16)
-    extra = {} if fused is None else {"fused_head": fused}
+    extra: dict[str, Any] = {} if fused is None else {"fused_head": fused}
     precision = Dtype.BFLOAT16 if step.cuda else Dtype.FLOAT32
     spec = EngineSpec(model_dir, mixed_precision=precision, optim=OptimConfig(lr=1e-6), remove_padding=True,
                       **extra)  # fmt: skip
     if step.cuda:
         torch.cuda.reset_peak_memory_stats()
     engine = TrainingEngine(spec)
-    batch = _batch(rows, prompt, response, engine.module.config.vocab_size)
+    module: Any = engine.module
+    batch = _batch(rows, prompt, response, int(module.config.vocab_size))
     times, losses = [], []
     for _ in range(3):
         step.sync()
