@@ -110,6 +110,9 @@ def engine_case(step: Step, model: Any, rows: int, new: int, vocab: int, profile
             except Exception as err:
                 result["profile"] = {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:1000]}
     tokens = sum(len(o[0].token_ids) for o in outs)
+    busy = result.get("profile", {}).get("device_busy_ms_per_step")
+    if busy:  # what the kernels take of a step timed without the profiler; the rest is host time and gaps
+        result["profile"]["kernel_share_of_step"] = round(busy / (1000 * seconds / new), 3)
     return {
         "rows": rows,
         "tokens": tokens,
@@ -123,6 +126,7 @@ def engine_case(step: Step, model: Any, rows: int, new: int, vocab: int, profile
 def _profile(step: Step, core: Any, requests: list[Any], steps: int = 8) -> dict[str, Any]:
     """Device time per kernel over `steps` decode steps driven on this thread (the engine's thread idles),
     the top kernels by self device time, and the device-busy share of the wall time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if step.cuda else [])
@@ -139,10 +143,13 @@ def _profile(step: Step, core: Any, requests: list[Any], steps: int = 8) -> dict
         wall = time.perf_counter() - t0
         while core.has_work():
             core.step()
+    # On CUDA, the kernels' own rows (an aten op's row repeats its kernels' time: summing both would count
+    # it twice); on the CPU (a dry run), the ops' self times.
     key = "self_device_time_total" if step.cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    kind = DeviceType.CUDA if step.cuda else DeviceType.CPU
+    events = [e for e in prof.key_averages() if e.device_type == kind and getattr(e, key, 0) > 0]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
-    busy_us = sum(getattr(e, key) for e in events) if step.cuda else 0.0
+    busy_us = sum(getattr(e, key) for e in events) if step.cuda else 0.0  # kernels on one stream: no overlap
     top = [
         {"name": e.key[:90], "calls_per_step": round(e.count / steps, 2),
          "us_per_step": round(getattr(e, key) / steps, 1)}
