@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from goal_io import ROOT, Step, child_env, log, quartet_command
@@ -23,29 +24,37 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def hooks(step: Step) -> list[tuple[str, list[str], float, bool]]:
-    """(name, command, estimated seconds, present) of each hook."""
+    """(name, command, estimated seconds, present) of each hook; each writes its JSON under `step.work`."""
     demo_has_device = '"--device"' in (ROOT / "src" / "quartet" / "cli" / "demo.py").read_text()
     fused, ipc = ROOT / "benchmarks" / "fused_head.py", ROOT / "benchmarks" / "gpu" / "cuda_ipc_check.py"
+    out = step.work
     return [
-        ("fused_head", [sys.executable, str(fused), "--device", "cuda"], 60.0, fused.exists()),
-        ("cuda_ipc", [sys.executable, str(ipc)], 60.0, ipc.exists()),
+        ("fused_head", [sys.executable, str(fused), "--device", "cuda", "--out-dir", str(out / "fused_head")],
+         60.0, fused.exists()),
+        ("cuda_ipc", [sys.executable, str(ipc), "--out", str(out / "cuda_ipc" / "cuda_ipc.json")], 60.0,
+         ipc.exists()),
         ("demo_gpu", [*quartet_command(), "demo", "--device", "gpu"], 300.0, demo_has_device),
-    ]
+    ]  # fmt: skip
 
 
-def _json_written_since(start: float) -> dict[str, Any]:
-    """JSON files under benchmarks/results/ written after `start` (small ones), by relative path."""
+def _json_written_since(start: float, folders: list[Path]) -> dict[str, Any]:
+    """JSON files (small ones) under `folders` written after `start`, by path."""
     found: dict[str, Any] = {}
-    for path in RESULTS.rglob("*.json"):
+    for path in (p for folder in folders if folder.exists() for p in folder.rglob("*.json")):
         if path.stat().st_mtime >= start and path.stat().st_size < 200_000:
             try:
-                found[str(path.relative_to(ROOT))] = json.loads(path.read_text())
+                name = str(path.relative_to(ROOT)) if ROOT in path.parents else path.name
+                found[name] = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
     return found
 
 
 def run_hook(step: Step, command: list[str]) -> dict[str, Any]:
+    """One hook as a child with the step's time left; its exit status, output tail and the JSON it wrote."""
+    for arg in command:  # the hook's own output folder, made for it
+        if arg.startswith(str(step.work)):
+            (Path(arg).parent if arg.endswith(".json") else Path(arg)).mkdir(parents=True, exist_ok=True)
     start = time.time()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=max(step.left() - 5, 1),
@@ -62,7 +71,7 @@ def run_hook(step: Step, command: list[str]) -> dict[str, Any]:
     }
     if code is None:
         result["reason"] = "stopped at the step's deadline"
-    written = _json_written_since(start)
+    written = _json_written_since(start, [step.work, RESULTS])
     if written:
         result["results_written"] = written
     return result
