@@ -70,9 +70,17 @@ def run_step(name: str, work: Path, deadline: float, dry_run: bool = False) -> d
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 continue
     record: dict[str, Any] = json.loads(part.read_text()) if part.exists() else {}
-    record.setdefault("status", "pass" if code == 0 else "fail")
     if code != 0 and "reason" not in record:
         record["reason"] = "killed at its deadline" if code is None else f"exit status {code}"
+    return _finish(record, code == 0, start)
+
+
+def _finish(record: dict[str, Any], ok: bool, start: float) -> dict[str, Any]:
+    """The step's status: its own when it set one, else `fail` when it or one of its cases failed."""
+    failed = [k for k, v in record.items() if isinstance(v, dict) and v.get("status") == "fail"]
+    if failed and "reason" not in record:
+        record["reason"] = f"failed: {', '.join(failed)}"
+    record.setdefault("status", "pass" if ok and not failed else "fail")
     record["seconds"] = round(time.time() - start, 2)
     return record
 
@@ -106,10 +114,7 @@ def run_inline(name: str, work: Path, deadline: float) -> dict[str, Any]:
     start = time.time()
     step = Step("cpu", True, deadline, work / f"{name}.part.json", work / name)
     code = call_step(name, step)
-    record = dict(step.record)
-    record.setdefault("status", "pass" if code == 0 else "fail")
-    record["seconds"] = round(time.time() - start, 2)
-    return record
+    return _finish(dict(step.record), code == 0, start)
 
 
 def goals_table(steps: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, dict[str, Any]]:
