@@ -87,7 +87,10 @@ def config_loads(step: Step, config: Path, overrides: list[str], name: str) -> d
     from quartet.config import load_config
 
     load_config(config, [*overrides, *run_overrides(step, name, 2, dry_run=False)])
-    return {"status": "pass", "dry_run": "the GPU run's config loads; a dry run trains only the first case"}
+    return {
+        "status": "pass",
+        "dry_run": "the GPU run's config loads (a dry run trains only first_step's first case)",
+    }
 
 
 def train(step: Step, config: Path, overrides: list[str], name: str, steps: int) -> dict[str, Any]:
@@ -217,7 +220,22 @@ def async_vs_sync(step: Step) -> None:
     sync_s, async_s = (step.record.get(m, {}).get("steady_step_s") for m in ("sync", "async"))
     if sync_s and async_s:
         step.put("async_speedup", round(sync_s / async_s, 3))
+        _compare_modes(step)
     log("async_vs_sync: done")
+
+
+def _compare_modes(step: Step) -> None:
+    """The fractional-GPU work's own comparison of the two runs (`compare_modes.py`, where it exists):
+    medians after the pipeline fills, samples/s, overlap and staleness."""
+    if not (Path(__file__).parent / "compare_modes.py").exists():
+        return
+    try:
+        import compare_modes  # type: ignore[import-not-found,unused-ignore]
+
+        runs = [step.work / "runs" / "goals" / f"mode_{m}" for m in ("sync", "async")]
+        step.put("compare_modes", compare_modes.compare(runs, skip=2))
+    except Exception as err:  # an extra view: the step's own figures stand without it
+        step.put("compare_modes", {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:1000]})
 
 
 def trl_side_by_side(step: Step) -> None:
@@ -255,7 +273,7 @@ def trl_side_by_side(step: Step) -> None:
             continue
         try:
             res = fn()
-            steady = statistics.median(res.step_seconds[1:]) if len(res.step_seconds) > 1 else None
+            steady = round(statistics.median(res.step_seconds[1:]), 4) if len(res.step_seconds) > 1 else None
             step.put(side, {"step_s": [round(s, 3) for s in res.step_seconds], "steady_step_s": steady,
                             "startup_s": round(res.startup_seconds, 2), "params": res.params})  # fmt: skip
         except Exception as err:
