@@ -8,10 +8,11 @@ Steps, in order (each in its own process with its own deadline; in a dry run, in
                     the HBM roofline; the 7B/64 kernel profile
   hf_baseline    a. HF's static-cache generate (compiled by transformers) at 0.5B/64: the issue's baseline
   update         b. the actor update's MFU at the 1.5B shape (packed, no offload; fused head on and off)
-  first_step     c. `quartet train` of the single-GPU example to its first step, phase by phase (1.5B, 0.36B)
+  first_step     c. `quartet train` of the single-GPU example at 1.5B to its first step, phase by phase
   async_vs_sync  d. sync.yaml against async.yaml on the one GPU (skipped where async.yaml is absent)
   hooks          e. fused_head.py, cuda_ipc_check.py, `quartet demo --device gpu`, where present
   trl            f. TRL's GRPOTrainer against quartet on the same model, prompts, lengths and batch
+  first_step_example  c. the same for the example as it is (0.36B, offload): last, no goal reads it
 
 A step starts only when the budget left covers its minimum; it may use 1.5 times its estimate (never past
 the budget), and is killed at its deadline with what it measured kept: each step rewrites its part file after
@@ -44,10 +45,11 @@ STEPS: dict[str, tuple[str, float, float]] = {
     "decode": ("goal_decode:run", 90.0, 50.0),
     "hf_baseline": ("goal_decode:hf_baseline", 100.0, 60.0),
     "update": ("goal_update:run", 80.0, 45.0),
-    "first_step": ("goal_train:first_step", 220.0, 100.0),
-    "async_vs_sync": ("goal_train:async_vs_sync", 240.0, 120.0),
+    "first_step": ("goal_train:first_step", 120.0, 90.0),
+    "async_vs_sync": ("goal_train:async_vs_sync", 160.0, 110.0),
     "hooks": ("goal_hooks:run", 120.0, 40.0),
     "trl": ("goal_train:trl_side_by_side", 200.0, 90.0),
+    "first_step_example": ("goal_train:first_step_example", 80.0, 70.0),
 }
 
 
