@@ -126,7 +126,6 @@ def engine_case(step: Step, model: Any, rows: int, new: int, vocab: int, profile
 def _profile(step: Step, core: Any, requests: list[Any], steps: int = 8) -> dict[str, Any]:
     """Device time per kernel over `steps` decode steps driven on this thread (the engine's thread idles),
     the top kernels by self device time, and the device-busy share of the wall time."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if step.cuda else [])
@@ -146,8 +145,8 @@ def _profile(step: Step, core: Any, requests: list[Any], steps: int = 8) -> dict
     # On CUDA, the kernels' own rows (an aten op's row repeats its kernels' time: summing both would count
     # it twice); on the CPU (a dry run), the ops' self times.
     key = "self_device_time_total" if step.cuda else "self_cpu_time_total"
-    kind = DeviceType.CUDA if step.cuda else DeviceType.CPU
-    events = [e for e in prof.key_averages() if e.device_type == kind and getattr(e, key, 0) > 0]
+    kind = "CUDA" if step.cuda else "CPU"  # torch.autograd.DeviceType's names
+    events = [e for e in prof.key_averages() if e.device_type.name == kind and getattr(e, key, 0) > 0]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     busy_us = sum(getattr(e, key) for e in events) if step.cuda else 0.0  # kernels on one stream: no overlap
     top = [
