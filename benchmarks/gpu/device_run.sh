@@ -15,7 +15,7 @@ out="${OUT:-benchmarks/results/gpu}"
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 3
+    .whl/*.whl || echo "the wheels did not install: the steps that need them record why they fail"
 fi
 export PYTHONPATH="$PWD/src:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
