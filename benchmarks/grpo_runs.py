@@ -57,6 +57,9 @@ class GrpoSettings:
     target_accuracy: float | None = None
     quartet_overrides: tuple[str, ...] = ()
     """Extra `key=value` config overrides for quartet's side only (before/after comparisons)."""
+    device: str = "cpu"
+    """Where TRL's side trains (`cuda` on a GPU: benchmarks/gpu/goal_train.py); quartet's side follows its
+    `cluster.device` (auto: the GPU where there is one)."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ checked against quartet's by the tests), so both sides score alike.
 
 SETTINGS keys: model_dir, train_parquet, val_parquet (optional), steps, prompts_per_step, n,
 max_new_tokens, temperature, lr, dtype ("float32" | "bfloat16"), seed, threads, eval_every (0: none),
-eval_size, target_accuracy (stop once reached; null: run all steps).
+eval_size, target_accuracy (stop once reached; null: run all steps), device ("cpu", the default, or "cuda").
 
 Settings are matched to quartet's GRPO: one generation per optimizer step (per_device_train_batch_size =
 prompts x n, gradient_accumulation_steps = 1), one PPO epoch (num_iterations = 1), token-mean loss over the
@@ -127,7 +127,7 @@ def main(settings_path: str, out_path: str) -> None:
     bf16 = s["dtype"] == "bfloat16"
     config = GRPOConfig(
         output_dir=str(Path(out_path).parent / "trl_output"),
-        use_cpu=True,
+        use_cpu=s.get("device", "cpu") == "cpu",
         use_vllm=False,
         bf16=bf16,
         fp16=False,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,87 @@ def test_the_compiled_graph_decode_dry_run_matches_the_eager_step(tmp_path: Path
     assert record["graphs"] is False and record["rows"] == 4  # the CPU has no graphs: both run eagerly
     assert record["max_logit_difference"] < 1e-4  # inductor's float32 forward is the eager one
     assert record["compile_and_capture_s"] > 0
+
+
+def _qwen2_params(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int) -> int:
+    """Parameters of a Qwen2 with tied embeddings, counted from its layout (q/k/v biases, no o bias)."""
+    kv = kv_heads * (hidden // heads)
+    attention = hidden * hidden + hidden + 2 * (hidden * kv + kv) + hidden * hidden
+    return vocab * hidden + layers * (attention + 3 * hidden * mlp + 2 * hidden) + hidden
+
+
+@pytest.mark.slow
+def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_consistent(
+    tmp_path: Path,
+) -> None:
+    """Issue 37's GPU script (benchmarks/gpu/goals.py --dry-run): every step runs or says why not, the decode
+    roofline and the update MFU follow from the bytes and FLOPs the script records, and a dry run marks no
+    goal met or missed (its tiny CPU figures say nothing of the goals)."""
+    done = subprocess.run(
+        [sys.executable, "-c", NO_RAY, str(KIT.parent / "goals.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "goals.json").read_text())
+    steps = record["steps"]
+    assert list(steps) == [
+        "decode",
+        "hf_baseline",
+        "update",
+        "first_step",
+        "async_vs_sync",
+        "hooks",
+        "trl",
+        "first_step_example",
+    ]
+    assert all(s["status"] in ("pass", "skip") for s in steps.values()), {
+        n: s.get("reason") for n, s in steps.items()
+    }
+    decode = steps["decode"]
+    params = _qwen2_params(1000, 64, 2, 4, 2, 128)  # the dry run's tiny shape, full-vocabulary stand-in
+    assert decode["7B/params"] == decode["0.5B/params"] == params
+    bandwidth = decode["hbm_bytes_per_s"]
+    for key, rows in (("0.5B/64", 4), ("0.5B/256", 8), ("7B/64", 4), ("7B/256", 8)):
+        case = decode[key]
+        assert case["tokens"] == rows * 8 and case["weight_bytes"] == 4 * params  # fp32 on the CPU
+        kv = (
+            rows * 2 * 2 * 2 * 16 * 4 * (32 + 8 / 2)
+        )  # rows x layers x K,V x kv heads x head dim x fp32 x context
+        assert case["kv_bytes_per_step"] == pytest.approx(kv, abs=1)
+        assert case["roofline_ms"] == pytest.approx(1000 * (4 * params + kv) / bandwidth, rel=1e-3)
+        assert case["ratio_to_roofline"] == pytest.approx(case["ms_per_step"] / case["roofline_ms"], rel=1e-2)
+    assert decode["7B/64"]["profile"]["top"]
+    hf = steps["hf_baseline"]["0.5B/64/hf_static_compiled"]
+    assert hf["new_tokens"] == 8 and hf["static_cache"] is True
+    (update_key,) = [k for k in steps["update"] if k.startswith("update")][:1]
+    update = steps["update"][update_key]
+    best = min(update["step_seconds"][1:])
+    assert update["tokens"] == 4 * (8 + 16) and update["tokens_per_s"] == pytest.approx(
+        update["tokens"] / best, rel=0.01
+    )
+    flops = 6 * update["params"] * update["tokens"] / best
+    assert update["mfu"] == pytest.approx(flops / steps["update"]["matmul_flops_per_s"], rel=0.01, abs=1e-4)
+    first = steps["first_step"]["example_1.5B"]
+    assert first["steps"] == 1 and first["startup"]["to_first_step_s"] > first["startup"]["imports_s"] > 0
+    assert steps["first_step_example"]["example_0.36B"]["status"] == "pass"  # its GPU config loads
+    assert all(g["met"] is None for g in record["goals"].values())
+    assert record["goals"]["update_1.5B_mfu"]["figure"] == update["mfu"]
+
+
+def test_a_goals_step_runs_in_a_child_process_and_its_part_file_is_its_record(tmp_path: Path) -> None:
+    """The GPU run's path (each step a child process with a deadline, read back from its part file), here
+    with the cheapest step: the hooks, which in a dry run record whether each hook exists."""
+    sys.path.insert(0, str(KIT.parent))
+    try:
+        import goals
+    finally:
+        sys.path.remove(str(KIT.parent))
+    record = goals.run_step("hooks", tmp_path, time.time() + 120, dry_run=True)
+    assert record["status"] == "pass" and record["seconds"] > 0
+    assert set(record) >= {"fused_head", "cuda_ipc", "demo_gpu"}
+    assert all(
+        record[h]["status"] == "skip" and record[h]["reason"] for h in ("fused_head", "cuda_ipc", "demo_gpu")
+    )
+    assert json.loads((tmp_path / "hooks.part.json").read_text())["demo_gpu"] == record["demo_gpu"]

@@ -1,0 +1,126 @@
+"""Step b of issue 37's GPU script: the actor update's MFU at the Qwen2-1.5B shape.
+
+Qwen2-1.5B's shape with its FULL vocabulary (151,936; random weights built on the device, saved in bf16 once),
+the training engine as the actor uses it: fp32 master weights, bf16 autocast, packed micro-batches
+(`remove_padding`), no offload, entropy computed for the metric. 64 rows of 128 prompt + 512 response tokens,
+micro-batches of 16 rows. MFU = 6 x params x tokens / update seconds over the measured bf16 matmul rate.
+Where the engine has the fused log-prob/entropy head (`EngineSpec.fused_head`, detected at run time) the
+update runs with it on and off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from typing import Any
+
+import torch
+from goal_decode import TINY, VOCAB, build_model
+from goal_io import Step, log, matmul_rate
+
+SHAPE_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                  intermediate_size=8960, tie_word_embeddings=True)  # fmt: skip
+
+
+def _batch(rows: int, prompt: int, response: int, vocab: int) -> Any:
+    from quartet.core.batch import Batch
+
+    gen = torch.Generator().manual_seed(0)
+    return Batch(
+        {
+            "prompts": torch.randint(5, vocab, (rows, prompt), generator=gen),
+            "responses": torch.randint(5, vocab, (rows, response), generator=gen),
+            "attention_mask": torch.ones(rows, prompt + response, dtype=torch.int64),
+            "response_mask": torch.ones(rows, response, dtype=torch.int64),
+        }
+    )
+
+
+def _loss(outputs: Any, mb: Any, scale: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Minus the mean log-prob of the response tokens (a policy-gradient loss's cost, without its extras)."""
+    mask = mb["response_mask"].to(outputs.logprobs.device)
+    return -(outputs.logprobs * mask).sum() / scale.tokens, {}
+
+
+def has_fused_head() -> bool:
+    """Whether this quartet's engine has the fused log-prob/entropy head switch."""
+    from quartet.engines import EngineSpec
+
+    return "fused_head" in {f.name for f in dataclasses.fields(EngineSpec)}
+
+
+def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> dict[str, Any]:
+    """Three optimizer steps (the first warms up); tokens/s and MFU of the best of the last two."""
+    from quartet.config.model import Dtype
+    from quartet.config.optim import OptimConfig
+    from quartet.engines import EngineSpec, MicroSpec, TrainingEngine
+
+    rows, prompt, response, micro = (4, 8, 16, 2) if step.dry_run else (64, 128, 512, 16)
+    extra: dict[str, Any] = {} if fused is None else {"fused_head": fused}
+    precision = Dtype.BFLOAT16 if step.cuda else Dtype.FLOAT32
+    spec = EngineSpec(model_dir, mixed_precision=precision, optim=OptimConfig(lr=1e-6), remove_padding=True,
+                      **extra)  # fmt: skip
+    if step.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    engine = TrainingEngine(spec)
+    module: Any = engine.module
+    batch = _batch(rows, prompt, response, int(module.config.vocab_size))
+    times, losses = [], []
+    for _ in range(3):
+        step.sync()
+        t0 = time.perf_counter()
+        out = engine.train_step(batch, _loss, MicroSpec(size=micro), temperature=1.0, with_entropy=True,
+                                entropy_grad=False)  # fmt: skip
+        step.sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(round(float(out["loss"]), 5))
+    params = sum(p.numel() for p in engine.module.parameters())
+    tokens = rows * (prompt + response)
+    best = min(times[1:])
+    result = {
+        "fused_head": fused,
+        "rows": rows,
+        "tokens": tokens,
+        "micro_batch_rows": micro,
+        "params": params,
+        "losses": losses,
+        "step_seconds": [round(t, 4) for t in times],
+        "tokens_per_s": round(tokens / best, 1),
+        "tflops": round(6 * params * tokens / best / 1e12, 3),
+        "mfu": round(6 * params * tokens / best / peak, 4),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated() if step.cuda else None,
+    }
+    del engine
+    gc.collect()
+    if step.cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def run(step: Step) -> None:
+    peak = matmul_rate(step)
+    step.put("matmul_flops_per_s", round(peak))
+    t0 = time.perf_counter()
+    model = build_model(step, TINY if step.dry_run else SHAPE_1_5B, 1000 if step.dry_run else VOCAB)
+    model_dir = step.work / "qwen2-1.5b-shape"
+    model.save_pretrained(model_dir)
+    del model
+    gc.collect()
+    if step.cuda:
+        torch.cuda.empty_cache()
+    step.put("model_build_s", round(time.perf_counter() - t0, 2))
+    variants: list[bool | None] = [True, False] if has_fused_head() else [None]
+    step.put("fused_head_switch", has_fused_head())
+    for fused in variants:
+        key = "update" if fused is None else f"update/fused_head={str(fused).lower()}"
+        if not step.fits(key, 40.0):
+            continue
+        try:
+            step.put(key, update_case(step, str(model_dir), fused, peak))
+        except Exception as err:  # the other variant may still run (an OOM without the fused head, say)
+            step.put(key, {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:2000]})
+            gc.collect()
+            if step.cuda:
+                torch.cuda.empty_cache()
+    log("update: done")
