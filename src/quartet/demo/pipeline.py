@@ -80,17 +80,18 @@ GPU = {
         "actor.mixed_precision=bfloat16",
         "actor.optim.lr=3.0e-5",  # Adam's step is ~lr per weight: ~1/6 of the CPU model's for 6x the width
         "actor.micro_batch_size_per_device=256",
-        "trainer.total_steps=60",
-        "trainer.test_freq=20",
+        "trainer.total_steps=50",
+        "trainer.test_freq=25",
         "sft.mixed_precision=bfloat16",
         "sft.optim={lr: 2.0e-4, warmup_steps: 50}",
         "sft.epochs=100",
-        "sft.max_seconds=60",  # the SFT start stops at 100 epochs or a minute of training, whichever first
+        "sft.max_seconds=45",  # the SFT start stops at 100 epochs or 45 s of training, whichever first
     ],
 }
-"""`--device gpu`: the arithmetic demo at a GPU size that should finish on one H100 in under 5 minutes
-(about a minute each of SFT start, GRPO and the control, plus three worker starts and the evaluation;
-docs/README: the figures of a GPU run)."""
+"""`--device gpu`: the arithmetic demo at a GPU size that should finish on one H100 in under 5 minutes.
+Estimated from the GPU kit's H200 figures (not yet run on a GPU): three stage starts of ~30 s (workers,
+model build), SFT start 45 s, GRPO ~50 s (50 steps of 256 samples of <= 8 tokens: ~1 s each), the
+control as long, the evaluation and the imports ~30 s: about 4.5 minutes."""
 
 
 def cuda_problem() -> str | None:
