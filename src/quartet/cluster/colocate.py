@@ -24,9 +24,9 @@ from quartet.cluster.group import RoleGroup, driver_methods
 from quartet.cluster.host import Sibling
 from quartet.cluster.hostset import HostSet, live_runs
 from quartet.cluster.naming import RunNames
-from quartet.cluster.pool import ResourcePool
+from quartet.cluster.pool import BundleSlot, ResourcePool
 
-__all__ = ["HostSet", "RoleSpec", "colocate", "live_runs", "start_roles"]
+__all__ = ["HostSet", "RoleSpec", "colocate", "host_options", "live_runs", "start_roles"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,28 @@ def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) ->
     return hosts
 
 
+def host_options(
+    pool: ResourcePool, slot: BundleSlot, name: str, namespace: str, max_concurrency: int = 1
+) -> dict[str, Any]:
+    """Ray actor options of the host on `slot`: the bundle's CPUs and its GPU share (`gpus_per_bundle`,
+    below 1 when pools share a GPU: Ray still names that GPU in the host's CUDA_VISIBLE_DEVICES, whereas
+    `num_gpus=0` would hide every GPU from it), pinned to its placement-group bundle."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {
+        "name": name,
+        "namespace": namespace,
+        "num_cpus": pool.cpus_per_bundle,
+        "num_gpus": pool.gpus_per_bundle if pool.use_gpu else 0,
+        "max_restarts": 0,
+        "max_concurrency": max_concurrency,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
+        ),
+        "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(max(1, int(pool.cpus_per_bundle)))}},
+    }
+
+
 def colocate(
     pool: ResourcePool,
     names: RunNames,
@@ -103,7 +125,6 @@ def colocate(
 
     `max_concurrency` > 1 makes the hosts threaded Ray actors running that many calls at once."""
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from quartet.cluster.host import RoleHost
 
@@ -115,17 +136,7 @@ def colocate(
         local_rank = local_ranks.get(slot.node_id, 0)
         local_ranks[slot.node_id] = local_rank + 1
         name = names.actor_name(hosts.label, slot.rank)
-        handle = remote_host.options(
-            name=name,
-            namespace=names.namespace,
-            num_cpus=pool.cpus_per_bundle,
-            num_gpus=1 if pool.use_gpu else 0,
-            max_restarts=0,
-            max_concurrency=max_concurrency,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
-            ),
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, int(pool.cpus_per_bundle)))}},
-        ).remote(slot.rank, pool.world_size, local_rank, name)
+        options = host_options(pool, slot, name, names.namespace, max_concurrency)
+        handle = remote_host.options(**options).remote(slot.rank, pool.world_size, local_rank, name)
         hosts.handles.append(handle)
     return start_roles(hosts, roles, start_timeout_s)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quartet.cluster.errors import ResourcesUnavailableError
-from quartet.config.cluster import ClusterConfig, DeviceKind, PlacementStrategy
+from quartet.config.cluster import MAIN_POOL, ClusterConfig, DeviceKind, PlacementStrategy
 
 __all__ = ["BundleSlot", "ResourcePool", "auto_cpus_per_bundle"]
 
@@ -39,7 +39,8 @@ class BundleSlot:
 
 @dataclass
 class ResourcePool:
-    """Bundles of `cpus_per_bundle` CPUs (+1 GPU each on GPU), `bundles_per_node` on each of `nodes` nodes."""
+    """Bundles of `cpus_per_bundle` CPUs (+`gpus_per_bundle` GPU each on GPU), `bundles_per_node` on each of
+    `nodes` nodes."""
 
     nodes: int
     bundles_per_node: int
@@ -48,25 +49,40 @@ class ResourcePool:
     strategy: PlacementStrategy = PlacementStrategy.PACK
     timeout_s: float = 60.0
     slots: list[BundleSlot] = field(default_factory=list)
+    gpus_per_bundle: float = 1.0
+    """Below 1: this pool shares each GPU with another pool (`cluster.gpu_fraction`)."""
 
     @classmethod
-    def from_config(cls, cfg: ClusterConfig) -> ResourcePool:
-        """Create the pool `cfg` describes (GPU when cfg.device says so, or when `auto` finds GPUs)."""
+    def from_config(cls, cfg: ClusterConfig, pool: str = MAIN_POOL) -> ResourcePool:
+        """Create pool `pool` (`main` or a separate role's) of `cfg` (GPU when cfg.device says so, or when
+        `auto` finds GPUs; `cluster.gpu_fraction.<pool>` of a GPU per bundle)."""
         import ray
 
         use_gpu = cfg.device is DeviceKind.GPU or (
             cfg.device is DeviceKind.AUTO and ray.cluster_resources().get("GPU", 0) > 0  # type: ignore[no-untyped-call]
         )
-        cpus = cfg.cpus_per_bundle or auto_cpus_per_bundle(cfg.bundles_per_node, 1 + len(cfg.separate_pools))
-        pool = cls(cfg.nodes, cfg.bundles_per_node, cpus, use_gpu, cfg.strategy, cfg.pool_timeout_s)
-        return pool.create()
+        return cls.planned(cfg, pool, use_gpu).create()
+
+    @classmethod
+    def planned(cls, cfg: ClusterConfig, pool: str, use_gpu: bool) -> ResourcePool:
+        """Pool `pool` of `cfg` as it will be asked of Ray, before any placement group exists."""
+        cpus = cfg.cpus_per_bundle or auto_cpus_per_bundle(cfg.bundles_per_node, len(cfg.pools))
+        return cls(
+            cfg.nodes,
+            cfg.bundles_per_node,
+            cpus,
+            use_gpu,
+            cfg.strategy,
+            cfg.pool_timeout_s,
+            gpus_per_bundle=cfg.gpu_fraction.of(pool),
+        )
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.bundles_per_node
 
     def bundle(self) -> dict[str, float]:
-        return {"CPU": self.cpus_per_bundle, **({"GPU": 1.0} if self.use_gpu else {})}
+        return {"CPU": self.cpus_per_bundle, **({"GPU": self.gpus_per_bundle} if self.use_gpu else {})}
 
     def create(self) -> ResourcePool:
         """Check resources, create the placement groups, wait (bounded) and order the ranks."""
@@ -130,7 +146,8 @@ class ResourcePool:
                 f"the cluster cannot hold {self.describe()}: it needs {self.nodes} node(s) with "
                 f"{ {k: v * per_node for k, v in self.bundle().items()} } free each, and "
                 f"{fitting} node(s) qualify; free resources by node: {free}. "
-                "Fix: lower cluster.nodes / cluster.bundles_per_node / cluster.cpus_per_bundle, "
+                "Fix: lower cluster.nodes / cluster.bundles_per_node / cluster.cpus_per_bundle "
+                "(on one GPU: cluster.gpu_fraction.<pool> summing to at most 1), "
                 "or add resources (e.g. a larger num_cpus for the local Ray)"
             )
 

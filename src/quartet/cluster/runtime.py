@@ -15,15 +15,21 @@ from quartet.cluster.local import colocate_local
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.cluster.ray_session import connect, connection, take_early_connect_seconds
-from quartet.config.cluster import Backend, ClusterConfig
+from quartet.config.cluster import MAIN_POOL, Backend, ClusterConfig
 
 __all__ = ["connect", "connection", "launch"]
 
 
 def launch(
-    cfg: ClusterConfig, names: RunNames, label: str = "", max_concurrency: int = 1, **roles: RoleSpec
+    cfg: ClusterConfig,
+    names: RunNames,
+    label: str = "",
+    max_concurrency: int = 1,
+    pool: str = MAIN_POOL,
+    **roles: RoleSpec,
 ) -> HostSet:
-    """Host every role on the pool `cfg` describes (Ray), or in this process (`backend=local`).
+    """Host every role on pool `pool` (`main` or a separate role's) of `cfg` (Ray), or in this process
+    (`backend=local`).
 
     `max_concurrency` > 1 lets each host run that many calls at once in threads (a rollout replica takes
     weights while it generates); its roles must then be safe to call from several threads.
@@ -37,9 +43,11 @@ def launch(
     address = connect(cfg)
     connected = time.perf_counter()
     names = dataclasses.replace(names, address=names.address or address)
-    pool = ResourcePool.from_config(cfg)
+    resources = ResourcePool.from_config(cfg, pool)
     pooled = time.perf_counter()
-    hosts = colocate(pool, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, max_concurrency, **roles)
+    hosts = colocate(
+        resources, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, max_concurrency, **roles
+    )
     early_s = take_early_connect_seconds()  # Ray started while the driver imported (`quartet train`)
     early = {"connect_early": early_s} if early_s else {}
     hosts.timing = {"connect": connected - began, **early, "pool": pooled - connected, **hosts.timing}

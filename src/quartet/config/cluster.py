@@ -5,10 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from quartet.config.errors import require
+from quartet.config.errors import ConfigError, require
 from quartet.config.roles import Role
 
-__all__ = ["SEPARABLE_ROLES", "Backend", "ClusterConfig", "DeviceKind", "PlacementStrategy"]
+__all__ = [
+    "MAIN_POOL",
+    "SEPARABLE_ROLES",
+    "Backend",
+    "ClusterConfig",
+    "DeviceKind",
+    "GpuFraction",
+    "PlacementStrategy",
+    "gpu_share_problems",
+]
 
 SEPARABLE_ROLES = (Role.ROLLOUT, Role.REFERENCE, Role.CRITIC, Role.REWARD_MODEL)
 """Roles that `cluster.separate_pools` may move off the actor's pool. A separate `rollout` gets the actor's
@@ -36,6 +45,51 @@ class PlacementStrategy(StrEnum):
 
     PACK = "pack"  # each node's ranks packed on it; nodes guaranteed distinct (STRICT_SPREAD)
     SPREAD = "spread"  # bundles spread across nodes
+
+
+MAIN_POOL = "main"
+"""Name of the pool that holds the actor (and every role not in `cluster.separate_pools`)."""
+
+
+@dataclass(frozen=True)
+class GpuFraction:
+    """Share of one GPU each pool's bundle takes (`cluster.gpu_fraction.<pool>`), in (0, 1].
+
+    1 (the default): a bundle owns a whole GPU. Below 1, the pools below 1 share ONE GPU per bundle:
+    e.g. `main: 0.5, rollout: 0.5` with `separate_pools: [rollout]` puts the actor and a rollout pool of its
+    own on one GPU, so `trainer.mode=one_step_off|async` overlaps generation and training there. Ray gives
+    each host a fractional GPU (its CUDA_VISIBLE_DEVICES names the shared device, `cuda:0` in every
+    process); the fractions only place the processes, they do not cap memory: `quartet plan` counts every
+    sharing pool's memory on the one device."""
+
+    main: float = 1.0
+    """The main pool (actor, and every role not in `separate_pools`)."""
+
+    rollout: float = 1.0
+    """The rollout pool, when `rollout` is in `separate_pools`."""
+
+    reference: float = 1.0
+    """The reference pool, when `reference` is in `separate_pools`."""
+
+    critic: float = 1.0
+    """The critic pool, when `critic` is in `separate_pools`."""
+
+    reward_model: float = 1.0
+    """The reward-model pool, when `reward_model` is in `separate_pools`."""
+
+    def __post_init__(self) -> None:
+        for pool in (MAIN_POOL, *SEPARABLE_ROLES):
+            value = getattr(self, str(pool))
+            require(
+                0.0 < value <= 1.0,
+                str(pool),
+                f"must lie in (0, 1], got {value}",
+                "a pool takes at most one whole GPU per bundle; use 1 for a GPU of its own",
+            )
+
+    def of(self, pool: str) -> float:
+        """The fraction of pool `pool` (`main` or a separable role's name)."""
+        return float(getattr(self, str(pool)))
 
 
 @dataclass(frozen=True)
@@ -91,7 +145,12 @@ class ClusterConfig:
     separate_pools: tuple[Role, ...] = ()
     """Roles on a pool of their own, of the same shape as the main one (`rollout`, `reference`, `critic`,
     `reward_model`): their memory never competes with the actor's, at the price of more devices. A separate
-    `rollout` pool is disaggregated RL: its engines take the actor's weights over `rollout.weight_sync`."""
+    `rollout` pool is disaggregated RL: its engines take the actor's weights over `rollout.weight_sync`.
+    With `gpu_fraction` below 1 a separate pool shares the main pool's GPU (one GPU, two processes)."""
+
+    gpu_fraction: GpuFraction = GpuFraction()
+    """Share of a GPU each pool's bundle takes (`main`, `rollout`, ...; default 1 each): below 1, pools
+    share one GPU per bundle (`GpuFraction`). GPU pools only, one bundle per node."""
 
     def __post_init__(self) -> None:
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
@@ -128,6 +187,69 @@ class ClusterConfig:
         )
 
     @property
+    def pools(self) -> tuple[str, ...]:
+        """Names of the run's pools: `main`, then each separate role's."""
+        return (MAIN_POOL, *(str(r) for r in self.separate_pools))
+
+    @property
+    def sharing_pools(self) -> dict[str, float]:
+        """The pools that share one GPU per bundle (fraction below 1), with their fractions."""
+        shares = {pool: self.gpu_fraction.of(pool) for pool in self.pools}
+        return {pool: share for pool, share in shares.items() if share < 1.0}
+
+    def shares_gpu(self, pool: str) -> bool:
+        """Whether `pool` shares its GPU with another pool (its fraction is below 1)."""
+        return str(pool) in self.sharing_pools
+
+    @property
     def world_size(self) -> int:
         """Number of bundles, which is the data-parallel world of every colocated role."""
         return self.nodes * self.bundles_per_node
+
+
+def gpu_share_problems(cfg: ClusterConfig) -> list[ConfigError]:
+    """Fractions below 1 must name pools the run makes, on GPU, one bundle per node, summing to <= 1.
+
+    Checked with the other cross-field rules (`quartet.config.validate`), once every override is in: an
+    intermediate state (`main=0.7` before `rollout=0.3`) may not add up."""
+    out: list[ConfigError] = []
+    for role in SEPARABLE_ROLES:
+        if cfg.gpu_fraction.of(role) < 1.0 and role not in cfg.separate_pools:
+            out.append(
+                ConfigError(
+                    f"cluster.gpu_fraction.{role}",
+                    f"is {cfg.gpu_fraction.of(role):g}, but '{role}' has no pool of its own",
+                    f"add {role} to cluster.separate_pools, or leave cluster.gpu_fraction.{role} at 1",
+                )
+            )
+    sharing = cfg.sharing_pools
+    if not sharing:
+        return out
+    shares = " + ".join(f"{pool} {share:g}" for pool, share in sharing.items())
+    if cfg.device is DeviceKind.CPU:
+        out.append(
+            ConfigError(
+                "cluster.gpu_fraction",
+                f"shares a GPU ({shares}), but cluster.device=cpu",
+                "set cluster.device=gpu (or auto), or leave every cluster.gpu_fraction at 1 on CPU",
+            )
+        )
+    if cfg.bundles_per_node != 1:
+        out.append(
+            ConfigError(
+                "cluster.gpu_fraction",
+                f"shares a GPU ({shares}) with bundles_per_node={cfg.bundles_per_node}: two ranks of one "
+                "pool could land on the same GPU",
+                "set cluster.bundles_per_node=1 (one GPU per node), or leave every cluster.gpu_fraction at 1",
+            )
+        )
+    total = sum(sharing.values())
+    if total > 1.0 + 1e-9:
+        out.append(
+            ConfigError(
+                "cluster.gpu_fraction",
+                f"the pools that share one GPU take {shares} = {total:g} of it, more than the whole GPU",
+                "lower the fractions so that those below 1 sum to at most 1 (e.g. main 0.5, rollout 0.5)",
+            )
+        )
+    return out

@@ -12,6 +12,7 @@ components together, mostly batch sizes that must divide across the data-paralle
 from __future__ import annotations
 
 from quartet.config.algorithm import unknown_name_fix
+from quartet.config.cluster import gpu_share_problems
 from quartet.config.errors import ConfigError, raise_problems
 from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
@@ -29,6 +30,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     problems += _algorithm_rules(cfg)
     problems += _length_rules(cfg)
     problems += _mode_rules(cfg)
+    problems += gpu_share_problems(cfg.cluster)
     raise_problems(problems)
     return cfg
 

@@ -1,5 +1,25 @@
 """The demo (`quartet demo`): SFT start, GRPO, and a time-matched more-SFT control on held-out problems."""
 
-from quartet.demo.pipeline import DEMOS, FILTERED_ROW, DemoResult, DemoRow, demo_config, run_demo
+from quartet.demo.pipeline import (
+    DEMOS,
+    DEVICES,
+    FILTERED_ROW,
+    GPU,
+    DemoResult,
+    DemoRow,
+    cuda_problem,
+    demo_config,
+    run_demo,
+)
 
-__all__ = ["DEMOS", "FILTERED_ROW", "DemoResult", "DemoRow", "demo_config", "run_demo"]
+__all__ = [
+    "DEMOS",
+    "DEVICES",
+    "FILTERED_ROW",
+    "GPU",
+    "DemoResult",
+    "DemoRow",
+    "cuda_problem",
+    "demo_config",
+    "run_demo",
+]

@@ -30,7 +30,18 @@ from quartet.config.trainer import Logger
 from quartet.tasks.rows import RL_FILES
 from quartet.tracking.run_layout import DATA_DIR
 
-__all__ = ["DEMOS", "FILTERED_ROW", "DemoResult", "DemoRow", "demo_config", "greedy_accuracy", "run_demo"]
+__all__ = [
+    "DEMOS",
+    "DEVICES",
+    "FILTERED_ROW",
+    "GPU",
+    "DemoResult",
+    "DemoRow",
+    "cuda_problem",
+    "demo_config",
+    "greedy_accuracy",
+    "run_demo",
+]
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
@@ -53,6 +64,48 @@ QUICK = {
     ],
 }
 """`--quick`: a smoke of the whole pipeline in a minute or two per task (the margins are not meaningful)."""
+
+DEVICES = ("cpu", "gpu")
+"""`quartet demo --device D`: where the demo trains (cpu: the embedded configs as they are)."""
+
+GPU = {
+    "arithmetic": [
+        "cluster.device=gpu",
+        "cluster.cpus_per_bundle=4",
+        # a ~0.1B Qwen2 shape (GPT-2 small's width and depth) with the tokenizer trained here: no download
+        "model.tiny={hidden_size: 768, num_hidden_layers: 12, num_attention_heads: 12, "
+        "num_key_value_heads: 4, intermediate_size: 3072}",
+        "rollout.dtype=bfloat16",
+        "rollout.max_num_seqs=256",
+        "actor.mixed_precision=bfloat16",
+        "actor.optim.lr=3.0e-5",  # Adam's step is ~lr per weight: ~1/6 of the CPU model's for 6x the width
+        "actor.micro_batch_size_per_device=256",
+        "trainer.total_steps=50",
+        "trainer.test_freq=25",
+        "sft.mixed_precision=bfloat16",
+        "sft.optim={lr: 2.0e-4, warmup_steps: 50}",
+        "sft.epochs=100",
+        "sft.max_seconds=45",  # the SFT start stops at 100 epochs or 45 s of training, whichever first
+    ],
+}
+"""`--device gpu`: the arithmetic demo at a GPU size that should finish on one H100 in under 5 minutes.
+Estimated from the GPU kit's H200 figures (not yet run on a GPU): three stage starts of ~30 s (workers,
+model build), SFT start 45 s, GRPO ~50 s (50 steps of 256 samples of <= 8 tokens: ~1 s each), the
+control as long, the evaluation and the imports ~30 s: about 4.5 minutes."""
+
+
+def cuda_problem() -> str | None:
+    """Why `--device gpu` cannot run here, with the fix; None when torch sees a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return (
+        f"--device gpu needs a CUDA device, but torch {torch.__version__} ({build}) sees none. "
+        "Fix: run `quartet demo` without --device gpu (the CPU demo), or run it on a machine with an NVIDIA "
+        "GPU and a CUDA build of torch (`nvidia-smi` lists the GPUs; CUDA_VISIBLE_DEVICES must not hide them)"
+    )
 
 
 @dataclass
@@ -87,15 +140,23 @@ DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml"}
 """`quartet demo --task T`: the embedded config of each demo (single-turn addition; multi-turn tool use)."""
 
 
-def demo_config(overrides: list[str], seed: int, quick: bool, task: str = "arithmetic") -> QuartetConfig:
-    """The embedded demo config with the seed applied everywhere, `--quick` settings, then the user's."""
+def demo_config(
+    overrides: list[str], seed: int, quick: bool, task: str = "arithmetic", device: str = "cpu"
+) -> QuartetConfig:
+    """The embedded demo config with the `device`'s sizes (`GPU`), the seed applied everywhere, `--quick`
+    settings, then the user's. Builds the config only: nothing checks that the device is there."""
     if task not in DEMOS:
         raise ValueError(f"unknown demo task {task!r}; the demos are {', '.join(DEMOS)}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown demo device {device!r}; the devices are {', '.join(DEVICES)}")
+    if device == "gpu" and task not in GPU:
+        raise ValueError(f"--device gpu runs the {', '.join(GPU)} demo; --task {task} is on CPU only")
     path = resources.files("quartet.demo") / DEMOS[task]
+    sized = GPU[task] if device == "gpu" else []
     seeds = [f"trainer.seed={seed}", f"data.seed={seed}", f"sft.seed={seed}", f"model.tiny.seed={seed}"]
     seeds += [f"rollout.seed={seed}"]
     with resources.as_file(path) as file:
-        return load_config(str(file), [*seeds, *(QUICK[task] if quick else []), *overrides])
+        return load_config(str(file), [*sized, *seeds, *(QUICK[task] if quick else []), *overrides])
 
 
 def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[int, int]:
@@ -168,15 +229,20 @@ def run_demo(
     on_record: Callable[[Record], None] | None = None,
     task: str = "arithmetic",
     filtered_control: bool = False,
+    device: str = "cpu",
 ) -> DemoResult:
     """SFT start, GRPO from it, and the time-matched more-SFT control; the accuracy table.
 
     `filtered_control` adds a fourth row: more SFT from the same start, for the same time, on the traces the
     verifier accepts only (`sft.keep_verified`: rejection-sampled demonstrations), the control a reviewer
-    asks for when the traces are of mixed quality.
+    asks for when the traces are of mixed quality. `device="gpu"` runs the GPU sizes (`GPU`); it fails at
+    once (RuntimeError, with the fix) where torch sees no CUDA device.
     """
     start = time.perf_counter()
-    cfg = demo_config(overrides, seed, quick, task)
+    cfg = demo_config(overrides, seed, quick, task, device)
+    problem = cuda_problem() if device == "gpu" else None
+    if problem:
+        raise RuntimeError(problem)
     project = f"{cfg.trainer.experiment_name}-seed{seed}"
     base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
     result = DemoResult(run_dir=base)

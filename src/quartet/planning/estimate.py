@@ -1,7 +1,10 @@
 """Estimate the memory of one RL step on one bundle from the config alone: `estimate_memory(cfg)`.
 
 Every role the config starts on the main pool shares the bundle (the single-device case: actor, rollout
-engine, reference, critic, reward model in one process). Per role:
+engine, reference, critic, reward model in one process). A role on a pool of its own
+(`cluster.separate_pools`) is left out when that pool has devices of its own, and counted at its own peak
+in every phase when it shares the bundle's memory (GPU pools on fractions of one GPU,
+`cluster.gpu_fraction`; on CPU, every pool of a one-node run): it runs while the main pool does. Per role:
 
     actor       float32 weights (+ LoRA adapters), AdamW exp_avg + exp_avg_sq (float32) of the trainable
                 parameters, float32 gradients during its update only (the engine frees them after the step)
@@ -196,8 +199,7 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
             cfg.actor.optimizer_offload,
         )
     ]
-    separate = set(cfg.cluster.separate_pools)
-    if ref is RefLogprobs.REFERENCE and "reference" not in separate:
+    if ref is RefLogprobs.REFERENCE:
         out.append(
             _Engine(
                 Role.REFERENCE,
@@ -209,7 +211,7 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
                 param_offload=cfg.reference.param_offload,
             )
         )
-    if shapes.critic is not None and "critic" not in separate:
+    if shapes.critic is not None:
         n = shapes.critic.params(HeadKind.VALUE)
         out.append(
             _Engine(
@@ -224,7 +226,7 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
                 cfg.critic.optimizer_offload,
             )
         )
-    if shapes.reward is not None and "reward_model" not in separate:
+    if shapes.reward is not None:
         n = shapes.reward.params(HeadKind.REWARD)
         out.append(
             _Engine(Role.REWARD_MODEL, shapes.reward, HeadKind.REWARD, n, 0, frozenset({Phase.REWARD}))
@@ -372,9 +374,17 @@ def _notes(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> tuple[str, ..
         notes.append(
             "actor/critic offload assumed between the role's own phases (offload()/onload() around them)"
         )
-    if cfg.cluster.separate_pools:
+    away = [str(r) for r in cfg.cluster.separate_pools if not _shares_memory(cfg, device, r)]
+    near = [str(r) for r in cfg.cluster.separate_pools if _shares_memory(cfg, device, r)]
+    if away:
+        notes.append(f"roles on pools of their own are not on this bundle: {', '.join(away)}")
+    if near:
+        where = "host memory" if device == "cpu" else "this GPU"
+        shares = " + ".join(f"{p} {f:g}" for p, f in cfg.cluster.sharing_pools.items())
         notes.append(
-            f"roles on pools of their own are not on this bundle: {', '.join(cfg.cluster.separate_pools)}"
+            f"pools of their own sharing {where}: {', '.join(near)}"
+            + (f" (cluster.gpu_fraction: {shares})" if device == "gpu" else "")
+            + "; each runs beside the main pool, so its own peak is counted in every phase"
         )
     if cfg.cluster.world_size > 1:
         notes.append(
@@ -411,6 +421,35 @@ def _sizes(cfg: QuartetConfig, load: _Workload, shapes: RoleShapes) -> dict[str,
     return sizes
 
 
+def _shares_memory(cfg: QuartetConfig, device: str, role: Role) -> bool:
+    """Whether separate role `role`'s pool uses the main bundle's memory: always on CPU (one host's memory;
+    every pool of a run on one node), on GPU when both pools take a fraction of one GPU."""
+    if device == "cpu":
+        return cfg.cluster.nodes == 1
+    return cfg.cluster.shares_gpu(role) and cfg.cluster.shares_gpu("main")
+
+
+def _placed(cfg: QuartetConfig, device: str, rows: list[PlanRow]) -> tuple[PlanRow, ...]:
+    """The rows of the main bundle's memory: its own roles phase by phase, each separate pool sharing that
+    memory at its own peak in every phase (it runs concurrently: a rollout pool generates while the actor
+    trains), and none of a separate pool on a device of its own."""
+    separate = set(cfg.cluster.separate_pools)
+    near = {r for r in separate if _shares_memory(cfg, device, r)}
+    peaks = {
+        role: max((r for r in rows if r.role == role), key=lambda r: r.total_bytes)
+        for role in near
+        if any(r.role == role for r in rows)
+    }
+    out: list[PlanRow] = []
+    for row in rows:
+        if row.role not in separate:
+            out.append(row)
+        elif row.role in peaks:
+            peak = peaks[row.role]
+            out.append(PlanRow(row.phase, row.role, peak.device_bytes, peak.host_bytes, peak.breakdown))
+    return tuple(out)
+
+
 def estimate_memory(
     cfg: QuartetConfig, *, device: DeviceKind | str | None = None, shapes: RoleShapes | None = None
 ) -> MemoryPlan:
@@ -431,7 +470,7 @@ def estimate_memory(
         rows.append(_rollout_row(cfg, shapes.policy, phase, load))
         rows += [_engine_row(cfg, e, phase, load, kind == "cpu") for e in engines if e.role is not Role.ACTOR]
     return MemoryPlan(
-        rows=tuple(rows),
+        rows=_placed(cfg, kind, rows),
         device=kind,
         world_size=load.world,
         notes=_notes(cfg, kind, shapes),

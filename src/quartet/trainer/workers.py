@@ -23,6 +23,7 @@ from quartet.cluster.host import Sibling
 from quartet.cluster.naming import RunNames
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, Role
+from quartet.config.cluster import MAIN_POOL
 from quartet.config.plan import RefLogprobs, StepPlan
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
@@ -144,8 +145,8 @@ def start_workers(
             if role in roles:
                 calls = cfg.trainer.async_buffer + _ROLLOUT_SIDE_CALLS if role is Role.ROLLOUT else 1
                 own = {role: roles.pop(role)}
-                separate[role] = launch(cfg.cluster, names, role, calls, **own)
-        hosts = launch(cfg.cluster, names, "rl", 1, **roles)
+                separate[role] = launch(cfg.cluster, names, role, calls, str(role), **own)
+        hosts = launch(cfg.cluster, names, "rl", 1, MAIN_POOL, **roles)
     except BaseException:
         for started in separate.values():
             started.shutdown()
