@@ -1,0 +1,155 @@
+"""Bucket buffers shared between processes of one node: CUDA IPC handles, or host shared memory on CPU.
+
+Why: on one node, broadcasting a bucket's bytes through gloo copies them device -> host -> socket -> host
+-> device. A handle instead lets each receiver map the sender's own buffer and copy straight from it (on a
+GPU, a device-to-device copy; no byte goes through the host). Only the handle, a few hundred bytes, travels
+through the group's control channel.
+
+- CUDA: `torch.multiprocessing.reductions.reduce_tensor` gives `rebuild_cuda_tensor` and its arguments
+  (a cudaIpcMemHandle, the storage size and offset, a shared reference counter and an event). They are
+  written as JSON (bytes in base64, types and dtypes by name), never pickled, so a receiver only ever
+  calls `rebuild_cuda_tensor` itself. The sender's device travels by UUID: each Ray worker numbers its
+  visible GPUs from 0, so an index would name a different GPU in another process.
+- CPU (the same protocol, to test it without a GPU, and for CPU runs on one node): the buffer lives in a
+  named shared-memory segment (torch's `file_system` sharing: a segment name plus torch_shm_manager's
+  socket, reachable from any process on the node, unlike the default file-descriptor strategy, which needs
+  the sender's multiprocessing authkey and so works only between a parent and its own children).
+
+A receiver's view of a shared buffer stays valid only while the sender keeps the buffer: the transport has
+each receiver acknowledge a bucket after copying it, and the sender frees it only then.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+__all__ = ["SharedBufferError", "allocate_shared", "export_buffer", "open_buffer"]
+
+_DEVICE_ARG = list(inspect.signature(rebuild_cuda_tensor).parameters).index("storage_device")
+"""Where the device index sits among `rebuild_cuda_tensor`'s arguments (looked up, not assumed)."""
+
+_TYPES: dict[str, type] = {
+    "Tensor": torch.Tensor,
+    "TypedStorage": torch.storage.TypedStorage,
+    "UntypedStorage": torch.UntypedStorage,
+}
+"""The only types a handle may name, matched exactly (the receiver never builds a type from the wire)."""
+
+
+class SharedBufferError(RuntimeError):
+    """A shared buffer cannot be opened here (for example the sender's GPU is not visible in this process)."""
+
+
+def allocate_shared(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A new 1-D uint8 buffer of `nbytes` that `export_buffer` can share: on `device` when it is CUDA, else in
+    named host shared memory."""
+    # at least one byte: an empty storage has no allocation to share
+    if device.type == "cuda":
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)[:nbytes]
+    if device.type != "cpu":
+        raise ValueError(f"shared buffers live on CUDA or in host shared memory, not on {device}")
+    buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    buffer.untyped_storage()._share_filename_cpu_()
+    return buffer[:nbytes]
+
+
+def _encode(value: Any) -> Any:
+    """One of `rebuild_cuda_tensor`'s arguments as JSON."""
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode()}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, type):
+        name = next((key for key, known in _TYPES.items() if value is known), None)
+        if name is None:
+            raise TypeError(f"cannot share a buffer whose handle names the type {value.__name__}")
+        return {"type": name}
+    if isinstance(value, tuple):  # torch.Size included
+        return {"tuple": [_encode(item) for item in value]}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"unexpected {type(value).__name__} in a CUDA IPC handle")
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    if "b64" in value:
+        return base64.b64decode(value["b64"])
+    if "dtype" in value:
+        dtype = getattr(torch, str(value["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise SharedBufferError(f"unknown dtype {value['dtype']!r} in a CUDA IPC handle")
+        return dtype
+    if "type" in value:
+        if str(value["type"]) not in _TYPES:
+            raise SharedBufferError(f"a CUDA IPC handle names the unknown type {value['type']!r}")
+        return _TYPES[str(value["type"])]
+    return tuple(_decode(item) for item in value["tuple"])
+
+
+def export_buffer(buffer: torch.Tensor) -> dict[str, Any]:
+    """A JSON-ready handle to `buffer` (from `allocate_shared`) that another process on this node can open.
+
+    On CUDA, the work queued on the current stream so far (the packing) is finished first: the receiver
+    may read the moment it gets the handle.
+    """
+    if buffer.dtype != torch.uint8 or buffer.dim() != 1:
+        raise ValueError(f"a shared bucket buffer is 1-D uint8, got {buffer.dtype} {tuple(buffer.shape)}")
+    if buffer.is_cuda:
+        torch.cuda.current_stream(buffer.device).synchronize()
+        _, args = reduce_tensor(buffer)  # type: ignore[no-untyped-call]
+        uuid = str(torch.cuda.get_device_properties(buffer.device).uuid)
+        return {"kind": "cuda", "uuid": uuid, "args": [_encode(arg) for arg in args]}
+    storage = buffer.untyped_storage()
+    if not storage.is_shared():
+        raise ValueError("this CPU buffer is not in shared memory; make it with allocate_shared")
+    manager, name, size = storage._share_filename_cpu_()  # already shared: returns its existing name
+    return {
+        "kind": "shm",
+        "manager": base64.b64encode(manager).decode(),
+        "name": base64.b64encode(name).decode(),
+        "size": int(size),
+        "offset": buffer.storage_offset(),
+        "numel": buffer.numel(),
+    }
+
+
+def _local_cuda_index(uuid: str) -> int:
+    """This process's index of the GPU with `uuid` (each process numbers its visible GPUs from 0)."""
+    if not torch.cuda.is_available():
+        raise SharedBufferError("the sender shares a CUDA buffer, but this process has no CUDA device")
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid:
+            return index
+    raise SharedBufferError(
+        f"the sender's GPU {uuid} is not visible in this process (it sees {torch.cuda.device_count()} "
+        "GPU(s)); put the rollout on the actor's GPUs or set rollout.weight_sync.transport=gloo"
+    )
+
+
+def open_buffer(handle: dict[str, Any]) -> torch.Tensor:
+    """The 1-D uint8 buffer a handle from `export_buffer` names, mapped into this process (no copy).
+
+    The result reads the sender's memory: copy out of it, drop it, and only then tell the sender it may
+    free the buffer.
+    """
+    if handle.get("kind") == "cuda":
+        args = [_decode(arg) for arg in handle["args"]]
+        args[_DEVICE_ARG] = _local_cuda_index(str(handle["uuid"]))
+        tensor: torch.Tensor = rebuild_cuda_tensor(*args)  # type: ignore[no-untyped-call]
+        return tensor
+    if handle.get("kind") == "shm":
+        manager, name = base64.b64decode(handle["manager"]), base64.b64decode(handle["name"])
+        try:
+            storage = torch.UntypedStorage._new_shared_filename_cpu(manager, name, int(handle["size"]))
+        except RuntimeError as exc:
+            raise SharedBufferError(f"cannot map shared-memory segment {name!r}: {exc}") from exc
+        offset, numel = int(handle["offset"]), int(handle["numel"])
+        return torch.empty(0, dtype=torch.uint8).set_(storage, offset, (numel,), (1,))
+    raise SharedBufferError(f"unknown shared-buffer handle kind {handle.get('kind')!r}")
