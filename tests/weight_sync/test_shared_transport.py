@@ -1,0 +1,128 @@
+"""The shared-buffer transport (`SyncTransport.SHM`, the CPU twin of CUDA IPC) on gloo groups whose ranks are
+threads of this process: versions in order and bitwise, the bucket layout, when the sender frees a buffer
+(only after every receiver acknowledged it, at most two alive), and the handles themselves.
+The cross-process cases (and CUDA IPC on a GPU) are in test_transport_processes.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from test_transport import groups
+from weight_sync_workers import BUCKET_BYTES, describe, make_weights
+
+import quartet.weight_sync.transport as transport_module
+from quartet.weight_sync import (
+    SharedBufferError,
+    SyncTransport,
+    WeightReceiver,
+    WeightSender,
+    allocate_shared,
+    export_buffer,
+    open_buffer,
+)
+from quartet.weight_sync.buckets import ALIGN_BYTES
+from quartet.weight_sync.shared import _decode, _encode
+
+pytestmark = pytest.mark.timeout(60)
+Named = list[tuple[str, torch.Tensor]]
+
+
+def test_three_versions_arrive_in_order_bitwise_in_buckets_of_the_expected_layout() -> None:
+    versions = [1, 2, 3]
+    with groups(receivers=2) as (sender_group, receiver_groups), ThreadPoolExecutor(2) as pool:
+        sender = WeightSender(sender_group, BUCKET_BYTES, SyncTransport.SHM)
+        receivers = [WeightReceiver(g) for g in receiver_groups]
+        for version in versions:
+            buckets: list[list[Named]] = [[], []]
+
+            def take(receiver: WeightReceiver, got: list[Named]) -> int:
+                load = lambda ts: got.append([(n, t.clone()) for n, t in ts])  # noqa: E731
+                return receiver.receive(load, 20.0).version
+
+            futures = [pool.submit(take, r, got) for r, got in zip(receivers, buckets, strict=True)]
+            sent = sender.send(iter(make_weights(version)), version)
+            assert [f.result(timeout=30) for f in futures] == [version, version]
+            weights = make_weights(version)
+            for got in buckets:
+                assert describe([t for bucket in got for t in bucket]) == describe(weights)
+                assert len(got) == sent.buckets > 3
+                sizes = {name: t.numel() * t.element_size() for name, t in weights}
+                alone = [bucket for bucket in got if any(sizes[n] > BUCKET_BYTES for n, _ in bucket)]
+                assert [[n for n, _ in b] for b in alone] == [["big.weight"]]  # too big: a bucket of its own
+        assert [r.last_version for r in receivers] == [3, 3]
+
+
+def test_the_sender_frees_a_buffer_only_after_every_receiver_acknowledged_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alive: list[weakref.ref[torch.Tensor]] = []
+    alive_at_allocation: list[int] = []
+
+    def tracked(nbytes: int, device: torch.device) -> torch.Tensor:
+        alive_at_allocation.append(sum(ref() is not None for ref in alive))
+        buffer = allocate_shared(nbytes, device)
+        alive.append(weakref.ref(buffer))
+        return buffer
+
+    monkeypatch.setattr(transport_module, "allocate_shared", tracked)
+    slow = threading.Event()
+    seen_alive: list[bool] = []
+
+    def slow_loader(tensors: Named) -> None:  # receiver 2: slow on every bucket
+        index = len(seen_alive)
+        slow.wait(0.05)
+        seen_alive.append(alive[index]() is not None)  # the sender still holds what is being read
+
+    with groups(receivers=2) as (sender_group, receiver_groups), ThreadPoolExecutor(2) as pool:
+        fast = pool.submit(WeightReceiver(receiver_groups[0]).receive_all, 20.0)
+        slowly = pool.submit(WeightReceiver(receiver_groups[1]).receive, slow_loader, 20.0)
+        sent = WeightSender(sender_group, BUCKET_BYTES, SyncTransport.SHM).send(iter(make_weights(4)), 4)
+        assert describe(fast.result(timeout=30).tensors) == describe(make_weights(4))
+        assert slowly.result(timeout=30).buckets == sent.buckets
+    assert seen_alive == [True] * sent.buckets
+    assert len(alive) == sent.buckets and max(alive_at_allocation) <= 1  # at most two buffers at a time
+    assert all(ref() is None for ref in alive)  # every one freed once the sync is over
+
+
+def test_a_buffer_round_trips_through_its_handle_as_json() -> None:
+    buffer = allocate_shared(1000, torch.device("cpu"))
+    buffer.copy_(torch.arange(1000) % 251)
+    handle = export_buffer(buffer)
+    mapped = open_buffer(handle)
+    assert torch.equal(mapped, buffer)
+    mapped[7] = 99  # the same memory, not a copy
+    assert int(buffer[7]) == 99
+    assert handle["kind"] == "shm" and isinstance(handle["name"], str)  # JSON-ready: no pickled objects
+
+
+def test_bad_handles_and_buffers_are_refused_with_the_reason() -> None:
+    handle = export_buffer(allocate_shared(ALIGN_BYTES, torch.device("cpu")))
+    missing = handle | {"name": base64.b64encode(b"/no-such-quartet-segment").decode()}
+    with pytest.raises(SharedBufferError, match="cannot map"):
+        open_buffer(missing)
+    with pytest.raises(SharedBufferError, match="unknown shared-buffer handle kind"):
+        open_buffer({"kind": "pickle"})
+    with pytest.raises(ValueError, match="not in shared memory"):
+        export_buffer(torch.zeros(8, dtype=torch.uint8))
+    if not torch.cuda.is_available():
+        with pytest.raises(SharedBufferError, match="no CUDA device"):
+            open_buffer({"kind": "cuda", "uuid": "GPU-0", "args": []})
+        with pytest.raises(ValueError, match="needs a visible CUDA device"):
+            transport_module._shared_allocator(SyncTransport.CUDA_IPC)
+
+
+def test_cuda_ipc_handle_arguments_survive_json_without_pickle() -> None:
+    args = (torch.Tensor, torch.Size([4, 2]), (2, 1), 0, torch.storage.TypedStorage, torch.bfloat16, 0)
+    args += (b"\x00\xffhandle", 64, 0, False, b"/ref", 3, b"event", True)
+    wire = json.loads(json.dumps([_encode(arg) for arg in args]))
+    assert tuple(_decode(item) for item in wire) == args
+    with pytest.raises(TypeError, match="names the type"):
+        _encode(torch.nn.Parameter)
+    with pytest.raises(SharedBufferError, match="unknown type"):
+        _decode({"type": "os.system"})
