@@ -36,6 +36,10 @@ def test_the_transport_follows_the_setting_the_nodes_and_the_device(
     assert choose_transport(setting, same_node, on_cuda) is expected
 
 
+def test_auto_keeps_gloo_when_a_replica_does_not_see_the_actors_gpu() -> None:
+    assert choose_transport(A, same_node=True, on_cuda=True, gpu_shared=False) is SyncTransport.BROADCAST
+
+
 def test_same_node_transports_are_refused_across_nodes_and_cuda_ipc_without_cuda() -> None:
     for setting in (C, S):
         with pytest.raises(ValueError, match=f"transport={setting.value} needs every rollout replica"):

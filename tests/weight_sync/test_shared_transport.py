@@ -114,7 +114,7 @@ def test_bad_handles_and_buffers_are_refused_with_the_reason() -> None:
         with pytest.raises(SharedBufferError, match="no CUDA device"):
             open_buffer({"kind": "cuda", "uuid": "GPU-0", "args": []})
         with pytest.raises(ValueError, match="needs a visible CUDA device"):
-            transport_module._shared_allocator(SyncTransport.CUDA_IPC)
+            transport_module._shared_device(SyncTransport.CUDA_IPC)
 
 
 def test_cuda_ipc_handle_arguments_survive_json_without_pickle() -> None:
@@ -126,3 +126,27 @@ def test_cuda_ipc_handle_arguments_survive_json_without_pickle() -> None:
         _encode(torch.nn.Parameter)
     with pytest.raises(SharedBufferError, match="unknown type"):
         _decode({"type": "os.system"})
+
+
+def test_cuda_ipc_is_refused_up_front_for_receivers_that_do_not_see_the_senders_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each Ray worker sees only its own GPUs: receiver 2 here sees another GPU than the sender's "GPU-a"
+    monkeypatch.setattr(transport_module, "gpu_uuid", lambda device: "GPU-a")
+    monkeypatch.setattr(transport_module, "_shared_device", lambda transport: torch.device("cuda", 0))
+    with groups(receivers=2) as (sender_group, receiver_groups):
+        monkeypatch.setattr(transport_module, "visible_gpus", lambda: ["GPU-b", "GPU-a"])
+        WeightReceiver(receiver_groups[0])
+        monkeypatch.setattr(transport_module, "visible_gpus", lambda: ["GPU-b"])
+        WeightReceiver(receiver_groups[1])
+        sender = WeightSender(sender_group, BUCKET_BYTES, SyncTransport.CUDA_IPC)
+        assert sender.receivers_without_gpu(torch.device("cuda", 0)) == [2]
+        with pytest.raises(ValueError, match=r"receiver rank\(s\) \[2\] do not see this sender's GPU GPU-a"):
+            sender.send(iter(make_weights(1)), 1)
+        assert sender_group.broken is None  # refused before the first frame: the group stays usable
+
+
+def test_a_receiver_that_never_published_its_gpus_reads_as_seeing_none() -> None:
+    with groups(receivers=2) as (sender_group, receiver_groups):
+        WeightReceiver(receiver_groups[0])  # rank 1 publishes (no CUDA here: an empty list); rank 2 does not
+        assert sender_group.gather_info("gpus", 0.5) == ["[]", None]

@@ -102,15 +102,19 @@ class GenerationLock:
         self.release()
 
 
-def choose_transport(setting: WeightTransport, same_node: bool, on_cuda: bool) -> SyncTransport:
+def choose_transport(
+    setting: WeightTransport, same_node: bool, on_cuda: bool, gpu_shared: bool = True
+) -> SyncTransport:
     """The transport of one sync: `setting` (`rollout.weight_sync.transport`) given whether every replica
-    is on the actor's node and whether the weights being sent live on CUDA. An explicit same-node setting
-    with a replica elsewhere is refused (a handle means nothing on another node)."""
+    is on the actor's node, whether the weights being sent live on CUDA, and whether every replica sees the
+    actor's GPU (Ray gives each worker its own CUDA_VISIBLE_DEVICES). An explicit same-node setting with a
+    replica elsewhere is refused (a handle means nothing on another node)."""
     setting = WeightTransport(setting)
     if setting is WeightTransport.GLOO:
         return SyncTransport.BROADCAST
     if setting is WeightTransport.AUTO:
-        return SyncTransport.CUDA_IPC if same_node and on_cuda else SyncTransport.BROADCAST
+        ipc = same_node and on_cuda and gpu_shared
+        return SyncTransport.CUDA_IPC if ipc else SyncTransport.BROADCAST
     if not same_node:
         raise ValueError(
             f"rollout.weight_sync.transport={setting.value} needs every rollout replica on the actor's node, "
@@ -123,13 +127,15 @@ def choose_transport(setting: WeightTransport, same_node: bool, on_cuda: bool) -
     return SyncTransport.CUDA_IPC if setting is WeightTransport.CUDA_IPC else SyncTransport.SHM
 
 
-def _peek_device(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, Iterator[tuple[str, torch.Tensor]]]:
-    """The device type of the stream's first tensor ("cpu" when empty), and the whole stream again."""
+def _peek_device(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> tuple[torch.device, Iterator[tuple[str, torch.Tensor]]]:
+    """The device of the stream's first tensor (cpu when empty), and the whole stream again."""
     stream = iter(named)
     first = next(stream, None)
     if first is None:
-        return "cpu", stream
-    return first[1].device.type, itertools.chain([first], stream)
+        return torch.device("cpu"), stream
+    return first[1].device, itertools.chain([first], stream)
 
 
 class WeightPublisher:
@@ -169,7 +175,10 @@ class WeightPublisher:
                 pass
             return {}
         device, stream = _peek_device(named)
-        self.sender.transport = choose_transport(self.transport, self.same_node, device == "cuda")
+        on_cuda = device.type == "cuda"
+        auto_ipc = on_cuda and self.same_node and self.transport is WeightTransport.AUTO
+        shared = auto_ipc and not self.sender.receivers_without_gpu(device)
+        self.sender.transport = choose_transport(self.transport, self.same_node, on_cuda, shared)
         stats = self.sender.send(stream, version, self.timeout_s)
         return {
             "weight_sync/cuda_ipc": float(self.sender.transport is SyncTransport.CUDA_IPC),

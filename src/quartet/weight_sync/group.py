@@ -159,6 +159,22 @@ class WeightSyncGroup:
         if not work.wait(timedelta(seconds=max(timeout_s, 0.001))):
             raise RuntimeError(f"operation did not finish within {timeout_s:.3g} s")
 
+    def set_info(self, key: str, value: str) -> None:
+        """Publish a small fact about this rank (e.g. the GPUs it sees) for the sender to read."""
+        if self._store is None:
+            raise RuntimeError("weight-sync group is closed")
+        self._store.set(f"info/{key}/{self.rank}", value)
+
+    def gather_info(self, key: str, timeout_s: float) -> list[str | None]:
+        """The sender reads every receiver's `set_info(key)` (index 0 is rank 1), waiting at most
+        `timeout_s` for them; None for a receiver that has not published it by then."""
+        if self._store is None:
+            raise RuntimeError("weight-sync group is closed")
+        keys = [f"info/{key}/{rank}" for rank in range(1, self.world_size)]
+        with contextlib.suppress(RuntimeError):  # a timeout: the missing ones read as None below
+            self._store.wait(keys, timedelta(seconds=max(timeout_s, 0.001)))
+        return [self._store.get(k).decode() if self._store.check([k]) else None for k in keys]
+
     def acknowledge(self, key: str) -> None:
         """A receiver marks `key` (e.g. one bucket of one version) done, through the sender's store.
 

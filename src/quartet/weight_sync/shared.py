@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-__all__ = ["SharedBufferError", "allocate_shared", "export_buffer", "open_buffer"]
+__all__ = ["SharedBufferError", "allocate_shared", "export_buffer", "gpu_uuid", "open_buffer", "visible_gpus"]
 
 _DEVICE_ARG = list(inspect.signature(rebuild_cuda_tensor).parameters).index("storage_device")
 """Where the device index sits among `rebuild_cuda_tensor`'s arguments (looked up, not assumed)."""
@@ -104,8 +104,7 @@ def export_buffer(buffer: torch.Tensor) -> dict[str, Any]:
     if buffer.is_cuda:
         torch.cuda.current_stream(buffer.device).synchronize()
         _, args = reduce_tensor(buffer)  # type: ignore[no-untyped-call]
-        uuid = str(torch.cuda.get_device_properties(buffer.device).uuid)
-        return {"kind": "cuda", "uuid": uuid, "args": [_encode(arg) for arg in args]}
+        return {"kind": "cuda", "uuid": gpu_uuid(buffer.device), "args": [_encode(arg) for arg in args]}
     storage = buffer.untyped_storage()
     if not storage.is_shared():
         raise ValueError("this CPU buffer is not in shared memory; make it with allocate_shared")
@@ -118,6 +117,19 @@ def export_buffer(buffer: torch.Tensor) -> dict[str, Any]:
         "offset": buffer.storage_offset(),
         "numel": buffer.numel(),
     }
+
+
+def visible_gpus() -> list[str]:
+    """UUIDs of the GPUs this process sees (empty without CUDA): a receiver publishes them so the sender can
+    tell whether a CUDA IPC handle to its GPU would open there."""
+    if not torch.cuda.is_available():
+        return []
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The UUID of a CUDA device (the same in every process, unlike its index)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def _local_cuda_index(uuid: str) -> int:

@@ -26,6 +26,7 @@ acknowledge within the sync's timeout fails the sync naming its rank.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -45,7 +46,14 @@ from quartet.weight_sync.buckets import (
 )
 from quartet.weight_sync.frames import PROTOCOL, Posted, SyncProgress, SyncStats, post_frame, recv_frame
 from quartet.weight_sync.group import WeightSyncGroup
-from quartet.weight_sync.shared import SharedBufferError, allocate_shared, export_buffer, open_buffer
+from quartet.weight_sync.shared import (
+    SharedBufferError,
+    allocate_shared,
+    export_buffer,
+    gpu_uuid,
+    open_buffer,
+    visible_gpus,
+)
 
 __all__ = [
     "ReceivedWeights",
@@ -87,17 +95,19 @@ class ReceivedWeights:
     """Counts and timing of the sync."""
 
 
-def _shared_allocator(transport: SyncTransport) -> Allocate | None:
-    """How the sender makes bucket buffers for `transport` (None: plain buffers on the group's device)."""
+def _shared_device(transport: SyncTransport) -> torch.device | None:
+    """Where the sender packs shared buckets for `transport` (None: plain buffers on the group's device)."""
     if transport is SyncTransport.BROADCAST:
         return None
     if transport is SyncTransport.SHM:
-        device = torch.device("cpu")
-    elif not torch.cuda.is_available():
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise ValueError("transport 'cuda_ipc' needs a visible CUDA device; use 'shm' or 'broadcast' on CPU")
-    else:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return lambda nbytes: allocate_shared(nbytes, device)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _allocator(device: torch.device | None) -> Allocate | None:
+    return None if device is None else (lambda nbytes: allocate_shared(nbytes, device))
 
 
 class _HeldBuffers:
@@ -147,6 +157,20 @@ class WeightSender:
         """How buckets travel (`SyncTransport`); may be changed between syncs."""
         self.last_version: int | None = None
         """Version of the last completed sync; versions must increase so receivers can order them."""
+        self._receiver_gpus: list[list[str]] | None = None
+
+    def receivers_without_gpu(self, device: torch.device, timeout_s: float | None = None) -> list[int]:
+        """Receiver ranks that do not see the CUDA `device` (a CUDA IPC handle to it would not open there).
+
+        Each receiver publishes the GPUs it sees when it is built; they are read once (waiting at most
+        `timeout_s`, default the group's) and kept. A receiver that never published counts as not seeing it.
+        """
+        if self._receiver_gpus is None:
+            wait = self.group.config.timeout_s if timeout_s is None else timeout_s
+            published = self.group.gather_info("gpus", wait)
+            self._receiver_gpus = [json.loads(p) if p is not None else [] for p in published]
+        uuid = gpu_uuid(device)
+        return [rank for rank, gpus in enumerate(self._receiver_gpus, start=1) if uuid not in gpus]
 
     def send(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, timeout_s: float | None = None
@@ -161,13 +185,18 @@ class WeightSender:
         """
         if self.last_version is not None and version <= self.last_version:
             raise ValueError(f"version {version} is not after the last one sent ({self.last_version})")
-        transport, allocate = self.transport, _shared_allocator(self.transport)
+        transport, device = self.transport, _shared_device(self.transport)
+        if device is not None and device.type == "cuda" and (blind := self.receivers_without_gpu(device)):
+            raise ValueError(
+                f"transport 'cuda_ipc': receiver rank(s) {blind} do not see this sender's GPU "
+                f"{gpu_uuid(device)}, so its IPC handles cannot open there; use 'broadcast' for them"
+            )
         progress = SyncProgress(self.group, version, timeout_s)
         held = _HeldBuffers(progress)
         begin = {"kind": "begin", "protocol": PROTOCOL, "version": version, "transport": transport.value}
         pending = post_frame(progress, begin, None, "begin")
         pending_bytes = 0
-        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.group.device, allocate)
+        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.group.device, _allocator(device))
         while True:
             held.release_until(1)  # shared: at most this buffer and the next one alive at a time
             try:
@@ -221,6 +250,7 @@ class WeightReceiver:
         self.group = group
         self.last_version: int | None = None
         """Version of the last sync fully received and loaded."""
+        group.set_info("gpus", json.dumps(visible_gpus()))  # the sender checks them before CUDA IPC
 
     def receive(self, load: Callable[[NamedTensors], None], timeout_s: float | None = None) -> SyncStats:
         """Take the next sync, calling `load(tensors)` once per bucket as it arrives; returns what came.
