@@ -197,10 +197,10 @@ def nccl_two_ranks(limit_s: int) -> dict[str, Any]:
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     output = (done.stdout + done.stderr)[-3000:]
-    if done.returncode in (124, 137):
-        outcome = f"hung: killed after {limit_s} s"
-    elif "Duplicate GPU" in output:
+    if "Duplicate GPU" in output:  # first: the other rank may then hang until the timeout kills it
         outcome = "refused: NCCL reports 'Duplicate GPU detected' (ncclInvalidUsage)"
+    elif done.returncode in (124, 137):
+        outcome = f"hung: killed after {limit_s} s"
     elif done.returncode == 0 and output.count("3.0 expected") == 2 and "gave 3.0" in output:
         outcome = "worked: all_reduce over two ranks on one GPU gave the right sum"
     else:
