@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,7 @@ from quartet.weight_sync import (
     SyncTransport,
     WeightReceiver,
     WeightSender,
+    WeightSyncError,
     allocate_shared,
     export_buffer,
     open_buffer,
@@ -88,6 +90,21 @@ def test_the_sender_frees_a_buffer_only_after_every_receiver_acknowledged_it(
     assert seen_alive == [True] * sent.buckets
     assert len(alive) == sent.buckets and max(alive_at_allocation) <= 1  # at most two buffers at a time
     assert all(ref() is None for ref in alive)  # every one freed once the sync is over
+
+
+def test_only_the_receiver_that_does_not_acknowledge_is_named_within_the_sync_timeout() -> None:
+    stuck = threading.Event()
+    with groups(receivers=2) as (sender_group, receiver_groups), ThreadPoolExecutor(2) as pool:
+        pool.submit(WeightReceiver(receiver_groups[0]).receive_all, 4.0)  # acknowledges every bucket
+        stalled = WeightReceiver(receiver_groups[1])
+        pool.submit(stalled.receive, lambda tensors: stuck.wait(10), 4.0)  # hangs in its loader
+        start = time.perf_counter()
+        with pytest.raises(WeightSyncError, match=r"receiver rank\(s\) \[2\] did not acknowledge bucket 0"):
+            WeightSender(sender_group, BUCKET_BYTES, SyncTransport.SHM).send(iter(make_weights(6)), 6, 1.5)
+        seconds = time.perf_counter() - start
+        stuck.set()  # let the loader return; both receivers then hit their own 4 s timeout
+        assert sender_group.broken is not None  # a receiver in an unknown state: rebuild the group
+    assert seconds < 10  # the sync's 1.5 s, not the group's 20 s (scheduling adds seconds, never 8)
 
 
 def test_a_buffer_round_trips_through_its_handle_as_json() -> None:
