@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="the same protocol on the CPU, tiny shapes")
     parser.add_argument("--bucket-mb", type=int, default=256, help="bucket size bound in MiB")
     parser.add_argument(
-        "--nccl-timeout", type=int, default=25, help="seconds before the NCCL probe is killed"
+        "--nccl-timeout", type=int, default=30, help="seconds before the NCCL probe is killed"
     )
     parser.add_argument("--nccl-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
