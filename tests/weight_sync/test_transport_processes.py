@@ -139,9 +139,12 @@ def test_a_receiver_that_died_fails_the_sync_within_the_timeout(processes: Proce
 def test_a_receiver_that_never_acknowledges_fails_the_sender_naming_it(processes: Processes) -> None:
     ports = CTX.Queue()  # with two receivers, only the stalled one is named: test_shared_transport.py
     processes.start(workers.run_acking_sender, ports, 2, 5.0)
-    processes.start(workers.run_stalled_receiver, ports, 1, 2)  # its loader hangs on bucket 0
+    go = CTX.Event()
+    processes.start(workers.run_stalled_receiver, ports, 1, 2, go)  # its loader hangs on bucket 0
     processes.next("joined")
     message, stage, seconds = processes.next("failed")[3]
+    go.set()  # unstick it, so both processes finish the broadcasts in flight and exit on their own
+    processes.join()
     assert stage == "bucket 0 acknowledgement", message
     assert "receiver rank(s) [1] did not acknowledge bucket 0" in message
     assert "version 5" in message

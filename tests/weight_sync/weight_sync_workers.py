@@ -188,13 +188,16 @@ def run_acking_sender(queue: Queue[Report], ports: Queue[int], world_size: int, 
         _report_errors(queue, "sender", 0)
 
 
-def run_stalled_receiver(queue: Queue[Report], ports: Queue[int], rank: int, world_size: int) -> None:
-    """A receiver whose loader hangs on the first bucket (a stuck engine), so it never acknowledges it."""
+def run_stalled_receiver(
+    queue: Queue[Report], ports: Queue[int], rank: int, world_size: int, go: Event
+) -> None:
+    """A receiver whose loader hangs on the first bucket (a stuck engine) until the test says `go`, so it
+    does not acknowledge it in time; then it gives up on the sync (its own 8 s timeout) and exits cleanly."""
     try:
         port = ports.get(timeout=60)
         with connect(GroupConfig(HOST, port, world_size, timeout_s=30), rank) as group:
             queue.put(("receiver", rank, "joined", None))
-            with contextlib.suppress(WeightSyncError):  # its own timeout, once the test has its answer
-                WeightReceiver(group).receive(lambda tensors: time.sleep(3600), timeout_s=30)
+            with contextlib.suppress(WeightSyncError):  # the sender gave up on it: the rest fails
+                WeightReceiver(group).receive(lambda tensors: go.wait(60), timeout_s=8)
     except Exception:
         _report_errors(queue, "receiver", rank)
