@@ -23,12 +23,21 @@ from __future__ import annotations
 
 import base64
 import inspect
+from collections import OrderedDict
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-__all__ = ["SharedBufferError", "allocate_shared", "export_buffer", "gpu_uuid", "open_buffer", "visible_gpus"]
+__all__ = [
+    "MappedBuffers",
+    "SharedBufferError",
+    "allocate_shared",
+    "export_buffer",
+    "gpu_uuid",
+    "open_buffer",
+    "visible_gpus",
+]
 
 _DEVICE_ARG = list(inspect.signature(rebuild_cuda_tensor).parameters).index("storage_device")
 """Where the device index sits among `rebuild_cuda_tensor`'s arguments (looked up, not assumed)."""
@@ -165,3 +174,41 @@ def open_buffer(handle: dict[str, Any]) -> torch.Tensor:
         offset, numel = int(handle["offset"]), int(handle["numel"])
         return torch.empty(0, dtype=torch.uint8).set_(storage, offset, (numel,), (1,))
     raise SharedBufferError(f"unknown shared-buffer handle kind {handle.get('kind')!r}")
+
+
+class MappedBuffers:
+    """A receiver's mappings of the sender's buffers, kept for the rest of one sync (the last `keep`).
+
+    The sender reuses a couple of buffers bucket after bucket, and mapping one is the costly step (a new
+    shared-memory mapping; on CUDA, cudaIpcOpenMemHandle): a handle seen before is served from here. For
+    CUDA, torch itself reuses an open handle while a tensor on it is alive, so keeping the tensor suffices.
+    Drop the object when the sync ends, so the sender's buffers can really be freed.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._mapped: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def open(self, handle: dict[str, Any]) -> torch.Tensor:
+        """The buffer `handle` names (see `open_buffer`), mapping its memory only when not mapped yet."""
+        if handle.get("kind") != "shm":
+            tensor = open_buffer(handle)
+            self._keep(f"cuda:{len(self._mapped)}:{id(tensor)}", tensor)
+            return tensor
+        key = str(handle["name"])
+        whole = self._mapped.get(key)
+        if whole is None:
+            whole = open_buffer(handle | {"offset": 0, "numel": int(handle["size"])})
+        self._keep(key, whole)
+        offset, numel = int(handle["offset"]), int(handle["numel"])
+        if offset + numel > whole.numel():
+            raise SharedBufferError(
+                f"bytes {offset}..{offset + numel} lie outside segment of {whole.numel()}"
+            )
+        return whole[offset : offset + numel]
+
+    def _keep(self, key: str, tensor: torch.Tensor) -> None:
+        self._mapped[key] = tensor
+        self._mapped.move_to_end(key)
+        while len(self._mapped) > self.keep:
+            self._mapped.popitem(last=False)

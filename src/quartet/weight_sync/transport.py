@@ -47,11 +47,11 @@ from quartet.weight_sync.buckets import (
 from quartet.weight_sync.frames import PROTOCOL, Posted, SyncProgress, SyncStats, post_frame, recv_frame
 from quartet.weight_sync.group import WeightSyncGroup
 from quartet.weight_sync.shared import (
+    MappedBuffers,
     SharedBufferError,
     allocate_shared,
     export_buffer,
     gpu_uuid,
-    open_buffer,
     visible_gpus,
 )
 
@@ -106,16 +106,39 @@ def _shared_device(transport: SyncTransport) -> torch.device | None:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _allocator(device: torch.device | None) -> Allocate | None:
-    return None if device is None else (lambda nbytes: allocate_shared(nbytes, device))
-
-
 class _HeldBuffers:
-    """The sender's shared bucket buffers that receivers may still read: freed once all acknowledged."""
+    """The sender's shared bucket buffers: those receivers may still read (`held`, in bucket order) and
+    those every receiver acknowledged (`free`), which later buckets of the sync reuse, because making a
+    shared buffer costs far more than filling one (a new shared-memory segment; on the receivers, opening a
+    new CUDA IPC handle). All are dropped with this object at the end of the sync."""
 
-    def __init__(self, progress: SyncProgress) -> None:
-        self.progress = progress
+    KEEP_FREE = 2
+
+    def __init__(self, progress: SyncProgress, bucket_bytes: int) -> None:
+        self.progress, self.bucket_bytes = progress, bucket_bytes
         self.held: deque[tuple[int, torch.Tensor]] = deque()
+        self.free: list[torch.Tensor] = []
+        self._bases: dict[int, torch.Tensor] = {}
+
+    def allocator(self, device: torch.device | None) -> Allocate | None:
+        """Makes bucket buffers on `device` from the free ones when one is large enough (None: broadcast)."""
+        if device is None:
+            return None
+
+        def allocate(nbytes: int) -> torch.Tensor:
+            fits = [i for i, b in enumerate(self.free) if b.device == device and b.numel() >= nbytes]
+            if fits:
+                base = self.free.pop(fits[0])
+            else:  # too small ones are dropped first: never more than two buffers at a time
+                self.free.clear()
+                # a full-sized bucket gets room for any later one; a small model's only bucket does not
+                capacity = max(nbytes, self.bucket_bytes) if 2 * nbytes >= self.bucket_bytes else nbytes
+                base = allocate_shared(capacity, device)
+            view = base[:nbytes]
+            self._bases[id(view)] = base
+            return view
+
+        return allocate
 
     def release_until(self, keep: int) -> None:
         """Wait for the acknowledgements of the oldest buffers until at most `keep` are held."""
@@ -134,7 +157,9 @@ class _HeldBuffers:
                     "until then"
                 )
                 raise progress.error(stage, problem, broken=True)
-            self.held.popleft()
+            _, buffer = self.held.popleft()
+            self.free.append(self._bases.pop(id(buffer)))
+            del self.free[: -self.KEEP_FREE]
 
 
 class WeightSender:
@@ -192,11 +217,11 @@ class WeightSender:
                 f"{gpu_uuid(device)}, so its IPC handles cannot open there; use 'broadcast' for them"
             )
         progress = SyncProgress(self.group, version, timeout_s)
-        held = _HeldBuffers(progress)
+        held = _HeldBuffers(progress, self.bucket_bytes)
         begin = {"kind": "begin", "protocol": PROTOCOL, "version": version, "transport": transport.value}
         pending = post_frame(progress, begin, None, "begin")
         pending_bytes = 0
-        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.group.device, _allocator(device))
+        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.group.device, held.allocator(device))
         while True:
             held.release_until(1)  # shared: at most this buffer and the next one alive at a time
             try:
@@ -273,7 +298,7 @@ class WeightReceiver:
             problem = f"expected a protocol {PROTOCOL} begin frame, got {str(begin)[:200]}"
             raise progress.error("begin", problem, broken=True)
         progress.version = version = int(begin["version"])
-        shared = SyncTransport(begin["transport"]) is not SyncTransport.BROADCAST
+        mapped = None if begin["transport"] == SyncTransport.BROADCAST else MappedBuffers()
         load_error: tuple[int, Exception] | None = None
         while True:
             stage = f"bucket {progress.buckets} or end"
@@ -289,7 +314,7 @@ class WeightReceiver:
             if header["kind"] != "bucket" or header.get("index") != progress.buckets:
                 problem = f"expected bucket {progress.buckets}, got {str(header)[:200]}"
                 raise progress.error(stage, problem, broken=True)
-            failed = self._take_bucket(progress, header, payload if not shared else None, load, load_error)
+            failed = self._take_bucket(progress, header, mapped or payload, load, load_error)
             load_error = load_error or failed
             del payload  # hold at most one bucket while waiting for the next
         got = (progress.buckets, progress.tensors, progress.bytes_done)
@@ -308,19 +333,18 @@ class WeightReceiver:
         self,
         progress: SyncProgress,
         header: dict[str, Any],
-        payload: torch.Tensor | None,
+        source: torch.Tensor | MappedBuffers,
         load: Callable[[NamedTensors], None],
         load_error: tuple[int, Exception] | None,
     ) -> tuple[int, Exception] | None:
-        """Unpack one bucket from `payload` (None: map the sender's shared buffer its handle names) and load
-        it unless an earlier bucket's load failed; a shared bucket is then acknowledged, once its memory is
-        no longer read here. Returns (index, error) when `load` raised."""
+        """Unpack one bucket from its payload, or (shared) from the sender's buffer its handle names, and
+        load it unless an earlier bucket's load failed; a shared bucket is then acknowledged, once its memory
+        is no longer read here. Returns (index, error) when `load` raised."""
         index, stage = progress.buckets, f"bucket {progress.buckets}"
         try:
-            if payload is None:
-                payload = open_buffer(header["handle"])
-                if payload.numel() != header["nbytes"]:
-                    raise ValueError(f"the shared buffer has {payload.numel()} bytes, not {header['nbytes']}")
+            payload = source.open(header["handle"]) if isinstance(source, MappedBuffers) else source
+            if isinstance(source, MappedBuffers) and payload.numel() != header["nbytes"]:
+                raise ValueError(f"the shared buffer has {payload.numel()} bytes, not {header['nbytes']}")
             metas = [TensorMeta.from_wire(item) for item in header["tensors"]]
             tensors = unpack_bucket(metas, payload)
         except SharedBufferError as exc:
