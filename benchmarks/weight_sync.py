@@ -2,12 +2,15 @@
 
     .venv/bin/python benchmarks/weight_sync.py    # a Qwen2 of hidden 256, 8 layers; 1 receiver
     .venv/bin/python benchmarks/weight_sync.py --receivers 2 --bucket-mib 16
+    .venv/bin/python benchmarks/weight_sync.py --transport shm     # buckets as shared-memory handles
 
 Two (or more) real processes on a standalone gloo group (`quartet.weight_sync`): the sender streams the
 weights of a tiny Qwen2 built from a config (no download) in buckets of `--bucket-mib`; in the same run and
 the same group, a plain broadcast of the same number of bytes as one tensor gives the floor. Reported per
 repeat: seconds, GB/s, and the ratio sync / plain (1.0 = no cost beyond moving the bytes). Writes
-`benchmarks/results/weight_sync.json`.
+`benchmarks/results/weight_sync.json`. With `--transport shm` the buckets stay in the sender's shared memory
+and only handles travel (the CPU twin of CUDA IPC); each receiver then copies every tensor out (what the
+broadcast does for it), and the record is `weight_sync_shm.json`.
 """
 
 from __future__ import annotations
@@ -42,20 +45,29 @@ def model_weights(hidden: int, layers: int) -> list[tuple[str, torch.Tensor]]:
     return [(n, p.detach()) for n, p in model.named_parameters()]
 
 
-def _receiver(port: int, world: int, rank: int, repeats: int, timeout: float, out: Any) -> None:
+def _copy_out(tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """A shared bucket is the sender's memory: the bytes reach this process only when copied out."""
+    for _, tensor in tensors:
+        tensor.clone()
+
+
+def _receiver(port: int, world: int, rank: int, repeats: int, timeout: float, shared: bool, out: Any) -> None:
     from quartet.weight_sync import GroupConfig, WeightReceiver, connect, measure_plain_broadcast
 
     group = connect(GroupConfig(HOST, port, world, timeout_s=timeout), rank)
     receiver = WeightReceiver(group)
+    load = _copy_out if shared else (lambda tensors: None)
     with group:
         for _ in range(repeats):
-            stats = receiver.receive(lambda tensors: None, timeout_s=timeout)
+            stats = receiver.receive(load, timeout_s=timeout)
             measure_plain_broadcast(group, stats.bytes, timeout_s=timeout)
     out.put(("done", rank))
 
 
-def run(receivers: int, bucket_mib: int, repeats: int, hidden: int, layers: int) -> dict[str, Any]:
-    from quartet.weight_sync import GroupConfig, WeightSender, listen, measure_plain_broadcast
+def run(
+    receivers: int, bucket_mib: int, repeats: int, hidden: int, layers: int, transport: str = "broadcast"
+) -> dict[str, Any]:
+    from quartet.weight_sync import GroupConfig, SyncTransport, WeightSender, listen, measure_plain_broadcast
 
     weights = model_weights(hidden, layers)
     params = sum(t.numel() for _, t in weights)
@@ -65,14 +77,16 @@ def run(receivers: int, bucket_mib: int, repeats: int, hidden: int, layers: int)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_receiver, args=(listener.port, world, r, repeats, timeout, out))
+        ctx.Process(
+            target=_receiver, args=(listener.port, world, r, repeats, timeout, transport != "broadcast", out)
+        )
         for r in range(1, world)
     ]
     for p in procs:
         p.start()
     rows = []
     with listener.accept() as group:
-        sender = WeightSender(group, bucket_bytes=bucket_mib * 2**20)
+        sender = WeightSender(group, bucket_mib * 2**20, SyncTransport(transport))
         for version in range(1, repeats + 1):
             stats = sender.send(iter(weights), version=version, timeout_s=timeout)
             plain = measure_plain_broadcast(group, stats.bytes, timeout_s=timeout)
@@ -105,12 +119,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--transport", choices=["broadcast", "shm"], default="broadcast")
     parser.add_argument("--smoke", action="store_true", help="CI: a 2-layer hidden-64 model, 1 MiB buckets")
     args = parser.parse_args()
     if args.smoke:
         args.hidden, args.layers, args.repeats, args.bucket_mib = 64, 2, 2, 1
     start = time.perf_counter()
-    result = run(args.receivers, args.bucket_mib, args.repeats, args.hidden, args.layers)
+    result = run(args.receivers, args.bucket_mib, args.repeats, args.hidden, args.layers, args.transport)
     rows = result["rows"][1:] or result["rows"]  # the first sync warms the group up
     print(
         table(
@@ -144,7 +159,8 @@ def main() -> None:
     }
     settings = vars(args) | {"backend": "gloo", "host": HOST}
     settings.pop("out_dir")
-    path = write_result("weight_sync", settings, result["rows"], summary, args.out_dir)
+    name = "weight_sync" if args.transport == "broadcast" else "weight_sync_shm"
+    path = write_result(name, settings, result["rows"], summary, args.out_dir)
     print(f"wrote {path}")
 
 

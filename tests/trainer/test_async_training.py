@@ -66,10 +66,14 @@ def _config(tiny_model_dir: Path, tmp_path: Path, *overrides: str) -> QuartetCon
     return load_config(None, [*BASE, *paths, *overrides])
 
 
+# auto: gloo here (no CUDA); shm: the buckets as shared-memory handles between two Ray workers (unrelated
+# processes), the protocol of CUDA IPC (quartet.weight_sync.shared): its wiring end to end on CPU, slow
+# (~55 s here) because it repeats the whole run for the transport alone
+@pytest.mark.parametrize("transport", ["auto", pytest.param("shm", marks=pytest.mark.slow)])
 def test_cross_process_sync_is_bitwise_and_logprobs_match(
-    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, transport: str
 ) -> None:
-    cfg = _config(tiny_model_dir, tmp_path)
+    cfg = _config(tiny_model_dir, tmp_path, f"rollout.weight_sync.transport={transport}")
     workers = start_workers(
         cfg, plan_step(cfg), str(tiny_model_dir), RunNames.new("quartet-tests", "sync"), 2
     )
@@ -91,6 +95,8 @@ def test_cross_process_sync_is_bitwise_and_logprobs_match(
         for step in (1, 2):
             metrics = runner.run(source, step).metrics
             assert metrics["weight_sync/version"] == step and metrics["weight_sync/bytes"] > 0
+            assert metrics["weight_sync/cuda_ipc"] == 0.0  # no CUDA here, whatever the setting
+            assert metrics["weight_sync/shared"] == float(transport == "shm")
         actor, engine = _weights(workers.actor, "module"), _weights(workers.rollout, "model")
         assert any(not torch.equal(before[k], actor[k]) for k in actor)  # the update moved them
         assert sorted(actor) == sorted(engine)

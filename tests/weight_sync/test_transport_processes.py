@@ -1,6 +1,7 @@
-"""Weight sync between real separate processes (spawned): 1 sender to 1 and to 2 receivers, and a receiver
-that dies before the sync. Receivers report sha256 digests of what arrived; the test compares them with
-digests of the sender's weights rebuilt here from the same seeds."""
+"""Weight sync between real separate processes (spawned): 1 sender to 1 and to 2 receivers (bytes broadcast,
+or handed out as shared-memory buffers, and over CUDA IPC on one GPU where there is one), a receiver that
+dies before the sync, and one that never acknowledges a shared buffer. Receivers report sha256 digests of
+what arrived; the test compares them with digests of the sender's weights rebuilt here from the same seeds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import weight_sync_workers as workers
 
 from quartet.weight_sync import SyncStats
@@ -66,12 +68,22 @@ def processes() -> Iterator[Processes]:
         procs.stop()
 
 
-@pytest.mark.parametrize("receivers", [1, 2])
-def test_syncs_arrive_bitwise_in_every_receiver(processes: Processes, receivers: int, tmp_path: Path) -> None:
+GPU = pytest.param(
+    1,
+    "cuda_ipc",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+
+
+@pytest.mark.parametrize(("receivers", "transport"), [(1, "broadcast"), (2, "broadcast"), (1, "shm"), GPU])
+def test_syncs_arrive_bitwise_in_every_receiver(
+    processes: Processes, receivers: int, transport: str, tmp_path: Path
+) -> None:
     versions = [1, 2, 3]
     world = receivers + 1
     ports = CTX.Queue()  # all processes start together; receivers wait here for the sender's port
-    processes.start(workers.run_sender, ports, world, versions, str(tmp_path / "default_group"))
+    default_group = str(tmp_path / "default_group")
+    processes.start(workers.run_sender, ports, world, versions, default_group, transport)
     for rank in range(1, world):
         processes.start(workers.run_receiver, ports, rank, world, len(versions))
 
@@ -121,4 +133,20 @@ def test_a_receiver_that_died_fails_the_sync_within_the_timeout(processes: Proce
     assert "version 7" in message and "failed at" in message
     # the sync's 5 s timeout fired, not the group's 30 s one (weight_sync_workers): a busy machine may add
     # seconds of scheduling to the 5, never 10
+    assert seconds < 15
+
+
+def test_a_receiver_that_never_acknowledges_fails_the_sender_naming_it(processes: Processes) -> None:
+    ports = CTX.Queue()  # with two receivers, only the stalled one is named: test_shared_transport.py
+    processes.start(workers.run_acking_sender, ports, 2, 5.0)
+    go = CTX.Event()
+    processes.start(workers.run_stalled_receiver, ports, 1, 2, go)  # its loader hangs on bucket 0
+    processes.next("joined")
+    message, stage, seconds = processes.next("failed")[3]
+    go.set()  # unstick it, so both processes finish the broadcasts in flight and exit on their own
+    processes.join()
+    assert stage == "bucket 0 acknowledgement", message
+    assert "receiver rank(s) [1] did not acknowledge bucket 0" in message
+    assert "version 5" in message
+    # the sync's 5 s timeout fired, not the group's 30 s one; scheduling may add seconds, never 10
     assert seconds < 15

@@ -6,6 +6,7 @@ as kind "error" with its traceback, so the test fails with the child's message i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -19,7 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from quartet.weight_sync import GroupConfig, WeightReceiver, WeightSender, WeightSyncError, connect, listen
+from quartet.weight_sync import (
+    GroupConfig,
+    SyncTransport,
+    WeightReceiver,
+    WeightSender,
+    WeightSyncError,
+    connect,
+    listen,
+)
 
 HOST = "127.0.0.1"
 BUCKET_BYTES = 8192  # small: the weights below span ~10 buckets, one tensor is larger than a bucket
@@ -57,7 +66,7 @@ def make_weights(version: int) -> Named:
 
 def digest(tensor: torch.Tensor) -> str:
     """sha256 of the tensor's bytes in row-major order (written independently of the package's packing)."""
-    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     return hashlib.sha256(data).hexdigest()
 
 
@@ -71,11 +80,17 @@ def _report_errors(queue: Queue[Report], role: str, rank: int) -> None:
 
 
 def run_sender(
-    queue: Queue[Report], ports: Queue[int], world_size: int, versions: list[int], default_group_file: str
+    queue: Queue[Report],
+    ports: Queue[int],
+    world_size: int,
+    versions: list[int],
+    default_group_file: str,
+    transport: str = "broadcast",
 ) -> None:
     """Rank 0: owns a default torch.distributed group (as an FSDP trainer would), then sends each version.
 
-    The port (picked by the OS) goes once per receiver into `ports`, which the receivers wait on.
+    The port (picked by the OS) goes once per receiver into `ports`, which the receivers wait on. With the
+    `cuda_ipc` transport the weights are moved to the GPU first, as a trainer's would be.
     """
     try:
         # the trainer's own group, world of 1: weight sync must neither need it nor disturb it
@@ -84,9 +99,11 @@ def run_sender(
         for _ in range(world_size - 1):
             ports.put(listener.port)
         with listener.accept() as group:
-            sender = WeightSender(group, bucket_bytes=BUCKET_BYTES)
+            sender = WeightSender(group, BUCKET_BYTES, SyncTransport(transport))
+            device = "cuda" if transport == SyncTransport.CUDA_IPC else "cpu"
             for version in versions:
-                stats = sender.send(iter(make_weights(version)), version, timeout_s=30)
+                weights = [(name, t.to(device)) for name, t in make_weights(version)]
+                stats = sender.send(iter(weights), version, timeout_s=30)
                 queue.put(("sender", 0, "sent", stats))
         total = torch.ones(1)
         dist.all_reduce(total)  # the default group still works after the weight-sync group came and went
@@ -150,3 +167,37 @@ def run_dying_receiver(queue: Queue[Report], port: int) -> None:
     queue.close()
     queue.join_thread()  # flush the report: os._exit skips the queue's feeder thread
     os._exit(0)
+
+
+def run_acking_sender(queue: Queue[Report], ports: Queue[int], world_size: int, timeout_s: float) -> None:
+    """Rank 0 over shared memory, whose last receiver never acknowledges: reports the error and its time."""
+    try:
+        listener = listen(GroupConfig(HOST, 0, world_size, timeout_s=30))
+        for _ in range(world_size - 1):
+            ports.put(listener.port)
+        with listener.accept() as group:
+            start = time.perf_counter()
+            sender = WeightSender(group, BUCKET_BYTES, SyncTransport.SHM)
+            try:
+                sender.send(iter(make_weights(5)), 5, timeout_s)
+            except WeightSyncError as exc:
+                queue.put(("sender", 0, "failed", (str(exc), exc.stage, time.perf_counter() - start)))
+            else:
+                queue.put(("sender", 0, "failed", ("no error raised", "", time.perf_counter() - start)))
+    except Exception:
+        _report_errors(queue, "sender", 0)
+
+
+def run_stalled_receiver(
+    queue: Queue[Report], ports: Queue[int], rank: int, world_size: int, go: Event
+) -> None:
+    """A receiver whose loader hangs on the first bucket (a stuck engine) until the test says `go`, so it
+    does not acknowledge it in time; then it gives up on the sync (its own 8 s timeout) and exits cleanly."""
+    try:
+        port = ports.get(timeout=60)
+        with connect(GroupConfig(HOST, port, world_size, timeout_s=30), rank) as group:
+            queue.put(("receiver", rank, "joined", None))
+            with contextlib.suppress(WeightSyncError):  # the sender gave up on it: the rest fails
+                WeightReceiver(group).receive(lambda tensors: go.wait(60), timeout_s=8)
+    except Exception:
+        _report_errors(queue, "receiver", rank)

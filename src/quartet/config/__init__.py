@@ -22,6 +22,7 @@ from quartet.config.rollout import (
     SamplingConfig,
     WeightApply,
     WeightSyncConfig,
+    WeightTransport,
 )
 from quartet.config.root import QuartetConfig
 from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
@@ -61,6 +62,7 @@ __all__ = [
     "RolloutMode",
     "TrainerMode",
     "WeightApply",
+    "WeightTransport",
     "WeightSyncConfig",
     "SFTBuiltinConfig",
     "SFTConfig",

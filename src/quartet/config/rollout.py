@@ -19,6 +19,7 @@ __all__ = [
     "SamplingConfig",
     "ServerConfig",
     "WeightApply",
+    "WeightTransport",
     "WeightSyncConfig",
 ]
 
@@ -208,6 +209,20 @@ class WeightApply(StrEnum):
     by one version."""
 
 
+class WeightTransport(StrEnum):
+    """How the actor's weight buckets reach rollout replicas on a pool of their own."""
+
+    AUTO = "auto"
+    """`cuda_ipc` when every replica is on the actor's node and the weights are on CUDA, else `gloo`."""
+    GLOO = "gloo"
+    """Each bucket's bytes broadcast over a gloo group (through host memory); works across nodes."""
+    CUDA_IPC = "cuda_ipc"
+    """Same node only: replicas map the actor's packed bucket on the GPU through a CUDA IPC handle and copy
+    from it device to device (no host copy); each replica must see the actor's GPU."""
+    SHM = "shm"
+    """Same node only: buckets in host shared memory, mapped by the replicas (the CPU twin of cuda_ipc)."""
+
+
 @dataclass(frozen=True)
 class WeightSyncConfig:
     """How the actor's weights reach rollout replicas on a pool of their own (`cluster.separate_pools`)."""
@@ -223,9 +238,20 @@ class WeightSyncConfig:
     apply: WeightApply = WeightApply.BETWEEN_STEPS
     """When a replica applies the weights that arrived (it receives them while it keeps generating)."""
 
+    transport: WeightTransport = WeightTransport.AUTO
+    """How buckets travel: auto, gloo, cuda_ipc or shm (the last two need every replica on the actor's
+    node; docs/async.md)."""
+
     def __post_init__(self) -> None:
         require(1 <= self.bucket_mb <= 65536, "bucket_mb", f"must lie in [1, 65536], got {self.bucket_mb}")
         require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        require(
+            self.transport in tuple(WeightTransport),
+            "transport",
+            f"unknown transport {self.transport!r}",
+            f"choose one of {[t.value for t in WeightTransport]}",
+        )
+        object.__setattr__(self, "transport", WeightTransport(self.transport))
 
     @property
     def bucket_bytes(self) -> int:

@@ -24,6 +24,7 @@ import torch
 from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.model import LoraConfig
 from quartet.config.roles import ActorConfig, MicroBatching
+from quartet.config.rollout import WeightTransport
 from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode, TISMode
 from quartet.core.entropy import entropy_bonus
@@ -103,9 +104,12 @@ class Actor(EngineRole):
         return self.publisher.open(receivers, bucket_bytes, timeout_s)
 
     @dispatch(Split.BROADCAST)
-    def accept_weight_stream(self) -> None:
-        """Rank 0 waits until every replica joined (bounded by the stream's timeout)."""
-        self.publisher.accept()
+    def accept_weight_stream(
+        self, transport: WeightTransport = WeightTransport.GLOO, same_node: bool = False
+    ) -> None:
+        """Rank 0 waits until every replica joined (bounded by the stream's timeout); `transport` is
+        `rollout.weight_sync.transport`, `same_node` whether every replica is on rank 0's node."""
+        self.publisher.accept(transport, same_node)
 
     @dispatch(Split.BROADCAST)
     def publish_weights(self, version: int) -> dict[str, float]:

@@ -17,27 +17,29 @@ between two decode steps or once no generation is in flight (`rollout.weight_syn
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from quartet.config.rollout import WeightApply
+from quartet.config.rollout import WeightApply, WeightTransport
 from quartet.weight_sync import (
     GroupConfig,
     GroupListener,
+    SyncTransport,
     WeightReceiver,
     WeightSender,
     connect,
     listen,
 )
 
-__all__ = ["GenerationLock", "WeightPublisher", "WeightSubscriber", "node_address"]
+__all__ = ["GenerationLock", "WeightPublisher", "WeightSubscriber", "choose_transport", "node_address"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,42 @@ class GenerationLock:
         self.release()
 
 
+def choose_transport(
+    setting: WeightTransport, same_node: bool, on_cuda: bool, gpu_shared: bool = True
+) -> SyncTransport:
+    """The transport of one sync: `setting` (`rollout.weight_sync.transport`) given whether every replica
+    is on the actor's node, whether the weights being sent live on CUDA, and whether every replica sees the
+    actor's GPU (Ray gives each worker its own CUDA_VISIBLE_DEVICES). An explicit same-node setting with a
+    replica elsewhere is refused (a handle means nothing on another node)."""
+    setting = WeightTransport(setting)
+    if setting is WeightTransport.GLOO:
+        return SyncTransport.BROADCAST
+    if setting is WeightTransport.AUTO:
+        ipc = same_node and on_cuda and gpu_shared
+        return SyncTransport.CUDA_IPC if ipc else SyncTransport.BROADCAST
+    if not same_node:
+        raise ValueError(
+            f"rollout.weight_sync.transport={setting.value} needs every rollout replica on the actor's node, "
+            "but some are elsewhere; use transport=auto (or gloo)"
+        )
+    if setting is WeightTransport.CUDA_IPC and not torch.cuda.is_available():
+        raise ValueError(
+            "rollout.weight_sync.transport=cuda_ipc needs CUDA on the actor; use auto, gloo or shm on CPU"
+        )
+    return SyncTransport.CUDA_IPC if setting is WeightTransport.CUDA_IPC else SyncTransport.SHM
+
+
+def _peek_device(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> tuple[torch.device, Iterator[tuple[str, torch.Tensor]]]:
+    """The device of the stream's first tensor (cpu when empty), and the whole stream again."""
+    stream = iter(named)
+    first = next(stream, None)
+    if first is None:
+        return torch.device("cpu"), stream
+    return first[1].device, itertools.chain([first], stream)
+
+
 class WeightPublisher:
     """The trainer's end: rank 0 listens and sends; every rank gathers its shards when asked to publish."""
 
@@ -107,6 +145,7 @@ class WeightPublisher:
         self.listener: GroupListener | None = None
         self.sender: WeightSender | None = None
         self.timeout_s = 300.0
+        self.transport, self.same_node = WeightTransport.GLOO, False
 
     def open(self, receivers: int, bucket_bytes: int, timeout_s: float) -> tuple[str, int] | None:
         """Rank 0 binds the group's store (a free port) and returns (address, port); other ranks None."""
@@ -117,10 +156,13 @@ class WeightPublisher:
         self.listener = listen(config)
         return config.host, self.listener.port
 
-    def accept(self) -> None:
-        """Rank 0 waits (at most the timeout) until every receiver joined."""
+    def accept(self, transport: WeightTransport = WeightTransport.GLOO, same_node: bool = False) -> None:
+        """Rank 0 waits (at most the timeout) until every receiver joined; `transport` is the configured
+        setting, `same_node` whether every receiver is on this node (checked now for explicit settings)."""
+        self.transport, self.same_node = WeightTransport(transport), same_node
         if self.listener is None:
             return
+        choose_transport(self.transport, same_node, on_cuda=False)  # refuse a bad setting before any sync
         group = self.listener.accept()
         self.sender = WeightSender(group, self.bucket_bytes)
 
@@ -132,8 +174,15 @@ class WeightPublisher:
             for _ in named:  # the gather is a collective: every trainer rank walks the same parameters
                 pass
             return {}
-        stats = self.sender.send(named, version, self.timeout_s)
+        device, stream = _peek_device(named)
+        on_cuda = device.type == "cuda"
+        auto_ipc = on_cuda and self.same_node and self.transport is WeightTransport.AUTO
+        shared = auto_ipc and not self.sender.receivers_without_gpu(device)
+        self.sender.transport = choose_transport(self.transport, self.same_node, on_cuda, shared)
+        stats = self.sender.send(stream, version, self.timeout_s)
         return {
+            "weight_sync/cuda_ipc": float(self.sender.transport is SyncTransport.CUDA_IPC),
+            "weight_sync/shared": float(self.sender.transport is not SyncTransport.BROADCAST),
             "weight_sync/bytes": float(stats.bytes),
             "weight_sync/seconds": stats.seconds,
             "weight_sync/buckets": float(stats.buckets),

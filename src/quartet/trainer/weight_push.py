@@ -8,9 +8,10 @@
 - The rollout on a pool of its own (`StreamSync`, `cluster.separate_pools=[rollout]`): actor rank 0 and
   every replica form a weight-sync group once at start (`quartet.roles.weight_stream` over
   `quartet.weight_sync`); each sync publishes the weights numbered by a version, and each replica receives
-  them while it generates. A sync is bounded by `rollout.weight_sync.timeout_s` plus a grace; a replica
-  that dies mid-sync is named at once, one that lags is named with its node, and the error says whether the
-  actor had sent everything.
+  them while it generates (with every replica on the actor's node and the weights on CUDA, the buckets
+  travel as CUDA IPC handles: `rollout.weight_sync.transport`). A sync is bounded by
+  `rollout.weight_sync.timeout_s` plus a grace; a replica that dies mid-sync is named at once, one that lags
+  is named with its node, and the error says whether the actor had sent everything.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from quartet.cluster.errors import WorkerError
 from quartet.cluster.group import Pending, RoleGroup
 from quartet.cluster.hostset import add_sentinel, remove_sentinel
 from quartet.config import QuartetConfig, Role
-from quartet.config.rollout import WeightApply
+from quartet.config.rollout import WeightApply, WeightTransport
 from quartet.roles.actor import Actor
 from quartet.roles.rollout import Rollout
 from quartet.trainer.workers import Workers, mean_over_ranks
@@ -62,11 +63,18 @@ class StreamSync(WeightSync):
     """The rollout on its own pool: weights travel over the weight-sync group that `open` forms."""
 
     def __init__(
-        self, actor: RoleGroup[Actor], rollout: RoleGroup[Rollout], rollout_hosts: HostSet, timeout_s: float
+        self,
+        actor: RoleGroup[Actor],
+        rollout: RoleGroup[Rollout],
+        rollout_hosts: HostSet,
+        timeout_s: float,
+        transport: WeightTransport = WeightTransport.AUTO,
     ) -> None:
         self.actor, self.rollout, self.rollout_hosts = actor, rollout, rollout_hosts
         self.timeout_s = timeout_s
         """`rollout.weight_sync.timeout_s`: the bound on one sync."""
+        self.transport = WeightTransport(transport)
+        """`rollout.weight_sync.transport`: the actor picks the transport of each sync from it."""
 
     def open(self, bucket_bytes: int) -> None:
         """Form the weight-sync group: actor rank 0 listens, every rollout replica joins (bounded waits)."""
@@ -74,10 +82,30 @@ class StreamSync(WeightSync):
         opened = self.actor.call(Actor.open_weight_stream, receivers, bucket_bytes, timeout_s)[0]
         assert opened is not None, "actor rank 0 opens the weight stream"
         host, port = opened
+        same_node = self._all_on_node(host)
         joins = self.rollout.submit(Rollout.join_weight_stream, host, port, receivers + 1, timeout_s)
-        self.actor.call(Actor.accept_weight_stream)
+        self.actor.call(Actor.accept_weight_stream, self.transport, same_node)
         joins.get(timeout_s + 30.0)
-        log.info("weight stream open: actor rank 0 at %s:%d -> %d rollout replica(s)", host, port, receivers)
+        log.info(
+            "weight stream open: actor rank 0 at %s:%d -> %d rollout replica(s) (transport %s, same node %s)",
+            host,
+            port,
+            receivers,
+            self.transport.value,
+            same_node,
+        )
+
+    def _all_on_node(self, host: str) -> bool:
+        """Whether every rollout replica runs on the node at `host` (actor rank 0's); an explicit same-node
+        transport with a replica elsewhere is refused here, before anyone waits on the group."""
+        ips = [_node_ip(self.rollout_hosts, rank) for rank in range(self.rollout.world_size)]
+        same_node = all(ip == host for ip in ips)
+        if not same_node and self.transport in (WeightTransport.CUDA_IPC, WeightTransport.SHM):
+            raise ValueError(
+                f"rollout.weight_sync.transport={self.transport.value} needs every rollout replica on the "
+                f"actor's node {host}, but they run on {sorted({str(ip) for ip in ips})}; use auto or gloo"
+            )
+        return same_node
 
     def sync(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
         sent = self.actor.submit(Actor.publish_weights, version)
@@ -131,12 +159,21 @@ class StreamSync(WeightSync):
         return rank, self.rollout_hosts.node_of(rank)
 
 
+def _node_ip(hosts: HostSet, rank: int) -> str | None:
+    """The IP of the node running `rank` of a pool (None when unknown, e.g. before the hosts reported)."""
+    if rank < len(hosts.nodes):
+        return str(hosts.nodes[rank]["ip"])
+    slots = hosts.pool.slots if hosts.pool else []
+    return str(slots[rank].node_ip) if rank < len(slots) else None
+
+
 def open_weight_sync(cfg: QuartetConfig, workers: Workers) -> WeightSync:
     """The run's weight sync; with the rollout on its own pool, the stream is opened here (the caller shuts
     the workers down if this fails)."""
     if not workers.rollout_separate:
         return InProcessSync(workers.rollout)
     settings = cfg.rollout.weight_sync
-    stream = StreamSync(workers.actor, workers.rollout, workers.separate[Role.ROLLOUT], settings.timeout_s)
+    hosts = workers.separate[Role.ROLLOUT]
+    stream = StreamSync(workers.actor, workers.rollout, hosts, settings.timeout_s, settings.transport)
     stream.open(settings.bucket_bytes)
     return stream

@@ -5,7 +5,8 @@ The first building block of asynchronous RL, where the rollout engines are not i
 torch.distributed's default group alone; `buckets` packs named tensors into flat byte buckets and back,
 bitwise; `frames` is the wire format and the per-sync deadline; `transport` streams one versioned sync
 bucket by bucket (`WeightSender.send`, `WeightReceiver.receive`), with every wait bounded and failures
-raised as `WeightSyncError`.
+raised as `WeightSyncError`; `shared` lets a same-node sender hand out bucket buffers instead of bytes
+(CUDA IPC handles, or host shared memory on CPU; `SyncTransport`).
 
 Importing this package imports torch but not Ray.
 """
@@ -32,8 +33,10 @@ from quartet.weight_sync.group import (
     create_group,
     listen,
 )
+from quartet.weight_sync.shared import SharedBufferError, allocate_shared, export_buffer, open_buffer
 from quartet.weight_sync.transport import (
     ReceivedWeights,
+    SyncTransport,
     WeightReceiver,
     WeightSender,
     measure_plain_broadcast,
@@ -48,17 +51,22 @@ __all__ = [
     "GroupListener",
     "ReceivedWeights",
     "SyncBackend",
+    "SharedBufferError",
     "SyncStats",
+    "SyncTransport",
     "TensorMeta",
     "WeightReceiver",
     "WeightSender",
     "WeightSyncError",
     "WeightSyncGroup",
+    "allocate_shared",
     "connect",
     "create_group",
+    "export_buffer",
     "iter_buckets",
     "listen",
     "measure_plain_broadcast",
+    "open_buffer",
     "pack_bucket",
     "plan_buckets",
     "unpack_bucket",

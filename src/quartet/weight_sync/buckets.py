@@ -15,7 +15,7 @@ can view each slice back as its dtype without a copy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -144,15 +144,22 @@ def plan_buckets(items: Iterable[tuple[T, int]], bucket_bytes: int) -> Iterator[
         yield group
 
 
+Allocate = Callable[[int], torch.Tensor]
+"""Makes a bucket's 1-D uint8 buffer of the given size (e.g. in memory another process can map)."""
+
+
 def pack_bucket(
-    placed: Sequence[tuple[tuple[str, torch.Tensor], int]], device: torch.device | str = "cpu"
+    placed: Sequence[tuple[tuple[str, torch.Tensor], int]],
+    device: torch.device | str = "cpu",
+    allocate: Allocate | None = None,
 ) -> Bucket:
-    """Copy each placed `((name, tensor), offset)` (as `plan_buckets` yields them) into one new buffer."""
+    """Copy each placed `((name, tensor), offset)` (as `plan_buckets` yields them) into one new buffer,
+    made by `allocate(nbytes)` when given, else a plain tensor on `device`."""
     if not placed:
         raise ValueError("a bucket needs at least one tensor")
     sources = [(name, tensor_bytes(tensor), tensor, offset) for (name, tensor), offset in placed]
     size = sources[-1][3] + sources[-1][1].numel()
-    buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    buffer = torch.empty(size, dtype=torch.uint8, device=device) if allocate is None else allocate(size)
     metas = []
     end = 0
     for name, raw, tensor, offset in sources:
@@ -167,8 +174,10 @@ def iter_buckets(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     device: torch.device | str = "cpu",
+    allocate: Allocate | None = None,
 ) -> Iterator[Bucket]:
-    """Pack a stream of `(name, tensor)` into buckets of at most `bucket_bytes`, lazily, in stream order."""
+    """Pack a stream of `(name, tensor)` into buckets of at most `bucket_bytes`, lazily, in stream order
+    (each buffer from `allocate` when given, see `pack_bucket`)."""
 
     def sized() -> Iterator[tuple[tuple[str, torch.Tensor], int]]:
         for name, tensor in named_tensors:
@@ -176,7 +185,7 @@ def iter_buckets(
             yield (name, checked), checked.numel() * checked.element_size()
 
     for placed in plan_buckets(sized(), bucket_bytes):
-        yield pack_bucket(placed, device)
+        yield pack_bucket(placed, device, allocate)
 
 
 def unpack_bucket(metas: Sequence[TensorMeta], buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -159,6 +159,46 @@ class WeightSyncGroup:
         if not work.wait(timedelta(seconds=max(timeout_s, 0.001))):
             raise RuntimeError(f"operation did not finish within {timeout_s:.3g} s")
 
+    def set_info(self, key: str, value: str) -> None:
+        """Publish a small fact about this rank (e.g. the GPUs it sees) for the sender to read."""
+        if self._store is None:
+            raise RuntimeError("weight-sync group is closed")
+        self._store.set(f"info/{key}/{self.rank}", value)
+
+    def gather_info(self, key: str, timeout_s: float) -> list[str | None]:
+        """The sender reads every receiver's `set_info(key)` (index 0 is rank 1), waiting at most
+        `timeout_s` for them; None for a receiver that has not published it by then."""
+        if self._store is None:
+            raise RuntimeError("weight-sync group is closed")
+        keys = [f"info/{key}/{rank}" for rank in range(1, self.world_size)]
+        with contextlib.suppress(RuntimeError):  # a timeout: the missing ones read as None below
+            self._store.wait(keys, timedelta(seconds=max(timeout_s, 0.001)))
+        return [self._store.get(k).decode() if self._store.check([k]) else None for k in keys]
+
+    def acknowledge(self, key: str) -> None:
+        """A receiver marks `key` (e.g. one bucket of one version) done, through the sender's store.
+
+        The collectives only go from rank 0 outwards; acknowledgements go back through the store, which
+        every rank already reaches (the shared-buffer transport frees a bucket only once all ranks said so).
+        """
+        if self._store is None:
+            raise RuntimeError("weight-sync group is closed")
+        self._store.set(f"ack/{key}/{self.rank}", "1")
+
+    def wait_acknowledged(self, key: str, timeout_s: float) -> list[int]:
+        """The sender waits (at most `timeout_s`) until every receiver acknowledged `key`; returns the ranks
+        that did not (empty when all did). The keys are removed once all came, so the store stays small."""
+        if self._store is None:
+            raise RuntimeError("weight-sync group is closed")
+        keys = [f"ack/{key}/{rank}" for rank in range(1, self.world_size)]
+        try:
+            self._store.wait(keys, timedelta(seconds=max(timeout_s, 0.001)))
+        except RuntimeError:  # a timeout (DistStoreError); which ranks are missing is counted below
+            return [rank for rank, k in enumerate(keys, start=1) if not self._store.check([k])]
+        for k in keys:
+            self._store.delete_key(k)
+        return []
+
     def close(self) -> None:
         """Shut the backend down and release the store; safe to call twice."""
         backend, self._backend, self._store = self._backend, None, None
