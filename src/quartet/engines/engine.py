@@ -388,13 +388,16 @@ class TrainingEngine:
             return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
         # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
         t = inputs.input_ids.shape[1]
-        keep = torch.arange(t - width - 1, t - 1, device=self.device)
         targets = inputs.input_ids[:, t - width :].to(self.device)
-        logprobs, entropy = self._head(
-            lambda: self._model_call(inputs, logits_to_keep=keep),
-            targets,
-            HeadRequest(targets, temperature, with_entropy, entropy_grad),
-        )
+
+        def logits(fused: bool) -> torch.Tensor:
+            if fused:  # exactly those positions
+                keep = torch.arange(t - width - 1, t - 1, device=self.device)
+                return self._model_call(inputs, logits_to_keep=keep).logits  # type: ignore[no-any-return]
+            return self._model_call(inputs, logits_to_keep=width + 1).logits[:, :-1]  # type: ignore[no-any-return]
+
+        request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
+        logprobs, entropy = self._head(logits, targets, request)
         return ModelOutputs(logprobs=finish(logprobs), entropy=None if entropy is None else finish(entropy))
 
     def _run_packed(
@@ -409,15 +412,16 @@ class TrainingEngine:
         K real response tokens only, scattered back into the [b, R'] layout."""
         packed = pack_inputs(inputs)
 
-        def forward() -> Any:
+        def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
             with self._autocast():
-                return self.module(
+                out = self.module(
                     input_ids=packed.input_ids.to(self.device),
                     position_ids=packed.position_ids.to(self.device),
                     logits_to_keep=packed.keep.to(self.device),
                     use_cache=False,
                     quartet_bounds=packed.bounds,
                 )
+            return out.logits  # type: ignore[no-any-return]
 
         where = packed.response_mask.to(self.device)
 
@@ -428,23 +432,23 @@ class TrainingEngine:
 
         targets = packed.targets.to(self.device).unsqueeze(0)
         request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
-        logprobs, entropy = self._head(forward, targets, request)
+        logprobs, entropy = self._head(logits, targets, request)
         return ModelOutputs(
             logprobs=finish(unpack(logprobs)), entropy=None if entropy is None else finish(unpack(entropy))
         )
 
     def _head(
-        self, forward: Callable[[], Any], targets: torch.Tensor, request: HeadRequest
+        self, forward: Callable[[bool], torch.Tensor], targets: torch.Tensor, request: HeadRequest
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs [b, K] and entropy (or None) of `targets` at the positions `forward` keeps.
+        """Log-probs [b, K] and entropy (or None) of `targets` [b, K] at the positions `forward(fused)` keeps.
 
         Fused (`fused_head`): the lm_head computes them from the hidden states block by block. Plain: the
         model returns the kept logits [b, K, V] and `heads` takes their float32 log-softmax in chunks."""
         if self._lm_head is not None:
             with fused_lm_head(self._lm_head, request):
-                both = forward().logits  # [b, K, 2]
+                both = forward(True)  # [b, K, 2]
             return both[..., 0], both[..., 1] if request.with_entropy else None
-        logits = forward().logits
+        logits = forward(False)
         logprobs = heads.response_logprobs(logits, targets, request.temperature)
         entropy = None
         if request.with_entropy:

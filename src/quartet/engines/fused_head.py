@@ -144,14 +144,19 @@ def _chunk_backward(
     for start, stop in blocks.ranges():
         z = blocks.logits(h, start, stop)
         p = torch.exp(z - lse.unsqueeze(1))
-        g = torch.zeros_like(z)
+        # g = g_lp (onehot - p) - g_ent p (z - E_p[z]) = -p (g_lp + g_ent (z - E_p[z])) + g_lp onehot
+        if g_ent is not None:  # z = -inf has p = 0: zero z there so 0 * inf never appears
+            z_safe = torch.where(p > 0, z, torch.zeros((), device=z.device))
+            coef = (z_safe - mean_z.unsqueeze(1)) * g_ent.unsqueeze(1)
+            if g_lp is not None:
+                coef += g_lp.unsqueeze(1)
+        else:
+            coef = torch.zeros_like(z) if g_lp is None else g_lp.unsqueeze(1)
+        g = p * coef
+        g.neg_()
         if g_lp is not None:
-            g -= p * g_lp.unsqueeze(1)
             inside, column, _ = _target_logits(z, targets, start, stop)
             g.scatter_add_(1, column.unsqueeze(1), torch.where(inside, g_lp, 0.0).unsqueeze(1))
-        if g_ent is not None:
-            z_safe = torch.where(p > 0, z, torch.zeros((), device=z.device))
-            g -= p * (z_safe - mean_z.unsqueeze(1)) * g_ent.unsqueeze(1)
         g /= blocks.temperature  # z = raw / temperature
         g_low = g.to(blocks.dtype)
         grad_h += (g_low @ blocks.weight[start:stop].to(blocks.dtype)).float()
@@ -166,7 +171,7 @@ class _FusedHead(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], bias [V] | None, targets [N]) -> (log-probs [N], entropy [N])."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -181,7 +186,7 @@ class _FusedHead(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             parts = [
                 _chunk_forward(hc, tc, blocks, with_entropy)
-                for hc, tc in zip(h.split(token_chunk), targets.split(token_chunk), strict=True)
+                for hc, tc in zip(torch.split(h, token_chunk), torch.split(targets, token_chunk), strict=True)
             ]
         lse, z_target, mean_z = (torch.cat(c) for c in zip(*parts, strict=True)) if parts else _empty(h)
         logprobs = z_target - lse
@@ -194,7 +199,7 @@ class _FusedHead(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, lse, mean_z = ctx.saved_tensors
         blocks: _Blocks = ctx.blocks
         blocks = _Blocks(weight, bias, blocks.temperature, blocks.dtype, blocks.vocab_block)
@@ -206,10 +211,16 @@ class _FusedHead(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for i in range(0, h.shape[0], chunk):
                 rows = slice(i, i + chunk)
-                g = tuple(None if x is None else x[rows].float() for x in grads)
+                g_lp, g_ent = (None if x is None else x[rows].float() for x in grads)
                 pieces.append(
                     _chunk_backward(
-                        h[rows], targets[rows], (lse[rows], mean_z[rows]), g, blocks, grad_w, grad_b
+                        h[rows],
+                        targets[rows],
+                        (lse[rows], mean_z[rows]),
+                        (g_lp, g_ent),
+                        blocks,
+                        grad_w,
+                        grad_b,
                     )
                 )
         grad_h = torch.cat(pieces).to(hidden.dtype) if pieces else torch.zeros_like(hidden)
@@ -265,7 +276,9 @@ def fused_logprobs_entropy(
     lead = targets.shape
     blocks = _Blocks(weight, bias, float(temperature), _compute_dtype(hidden, weight), vocab_block)
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
-    logprobs, entropy = _FusedHead.apply(flat_h, weight, bias, flat_t, blocks, token_chunk, with_entropy)
+    logprobs, entropy = _FusedHead.apply(  # type: ignore[no-untyped-call]
+        flat_h, weight, bias, flat_t, blocks, token_chunk, with_entropy
+    )
     return logprobs.reshape(lead), entropy.reshape(lead) if with_entropy else None
 
 
@@ -305,7 +318,7 @@ def fused_lm_head(lm_head: nn.Linear, request: HeadRequest) -> Iterator[None]:
     parameters, the lm_head weight among them, around that forward; its gradient reaches the sharded
     parameter as the plain logits' would)."""
     own = lm_head.__dict__.get("forward")
-    lm_head.forward = lambda hidden: request(hidden, lm_head)  # type: ignore[method-assign]
+    lm_head.forward = lambda hidden: request(hidden, lm_head)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -341,6 +354,6 @@ def find_lm_head(module: nn.Module) -> nn.Linear | None:
     if reason is not None:
         log.warning("fused_head is off for %s: %s; the plain logits head runs", type(model).__name__, reason)
         return None
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
     assert isinstance(head, nn.Linear)
     return head
