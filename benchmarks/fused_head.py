@@ -107,7 +107,8 @@ def measure(path: str, block: int, n: int, h: int, v: int, device: str, repeats:
 
 def _in_fresh_process(args: argparse.Namespace, path: str, block: int) -> dict[str, Any]:
     """A CPU measurement in a process of its own (its peak RSS is this path's alone)."""
-    cmd = [sys.executable, __file__, "--one", path, "--block", str(block), "--device", args.device]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", path, "--block", str(block)]
+    cmd += ["--device", args.device]
     cmd += ["--n", str(args.n), "--h", str(args.h), "--v", str(args.v), "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
@@ -128,8 +129,9 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=8192, help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="fused_head", help="result file name (without .json)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (CI)")
     args = parser.parse_args()
-    n, h, v, repeats, blocks = DEFAULTS[args.device]
+    n, h, v, repeats, blocks = (96, 16, 1000, 1, "256") if args.smoke else DEFAULTS[args.device]
     args.blocks = args.blocks or blocks
     args.n, args.h, args.v = args.n or n, args.h or h, args.v or v
     args.repeats = args.repeats or repeats
@@ -139,11 +141,12 @@ def main() -> None:
     runs = [("plain", 0)] + [("fused", int(b)) for b in args.blocks.split(",")]
     raw = []
     for path, block in runs:  # peaks, each path alone
-        if args.device == "cpu":
+        if args.device == "cpu" and not args.smoke:  # (the smoke stays in one interpreter: CI time)
             raw.append(_in_fresh_process(args, path, block))
         else:
             raw.append(measure(path, block, args.n, args.h, args.v, args.device, 0))
-            torch.cuda.empty_cache()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
     # times: the paths alternate round by round, so a change in the machine's load hits them alike
     inputs = _inputs(args.n, args.h, args.v, args.device)
     for _ in range(args.repeats):
