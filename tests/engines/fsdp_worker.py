@@ -36,8 +36,9 @@ def rank_rows(rank: int) -> Batch:
 LORA = LoraConfig(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
 
 
-def make_engine(model_dir: str, lora: LoraConfig | None = None) -> TrainingEngine:
-    return TrainingEngine(EngineSpec(model_dir, ModelKind.CAUSAL_LM, Dtype.FLOAT32, optim=OPTIM, lora=lora))
+def make_engine(model_dir: str, lora: LoraConfig | None = None, fused: bool = False) -> TrainingEngine:
+    spec = EngineSpec(model_dir, ModelKind.CAUSAL_LM, Dtype.FLOAT32, optim=OPTIM, lora=lora, fused_head=fused)
+    return TrainingEngine(spec)
 
 
 def make_reward_engine(reward_dir: str) -> TrainingEngine:
@@ -61,6 +62,13 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, reward_dir: str, 
             engine.save(out_dir / "ckpt")
             logprobs, _ = engine.forward_logprobs(mine, 1.0, MicroSpec(size=1))
             torch.save(logprobs, out_dir / f"logprobs_rank{rank}.pt")
+    fused = make_engine(model_dir, fused=True)  # the lm_head (tied to the embeddings) sharded at the root
+    assert fused.fused_head
+    results["fused"] = fused.train_step(mine, pg_loss, MICRO)
+    torch.save(
+        fused.forward_logprobs(mine, 0.7, MicroSpec(size=2))[0], out_dir / f"fused_logprobs_rank{rank}.pt"
+    )
+    fused.export_hf(out_dir / "hf_fused")
     lora = make_engine(model_dir, LORA)
     results["lora"] = lora.train_step(mine, pg_loss, MICRO)
     lora.export_hf(out_dir / "hf_lora")

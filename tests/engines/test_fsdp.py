@@ -49,6 +49,24 @@ def test_two_rank_update_equals_one_rank_on_all_rows(
 
 
 @pytest.mark.slow
+def test_two_rank_fused_head_update_equals_one_plain_rank(two_ranks: Path, tiny_model_dir: Path) -> None:
+    """FSDP2 shards the root's lm_head (tied to the embeddings); the fused head runs inside the root's
+    forward, so it sees the whole weight and its gradient is reduce-scattered like the plain logits'."""
+    single = make_engine(str(tiny_model_dir))
+    metrics = single.train_step(full_batch(), LOSSES["token"], MICRO)
+    sharded = json.loads((two_ranks / "metrics.json").read_text())["fused"]
+    assert sharded["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
+    assert sharded["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
+    exported = load_file(two_ranks / "hf_fused" / "model.safetensors")
+    params = hf_model(single.module).state_dict()
+    for name, value in exported.items():
+        torch.testing.assert_close(value, params[name], atol=1e-6, rtol=1e-5, msg=name)
+    want, _ = single.forward_logprobs(full_batch(), 0.7, MicroSpec(size=3))
+    got = torch.cat([torch.load(two_ranks / f"fused_logprobs_rank{r}.pt") for r in range(2)])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
 def test_sharded_checkpoint_loads_on_one_rank(two_ranks: Path, tiny_model_dir: Path) -> None:
     single = make_engine(str(tiny_model_dir))
     single.train_step(full_batch(), LOSSES["token"], MICRO)

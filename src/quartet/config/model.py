@@ -136,6 +136,13 @@ class ModelConfig:
     `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. The critic,
     reward model and the rollout engines always run padded."""
 
+    fused_head: bool | None = None
+    """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
+    building the [tokens, vocab] logits (`quartet.engines.fused_head`): the same values, without the logits'
+    memory (a 152k vocabulary x 10k tokens is 3 GB of bf16 logits and 6 GB of float32 copies). None: on
+    where the policy computes on CUDA, off on CPU. Models whose lm_head is not a plain linear layer, or that
+    scale or soft-cap the logits, fall back to the plain head with a warning."""
+
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings; with rank > 0 the reference is the same model with adapters disabled."""
 

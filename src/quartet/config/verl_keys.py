@@ -216,6 +216,9 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.use_remove_padding": Rule(
         "model.remove_padding", note="packed micro-batches (engines/packing)"
     ),
+    f"{AR}.model.use_fused_kernels": Rule(
+        "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
+    ),
     f"{AR}.model.lora_rank": Rule("model.lora.rank"),
     f"{AR}.model.lora_alpha": Rule("model.lora.alpha"),
     f"{AR}.model.target_modules": Rule("model.lora.target_modules", _lora_targets, "list copied"),
@@ -383,7 +386,6 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.model.external_lib": "quartet loads transformers models only",
     f"{AR}.model.trust_remote_code": "quartet does not run model repository code",
     f"{AR}.model.use_liger": _NO_SWITCH,
-    f"{AR}.model.use_fused_kernels": _NO_SWITCH,
     f"{AR}.actor.strategy": "quartet shards with PyTorch FSDP2 only (no megatron)",
     f"{AR}.actor.fsdp_config.grad_offload": "removed in verl; quartet offloads params/optimizer only",
     f"{AR}.actor.fsdp_config.fsdp_size": "quartet shards over the whole data-parallel world",

@@ -45,6 +45,7 @@ from quartet.engines.dist import (
     shard,
     to_local_full,
 )
+from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
 from quartet.engines.inputs import ModelInputs, build_inputs, pad_responses, valid_lengths
 from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture, build_model
@@ -75,6 +76,8 @@ class TrainingEngine:
         self.ctx: DistContext = init_distributed()
         self.module: nn.Module = shard(build_model(spec), self.ctx)
         self._scores = ScoreCapture(self.module) if spec.kind is ModelKind.REWARD else None
+        wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
+        self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if spec.optim is not None:
@@ -297,6 +300,11 @@ class TrainingEngine:
 
     # ---- internals --------------------------------------------------------------------------------------
 
+    @property
+    def fused_head(self) -> bool:
+        """True when log-probs and entropy come from the fused head (`quartet.engines.fused_head`)."""
+        return self._lm_head is not None
+
     def _need(self, kind: ModelKind) -> None:
         if self.spec.kind is not kind:
             raise EngineStateError(f"this engine holds a {self.spec.kind} model; the call needs {kind}")
@@ -378,15 +386,19 @@ class TrainingEngine:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
         if self.spec.remove_padding:
             return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
-        # Only the logits that predict response tokens are computed (the last R'+1 positions, minus one).
-        logits = self._model_call(inputs, logits_to_keep=width + 1).logits[:, :-1]
-        targets = inputs.input_ids[:, inputs.input_ids.shape[1] - width :].to(self.device)
-        logprobs = finish(heads.response_logprobs(logits, targets, temperature))
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-                entropy = finish(heads.response_entropy(logits, temperature))
-        return ModelOutputs(logprobs=logprobs, entropy=entropy)
+        # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
+        t = inputs.input_ids.shape[1]
+        targets = inputs.input_ids[:, t - width :].to(self.device)
+
+        def logits(fused: bool) -> torch.Tensor:
+            if fused:  # exactly those positions
+                keep = torch.arange(t - width - 1, t - 1, device=self.device)
+                return self._model_call(inputs, logits_to_keep=keep).logits  # type: ignore[no-any-return]
+            return self._model_call(inputs, logits_to_keep=width + 1).logits[:, :-1]  # type: ignore[no-any-return]
+
+        request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
+        logprobs, entropy = self._head(logits, targets, request)
+        return ModelOutputs(logprobs=finish(logprobs), entropy=None if entropy is None else finish(entropy))
 
     def _run_packed(
         self,
@@ -396,31 +408,53 @@ class TrainingEngine:
         entropy_grad: bool,
         finish: Callable[[torch.Tensor], torch.Tensor],
     ) -> ModelOutputs:
-        """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the logits of the
+        """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
         K real response tokens only, scattered back into the [b, R'] layout."""
         packed = pack_inputs(inputs)
-        with self._autocast():
-            logits = self.module(
-                input_ids=packed.input_ids.to(self.device),
-                position_ids=packed.position_ids.to(self.device),
-                logits_to_keep=packed.keep.to(self.device),
-                use_cache=False,
-                quartet_bounds=packed.bounds,
-            ).logits  # [1, K, V]
+
+        def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
+            with self._autocast():
+                out = self.module(
+                    input_ids=packed.input_ids.to(self.device),
+                    position_ids=packed.position_ids.to(self.device),
+                    logits_to_keep=packed.keep.to(self.device),
+                    use_cache=False,
+                    quartet_bounds=packed.bounds,
+                )
+            return out.logits  # type: ignore[no-any-return]
+
         where = packed.response_mask.to(self.device)
 
-        def unpack(values: torch.Tensor) -> torch.Tensor:  # [K] -> [b, R'], differentiable
+        def unpack(values: torch.Tensor) -> torch.Tensor:  # [1, K] -> [b, R'], differentiable
             return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(
-                where, values
+                where, values[0]
             )
 
         targets = packed.targets.to(self.device).unsqueeze(0)
-        logprobs = finish(unpack(heads.response_logprobs(logits, targets, temperature)[0]))
+        request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
+        logprobs, entropy = self._head(logits, targets, request)
+        return ModelOutputs(
+            logprobs=finish(unpack(logprobs)), entropy=None if entropy is None else finish(unpack(entropy))
+        )
+
+    def _head(
+        self, forward: Callable[[bool], torch.Tensor], targets: torch.Tensor, request: HeadRequest
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs [b, K] and entropy (or None) of `targets` [b, K] at the positions `forward(fused)` keeps.
+
+        Fused (`fused_head`): the lm_head computes them from the hidden states block by block. Plain: the
+        model returns the kept logits [b, K, V] and `heads` takes their float32 log-softmax in chunks."""
+        if self._lm_head is not None:
+            with fused_lm_head(self._lm_head, request):
+                both = forward(True)  # [b, K, 2]
+            return both[..., 0], both[..., 1] if request.with_entropy else None
+        logits = forward(False)
+        logprobs = heads.response_logprobs(logits, targets, request.temperature)
         entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-                entropy = finish(unpack(heads.response_entropy(logits, temperature)[0]))
-        return ModelOutputs(logprobs=logprobs, entropy=entropy)
+        if request.with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and request.entropy_grad):
+                entropy = heads.response_entropy(logits, request.temperature)
+        return logprobs, entropy
 
     def _scores_of(self, inputs: ModelInputs) -> torch.Tensor:
         assert self._scores is not None

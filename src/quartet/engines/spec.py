@@ -76,6 +76,10 @@ class EngineSpec:
     remove_padding: bool = False
     """Causal LM: forward passes on packed micro-batches (`engines.packing`); other kinds ignore it."""
 
+    fused_head: bool | None = None
+    """Causal LM: log-probs and entropy from the hidden states in vocabulary blocks, never the [N, V] logits
+    (`engines.fused_head`); None: on when the engine computes on CUDA. Other kinds ignore it."""
+
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("EngineSpec.model_path is empty; pass a local model folder")

@@ -79,6 +79,7 @@ class Actor(EngineRole):
                 optimizer_offload=cfg.optimizer_offload,
                 seed=run.seed,
                 remove_padding=run.remove_padding,
+                fused_head=run.fused_head,
             )
         )
         self.clip = ClipParams(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip_c)

@@ -36,5 +36,7 @@ class RunValues:
     """`model.gradient_checkpointing` of the trained models."""
     remove_padding: bool = False
     """`model.remove_padding`: the policy's passes run on packed micro-batches."""
+    fused_head: bool | None = None
+    """`model.fused_head`: the policy's log-probs from the hidden states in vocabulary blocks (None: CUDA)."""
     custom_module: str = ""
     """`algorithm.custom_module`: a user module whose registered losses the actor's process imports."""
