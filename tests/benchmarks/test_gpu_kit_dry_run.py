@@ -97,7 +97,6 @@ def _qwen2_params(vocab: int, hidden: int, layers: int, heads: int, kv_heads: in
     return vocab * hidden + layers * (attention + 3 * hidden * mlp + 2 * hidden) + hidden
 
 
-@pytest.mark.slow
 def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_consistent(
     tmp_path: Path,
 ) -> None:
@@ -154,7 +153,8 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     assert first["steps"] == 1 and first["startup"]["to_first_step_s"] > first["startup"]["imports_s"] > 0
     assert steps["first_step_example"]["example_0.36B"]["status"] == "pass"  # its GPU config loads
     assert all(g["met"] is None for g in record["goals"].values())
-    assert record["goals"]["update_1.5B_mfu"]["figure"] == update["mfu"]
+    variants = [v for k, v in steps["update"].items() if k.startswith("update")]
+    assert record["goals"]["update_1.5B_mfu"]["figure"] == max(v["mfu"] for v in variants)  # the best variant
 
 
 def test_a_goals_step_runs_in_a_child_process_and_its_part_file_is_its_record(tmp_path: Path) -> None:
