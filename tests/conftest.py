@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,15 @@ def ray_cluster() -> Iterator[None]:
     """A real local Ray shared by every test that needs one; shut down at the end of the session."""
     import ray
 
-    # address="local": a private Ray, even where a `ray start` cluster runs or RAY_ADDRESS is set
+    # address="local": a private Ray, even where a `ray start` cluster runs or RAY_ADDRESS is set. The
+    # dashboard (job submission) only where its packages are: the GPU machine's Ray wheel runs without them.
+    dashboard = importlib.util.find_spec("aiohttp_cors") is not None
     ray.init(
-        address="local", num_cpus=4, include_dashboard=True, log_to_driver=False, namespace="quartet-tests"
+        address="local",
+        num_cpus=4,
+        include_dashboard=dashboard,
+        log_to_driver=False,
+        namespace="quartet-tests",
     )
     try:
         yield

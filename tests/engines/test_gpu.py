@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,21 @@ def test_cuda_logprobs_match_cpu(tiny_model_dir: Path, monkeypatch: pytest.Monke
     cpu = TrainingEngine(_spec(tiny_model_dir))
     want, _ = cpu.forward_logprobs(batch, 1.0, MicroSpec(size=2))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_packed_cuda_logprobs_match_cpu(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, fused: bool
+) -> None:
+    """remove_padding on CUDA: the packing indexes a micro-batch already on the GPU (it mixed devices)."""
+    batch = make_batch(PROMPTS, RESPONSES)
+    packed = replace(_spec(tiny_model_dir), remove_padding=True, fused_head=fused)
+    got, _ = TrainingEngine(packed).forward_logprobs(batch, 1.0, MicroSpec(size=2))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    want, _ = TrainingEngine(replace(packed, fused_head=False)).forward_logprobs(
+        batch, 1.0, MicroSpec(size=2)
+    )
+    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=0)
 
 
 def test_offload_moves_to_host_and_back(tiny_model_dir: Path) -> None:

@@ -61,8 +61,9 @@ def pack_inputs(inputs: ModelInputs) -> PackedInputs:
     bounds = (0, *torch.cumsum(lengths, 0).tolist())
     # response token j of a row sits at column t - width + j; its logits come from the column before
     resp = inputs.response_mask
-    cols = torch.arange(t - width - 1, t - 1).expand(b, width)
-    rows = torch.arange(b).unsqueeze(1).expand(b, width)
+    # on the inputs' device: a micro-batch already on the GPU indexes with GPU masks
+    cols = torch.arange(t - width - 1, t - 1, device=ids.device).expand(b, width)
+    rows = torch.arange(b, device=ids.device).unsqueeze(1).expand(b, width)
     keep = packed_index[(rows * t + cols)[resp]]
     targets = ids[:, t - width :][resp]
     return PackedInputs(
