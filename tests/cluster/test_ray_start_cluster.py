@@ -32,7 +32,6 @@ from pathlib import Path
 
 import pytest
 
-
 BIN = Path(sys.executable).parent
 TRAIN = [
     "data.train_batch_size=4",
