@@ -193,7 +193,7 @@ def nccl_probe() -> None:
 
 def nccl_two_ranks(limit_s: int) -> dict[str, Any]:
     env = os.environ | {"NCCL_DEBUG": "WARN", "PYTHONUNBUFFERED": "1"}
-    cmd = ["timeout", "-k", "5", str(limit_s), sys.executable, __file__, "--nccl-probe"]
+    cmd = ["timeout", "-k", "5", str(limit_s), sys.executable, __file__, "--nccl-probe", "--out", os.devnull]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     output = (done.stdout + done.stderr)[-3000:]
