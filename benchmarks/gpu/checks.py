@@ -64,7 +64,8 @@ def build_model(ctx: Context) -> Result:
     return {"status": "pass", "params": params, "seconds": round(time.perf_counter() - start, 2)}
 
 
-def _batch(rows: int, prompt: int, response: int, vocab: int = 500) -> Any:
+def random_batch(rows: int, prompt: int, response: int, vocab: int = 500) -> Any:
+    """A seeded batch of random prompt and response tokens, every position real."""
     from quartet.core.batch import Batch
 
     gen = torch.Generator().manual_seed(0)
@@ -78,7 +79,8 @@ def _batch(rows: int, prompt: int, response: int, vocab: int = 500) -> Any:
     )
 
 
-def _nll(outputs: Any, mb: Any, scale: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def response_nll(outputs: Any, mb: Any, scale: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Minus the mean log-prob of the response tokens (a policy-gradient loss's cost, without its extras)."""
     mask = mb["response_mask"].to(outputs.logprobs.device)
     return -(outputs.logprobs * mask).sum() / scale.tokens, {}
 
@@ -108,14 +110,14 @@ def update_and_planner(ctx: Context) -> Result:
             optimizer_offload=offload,
         )
     )
-    batch, micro = _batch(rows, prompt, response), MicroSpec(size=rows)
+    batch, micro = random_batch(rows, prompt, response), MicroSpec(size=rows)
     losses, times = [], []
     for _ in range(3):
         if offload:
             engine.onload()
         _sync(ctx)
         t0 = time.perf_counter()
-        losses.append(engine.train_step(batch, _nll, micro, temperature=1.0)["loss"])
+        losses.append(engine.train_step(batch, response_nll, micro, temperature=1.0)["loss"])
         _sync(ctx)
         times.append(time.perf_counter() - t0)
         if offload:

@@ -16,31 +16,12 @@ import time
 from typing import Any
 
 import torch
+from checks import random_batch, response_nll
 from goal_decode import TINY, VOCAB, build_model
 from goal_io import Step, log, matmul_rate
 
 SHAPE_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                   intermediate_size=8960, tie_word_embeddings=True)  # fmt: skip
-
-
-def _batch(rows: int, prompt: int, response: int, vocab: int) -> Any:
-    from quartet.core.batch import Batch
-
-    gen = torch.Generator().manual_seed(0)
-    return Batch(
-        {
-            "prompts": torch.randint(5, vocab, (rows, prompt), generator=gen),
-            "responses": torch.randint(5, vocab, (rows, response), generator=gen),
-            "attention_mask": torch.ones(rows, prompt + response, dtype=torch.int64),
-            "response_mask": torch.ones(rows, response, dtype=torch.int64),
-        }
-    )
-
-
-def _loss(outputs: Any, mb: Any, scale: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Minus the mean log-prob of the response tokens (a policy-gradient loss's cost, without its extras)."""
-    mask = mb["response_mask"].to(outputs.logprobs.device)
-    return -(outputs.logprobs * mask).sum() / scale.tokens, {}
 
 
 def has_fused_head() -> bool:
@@ -65,12 +46,13 @@ def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> 
         torch.cuda.reset_peak_memory_stats()
     engine = TrainingEngine(spec)
     module: Any = engine.module
-    batch = _batch(rows, prompt, response, int(module.config.vocab_size))
+    batch = random_batch(rows, prompt, response, int(module.config.vocab_size))
     times, losses = [], []
     for _ in range(3):
         step.sync()
         t0 = time.perf_counter()
-        out = engine.train_step(batch, _loss, MicroSpec(size=micro), temperature=1.0, with_entropy=True,
+        micro_spec = MicroSpec(size=micro)
+        out = engine.train_step(batch, response_nll, micro_spec, temperature=1.0, with_entropy=True,
                                 entropy_grad=False)  # fmt: skip
         step.sync()
         times.append(time.perf_counter() - t0)

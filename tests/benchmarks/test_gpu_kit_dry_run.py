@@ -136,7 +136,8 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
             rows * 2 * 2 * 2 * 16 * 4 * (32 + 8 / 2)
         )  # rows x layers x K,V x kv heads x head dim x fp32 x context
         assert case["kv_bytes_per_step"] == pytest.approx(kv, abs=1)
-        assert case["roofline_ms"] == pytest.approx(1000 * (4 * params + kv) / bandwidth, rel=1e-3)
+        # the record rounds to 4 decimals: a tiny roofline (a fast copy) is off by up to 5e-5 ms
+        assert case["roofline_ms"] == pytest.approx(1000 * (4 * params + kv) / bandwidth, rel=1e-3, abs=5e-5)
         assert case["ratio_to_roofline"] == pytest.approx(case["ms_per_step"] / case["roofline_ms"], rel=1e-2)
     assert decode["7B/64"]["profile"]["top"]
     hf = steps["hf_baseline"]["0.5B/64/hf_static_compiled"]
