@@ -1,7 +1,8 @@
 """One rank of the sequence-parallel exactness test (spawned by test_ulysses_dist.py), and the helpers that
 compute the same quantities on one process.
 
-Every rank of a sequence group takes the same rows; with dp > 1 each data-parallel group takes its share.
+Rows are dealt over the whole world, unevenly (as the trainer deals them); the engine pools the rows of
+a sequence group itself.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOu
 from quartet.engines.dist import all_reduce_sum, to_local_full
 from quartet.engines.inputs import build_inputs
 from quartet.engines.model_init import hf_model
-from quartet.engines.ulysses import heads_to_seq, seq_group, seq_to_heads
+from quartet.engines.ulysses import group_rows, heads_to_seq, seq_group, seq_to_heads
 
 # Rows of different lengths; packed micro-batches of 4 rows hold 29 and 30 tokens (odd: padding is used).
 PROMPTS = [5, 2, 7, 1, 4, 6, 3, 2]
@@ -63,6 +64,7 @@ def make_engine(model_dir: str, sp: int) -> TrainingEngine:
 def gradients(engine: TrainingEngine, batch: Batch) -> dict[str, torch.Tensor]:
     """The parameter gradients of one micro-batch's loss, scaled and reduced as `train_step` does."""
     engine.module.train()
+    batch, _ = group_rows(batch, seq_group(engine.ctx))
     mask = batch["response_mask"]
     tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], engine.ctx)
     scale = LossScale(tokens=tokens, sequences=seqs, dp_size=engine.ctx.dp)
@@ -75,10 +77,12 @@ def gradients(engine: TrainingEngine, batch: Batch) -> dict[str, torch.Tensor]:
     return grads
 
 
-def data_rows(batch: Batch, dp_rank: int, dp: int) -> Batch:
-    """The rows of one data-parallel group: contiguous, nearly equal shares."""
-    n = len(batch)
-    return batch.slice(dp_rank * n // dp, (dp_rank + 1) * n // dp)
+SPLITS = {1: (0, 8), 2: (0, 5, 8), 4: (0, 3, 4, 6, 8)}
+"""Row boundaries per world size: uneven shares, so ranks differ in rows and micro-batch counts."""
+
+
+def rank_rows(batch: Batch, rank: int, world: int) -> Batch:
+    return batch.slice(SPLITS[world][rank], SPLITS[world][rank + 1])
 
 
 def layout_check(out: Path, rank: int, sp_rank: int, group: object) -> None:
@@ -100,7 +104,7 @@ def run_rank(rank: int, world: int, sp: int, port: int, model_dirs: list[str], o
         engine = make_engine(model_dir, sp)
         group = seq_group(engine.ctx)
         assert group is not None and group.size == sp and engine.ctx.dp == world // sp
-        mine = data_rows(full_batch(), engine.ctx.rank // sp, engine.ctx.dp)
+        mine = rank_rows(full_batch(), rank, world)
         if index == 0 and world == sp:
             layout_check(out_dir, rank, group.rank, group)
         logprobs, entropy = engine.forward_logprobs(mine, TEMPERATURE, MICRO, with_entropy=True)

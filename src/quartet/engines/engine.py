@@ -53,7 +53,7 @@ from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
 from quartet.engines.packing import pack_inputs
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
-from quartet.engines.ulysses import local_share, seq_group
+from quartet.engines.ulysses import group_rows, local_share, seq_group
 
 __all__ = ["EngineStateError", "TrainingEngine"]
 
@@ -115,9 +115,10 @@ class TrainingEngine:
         Log-probs are under softmax(logits / temperature); positions past a response's end hold 0.
         """
         self._need(ModelKind.CAUSAL_LM)
+        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy)
-        logprobs = restore_order([_field(o.logprobs) for o in outs], plan)
-        entropy = restore_order([_field(o.entropy) for o in outs], plan) if with_entropy else None
+        logprobs = restore_order([_field(o.logprobs) for o in outs], plan)[own]
+        entropy = restore_order([_field(o.entropy) for o in outs], plan)[own] if with_entropy else None
         return logprobs, entropy
 
     def forward_values(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
@@ -179,6 +180,7 @@ class TrainingEngine:
         self._check_loaded()
         temp = batch.meta.temperature if temperature is None else temperature
         self.module.train()
+        batch, _ = group_rows(batch, self._seq_group)
         plan = self._plan(batch, micro)
         mask = batch["response_mask"]
         tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], self.ctx)

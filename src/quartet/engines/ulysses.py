@@ -1,6 +1,7 @@
 """Ulysses sequence parallelism on packed micro-batches (`model.sequence_parallel_size`).
 
-A sequence group is `sp` consecutive ranks that take the SAME micro-batch. The engine packs it
+A sequence group is `sp` consecutive ranks that take the SAME micro-batch: each rank receives its own rows
+as with data parallelism, and the group pools them first (`group_rows`). The engine packs a micro-batch
 (`engines.packing`), pads the packed length N up to a multiple of sp, and each rank runs the model on its
 contiguous slice of N / sp tokens: embeddings, projections, MLPs and the head see only the local tokens,
 so the activations of a row are divided by sp. Attention needs every token of a row, so around it two
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from quartet.core.batch import Batch
 from quartet.engines.dist import DistContext
 from quartet.engines.packing import PackedInputs, varlen_attention
 
@@ -38,6 +40,7 @@ __all__ = [
     "SeqShard",
     "check_heads",
     "gather_outputs",
+    "group_rows",
     "heads_to_seq",
     "local_share",
     "padded_length",
@@ -68,6 +71,19 @@ def seq_group(ctx: DistContext) -> SeqGroup | None:
     if ctx.sp_mesh is None:
         return None
     return SeqGroup(size=ctx.sp, rank=ctx.sp_mesh.get_local_rank("sp"), group=ctx.group("sp"))
+
+
+def group_rows(batch: Batch, group: SeqGroup | None) -> tuple[Batch, slice]:
+    """The rows of every rank of the group in rank order, and where this rank's own rows sit among them.
+
+    Rows are dealt to ranks over the whole world (as with data parallelism only); the ranks of a sequence
+    group must run the same micro-batches, so they first pool their rows. Without SP: `batch` itself."""
+    if group is None or group.size == 1:
+        return batch, slice(0, len(batch))
+    parts: list[Any] = [None] * group.size
+    dist.all_gather_object(parts, batch.to("cpu"), group=group.group)
+    start = sum(len(p) for p in parts[: group.rank])
+    return Batch.concat(parts), slice(start, start + len(batch))
 
 
 def padded_length(n: int, sp: int) -> int:
