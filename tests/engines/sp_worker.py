@@ -49,7 +49,7 @@ def pg_entropy_loss(
     return torch.where(valid, per_token, 0.0).sum() / scale.tokens, {}
 
 
-def make_engine(model_dir: str, sp: int, fused: bool = False) -> TrainingEngine:
+def make_engine(model_dir: str, sp: int, fused: bool = False, ckpt: bool = False) -> TrainingEngine:
     spec = EngineSpec(
         model_dir,
         ModelKind.CAUSAL_LM,
@@ -58,6 +58,7 @@ def make_engine(model_dir: str, sp: int, fused: bool = False) -> TrainingEngine:
         remove_padding=True,
         sequence_parallel_size=sp,
         fused_head=fused,
+        gradient_checkpointing=ckpt,
     )
     return TrainingEngine(spec)
 
@@ -102,9 +103,11 @@ def run_rank(rank: int, world: int, sp: int, port: int, model_dirs: list[str], o
     out_dir = Path(out)
     results: dict[str, dict[str, float]] = {}
     for index, model_dir in enumerate(model_dirs):
-        # "fused:<dir>": the fused lm_head (on by default on CUDA) computes the local tokens' outputs
-        engine = make_engine(model_dir.removeprefix("fused:"), sp, fused=model_dir.startswith("fused:"))
-        assert engine.fused_head == model_dir.startswith("fused:")
+        # "fused:<dir>": the fused lm_head (on by default on CUDA) computes the local tokens' outputs;
+        # "ckpt:<dir>": gradient checkpointing replays the forward, all-to-alls included, in the backward
+        variant, _, path = model_dir.rpartition(":")
+        engine = make_engine(path, sp, fused=variant == "fused", ckpt=variant == "ckpt")
+        assert engine.fused_head == (variant == "fused")
         group = seq_group(engine.ctx)
         assert group is not None and group.size == sp and engine.ctx.dp == world // sp
         mine = rank_rows(full_batch(), rank, world)

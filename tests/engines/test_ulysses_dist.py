@@ -3,7 +3,8 @@ process computes on all the rows.
 
 Log-probs, entropy, every parameter's gradient, the loss and the updated parameters are compared with one
 process holding the same rows, within 1e-5 (float32). A second tiny model with ONE key/value head covers the
-replicated KV heads (fewer KV heads than sp); a third run uses the fused lm_head (the default on CUDA).
+replicated KV heads (fewer KV heads than sp); a third run uses the fused lm_head (the default on CUDA), a
+fourth gradient checkpointing (the backward replays the forward's all-to-alls).
 The all-to-all layout is compared with a direct split.
 """
 
@@ -37,7 +38,7 @@ def one_kv_head_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def models(tiny_model_dir: Path, one_kv_head_dir: Path) -> list[str]:
-    return [str(tiny_model_dir), str(one_kv_head_dir), f"fused:{tiny_model_dir}"]
+    return [str(tiny_model_dir), str(one_kv_head_dir), f"fused:{tiny_model_dir}", f"ckpt:{tiny_model_dir}"]
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +66,10 @@ def test_all_to_all_layout_matches_a_direct_split(sp2: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["kv2", "kv1-replicated", "fused-head"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3], ids=["kv2", "kv1-replicated", "fused-head", "checkpointing"])
 def test_sp2_equals_one_process(sp2: Path, models: list[str], index: int) -> None:
-    _compare(sp2, models[index].removeprefix("fused:"), index, world=2)  # against the plain head
+    # against one process with the plain head and no checkpointing
+    _compare(sp2, models[index].rpartition(":")[2], index, world=2)
 
 
 @pytest.mark.slow
