@@ -1,4 +1,5 @@
-"""A 2-rank FSDP2 actor update (gloo, in Ray actors) equals a 1-rank update on the same 8 responses."""
+"""A 2-rank FSDP2 actor update (gloo, in Ray actors), data or sequence parallel, equals a 1-rank update on
+the same 8 responses."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def _updated_model(actor: Any, batch: Batch, folder: Path) -> tuple[dict[str, to
     return AutoModelForCausalLM.from_pretrained(folder).state_dict(), metrics[0]["actor/grad_norm"]
 
 
+@pytest.mark.parametrize("sp", [1, 2], ids=["dp2", "sp2"])
 def test_two_rank_update_equals_one_rank_update(
     ray_cluster: None,
     actor_config: ActorConfig,
@@ -37,16 +39,23 @@ def test_two_rank_update_equals_one_rank_update(
     tiny_model_dir: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    sp: int,
 ) -> None:
+    """dp2: FSDP2 over two ranks; sp2: one sequence group of two ranks (Ulysses, packed), against one rank
+    on the packed path. The rows reach the ranks through the role's dispatch, as in a run."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
     batch = rl_batch(8, seed=4)
     # Adam's first step is lr * sign(g) whatever the gradient's scale; a large eps makes the step
     # proportional to the gradient, so a wrong factor between ranks would show in the parameters too.
     optim = dataclasses.replace(actor_config.optim, eps=1.0, lr=0.1, weight_decay=0.0, grad_clip=1e6)
-    spec = RoleSpec(Actor, dataclasses.replace(actor_config, optim=optim), run_values)
+    actor = dataclasses.replace(actor_config, optim=optim)
+    if sp > 1:
+        run_values = dataclasses.replace(run_values, remove_padding=True)
+    spec = RoleSpec(Actor, actor, run_values)
+    parallel = RoleSpec(Actor, actor, dataclasses.replace(run_values, sequence_parallel_size=sp))
     pool = ResourcePool(1, 2, 0.5, use_gpu=False, timeout_s=60).create()
-    two = colocate(pool, RunNames("quartet-tests", "fsdp2"), actor=spec)
+    two = colocate(pool, RunNames("quartet-tests", f"fsdp2-sp{sp}"), actor=parallel)
     try:
         sharded, norm_two = _updated_model(two.groups["actor"], batch, tmp_path / "two")
     finally:

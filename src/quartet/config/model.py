@@ -136,6 +136,13 @@ class ModelConfig:
     `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. The critic,
     reward model and the rollout engines always run padded."""
 
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of the policy's packed training passes (docs/parallelism.md): groups of
+    this many consecutive devices split every packed micro-batch by tokens, dividing activation memory by
+    it; attention all-to-alls tokens and heads. 1: off. Needs `remove_padding: true`, must divide the
+    devices of the policy's pool and the model's attention heads (key/value heads fewer than it are
+    replicated). verl's `ulysses_sequence_parallel_size`. The critic and reward model run without it."""
+
     fused_head: bool | None = None
     """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
     building the [tokens, vocab] logits (`quartet.engines.fused_head`): the same values, without the logits'
@@ -149,6 +156,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         require(
             self.dtype is not Dtype.AUTO, "dtype", "auto is for <role>.mixed_precision only", "use float32"
+        )
+        sp = self.sequence_parallel_size
+        require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")
+        require(
+            sp == 1 or self.remove_padding,
+            "sequence_parallel_size",
+            f"is {sp}, but sequence parallelism is built for packed micro-batches only",
+            "set model.remove_padding: true, or model.sequence_parallel_size: 1",
+        )
+        heads = self.tiny.num_attention_heads
+        require(
+            not self.is_tiny or heads % sp == 0,
+            "sequence_parallel_size",
+            f"{sp} does not divide the tiny model's {heads} attention heads",
+            f"pick a divisor of {heads}",
         )
 
     @property

@@ -30,6 +30,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     problems += _algorithm_rules(cfg)
     problems += _length_rules(cfg)
     problems += _mode_rules(cfg)
+    problems += _parallel_rules(cfg)
     problems += gpu_share_problems(cfg.cluster)
     raise_problems(problems)
     return cfg
@@ -84,6 +85,19 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
             )
         )
     return out
+
+
+def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    sp, world = cfg.model.sequence_parallel_size, cfg.cluster.world_size
+    if world % sp == 0:
+        return []
+    return [
+        ConfigError(
+            "model.sequence_parallel_size",
+            f"{sp} does not divide the {world} devices of the policy's pool (cluster.world_size)",
+            f"set model.sequence_parallel_size to one of {_divisors(world)}",
+        )
+    ]
 
 
 def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:

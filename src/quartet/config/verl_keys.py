@@ -216,6 +216,12 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.use_remove_padding": Rule(
         "model.remove_padding", note="packed micro-batches (engines/packing)"
     ),
+    f"{AR}.actor.ulysses_sequence_parallel_size": Rule(
+        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the packed passes"
+    ),
+    f"{AR}.ref.ulysses_sequence_parallel_size": Rule(
+        "model.sequence_parallel_size", note="the reference shares the actor's", fallback=True
+    ),
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),
@@ -391,7 +397,6 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.actor.fsdp_config.fsdp_size": "quartet shards over the whole data-parallel world",
     f"{AR}.actor.fsdp_config.offload_policy": _NO_SWITCH,
     f"{AR}.actor.fsdp_config.reshard_after_forward": _NO_SWITCH,
-    f"{AR}.actor.ulysses_sequence_parallel_size": "quartet has no sequence parallelism",
     f"{AR}.actor.optim.lr_warmup_steps_ratio": "needs the run's total steps; set actor.optim.warmup_steps",
     f"{AR}.actor.optim.total_training_steps": "filled in by verl at run time",
     f"{AR}.actor.checkpoint.save_contents": "quartet always saves model, optimizer and extra state",
@@ -407,13 +412,12 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.rollout.calculate_log_probs": "quartet always returns rollout log-probs",
     f"{AR}.rollout.multi_turn.tokenization_sanity_check_mode": "see rollout.multi_turn.check_drift",
     f"{AR}.ref.strategy": "quartet shards with PyTorch FSDP2 only",
-    f"{AR}.ref.ulysses_sequence_parallel_size": "quartet has no sequence parallelism",
     "critic.strategy": "quartet shards with PyTorch FSDP2 only",
     "critic.model.use_remove_padding": _NO_SWITCH,
     "critic.model.tokenizer_path": "the critic uses the policy's tokenizer",
     "critic.model.enable_gradient_checkpointing": "one model.gradient_checkpointing covers all roles",
     "critic.model.fsdp_config.grad_offload": "removed in verl; quartet offloads params/optimizer only",
-    "critic.ulysses_sequence_parallel_size": "quartet has no sequence parallelism",
+    "critic.ulysses_sequence_parallel_size": "quartet's sequence parallelism covers the policy only",
     "critic.optim.lr_warmup_steps_ratio": "needs the run's total steps; set critic.optim.warmup_steps",
     "reward_model.enable": "quartet enables the reward model when reward.model_path is set",
     "reward_model.reward_manager": "quartet has one reward path (rules, reward.function, or a model)",

@@ -12,6 +12,12 @@ Gradient averaging. FSDP2 reduce-scatters gradients with a MEAN over ranks. The 
 are shares of the global mini-batch loss (divided by global counts), whose gradients must be SUMMED over
 ranks; the engine multiplies each loss by the world size before backward (`DistContext.world`) to undo
 the mean. That factor is exact in floating point for powers of two and needs no FSDP-internal switch.
+
+Sequence parallelism (`sp` > 1, `engines.ulysses`). The ranks form a 2-D mesh ("dp", "sp"): a sequence
+group is sp consecutive ranks that take the same rows; FSDP2 still shards over every rank (the ranks of a
+group hold the same parameters). Counts of rows and tokens are summed over "dp" only (a group's ranks hold
+the same rows). The loss factor stays the world size: each rank's gradient is its share of its group's
+loss gradient (see `ulysses`), so the sum over all ranks is the sum over data-parallel groups.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,11 +47,27 @@ class DistContext:
     world: int
     device: torch.device
     mesh: DeviceMesh | None
+    sp_mesh: DeviceMesh | None = None
+    """With sequence parallelism: the ("dp", "sp") mesh whose "sp" groups share rows."""
 
     @property
     def sharded(self) -> bool:
         """True when parameters are sharded over ranks."""
         return self.world > 1
+
+    @property
+    def sp(self) -> int:
+        """Ranks per sequence group (1 without sequence parallelism)."""
+        return 1 if self.sp_mesh is None else int(self.sp_mesh.size(1))
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: the number of sequence groups."""
+        return self.world // self.sp
+
+    def group(self, dim: str) -> Any:
+        """The process group of this rank along "dp" or "sp" (None: the whole world, without SP)."""
+        return None if self.sp_mesh is None else self.sp_mesh.get_group(dim)
 
 
 def _device(local_rank: int) -> torch.device:
@@ -57,19 +80,29 @@ def _device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(timeout_s: float = 600.0) -> DistContext:
-    """The process group from the environment (initialised here if needed) and the device to compute on."""
+def init_distributed(timeout_s: float = 600.0, sp: int = 1) -> DistContext:
+    """The process group from the environment (initialised here if needed) and the device to compute on.
+
+    With `sp` > 1 the ranks also form the ("dp", "sp") mesh of sequence parallelism."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
     device = _device(int(os.environ.get("LOCAL_RANK", "0")))
+    if world % sp:
+        raise ValueError(
+            f"model.sequence_parallel_size={sp} does not divide the {world} ranks of the role; "
+            "pick a divisor of the role's GPU count"
+        )
     if world <= 1:
         return DistContext(rank=0, world=1, device=device, mesh=None)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-    return DistContext(rank=dist.get_rank(), world=world, device=device, mesh=mesh)
+    sp_mesh = None
+    if sp > 1:  # row-major: sp consecutive ranks per sequence group
+        sp_mesh = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
+    return DistContext(rank=dist.get_rank(), world=world, device=device, mesh=mesh, sp_mesh=sp_mesh)
 
 
 def shard(module: nn.Module, ctx: DistContext) -> nn.Module:
@@ -84,11 +117,11 @@ def shard(module: nn.Module, ctx: DistContext) -> nn.Module:
 
 
 def all_reduce_sum(values: list[int], ctx: DistContext) -> list[int]:
-    """Element-wise sum of small integer counts over ranks (the counts themselves with one rank)."""
-    if not ctx.sharded:
+    """Element-wise sum of small integer counts over data-parallel ranks (sequence groups count once)."""
+    if ctx.dp == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.int64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ctx.group("dp"))
     return [int(x) for x in t.tolist()]
 
 

@@ -53,6 +53,7 @@ from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
 from quartet.engines.packing import pack_inputs
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
+from quartet.engines.ulysses import group_rows, local_share, seq_group
 
 __all__ = ["EngineStateError", "TrainingEngine"]
 
@@ -73,7 +74,8 @@ class TrainingEngine:
 
     def __init__(self, spec: EngineSpec, *, offload_device: torch.device | str = "cpu") -> None:
         self.spec = spec
-        self.ctx: DistContext = init_distributed()
+        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size)
+        self._seq_group = seq_group(self.ctx)
         self.module: nn.Module = shard(build_model(spec), self.ctx)
         self._scores = ScoreCapture(self.module) if spec.kind is ModelKind.REWARD else None
         wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
@@ -113,9 +115,10 @@ class TrainingEngine:
         Log-probs are under softmax(logits / temperature); positions past a response's end hold 0.
         """
         self._need(ModelKind.CAUSAL_LM)
+        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy)
-        logprobs = restore_order([_field(o.logprobs) for o in outs], plan)
-        entropy = restore_order([_field(o.entropy) for o in outs], plan) if with_entropy else None
+        logprobs = restore_order([_field(o.logprobs) for o in outs], plan)[own]
+        entropy = restore_order([_field(o.entropy) for o in outs], plan)[own] if with_entropy else None
         return logprobs, entropy
 
     def forward_values(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
@@ -177,10 +180,11 @@ class TrainingEngine:
         self._check_loaded()
         temp = batch.meta.temperature if temperature is None else temperature
         self.module.train()
+        batch, _ = group_rows(batch, self._seq_group)
         plan = self._plan(batch, micro)
         mask = batch["response_mask"]
         tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], self.ctx)
-        scale = LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.world)
+        scale = LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.dp)
         optimizer.zero_grad(set_to_none=True)
         # Sums stay on the device: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -411,15 +415,17 @@ class TrainingEngine:
         """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
         K real response tokens only, scattered back into the [b, R'] layout."""
         packed = pack_inputs(inputs)
+        part = local_share(packed, self._seq_group)  # with SP: this rank's slice (`engines.ulysses`)
 
         def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
             with self._autocast():
                 out = self.module(
-                    input_ids=packed.input_ids.to(self.device),
-                    position_ids=packed.position_ids.to(self.device),
-                    logits_to_keep=packed.keep.to(self.device),
+                    input_ids=part.input_ids.to(self.device),
+                    position_ids=part.position_ids.to(self.device),
+                    logits_to_keep=part.keep.to(self.device),
                     use_cache=False,
-                    quartet_bounds=packed.bounds,
+                    quartet_bounds=part.bounds,
+                    **part.model_kwargs,
                 )
             return out.logits  # type: ignore[no-any-return]
 
@@ -430,9 +436,9 @@ class TrainingEngine:
                 where, values[0]
             )
 
-        targets = packed.targets.to(self.device).unsqueeze(0)
+        targets = part.targets.to(self.device).unsqueeze(0)
         request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
-        logprobs, entropy = self._head(logits, targets, request)
+        logprobs, entropy = part.gather(*self._head(logits, targets, request))  # all K tokens' outputs
         return ModelOutputs(
             logprobs=finish(unpack(logprobs)), entropy=None if entropy is None else finish(unpack(entropy))
         )
@@ -481,10 +487,11 @@ def _field(t: torch.Tensor | None) -> torch.Tensor:
 
 
 def _sum_over_ranks(value: float, ctx: DistContext) -> float:
-    if not ctx.sharded:
+    """Sum over data-parallel ranks (the ranks of a sequence group hold the same loss)."""
+    if ctx.dp == 1:
         return value
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ctx.group("dp"))
     return float(t.item())

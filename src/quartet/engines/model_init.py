@@ -43,7 +43,13 @@ def load_reward_model(path: str | Path, dtype: torch.dtype = torch.float32) -> P
 def _load(spec: EngineSpec) -> PreTrainedModel:
     if spec.kind is ModelKind.CAUSAL_LM:
         model = load_causal_lm(spec.model_path)
-        if spec.remove_padding:
+        if spec.sequence_parallel_size > 1:
+            from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
+
+            check_heads(model.config, spec.sequence_parallel_size)
+            register_ulysses_attention()
+            model.config._attn_implementation = ULYSSES
+        elif spec.remove_padding:
             from quartet.engines.packing import VARLEN, register_varlen_attention
 
             register_varlen_attention()

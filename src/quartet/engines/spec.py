@@ -76,6 +76,9 @@ class EngineSpec:
     remove_padding: bool = False
     """Causal LM: forward passes on packed micro-batches (`engines.packing`); other kinds ignore it."""
 
+    sequence_parallel_size: int = 1
+    """Causal LM with `remove_padding`: ranks per sequence group (Ulysses, `engines.ulysses`); 1: off."""
+
     fused_head: bool | None = None
     """Causal LM: log-probs and entropy from the hidden states in vocabulary blocks, never the [N, V] logits
     (`engines.fused_head`); None: on when the engine computes on CUDA. Other kinds ignore it."""
@@ -91,6 +94,7 @@ class EngineSpec:
             raise ValueError(
                 "float16 mixed precision needs loss scaling, which the engine does not do; use bfloat16"
             )
+        _check_sequence_parallel(self)
         if self.uses_lora and kind is ModelKind.REWARD:
             raise ValueError("LoRA on a reward model: reward models are frozen in quartet; drop `lora`")
         if (
@@ -112,6 +116,18 @@ class EngineSpec:
     def trainable(self) -> bool:
         """True when the engine has an optimizer."""
         return self.optim is not None
+
+
+def _check_sequence_parallel(spec: EngineSpec) -> None:
+    sp = spec.sequence_parallel_size
+    if sp < 1:
+        raise ValueError(f"model.sequence_parallel_size must be >= 1, got {sp}; use 1 to turn it off")
+    if sp > 1 and (spec.kind is not ModelKind.CAUSAL_LM or not spec.remove_padding):
+        raise ValueError(
+            f"model.sequence_parallel_size={sp} is built for the policy's packed passes only "
+            f"(this engine: {spec.kind}, remove_padding={spec.remove_padding}); set model.remove_padding: "
+            "true, or sequence_parallel_size: 1"
+        )
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class Actor(EngineRole):
                 optimizer_offload=cfg.optimizer_offload,
                 seed=run.seed,
                 remove_padding=run.remove_padding,
+                sequence_parallel_size=run.sequence_parallel_size,
                 fused_head=run.fused_head,
             )
         )

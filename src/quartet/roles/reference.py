@@ -31,6 +31,7 @@ class Reference:
                 param_offload=cfg.param_offload,
                 seed=run.seed,
                 remove_padding=run.remove_padding,
+                sequence_parallel_size=run.sequence_parallel_size,
                 fused_head=run.fused_head,
             )
         )
