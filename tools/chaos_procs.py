@@ -141,3 +141,33 @@ def fill(path: Path, leave_bytes: int) -> int:
         size = max(0, os.fstat(f.fileno()).st_size - leave_bytes)
         os.ftruncate(f.fileno(), size)
     return size
+
+
+def unix_sockets(pid: int) -> list[str]:
+    """Paths of the unix sockets `pid` holds open (from /proc/net/unix by the inodes of its fds)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    paths = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes:
+                paths.append(fields[7])
+    return paths
+
+
+def ray_dashboard_temp_dirs(root: int) -> set[str]:
+    """The folders of the unix sockets that the Ray dashboard's multiprocessing forkserver (a descendant of
+    `root`) listens on: Ray kills its dashboard at shutdown, so that folder (`$TMPDIR/pymp-*`) is left by
+    Ray, not by quartet."""
+    found: set[str] = set()
+    for pid in descendants(root):
+        line = cmdline(pid)
+        if "multiprocessing.forkserver" in line and "ray.dashboard" in line:
+            found.update(str(Path(p).parent) for p in unix_sockets(pid))
+    return found

@@ -53,6 +53,7 @@ from chaos_procs import (
     is_descendant,
     kill_all,
     mount_tmpfs,
+    ray_dashboard_temp_dirs,
     reap_orphans,
     survivors,
     unmount,
@@ -181,6 +182,19 @@ def _trained_since(run_dir: Path, wall: float) -> dict[str, Any] | None:
     return None
 
 
+def _records_since(run_dir: Path, wall: float) -> list[dict[str, Any]]:
+    """The metrics records written after Unix time `wall` (a record of the resumed run names its resume)."""
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and float(rec.get("time", 0)) > wall:
+            out.append(rec)
+    return out
+
+
 def _rank_pid(run_dir: Path, label: str, rng: random.Random) -> int:
     data = json.loads((run_dir / "cluster.json").read_text())
     places = data.get("ranks", {}).get(label, [])
@@ -246,6 +260,7 @@ class Soak:
         self.loads: list[float] = []
         self.disk = "not used"
         self.queue: list[str] = []
+        self.rays: set[str] = set()  # temp folders of Ray's dashboard forkserver (`ray_dashboard_temp_dirs`)
         self.failed_line: str | None = None  # the driver's one-line failure of the last fault, if any
         self.fault_start = 0  # the driver log's line count when the last fault was injected
         self.out: dict[str, Any] = {
@@ -339,6 +354,7 @@ class Soak:
 
     def inject(self, kind: str) -> dict[str, Any] | None:
         """Inject one fault, see it named and recovered; the row for the table (None: nothing to hit)."""
+        self.rays |= ray_dashboard_temp_dirs(self.driver.pid)
         pid = self.target(kind)
         self.failed_line = None
         if pid < 0:
@@ -420,9 +436,15 @@ class Soak:
         if kind == "torn_metrics":
             self.restart_prep_torn()
         since = self.restart()
-        t, message = self.wait_for(
-            lambda: _first_match(self.driver.log_lines(), 0, PATTERNS[kind]), self.args.recover_timeout
-        )
+
+        def probe() -> str | None:
+            line = _first_match(self.driver.log_lines(), 0, PATTERNS[kind])
+            if line or kind != "driver":
+                return line
+            notes = [r for r in _records_since(self.run_dir, since) if r.get("kind") == "resume"]
+            return f"metrics.jsonl resume record: {notes[0].get('note', '')}"[:300] if notes else None
+
+        t, message = self.wait_for(probe, self.args.recover_timeout)
         return t, message, since
 
     def restart_prep_torn(self) -> None:
@@ -489,10 +511,13 @@ class Soak:
     def finish(self) -> dict[str, Any]:
         """Stop the run at its latest checkpoint + 2 steps (kill, resume with that many steps, let it end)
         and check it; then the processes and files it left."""
+        self.rays |= ray_dashboard_temp_dirs(self.driver.pid)
         kill_all([self.driver.pid])
         self.driver.wait(60)
         total = latest_checkpoint(self.run_dir) + 2
         self.restart(f"trainer.total_steps={total}")
+        self.recover(self.driver.started_wall)
+        self.rays |= ray_dashboard_temp_dirs(self.driver.pid)
         ended = self.driver.wait(self.args.recover_timeout + 600)
         rc = self.driver.proc.returncode if self.driver.proc else None
         state = json.loads((self.run_dir / "run_state.json").read_text())
@@ -515,12 +540,24 @@ class Soak:
         return checks
 
 
-def leftovers(tmp: Path) -> dict[str, Any]:
-    """Files the runs left in their temp folder (`TMPDIR`), Ray's session logs aside (kept by design)."""
-    found = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.relative_to(tmp).parts[0] != "ray")
+def leftovers(tmp: Path, rays: set[str]) -> dict[str, Any]:
+    """Files the runs left in their temp folder (`TMPDIR`), aside from Ray's: its session logs (kept by
+    design) and the socket folders of its dashboard's forkserver (`rays`, seen while the runs lived)."""
+    ours: list[str] = []
+    by_ray: list[str] = []
+    for path in sorted(tmp.rglob("*")):
+        top = tmp / path.relative_to(tmp).parts[0]
+        if top.name != "ray":
+            (by_ray if str(top) in rays else ours).append(str(path.relative_to(tmp)))
     ray = tmp / "ray"
     size = sum(p.stat().st_size for p in ray.rglob("*") if p.is_file()) if ray.exists() else 0
-    return {"passed": not found, "count": len(found), "paths": found[:30], "ray_session_logs_bytes": size}
+    return {
+        "passed": not ours,
+        "count": len(ours),
+        "paths": ours[:30],
+        "ray_session_logs_bytes": size,
+        "left_by_ray_dashboard_forkserver": by_ray[:30],
+    }
 
 
 def sync_leg(work: Path, model: Path, env: dict[str, str], rng: random.Random) -> dict[str, Any]:
@@ -600,8 +637,15 @@ def _model(work: Path) -> Path:
     return Path(ensure_tiny_model(TinyModelConfig(), work / "models"))
 
 
+def _stop(signum: int, _frame: Any) -> None:
+    """SIGTERM/SIGINT: leave through `main`'s cleanup (a background job of a shell ignores SIGINT)."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     args = _args()
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))  # short: Ray's socket paths must stay short
     if not become_subreaper():
         print("cannot become a child subreaper: orphans would escape the count", file=sys.stderr)
@@ -625,7 +669,7 @@ def main() -> int:
         soak.loop()
         soak.log("time is up: stopping the run at its latest checkpoint + 2 steps")
         checks = soak.finish()
-        checks["leftover_files"] = leftovers(soak.tmp)
+        checks["leftover_files"] = leftovers(soak.tmp, soak.rays)
         soak.out["checks"] = checks
         soak.save()
         if not args.no_sync_leg:
