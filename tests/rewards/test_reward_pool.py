@@ -173,7 +173,9 @@ def test_workers_exit_when_their_parent_dies_without_closing(functions_file: Pat
     script = (
         "import os, sys\n"
         "from quartet.rewards import ScorePool\n"
+        "from quartet.rewards import ScoreItem\n"
         f"pool = ScorePool({str(functions_file) + ':troublesome'!r}, num_workers=2, timeout_s=1.0)\n"
+        "assert pool.score([ScoreItem('src', 'crash', 'x', None)]).restarts == 1\n"  # a replaced worker
         "print(' '.join(map(str, pool.pids)), flush=True)\n"
         "os._exit(0)\n"
     )
