@@ -260,6 +260,7 @@ class Soak:
         self.loads: list[float] = []
         self.disk = "not used"
         self.queue: list[str] = []
+        self.total: int | None = None  # the run's last step, set by the last restart
         self.rays: set[str] = set()  # temp folders of Ray's dashboard forkserver (`ray_dashboard_temp_dirs`)
         self.failed_line: str | None = None  # the driver's one-line failure of the last fault, if any
         self.fault_start = 0  # the driver log's line count when the last fault was injected
@@ -324,16 +325,22 @@ class Soak:
         return None, None
 
     def restart(self, *extra: str) -> float:
-        """Start the driver again (after the last one's processes went); the Unix time it started."""
+        """Start the driver again (after the last one's processes went); the Unix time it started. Once the
+        time is up, the restart is the last one: it trains to the latest checkpoint + 2 steps and ends."""
         left = self.driver.stop_tree()
         if left:
             self.log(f"killed {len(left)} processes the stopped run left: {left}")
+        if not extra and self.over():
+            self.total = latest_checkpoint(self.run_dir) + 2
+            extra = (f"trainer.total_steps={self.total}",)
+            self.log(f"time is up: the run resumes to end at step {self.total}")
         self.driver.start(*extra)
         return self.driver.started_wall
 
     def recover(self, since_wall: float) -> float | None:
         """When the next step after `since_wall` was trained (monotonic), None if not within the timeout."""
         t, _ = self.wait_for(lambda: _trained_since(self.run_dir, since_wall), self.args.recover_timeout)
+        self.rays |= ray_dashboard_temp_dirs(self.driver.pid)
         return t
 
     # ---- one fault ----------------------------------------------------------------------------------------
@@ -509,15 +516,15 @@ class Soak:
             self.save()
 
     def finish(self) -> dict[str, Any]:
-        """Stop the run at its latest checkpoint + 2 steps (kill, resume with that many steps, let it end)
-        and check it; then the processes and files it left."""
-        self.rays |= ray_dashboard_temp_dirs(self.driver.pid)
-        kill_all([self.driver.pid])
-        self.driver.wait(60)
-        total = latest_checkpoint(self.run_dir) + 2
-        self.restart(f"trainer.total_steps={total}")
-        self.recover(self.driver.started_wall)
-        self.rays |= ray_dashboard_temp_dirs(self.driver.pid)
+        """Let the run end at its latest checkpoint + 2 steps (when the last fault's restart did not set
+        that: kill, resume with that many steps) and check it; then the processes and files it left."""
+        if self.total is None:  # the last fault left the run going: stop it, resume it to its end
+            kill_all([self.driver.pid])
+            self.driver.wait(60)
+            self.total = latest_checkpoint(self.run_dir) + 2
+            self.restart(f"trainer.total_steps={self.total}")
+            self.recover(self.driver.started_wall)
+        total = self.total
         ended = self.driver.wait(self.args.recover_timeout + 600)
         rc = self.driver.proc.returncode if self.driver.proc else None
         state = json.loads((self.run_dir / "run_state.json").read_text())
@@ -667,7 +674,7 @@ def main() -> int:
                 soak.kinds.remove("disk_full")
         soak.save()
         soak.loop()
-        soak.log("time is up: stopping the run at its latest checkpoint + 2 steps")
+        soak.log("time is up: the run ends at its latest checkpoint + 2 steps")
         checks = soak.finish()
         checks["leftover_files"] = leftovers(soak.tmp, soak.rays)
         soak.out["checks"] = checks
