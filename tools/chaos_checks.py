@@ -68,6 +68,8 @@ def check_prompts(run_dir: Path, total: int, batch: int, n: int, rows: int, seed
     """Each step drew exactly its slice of the sampler's order, each prompt `n` times (see module doc)."""
     order = np.random.default_rng(seed).permutation(rows)
     bad: list[str] = []
+    if total * batch > rows:
+        bad.append(f"{total} steps of {batch} pass the first epoch ({rows} rows): raise the soak's ROWS")
     seen: Counter[int] = Counter()
     for step in range(1, total + 1):
         path = run_dir / "rollouts" / f"step_{step}.jsonl"

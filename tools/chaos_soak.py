@@ -62,7 +62,7 @@ from chaos_procs import (
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics")
 RESTARTS = {"actor_host", "rollout_replica", "driver", "hang", "disk_full", "torn_metrics"}
-BATCH, N, ROWS, SEED = 4, 4, 20000, 0
+BATCH, N, ROWS, SEED = 4, 4, 60000, 0  # 15000 steps: more than 2 hours at the fastest seen
 ASYNC = [
     "cluster.address=local",
     "cluster.separate_pools=[rollout]",
@@ -174,25 +174,35 @@ class Driver:
         return left
 
 
-def _trained_since(run_dir: Path, wall: float) -> dict[str, Any] | None:
-    """The first step record written after Unix time `wall`."""
-    for rec in step_records(run_dir):
-        if float(rec.get("time", 0)) > wall:
-            return rec
-    return None
-
-
-def _records_since(run_dir: Path, wall: float) -> list[dict[str, Any]]:
-    """The metrics records written after Unix time `wall` (a record of the resumed run names its resume)."""
+def _recent(run_dir: Path, tail_bytes: int = 1 << 18) -> list[dict[str, Any]]:
+    """The records in the last `tail_bytes` of `metrics.jsonl` (polled 4 times a second: an hour's file is
+    tens of MB, reading it whole each time would load the machine the soak measures)."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()[1:]  # the first may be cut
+    except OSError:
+        return []
     out = []
-    for line in (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines():
+    for line in lines:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(rec, dict) and float(rec.get("time", 0)) > wall:
+        if isinstance(rec, dict):
             out.append(rec)
     return out
+
+
+def _trained_since(run_dir: Path, wall: float) -> dict[str, Any] | None:
+    """The first step record written after Unix time `wall`."""
+    return next((r for r in _records_since(run_dir, wall) if r.get("kind") == "step"), None)
+
+
+def _records_since(run_dir: Path, wall: float) -> list[dict[str, Any]]:
+    """The metrics records written after Unix time `wall` (a record of the resumed run names its resume)."""
+    return [r for r in _recent(run_dir) if float(r.get("time", 0)) > wall]
 
 
 def _rank_pid(run_dir: Path, label: str, rng: random.Random) -> int:
@@ -368,7 +378,7 @@ class Soak:
             self.log(f"{kind}: no target in this run right now; skipped")
             return None
         row: dict[str, Any] = {"kind": kind, "pid": pid, "injected_at_s": _now(self.t0)}
-        row["step_before"] = max((int(r["step"]) for r in step_records(self.run_dir)), default=0)
+        row["step_before"] = max((int(r["step"]) for r in _recent(self.run_dir) if "step" in r), default=0)
         t_inj, wall_inj, start = time.monotonic(), time.time(), len(self.driver.log_lines())
         if kind in ("driver", "torn_metrics", "actor_host", "rollout_replica", "reward_worker"):
             os.kill(pid, signal.SIGKILL)
@@ -408,8 +418,8 @@ class Soak:
                 if hangs:
                     return f"{hangs[0].name}: {hangs[0].read_text(errors='replace').splitlines()[0][:250]}"
             if kind == "reward_worker":
-                for rec in step_records(self.run_dir):
-                    if float(rec.get("time", 0)) > wall and rec.get("reward/worker_restarts", 0) > 0:
+                for rec in _records_since(self.run_dir, wall):
+                    if rec.get("kind") == "step" and rec.get("reward/worker_restarts", 0) > 0:
                         return f"step {rec['step']}: reward/worker_restarts={rec['reward/worker_restarts']}"
             return None
 
