@@ -62,12 +62,15 @@ from chaos_procs import (
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics")
 RESTARTS = {"actor_host", "rollout_replica", "driver", "hang", "disk_full", "torn_metrics"}
+# A rank stopped outside a step's phases (in a checkpoint save) is bounded by this, not by the phase
+# deadline: the soak waits that long for a hang to be named.
+CALL_TIMEOUT_S = 180
 BATCH, N, ROWS, SEED = 4, 4, 60000, 0  # 15000 steps: more than 2 hours at the fastest seen
 ASYNC = [
     "cluster.address=local",
     "cluster.separate_pools=[rollout]",
     "cluster.cpus_per_bundle=0.5",
-    "cluster.call_timeout_s=300",
+    f"cluster.call_timeout_s={CALL_TIMEOUT_S}",
     "trainer.mode=async",
     "trainer.async_buffer=2",
     "trainer.max_staleness=2",
@@ -221,7 +224,7 @@ PATTERNS = {
     "rollout_replica": r"role .*pid {pid}\b|replica .*pid {pid}\b",
     "reward_worker": r"scoring worker pid {pid}\b",
     "driver": r"resumed from .*global_step_",
-    "hang": r"passed its deadline",
+    "hang": r"passed its deadline|gave no answer within",
     "disk_full": r"No space left|Errno 28|ENOSPC",
     "torn_metrics": r"torn last line",
 }
@@ -423,7 +426,8 @@ class Soak:
                         return f"step {rec['step']}: reward/worker_restarts={rec['reward/worker_restarts']}"
             return None
 
-        timeout = self.args.name_timeout + (self.args.hang_timeout if kind == "hang" else 0)
+        hang = max(self.args.hang_timeout, CALL_TIMEOUT_S) if kind == "hang" else 0
+        timeout = self.args.name_timeout + hang
         t, message = self.wait_for(probe, timeout)
         self.fault_start = start
         if kind == "hang" and message and not message.startswith("hang_"):
