@@ -3,9 +3,10 @@
 - steps: every step 1..N has exactly one `step` record in `metrics.jsonl` (records of steps a resume redid
   sit in `metrics.superseded.jsonl`), and `checkpoints/latest` names step N;
 - prompts: `rollouts/step_K.jsonl` (`trainer.rollout_freq=1`, `trainer.rollout_samples=0`: every row)
-  names the dataset row of each sample; step K must hold exactly rows `order[(K-1)B : KB]` of the epoch's
-  shuffle, recomputed here with numpy as the sampler documents it (`default_rng(seed + epoch)
-  .permutation(n)`), each `rollout.n` times: nothing skipped, nothing repeated, whatever resumes happened;
+  names the dataset row of each sample; step K must hold exactly its B rows of its epoch's shuffle
+  (offset (K-1)B, epochs of n // B * B rows), recomputed here with numpy as the sampler documents it
+  (`default_rng(seed + epoch).permutation(n)`), each `rollout.n` times: nothing skipped, nothing
+  repeated within an epoch, whatever resumes happened;
 - weights: two `hf/model.safetensors` equal tensor by tensor, bit for bit.
 """
 
@@ -65,25 +66,28 @@ def check_steps(run_dir: Path, total: int) -> dict[str, Any]:
 
 
 def check_prompts(run_dir: Path, total: int, batch: int, n: int, rows: int, seed: int) -> dict[str, Any]:
-    """Each step drew exactly its slice of the sampler's order, each prompt `n` times (see module doc)."""
-    order = np.random.default_rng(seed).permutation(rows)
+    """Each step drew exactly its slice of its epoch's order, each prompt `n` times (see module doc)."""
+    per_epoch = rows // batch * batch  # drop_last: the rows an epoch serves
+    orders: dict[int, np.ndarray] = {}
     bad: list[str] = []
-    if total * batch > rows:
-        bad.append(f"{total} steps of {batch} pass the first epoch ({rows} rows): raise the soak's ROWS")
-    seen: Counter[int] = Counter()
+    seen: Counter[tuple[int, int]] = Counter()  # (epoch, row): a row comes back once per epoch
     for step in range(1, total + 1):
+        epoch, start = divmod((step - 1) * batch, per_epoch)
+        if epoch not in orders:
+            orders[epoch] = np.random.default_rng(seed + epoch).permutation(rows)
         path = run_dir / "rollouts" / f"step_{step}.jsonl"
         got = Counter(int(r["index"]) for r in _records(path))
-        want = Counter({int(i): n for i in order[(step - 1) * batch : step * batch]})
-        seen.update(got.keys())
+        want = Counter({int(i): n for i in orders[epoch][start : start + batch]})
+        seen.update((epoch, i) for i in got)
         if got != want:
             bad.append(f"step {step}: drew {sorted(got.items())}, expected {sorted(want.items())}")
-    repeats = sorted(i for i, c in seen.items() if c > 1)
+    repeats = sorted(key for key, c in seen.items() if c > 1)
     return {
         "passed": not bad and not repeats,
         "prompts": len(seen),
+        "epochs": len(orders),
         "wrong_steps": bad[:10],
-        "prompts_in_two_steps": repeats[:20],
+        "prompts_twice_in_an_epoch": repeats[:20],
     }
 
 

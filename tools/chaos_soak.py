@@ -65,7 +65,8 @@ RESTARTS = {"actor_host", "rollout_replica", "driver", "hang", "disk_full", "tor
 # A rank stopped outside a step's phases (in a checkpoint save) is bounded by this, not by the phase
 # deadline: the soak waits that long for a hang to be named.
 CALL_TIMEOUT_S = 180
-BATCH, N, ROWS, SEED = 4, 4, 60000, 0  # 15000 steps: more than 2 hours at the fastest seen
+BATCH, N, ROWS, SEED = 4, 4, 20000, 0
+MAX_STEPS = 1_000_000  # never reached: the soak ends the run itself (a quiet machine trains ~10 steps/s)
 ASYNC = [
     "cluster.address=local",
     "cluster.separate_pools=[rollout]",
@@ -263,7 +264,7 @@ class Soak:
             f"trainer.output_dir={work / 'out'}",
             f"cluster.namespace=soak-{os.getpid()}",
             f"trainer.hang_timeout_s={args.hang_timeout}",
-            f"trainer.total_steps={ROWS // BATCH}",
+            f"trainer.total_steps={MAX_STEPS}",
         ]
         (work / "logs").mkdir(exist_ok=True)
         self.driver = Driver(overrides, work / "logs", env, self.run_dir)
