@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +39,15 @@ SYNC = [
 ]
 
 
+def _quartet_script() -> str:
+    """The `quartet` console script beside this interpreter (a venv's bin/), else the one on PATH."""
+    beside = Path(sys.executable).with_name("quartet")
+    found = str(beside) if beside.exists() else shutil.which("quartet")
+    if found is None:
+        raise FileNotFoundError("no `quartet` script beside this Python or on PATH: pip install -e . first")
+    return found
+
+
 class Driver:
     """One `quartet train` process at a time for one run folder, restarted with `trainer.resume=auto`."""
 
@@ -51,7 +61,7 @@ class Driver:
     def start(self, *extra: str) -> None:
         self.attempt += 1
         self.log_path = self.logs / f"driver-{self.attempt}.log"
-        quartet = Path(sys.executable).with_name("quartet")
+        quartet = _quartet_script()
         argv = [str(quartet), "train", *self.overrides, "trainer.resume=auto", *extra]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
