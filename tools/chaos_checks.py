@@ -23,7 +23,9 @@ import numpy as np
 def _records(path: Path) -> list[dict[str, Any]]:
     out = []
     if path.exists():
-        for line in path.read_text().splitlines():
+        # "\n" only: str.splitlines also cuts at U+0085, U+2028, \x0b..., which a sampled response written
+        # unescaped (rollout records) may hold, and half a record is no record
+        for line in path.read_text().split("\n"):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:

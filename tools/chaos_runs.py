@@ -91,7 +91,7 @@ class Driver:
 
     def log_lines(self) -> list[str]:
         try:
-            return self.log_path.read_text(errors="replace").splitlines()
+            return self.log_path.read_text(errors="replace").split("\n")
         except OSError:
             return []
 
@@ -110,7 +110,7 @@ def recent(run_dir: Path, tail_bytes: int = 1 << 18) -> list[dict[str, Any]]:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            lines = f.read().decode(errors="replace").splitlines()[1:]  # the first may be cut
+            lines = f.read().decode(errors="replace").split("\n")[1:]  # the first may be cut
     except OSError:
         return []
     out = []

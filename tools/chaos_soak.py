@@ -472,6 +472,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--recover-timeout", type=float, default=600.0, help="seconds to the next step trained")
     p.add_argument("--no-sync-leg", action="store_true", help="skip the bitwise sync-mode check")
     p.add_argument("--keep", action="store_true", help="keep the work folder (runs, logs) for reading")
+    p.add_argument("--recheck-prompts", metavar="RUN_DIR", help="only redo the prompt check of --out")
     args = p.parse_args()
     bad = [k for k in args.kinds.split(",") if k and k not in KINDS]
     if bad:
@@ -487,6 +488,25 @@ def _model(work: Path) -> Path:
     return Path(ensure_tiny_model(TinyModelConfig(), work / "models"))
 
 
+def recheck_prompts(out: Path, run_dir: Path) -> bool:
+    """Recompute the prompt check of a finished soak (run with `--keep`) from its kept run folder, after a
+    fix of the check itself; the result as run stays under `prompts_as_run`. Whether all checks pass."""
+    result = json.loads(out.read_text())
+    checks = result["checks"]
+    total = checks["steps"]["steps"]
+    checks.setdefault("prompts_as_run", checks["prompts"])
+    checks["prompts"] = {
+        **check_prompts(run_dir, total, BATCH, N, ROWS, SEED),
+        "note": "recomputed from the kept run folder by --recheck-prompts (see prompts_as_run)",
+    }
+    named = all(
+        f["named_after_s"] is not None and f["recovered_after_s"] is not None for f in result["faults"]
+    )
+    result["passed"] = named and all(c["passed"] for k, c in checks.items() if k != "prompts_as_run")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return bool(result["passed"])
+
+
 def _stop(signum: int, _frame: Any) -> None:
     """SIGTERM/SIGINT: leave through `main`'s cleanup (a background job of a shell ignores SIGINT)."""
     raise SystemExit(128 + signum)
@@ -494,6 +514,8 @@ def _stop(signum: int, _frame: Any) -> None:
 
 def main() -> int:
     args = _args()
+    if args.recheck_prompts:
+        return 0 if recheck_prompts(Path(args.out), Path(args.recheck_prompts)) else 1
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))  # short: Ray's socket paths must stay short
