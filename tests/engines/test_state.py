@@ -151,3 +151,18 @@ def test_value_model_export_keeps_its_head(value_model_dir: Path, tmp_path: Path
     assert folder is not None
     model = AutoModelForTokenClassification.from_pretrained(folder, local_files_only=True)
     assert torch.equal(model.score.weight, hf_model(engine.module).score.weight)
+
+
+def test_a_failed_checkpoint_write_names_its_cause_on_the_first_line(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """torch wraps a write error in a CheckpointException whose first line names only the ranks; a run's
+    failure line is that first line, so the save re-raises the rank's own error (a full disk: ENOSPC)."""
+    engine = _engine(tiny_model_dir)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "dcp").write_text("a file where the checkpoint's folder goes")
+    with pytest.raises(OSError) as caught:
+        engine.save(tmp_path / "ckpt")
+    first = str(caught.value).splitlines()[0]
+    assert "writing checkpoint" in first and str(tmp_path / "ckpt") in first and "(rank 0)" in first
+    assert caught.value.errno is not None and caught.value.strerror in first  # the OS's own words

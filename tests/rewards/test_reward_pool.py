@@ -173,11 +173,13 @@ def test_workers_exit_when_their_parent_dies_without_closing(functions_file: Pat
     script = (
         "import os, sys\n"
         "from quartet.rewards import ScorePool\n"
+        "from quartet.rewards import ScoreItem\n"
         f"pool = ScorePool({str(functions_file) + ':troublesome'!r}, num_workers=2, timeout_s=1.0)\n"
+        "assert pool.score([ScoreItem('src', 'crash', 'x', None)]).restarts == 1\n"  # a replaced worker
         "print(' '.join(map(str, pool.pids)), flush=True)\n"
         "os._exit(0)\n"
     )
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the dead parent cannot remove its temporary folder
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the dead parent cannot remove its temporary folder...
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True, env=env
     )
@@ -187,3 +189,4 @@ def test_workers_exit_when_their_parent_dies_without_closing(functions_file: Pat
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
+    assert list(tmp_path.rglob("*")) == []  # ...its last worker removed it on the way out

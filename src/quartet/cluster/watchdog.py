@@ -111,19 +111,20 @@ def install_stack_dump(name: str) -> str:
     """Register faulthandler on `HANG_SIGNAL` for this process, writing to a file of its own; the path to
     read it by.
 
-    Where `/proc` exists the file is unlinked at once and read through `/proc/<pid>/fd/<fd>`: it lives as
-    long as the process holds it, so nothing is left behind however the process ends (a SIGKILL included).
-    Elsewhere the named file is removed when the process exits normally.
+    Where `/proc` exists the file has no name at all (`tempfile.TemporaryFile`) and is read through
+    `/proc/<pid>/fd/<fd>`: it lives as long as the process holds it, so nothing is left behind however the
+    process ends (a SIGKILL included), not even a folder. Elsewhere it is a named file under
+    `$TMPDIR/quartet-stacks/`, removed when the process exits normally.
     """
+    if Path(f"/proc/{os.getpid()}/fd").is_dir():
+        anonymous = tempfile.TemporaryFile("w")  # noqa: SIM115 - faulthandler keeps it alive while registered
+        faulthandler.register(HANG_SIGNAL, file=anonymous, all_threads=True, chain=False)
+        return f"/proc/{os.getpid()}/fd/{anonymous.fileno()}"
     folder = Path(tempfile.gettempdir()) / "quartet-stacks"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{os.getpid()}.txt"
     stream = path.open("a")  # faulthandler keeps the file object alive for as long as it is registered
     faulthandler.register(HANG_SIGNAL, file=stream, all_threads=True, chain=False)
-    held = Path(f"/proc/{os.getpid()}/fd/{stream.fileno()}")
-    if held.exists():
-        path.unlink()
-        return str(held)
     atexit.register(path.unlink, missing_ok=True)
     return str(path)
 

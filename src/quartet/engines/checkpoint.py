@@ -32,6 +32,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -141,10 +142,26 @@ def save_checkpoint(
     state = snapshot(module, optimizer, scheduler, counters, ctx.device)
     tensors = {k: state.pop(k) for k in ("model", "optimizer") if k in state}
     with _single_process_quiet():
-        dcp_save(tensors, checkpoint_id=str(folder / "dcp"), no_dist=not ctx.sharded)
+        try:
+            dcp_save(tensors, checkpoint_id=str(folder / "dcp"), no_dist=not ctx.sharded)
+        except CheckpointException as err:
+            raise _write_error(err, folder) from err
     state["has_optimizer_state"] = "optimizer" in tensors
     state["world"] = ctx.world
     torch.save(state, folder / f"extra_rank{ctx.rank}.pt")
+
+
+def _write_error(err: CheckpointException, folder: Path) -> BaseException:
+    """The first rank's own error, named with the folder: torch's CheckpointException says only which
+    ranks failed on its first line (`CheckpointException ranks:dict_keys([0])`), and a run's failure line
+    is that first line, so a full disk would go unnamed there. An OSError stays an OSError (errno kept)."""
+    if not err.failures:
+        return err
+    rank, (cause, _) = next(iter(sorted(err.failures.items())))
+    where = f"writing checkpoint {folder} (rank {rank})"
+    if isinstance(cause, OSError) and cause.errno is not None:
+        return OSError(cause.errno, f"{cause.strerror}: {where}: {cause.filename or ''}".rstrip(": "))
+    return RuntimeError(f"{where}: {type(cause).__name__}: {cause}")
 
 
 def load_checkpoint(

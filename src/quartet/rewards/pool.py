@@ -222,6 +222,8 @@ class ScorePool:
 
     def _replace(self, worker: _Worker) -> None:
         _kill(worker)
+        with contextlib.suppress(OSError):  # read already (a timeout's stack); a dead worker cannot remove it
+            os.unlink(worker.stack_path)
         index = self._workers.index(worker)
         self._workers[index] = self._spawn()
         self.restarts += 1

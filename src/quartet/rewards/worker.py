@@ -19,6 +19,7 @@ Only the standard library and the function's own imports are loaded, so a replac
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -33,10 +34,20 @@ from quartet.rewards.custom import load_function
 from quartet.rewards.scoring import read_score
 
 
-def _exit_when_orphaned(parent_pid: int, period_s: float = 0.5) -> None:
+def _leave_nothing(stack_path: str) -> None:
+    """Remove this worker's stack file, and the pool's temp folder once it is empty. A pool killed outright
+    (SIGKILL) cannot remove that folder itself: its last worker to leave does, so nothing is left behind."""
+    with contextlib.suppress(OSError):
+        os.unlink(stack_path)
+    with contextlib.suppress(OSError):  # not empty: another worker's file is still there
+        os.rmdir(os.path.dirname(stack_path))
+
+
+def _exit_when_orphaned(parent_pid: int, stack_path: str, period_s: float = 0.5) -> None:
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(period_s)
+        _leave_nothing(stack_path)
         os._exit(3)
 
     threading.Thread(target=watch, name="quartet-reward-parent-watch", daemon=True).start()
@@ -56,7 +67,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inbox = Connection(int(in_fd), writable=False)
     outbox = Connection(int(out_fd), readable=False)
-    _exit_when_orphaned(int(parent_pid))
+    _exit_when_orphaned(int(parent_pid), stack_path)
     stack_file = open(stack_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
@@ -72,9 +83,11 @@ def main(argv: list[str]) -> int:
     while True:
         try:
             message = inbox.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # the pool closed, or its process is gone
+            _leave_nothing(stack_path)
             return 0
         if message is None:
+            _leave_nothing(stack_path)
             return 0
         seq, item = message
         outbox.send(_answer(fn, seq, item))

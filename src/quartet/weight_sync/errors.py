@@ -17,9 +17,13 @@ class GroupJoinError(RuntimeError):
     """
 
     def __init__(self, address: str, world_size: int, joined: int, problem: str) -> None:
-        self.address, self.world_size, self.joined = address, world_size, joined
+        self.address, self.world_size, self.joined, self.problem = address, world_size, joined, problem
         count = f"{joined} of {world_size} ranks joined" if joined >= 0 else f"world size {world_size}"
         super().__init__(f"weight-sync group at {address} ({count}): {problem}")
+
+    def __reduce__(self) -> tuple[type[GroupJoinError], tuple[str, int, int, str]]:
+        """Pickle by the constructor's arguments (see `WeightSyncError.__reduce__`)."""
+        return type(self), (self.address, self.world_size, self.joined, self.problem)
 
 
 class WeightSyncError(RuntimeError):
@@ -31,8 +35,15 @@ class WeightSyncError(RuntimeError):
     """
 
     def __init__(self, version: int | None, stage: str, bytes_done: int, problem: str) -> None:
-        self.version, self.stage, self.bytes_done = version, stage, bytes_done
+        self.version, self.stage, self.bytes_done, self.problem = version, stage, bytes_done, problem
         which = f"version {version}" if version is not None else "an unknown version (none arrived yet)"
         super().__init__(
             f"weight sync of {which} failed at {stage} after {bytes_done} payload bytes: {problem}"
         )
+
+    def __reduce__(self) -> tuple[type[WeightSyncError], tuple[int | None, str, int, str]]:
+        """Pickle by the constructor's arguments. The default pickles `args` (the one formatted message) and
+        calls the four-argument constructor with it on load, which fails: an error raised in a Ray actor
+        then reached the driver as `UnserializableException: Failed to deserialize exception` (the chaos
+        soak's killed rollout replica) instead of naming the failed sync."""
+        return type(self), (self.version, self.stage, self.bytes_done, self.problem)
