@@ -102,3 +102,22 @@ def same_weights(a: Path, b: Path) -> list[str]:
     if left.keys() != right.keys():
         return sorted(set(left) ^ set(right))
     return [k for k in left if not torch.equal(left[k], right[k])]
+
+
+def recheck_prompts(out: Path, run_dir: Path, batch: int, n: int, rows: int, seed: int) -> bool:
+    """Recompute the prompt check of a finished soak (run with `--keep`) from its kept run folder, after a
+    fix of the check itself; the result as run stays under `prompts_as_run`. Whether all checks pass."""
+    result = json.loads(out.read_text())
+    checks = result["checks"]
+    total = checks["steps"]["steps"]
+    checks.setdefault("prompts_as_run", checks["prompts"])
+    checks["prompts"] = {
+        **check_prompts(run_dir, total, batch, n, rows, seed),
+        "note": "recomputed from the kept run folder by --recheck-prompts (see prompts_as_run)",
+    }
+    named = all(
+        f["named_after_s"] is not None and f["recovered_after_s"] is not None for f in result["faults"]
+    )
+    result["passed"] = named and all(c["passed"] for k, c in checks.items() if k != "prompts_as_run")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return bool(result["passed"])

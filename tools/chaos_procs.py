@@ -171,3 +171,11 @@ def ray_dashboard_temp_dirs(root: int) -> set[str]:
         if "multiprocessing.forkserver" in line and "ray.dashboard" in line:
             found.update(str(Path(p).parent) for p in unix_sockets(pid))
     return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

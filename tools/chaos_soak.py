@@ -44,8 +44,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_checks import check_prompts, check_steps, latest_checkpoint
+from chaos_checks import check_prompts, check_steps, latest_checkpoint, recheck_prompts
+from chaos_config import (
+    ASYNC,
+    BATCH,
+    CALL_TIMEOUT_S,
+    KINDS,
+    MAX_STEPS,
+    PATTERNS,
+    RESTARTS,
+    ROOT,
+    ROWS,
+    SEED,
+    N,
+)
 from chaos_procs import (
+    alive,
     become_subreaper,
     cmdline,
     descendants,
@@ -59,44 +73,6 @@ from chaos_procs import (
     unmount,
 )
 from chaos_runs import Driver, leftovers, recent, records_since, sync_leg, trained_since
-
-ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics")
-RESTARTS = {"actor_host", "rollout_replica", "driver", "hang", "disk_full", "torn_metrics"}
-# A rank stopped outside a step's phases (in a checkpoint save) is bounded by this, not by the phase
-# deadline: the soak waits that long for a hang to be named.
-CALL_TIMEOUT_S = 180
-BATCH, N, ROWS, SEED = 4, 4, 20000, 0
-MAX_STEPS = 1_000_000  # never reached: the soak ends the run itself (a quiet machine trains ~10 steps/s)
-ASYNC = [
-    "cluster.address=local",
-    "cluster.separate_pools=[rollout]",
-    "cluster.cpus_per_bundle=0.5",
-    f"cluster.call_timeout_s={CALL_TIMEOUT_S}",
-    "trainer.mode=async",
-    "trainer.async_buffer=2",
-    "trainer.max_staleness=2",
-    f"data.train_batch_size={BATCH}",
-    f"data.builtin_train_size={ROWS}",
-    "data.builtin_val_size=8",
-    f"data.seed={SEED}",
-    "data.max_response_length=8",
-    f"rollout.n={N}",
-    "actor.mini_batch_size=4",
-    "actor.micro_batch_size_per_device=16",
-    "actor.mixed_precision=float32",
-    "algorithm.adv_estimator=grpo",
-    "trainer.test_freq=0",
-    "trainer.val_before_train=false",
-    "trainer.save_freq=3",
-    "trainer.max_checkpoints_to_keep=2",
-    "trainer.rollout_freq=1",
-    "trainer.rollout_samples=0",
-    "trainer.rollout_tokens=false",
-    "trainer.loggers=[jsonl]",
-    "trainer.export_final=false",
-    "trainer.experiment_name=soak",
-]
 
 
 def _now(t0: float) -> float:
@@ -112,25 +88,6 @@ def _rank_pid(run_dir: Path, label: str, rng: random.Random) -> int:
 def _reward_worker(driver: Driver, rng: random.Random) -> int:
     kids = [p for p in descendants(driver.pid) if "quartet.rewards.worker" in cmdline(p)]
     return rng.choice(kids) if kids else -1
-
-
-PATTERNS = {
-    "actor_host": r"role .*pid {pid}\b",
-    "rollout_replica": r"role .*pid {pid}\b|replica .*pid {pid}\b",
-    "reward_worker": r"scoring worker pid {pid}\b",
-    "driver": r"resumed from .*global_step_",
-    "hang": r"passed its deadline|gave no answer within",
-    "disk_full": r"No space left|Errno 28|ENOSPC",
-    "torn_metrics": r"torn last line",
-}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _first_match(lines: list[str], start: int, pattern: str) -> str | None:
@@ -331,7 +288,7 @@ class Soak:
 
     def _restart_after(self, kind: str, pid: int, row: dict[str, Any]) -> float:
         """The run stopped (or must be stopped): let the driver exit, undo the fault, resume."""
-        if kind == "hang" and _alive(pid):
+        if kind == "hang" and alive(pid):
             os.kill(pid, signal.SIGCONT)  # so the shutdown that follows the named hang can proceed
         if not self.driver.wait(self.args.exit_timeout):
             row["note"] = f"the driver did not exit within {self.args.exit_timeout} s: killed"
@@ -339,7 +296,7 @@ class Soak:
             self.driver.wait(30)
         row["driver_exit"] = self.driver.returncode()
         self.failed_line = _first_match(self.driver.log_lines(), self.fault_start, r"^run failed")
-        if kind == "hang" and _alive(pid):
+        if kind == "hang" and alive(pid):
             kill_all([pid])
         if kind == "disk_full":
             (self.run_dir / "checkpoints" / "soak_filler.bin").unlink(missing_ok=True)
@@ -488,25 +445,6 @@ def _model(work: Path) -> Path:
     return Path(ensure_tiny_model(TinyModelConfig(), work / "models"))
 
 
-def recheck_prompts(out: Path, run_dir: Path) -> bool:
-    """Recompute the prompt check of a finished soak (run with `--keep`) from its kept run folder, after a
-    fix of the check itself; the result as run stays under `prompts_as_run`. Whether all checks pass."""
-    result = json.loads(out.read_text())
-    checks = result["checks"]
-    total = checks["steps"]["steps"]
-    checks.setdefault("prompts_as_run", checks["prompts"])
-    checks["prompts"] = {
-        **check_prompts(run_dir, total, BATCH, N, ROWS, SEED),
-        "note": "recomputed from the kept run folder by --recheck-prompts (see prompts_as_run)",
-    }
-    named = all(
-        f["named_after_s"] is not None and f["recovered_after_s"] is not None for f in result["faults"]
-    )
-    result["passed"] = named and all(c["passed"] for k, c in checks.items() if k != "prompts_as_run")
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    return bool(result["passed"])
-
-
 def _stop(signum: int, _frame: Any) -> None:
     """SIGTERM/SIGINT: leave through `main`'s cleanup (a background job of a shell ignores SIGINT)."""
     raise SystemExit(128 + signum)
@@ -515,7 +453,7 @@ def _stop(signum: int, _frame: Any) -> None:
 def main() -> int:
     args = _args()
     if args.recheck_prompts:
-        return 0 if recheck_prompts(Path(args.out), Path(args.recheck_prompts)) else 1
+        return 0 if recheck_prompts(Path(args.out), Path(args.recheck_prompts), BATCH, N, ROWS, SEED) else 1
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))  # short: Ray's socket paths must stay short
