@@ -143,6 +143,13 @@ class ModelConfig:
     devices of the policy's pool and the model's attention heads (key/value heads fewer than it are
     replicated). verl's `ulysses_sequence_parallel_size`. The critic and reward model run without it."""
 
+    tensor_parallel_size: int = 1
+    """Tensor parallelism of the policy's training engine (docs/parallelism.md): groups of this many
+    consecutive devices split every attention and MLP layer by heads and hidden columns (PyTorch DTensor,
+    composed with FSDP2 on a (data x tensor) mesh), and the LM head by vocabulary. 1: off. Must divide the
+    devices of the policy's pool, the model's attention and key/value heads and its vocabulary.
+    The rollout engines receive full tensors as without it."""
+
     fused_head: bool | None = None
     """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
     building the [tokens, vocab] logits (`quartet.engines.fused_head`): the same values, without the logits'
@@ -165,7 +172,16 @@ class ModelConfig:
             f"is {sp}, but sequence parallelism is built for packed micro-batches only",
             "set model.remove_padding: true, or model.sequence_parallel_size: 1",
         )
+        tp = self.tensor_parallel_size
+        require(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}", "use 1 to turn it off")
         heads = self.tiny.num_attention_heads
+        kv = self.tiny.num_key_value_heads
+        require(
+            not self.is_tiny or (heads % tp == 0 and kv % tp == 0),
+            "tensor_parallel_size",
+            f"{tp} does not divide the tiny model's {heads} attention and {kv} key/value heads",
+            f"pick a common divisor of {heads} and {kv}",
+        )
         require(
             not self.is_tiny or heads % sp == 0,
             "sequence_parallel_size",

@@ -88,16 +88,33 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
 
 
 def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
-    sp, world = cfg.model.sequence_parallel_size, cfg.cluster.world_size
-    if world % sp == 0:
-        return []
-    return [
-        ConfigError(
-            "model.sequence_parallel_size",
-            f"{sp} does not divide the {world} devices of the policy's pool (cluster.world_size)",
-            f"set model.sequence_parallel_size to one of {_divisors(world)}",
+    sp, tp, world = cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size, cfg.cluster.world_size
+    out: list[ConfigError] = []
+    if world % sp:
+        out.append(
+            ConfigError(
+                "model.sequence_parallel_size",
+                f"{sp} does not divide the {world} devices of the policy's pool (cluster.world_size)",
+                f"set model.sequence_parallel_size to one of {_divisors(world)}",
+            )
         )
-    ]
+    if world % tp:
+        out.append(
+            ConfigError(
+                "model.tensor_parallel_size",
+                f"{tp} does not divide the {world} devices of the policy's pool (cluster.world_size)",
+                f"set model.tensor_parallel_size to one of {_divisors(world)}",
+            )
+        )
+    if not out and world % (sp * tp):
+        out.append(
+            ConfigError(
+                "model.tensor_parallel_size",
+                f"sequence x tensor parallel = {sp} x {tp} does not divide the {world} devices of the pool",
+                "pick sizes whose product divides cluster.world_size",
+            )
+        )
+    return out
 
 
 def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
