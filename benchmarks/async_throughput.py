@@ -12,7 +12,8 @@ ways, one after another in one process and one local Ray of `--cpus` CPUs (the s
 - `sync_colocated`: actor and rollout in one host process holding every CPU (quartet's default);
 - `sync_separate`: the rollout on a pool of its own (half the CPUs each), weights streamed after each update;
 - `one_step_off`: separate pools, batch k+1 generated while the actor trains on batch k;
-- `async`: separate pools, `--async-buffer` batches generated ahead, staleness bounded by `--max-staleness`.
+- `async`: separate pools, `--async-buffer` batches generated ahead, staleness bounded by `--max-staleness`
+  (admission control; `--modes ...,async_drop` adds the drop-and-regenerate policy, not run by default).
 Each mode trains until its steps add up to `--train-seconds` (`timing_s/step`, start-up excluded; or for
 `--train-steps` steps, whichever comes first), then the checkpoint it stops with is exported and scored
 greedily on the same 200 held-out problems. Reported per mode and seed: steps, steps/min, samples/s, the
@@ -41,7 +42,14 @@ MODES: dict[str, list[str]] = {
     "sync_separate": ["trainer.mode=sync", "cluster.separate_pools=[rollout]"],
     "one_step_off": ["trainer.mode=one_step_off", "cluster.separate_pools=[rollout]"],
     "async": ["trainer.mode=async", "cluster.separate_pools=[rollout]"],
+    # async with the drop policy instead of admission control: differs only with a bound below the buffer
+    "async_drop": [
+        "trainer.mode=async",
+        "trainer.staleness_control=drop",
+        "cluster.separate_pools=[rollout]",
+    ],
 }
+DEFAULT_MODES = ("sync_colocated", "sync_separate", "one_step_off", "async")
 BASELINE = "sync_separate"
 
 
@@ -109,6 +117,7 @@ def run_mode(
         "staleness_mean": _mean(records, "async/staleness_mean"),
         "spanning_updates": _mean(records, "async/spanning_updates"),
         "dropped_stale": sum(float(r.get("async/dropped_stale", 0.0)) for r in records),
+        "admission_wait_s": _mean(records, "async/admission_wait_s"),
         "step_s": [float(r["timing_s/step"]) for r in records],
     }
 
@@ -170,7 +179,7 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray, shared by all modes")
     parser.add_argument("--async-buffer", type=int, default=2)
     parser.add_argument("--max-staleness", type=int, default=2)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"any of {', '.join(MODES)}")
     parser.add_argument(
         "--override",
         action="append",

@@ -3,8 +3,9 @@ processes, and the overlapped modes (`trainer.mode=one_step_off|async`).
 
 Checked from the outside and against independent computations: the engine's weights after a sync equal the
 actor's tensor by tensor, bit for bit; the engine's log-probs equal the trainer's recomputation within 1e-5
-(fp32); over a 20-step async run no trained token is older than `trainer.max_staleness` (every token's
-version recounted here); a resumed async run draws exactly the prompts of the uninterrupted one.
+(fp32); over a 20-step async run with the drop policy, and over 16 steps of admission control with some
+responses 10x longer, no trained token is older than `trainer.max_staleness` (every token's version
+recounted here); a resumed async run draws exactly the prompts of the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class _Batches:
 
 
 @pytest.mark.slow
-def test_async_run_never_trains_on_tokens_older_than_the_bound(
+def test_async_drop_policy_never_trains_on_tokens_older_than_the_bound(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batches = _Batches(monkeypatch)
@@ -168,6 +169,7 @@ def test_async_run_never_trains_on_tokens_older_than_the_bound(
         tiny_model_dir,
         tmp_path,
         "trainer.mode=async",
+        "trainer.staleness_control=drop",  # admission would never let a group get too old
         "trainer.max_staleness=1",
         "trainer.async_buffer=2",  # two batches ahead: some groups come back two versions old
         "trainer.total_steps=20",
@@ -192,6 +194,91 @@ def test_async_run_never_trains_on_tokens_older_than_the_bound(
     assert [r["async/staleness_max"] for r in steps] == lags
     assert all(0.0 <= r["perf/overlap"] <= 1.0 for r in steps)
     assert steps[-1]["weight_sync/version"] == 20
+
+
+LONG, SHORT = 40, 4  # response lengths of the admission run: a quarter of the prompts 10x longer
+
+
+def _skewed_lengths(group: Any) -> None:
+    """Make every replica of `group` answer dataset rows whose index is a multiple of 4 with exactly LONG
+    tokens and the others with exactly SHORT (end-of-sequence ignored): skew decided by the prompt, not
+    sampled. Defined here, so Ray pickles it by value."""
+
+    def install(role: Any) -> None:
+        import dataclasses
+
+        from quartet.roles.rollout.generators import Generator
+        from quartet.rollout.batch_io import outputs_to_batch, requests_from_batch
+
+        class Skewed(Generator):
+            def generate(self, prompts: Batch, sampling: Any) -> Batch:
+                requests = requests_from_batch(prompts, dataclasses.replace(sampling, ignore_eos=True))
+                for i, index in enumerate(prompts.non_tensors["index"]):
+                    cap = LONG if int(index) % 4 == 0 else SHORT
+                    own = dataclasses.replace(requests[i].sampling, max_new_tokens=cap)
+                    requests[i] = dataclasses.replace(requests[i], sampling=own)
+                outputs = role.engine.generate(requests)
+                return outputs_to_batch(prompts, outputs, role.pad_token_id, sampling.temperature)
+
+        role.generator = Skewed()
+
+    group.execute(install)
+
+
+@pytest.mark.slow
+def test_admission_run_with_skewed_lengths_drops_nothing_and_keeps_the_bound(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 async steps (2 epochs) under admission control with the buffer deeper than the bound, recounted
+    from the run's own rollout tables: every token's version against the step's, every prompt per epoch."""
+    import pyarrow.parquet as pq
+
+    from quartet.trainer import session
+
+    real_start = session.start_workers
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        workers = real_start(*args, **kwargs)
+        _skewed_lengths(workers.rollout)
+        return workers
+
+    monkeypatch.setattr(session, "start_workers", start)
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "trainer.mode=async",
+        "trainer.max_staleness=1",
+        "trainer.async_buffer=3",  # the buffer alone would let batches come back 3 versions old
+        "data.builtin_train_size=32",  # 8 steps an epoch
+        f"data.max_response_length={LONG}",
+        "trainer.total_steps=16",
+        "trainer.save_freq=0",
+        "trainer.rollout_freq=1",  # every step's samples, per token, to rollouts/step_N.parquet
+        "trainer.rollout_samples=0",
+    )
+    records: list[dict[str, Any]] = []
+    assert RLTrainer(cfg, on_record=records.append).run().steps == 16
+    steps = {r["step"]: r for r in records if r["kind"] == "step"}
+    assert sorted(steps) == list(range(1, 17))
+    drawn: list[set[int]] = [set(), set()]
+    for step, record in steps.items():
+        assert record["async/dropped_stale"] == 0 and record["async/admission_wait_s"] >= 0
+        assert record["weight_sync/version"] == step  # one update a step: step s trains at version s - 1
+        rows = pq.read_table(cfg.trainer.run_dir / "rollouts" / f"step_{step}.parquet").to_pylist()
+        assert len(rows) == 16  # 4 prompts x 4 responses, none lost
+        lags = [step - 1 - v for row in rows for v, m in zip(row["versions"], row["mask"], strict=True) if m]
+        assert min(lags) >= 0 and max(lags) <= 1, f"step {step}: lags {sorted(set(lags))}"
+        assert record["async/staleness_max"] == max(lags)
+        for row in rows:
+            assert row["response_tokens"] == (LONG if row["index"] % 4 == 0 else SHORT), row["index"]
+        groups = {(row["uid"], row["index"]) for row in rows}
+        epoch = drawn[(step - 1) // 8]
+        assert len(groups) == 4 and not {index for _, index in groups} & epoch, f"step {step} repeats"
+        epoch.update(index for _, index in groups)
+    assert drawn == [set(range(32)), set(range(32))]  # every prompt exactly once per epoch
+    assert steps[16]["async/dropped_stale_total"] == 0
+    # the buffer (3) had room for batches the bound (1) held back: admission did act, from step 2 on
+    assert all(steps[s]["async/admission_wait_s"] > 0 for s in range(2, 16))
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from quartet.config.rollout import (
 )
 from quartet.config.root import QuartetConfig
 from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
-from quartet.config.trainer import Logger, TrainerConfig, TrainerMode
+from quartet.config.trainer import Logger, StalenessControl, TrainerConfig, TrainerMode
 from quartet.config.validate import validate
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutEngineKind",
     "RolloutMode",
+    "StalenessControl",
     "TrainerMode",
     "WeightApply",
     "WeightTransport",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quartet.config.errors import require
 
-__all__ = ["Logger", "TrainerConfig", "TrainerMode"]
+__all__ = ["Logger", "StalenessControl", "TrainerConfig", "TrainerMode"]
 
 
 class Logger(StrEnum):
@@ -30,9 +30,21 @@ class TrainerMode(StrEnum):
     """Batch k+1 is generated (by the weights of step k-1) while the actor trains on batch k; staleness 1.
     Needs the rollout on a pool of its own (`cluster.separate_pools=[rollout]`)."""
     ASYNC = "async"
-    """The rollout pool generates continuously, `async_buffer` batches ahead of the trainer; weights reach it
-    while it generates; samples older than `max_staleness` versions are dropped and regenerated (counted).
-    Needs the rollout on a pool of its own."""
+    """The rollout pool generates continuously, up to `async_buffer` batches ahead of the trainer; weights
+    reach it while it generates; no trained token is older than `max_staleness` versions
+    (`staleness_control`). Needs the rollout on a pool of its own."""
+
+
+class StalenessControl(StrEnum):
+    """How `mode=async` keeps every trained token within `max_staleness` versions
+    (`quartet.trainer.admission`)."""
+
+    ADMISSION = "admission"
+    """Start a step's prompts only while no token of theirs can end up older than the bound: at most
+    min(async_buffer, max_staleness) batches generate ahead of the one the trainer takes; none is dropped."""
+    DROP = "drop"
+    """Keep `async_buffer` batches generating ahead; at each step drop the groups with a token older than the
+    bound and generate them again (`async/dropped_stale`; the trainer waits for the regeneration)."""
 
 
 @dataclass(frozen=True)
@@ -97,13 +109,19 @@ class TrainerConfig:
     and need `cluster.separate_pools` to list `rollout`."""
 
     max_staleness: int = 2
-    """`mode=async`: the most weight versions the policy of any trained token may lag the trainer's; a group
-    with an older token is dropped and generated again (`async/dropped_stale`). A batch generated ahead
-    while `async_buffer` batches wait is up to `async_buffer` versions old, so a bound below it trades
-    regenerations for freshness."""
+    """`mode=async`: the most weight versions the policy of any trained token may lag the trainer's, kept
+    as `staleness_control` says. A batch generated ahead while `async_buffer` batches wait is up to
+    `async_buffer` versions old, so a bound below the buffer either shortens the buffer (admission) or
+    trades regenerations for freshness (drop)."""
+
+    staleness_control: StalenessControl = StalenessControl.ADMISSION
+    """`mode=async`: `admission` (start a step's prompts only while its tokens cannot exceed
+    `max_staleness`: min(async_buffer, max_staleness) batches ahead, none dropped) or `drop` (`async_buffer`
+    batches ahead, groups older than the bound dropped and generated again, `async/dropped_stale`)."""
 
     async_buffer: int = 2
-    """`mode=async`: prompt batches generated ahead of the trainer (the bounded buffer, in flight or done)."""
+    """`mode=async`: prompt batches generated ahead of the trainer at most (the bounded buffer, in flight or
+    done); admission control may keep fewer (`staleness_control`)."""
 
     rollout_freq: int = 0
     """Write samples (prompt, response, reward, advantage) of every this many steps to

@@ -22,7 +22,7 @@ from typing import Any
 from quartet.cluster.naming import RunNames
 from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.cluster.runtime import connection
-from quartet.config import QuartetConfig, TrainerMode, plan_step, to_yaml
+from quartet.config import QuartetConfig, StalenessControl, TrainerMode, plan_step, to_yaml
 from quartet.core.batch import Batch
 from quartet.core.kl import KLController
 from quartet.data.sampler import PromptSampler
@@ -136,7 +136,8 @@ def record_location(cfg: QuartetConfig, run_dir: Path, workers: Workers) -> dict
 
 def open_batch_source(cfg: QuartetConfig, workers: Workers, reward: Any, prep: Prepared) -> BatchSource:
     """The source of `trainer.mode`: sync generation, or the feed of one_step_off (depth 1, no staleness
-    check: it is 1 by construction) or async (depth `async_buffer`, stale groups regenerated)."""
+    check: it is 1 by construction) or async (up to `async_buffer` ahead, `max_staleness` kept by admission
+    control or by regenerating stale groups: `trainer.staleness_control`)."""
     scorer = RolloutScorer(cfg, workers.reward_model, reward)
     dataset, sampler, pad_id = prep.data.train, prep.sampler, prep.data.train.pad_id
 
@@ -156,4 +157,5 @@ def open_batch_source(cfg: QuartetConfig, workers: Workers, reward: Any, prep: P
         max_staleness=None if one_step_off else cfg.trainer.max_staleness,
         last_step=prep.total,
         pad_id=pad_id,
+        admission=not one_step_off and cfg.trainer.staleness_control is StalenessControl.ADMISSION,
     )
