@@ -194,7 +194,7 @@ class RLTrainer:
         version = prep.resumed.weight_version if prep.resumed is not None else 0
         runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
-        source = stack.enter_context(open_batch_source(cfg, workers, reward, prep))
+        source = stack.enter_context(open_batch_source(cfg, workers, reward, prep, weights.keeper))
         return _Session(prep, workers, reward, runner, source, records, boundary, result)
 
     def _open_tracking(self, stack: ExitStack, prep: Prepared, steps_done: int) -> None:

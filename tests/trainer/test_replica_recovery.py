@@ -1,0 +1,227 @@
+"""Rollout replicas that recover (`rollout.max_replica_restarts`, `quartet.trainer.replica_recovery`).
+
+Fast: the restart accounting (the limit, the named error past it, the per-step metrics) and the count of
+samples a replica's share of a split call holds, against the split itself. Slow, on a real local Ray: a
+replica whose process dies in the middle of generating step 3 is restarted on its bundle; the run trains
+every step, every prompt exactly once per epoch (recounted from the run's own `rollouts/step_N.parquet`),
+every token within the staleness bound, the new host's pid in cluster.json, one restart and the dead
+replica's rows generated again in the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from quartet.cluster.dispatch import Split, split_inputs
+from quartet.cluster.errors import WorkerError
+from quartet.config import load_config
+from quartet.config.errors import ConfigError
+from quartet.core.batch import Batch
+from quartet.trainer.replica_recovery import RestartBudget, samples_of
+
+
+def _death(rank: int = 0) -> WorkerError:
+    return WorkerError("rollout", rank, "10.0.0.1 (node ab, pid 42)", "generate(): the actor died: gone")
+
+
+def test_restarts_are_counted_up_to_the_limit_then_the_death_is_named() -> None:
+    budget = RestartBudget(limit=2)
+    assert budget.allows(2) and not budget.allows(3)
+    budget.take(1, _death())
+    budget.take(1, _death(1))
+    assert budget.restarts == 2 and not budget.allows(1)
+    with pytest.raises(WorkerError) as info:
+        budget.take(1, _death(1))
+    err = info.value
+    assert (err.role, err.rank, err.node) == ("rollout", 1, "10.0.0.1 (node ab, pid 42)")
+    assert "the actor died" in err.cause and "rollout.max_replica_restarts=2" in err.cause
+    assert budget.restarts == 2  # a refused restart is not counted
+
+
+def test_a_limit_of_zero_raises_the_death_itself() -> None:
+    death = _death()
+    with pytest.raises(WorkerError) as info:
+        RestartBudget(limit=0).take(1, death)
+    assert info.value is death  # today's error, unchanged
+
+
+def test_step_metrics_are_the_steps_own_and_the_total() -> None:
+    budget = RestartBudget(limit=3)
+    assert budget.step_metrics() == {
+        "async/replica_restarts": 0.0,
+        "async/replica_restarts_total": 0.0,
+        "async/regenerated_after_failure": 0.0,
+    }
+    budget.take(1, _death())
+    budget.regenerated += 16
+    first = budget.step_metrics()
+    assert first["async/replica_restarts"] == 1 and first["async/regenerated_after_failure"] == 16
+    budget.regenerated += 4
+    second = budget.step_metrics()
+    assert second["async/replica_restarts"] == 0 and second["async/replica_restarts_total"] == 1
+    assert second["async/regenerated_after_failure"] == 4
+
+
+class _Split:
+    """What `samples_of` reads of a Pending: each rank's arguments and the split's padding."""
+
+    def __init__(self, rows: int, ranks: int) -> None:
+        prompts = Batch({"input_ids": torch.arange(rows).unsqueeze(1)})
+        self.calls, self.pad = split_inputs(Split.BY_DP_RANK, ranks, (prompts,), {})
+
+
+@pytest.mark.parametrize(("rows", "ranks"), [(4, 1), (8, 2), (7, 2), (5, 3)])
+def test_samples_of_each_share_add_up_to_the_batch(rows: int, ranks: int) -> None:
+    split: Any = _Split(rows, ranks)
+    shares = [samples_of(split, rank, per_prompt=4) for rank in range(ranks)]
+    assert sum(shares) == rows * 4  # the padding rows the split added are not counted
+    assert all(share > 0 for share in shares)
+
+
+def test_samples_of_a_call_without_a_batch_is_zero() -> None:
+    split: Any = _Split(4, 1)
+    split.calls = [((123.0,), {})]
+    assert samples_of(split, 0, per_prompt=4) == 0
+
+
+def test_the_key_is_checked() -> None:
+    assert load_config(None, []).rollout.max_replica_restarts == 3
+    with pytest.raises(ConfigError, match="max_replica_restarts"):
+        load_config(None, ["rollout.max_replica_restarts=-1"])
+
+
+# ---- on a real local Ray --------------------------------------------------------------------------------
+
+BASE = [
+    "data.train_batch_size=4",
+    "data.builtin_train_size=16",  # 4 steps an epoch
+    "data.builtin_val_size=8",
+    "data.max_response_length=8",
+    "rollout.n=4",
+    "actor.mini_batch_size=4",
+    "actor.micro_batch_size_per_device=16",
+    "actor.mixed_precision=float32",
+    "algorithm.adv_estimator=grpo",
+    "cluster.namespace=quartet-tests",
+    "cluster.cpus_per_bundle=0.5",
+    "cluster.separate_pools=[rollout]",
+    "trainer.loggers=[jsonl]",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "trainer.export_final=false",
+    "trainer.save_freq=0",
+    "trainer.rollout_freq=1",  # every step's samples, per token, to rollouts/step_N.parquet
+    "trainer.rollout_samples=0",
+]
+CRASH_STEP = 3
+
+
+def _crash_at_step(group: Any, step: int) -> None:
+    """Make every replica of `group` kill its own process when it starts generating step `step`'s prompts
+    (an engine crash that takes the process down, at a known moment: that batch is in flight). A restarted
+    replica is built afresh, without this. Defined here, so Ray pickles it by value."""
+
+    def install(role: Any) -> None:
+        import os
+        import signal
+
+        real = role.generator.generate
+
+        def generate(prompts: Batch, sampling: Any) -> Batch:
+            if prompts.meta.global_step == step and not prompts.meta.validation:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(prompts, sampling)
+
+        role.generator.generate = generate
+
+    group.execute(install)
+
+
+def _crashing_run(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tmp_path: Path, *overrides: str
+) -> tuple[Any, list[int]]:
+    """The run's config, with its replicas set to crash at CRASH_STEP; the replicas' first pids (filled
+    when the run starts its workers)."""
+    from quartet.trainer import session
+
+    real_start, pids = session.start_workers, []
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        workers = real_start(*args, **kwargs)
+        pids.extend(int(n["pid"]) for n in workers.separate["rollout"].nodes)
+        _crash_at_step(workers.rollout, CRASH_STEP)
+        return workers
+
+    monkeypatch.setattr(session, "start_workers", start)
+    paths = [f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}"]
+    return load_config(None, [*BASE, *paths, *overrides]), pids
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_replica_that_dies_mid_generation_is_restarted_and_no_prompt_is_lost(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    import pyarrow.parquet as pq
+
+    from quartet.trainer.rl_trainer import RLTrainer
+
+    cfg, first_pids = _crashing_run(
+        monkeypatch, tiny_model_dir, tmp_path, f"trainer.mode={mode}", "trainer.total_steps=8"
+    )
+    records: list[dict[str, Any]] = []
+    assert RLTrainer(cfg, on_record=records.append).run().steps == 8
+    steps = {r["step"]: r for r in records if r["kind"] == "step"}
+    assert sorted(steps) == list(range(1, 9))
+    assert sum(r["async/replica_restarts"] for r in steps.values()) == 1
+    assert steps[8]["async/replica_restarts_total"] == 1
+    regenerated = sum(r["async/regenerated_after_failure"] for r in steps.values())
+    assert regenerated >= 16, regenerated  # at least the crashed step's 4 prompts x 4 responses
+    assert regenerated % 16 == 0  # whole shares of whole batches (one replica: each batch whole)
+    drawn: list[set[int]] = [set(), set()]
+    for step in range(1, 9):
+        rows = pq.read_table(cfg.trainer.run_dir / "rollouts" / f"step_{step}.parquet").to_pylist()
+        assert len(rows) == 16, f"step {step}: {len(rows)} samples"  # none lost, none twice
+        groups = {(row["uid"], row["index"]) for row in rows}
+        assert all(sum(1 for r in rows if r["uid"] == uid) == 4 for uid, _ in groups)
+        epoch = drawn[(step - 1) // 4]
+        assert len(groups) == 4 and not {index for _, index in groups} & epoch, f"step {step} repeats"
+        epoch.update(index for _, index in groups)
+        lags = [step - 1 - v for row in rows for v, m in zip(row["versions"], row["mask"], strict=True) if m]
+        bound = 0 if mode == "sync" else cfg.trainer.max_staleness
+        assert 0 <= min(lags) and max(lags) <= bound, f"step {step}: lags {sorted(set(lags))}"
+    assert drawn == [set(range(16)), set(range(16))]  # every prompt exactly once per epoch
+    ranks = json.loads((cfg.trainer.run_dir / "cluster.json").read_text())["ranks"]["rollout"]
+    assert len(first_pids) == len(ranks) == 1
+    assert ranks[0]["pid"] != first_pids[0]  # the run's own record names the new host
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_without_restarts_the_same_death_ends_the_run_naming_the_replica(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quartet.trainer.rl_trainer import RLTrainer
+
+    cfg, _ = _crashing_run(
+        monkeypatch,
+        tiny_model_dir,
+        tmp_path,
+        "trainer.mode=async",
+        "trainer.total_steps=8",
+        "rollout.max_replica_restarts=0",
+    )
+    records: list[dict[str, Any]] = []
+    with pytest.raises(WorkerError) as info:
+        RLTrainer(cfg, on_record=records.append).run()
+    assert info.value.role == "rollout" and info.value.rank == 0, str(info.value)
+    assert "died" in str(info.value)
+    trained = [r["step"] for r in records if r["kind"] == "step"]
+    assert max(trained) < CRASH_STEP
+    assert all("async/replica_restarts" not in r for r in records if r["kind"] == "step")
