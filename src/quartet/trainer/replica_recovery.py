@@ -71,7 +71,9 @@ class RestartBudget:
     """Replicas restarted so far."""
     regenerated: int = 0
     """Samples generated again because their replica died, so far."""
-    _reported: tuple[int, int] = (0, 0)
+    seconds: float = 0.0
+    """Wall time spent restarting (new hosts, the group formed again, the weights pushed), so far."""
+    _reported: tuple[int, int, float] = (0, 0, 0.0)
 
     def allows(self, count: int) -> bool:
         """Whether `count` more restarts stay within the limit."""
@@ -93,12 +95,13 @@ class RestartBudget:
 
     def step_metrics(self) -> dict[str, float]:
         """Restarts and regenerated samples since the last call (the step's), and the restarts in all."""
-        restarts, regenerated = self._reported
-        self._reported = (self.restarts, self.regenerated)
+        restarts, regenerated, seconds = self._reported
+        self._reported = (self.restarts, self.regenerated, self.seconds)
         return {
             "async/replica_restarts": float(self.restarts - restarts),
             "async/replica_restarts_total": float(self.restarts),
             "async/regenerated_after_failure": float(self.regenerated - regenerated),
+            "async/replica_restart_s": self.seconds - seconds,
         }
 
 
@@ -210,7 +213,7 @@ class ReplicaKeeper:
                 self.budget.restarts,
                 self.budget.limit,
             )
-        self.restarting = True
+        self.restarting, began = True, time.perf_counter()
         try:
             self.stream.actor.call(Actor.close_weight_stream)  # survivors' receives waiting on it end now
             if received is not None:
@@ -223,11 +226,13 @@ class ReplicaKeeper:
                 listener(ranks)
         finally:
             self.restarting = False
+            self.budget.seconds += time.perf_counter() - began
+        log.info("rollout replica(s) %s restarted in %.1f s", ranks, time.perf_counter() - began)
         return metrics
 
     def step_metrics(self) -> dict[str, float]:
         """The step's `async/replica_restarts`, `async/replica_restarts_total`,
-        `async/regenerated_after_failure`."""
+        `async/regenerated_after_failure`, `async/replica_restart_s`."""
         return self.budget.step_metrics()
 
 
