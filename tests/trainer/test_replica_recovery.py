@@ -1,11 +1,13 @@
 """Rollout replicas that recover (`rollout.max_replica_restarts`, `quartet.trainer.replica_recovery`).
 
-Fast: the restart accounting (the limit, the named error past it, the per-step metrics) and the count of
-samples a replica's share of a split call holds, against the split itself. Slow, on a real local Ray: a
-replica whose process dies in the middle of generating step 3 is restarted on its bundle; the run trains
-every step, every prompt exactly once per epoch (recounted from the run's own `rollouts/step_N.parquet`),
-every token within the staleness bound, the new host's pid in cluster.json, one restart and the dead
-replica's rows generated again in the metrics.
+Fast: the restart accounting (the limit, the named error past it, the per-step metrics), the count of
+samples a replica's share of a split call holds, against the split itself, and the keeper's decisions over
+stand-ins for the hosts, a generation and the weight stream (which share is sent again, when a restart
+happens, what is not restarted). Slow, on a real local Ray: a replica whose process dies in the middle of
+generating step 3 is restarted on its bundle (async and sync mode; with 2 replicas the survivor rejoins
+the new weight-sync group); the run trains every step, every prompt exactly once per epoch (recounted from
+the run's own `rollouts/step_N.parquet`), every token within the staleness bound, the new host's pid in
+cluster.json, one restart and the dead replica's rows generated again in the metrics.
 """
 
 from __future__ import annotations
@@ -91,6 +93,147 @@ def test_samples_of_a_call_without_a_batch_is_zero() -> None:
     assert samples_of(split, 0, per_prompt=4) == 0
 
 
+# ---- the keeper's logic over stand-ins for the hosts, a generation and the weight stream -----------------
+
+
+class _Host:
+    def __init__(self, rank: int, life: int = 0) -> None:
+        self.rank, self.life, self.dead = rank, life, False
+
+
+class _Hosts:
+    def __init__(self, ranks: int) -> None:
+        self.handles = [_Host(r) for r in range(ranks)]
+
+    def node_of(self, rank: int) -> str:
+        return f"10.0.0.1 (node ab, pid {100 + rank})"
+
+
+class _Generation:
+    """A split generation call: each rank's share went to the host then at that rank; a share sent to a
+    dead host has failed, as Ray reports an actor's death."""
+
+    def __init__(self, hosts: _Hosts, rows: int) -> None:
+        self.hosts, self.pad = hosts, 0
+        self.calls = split_inputs(Split.BY_DP_RANK, len(hosts.handles), (_prompts(rows),), {})[0]
+        self.sent_to: list[Any] = list(hosts.handles)
+        self.resent: list[int] = []
+        self.raises: WorkerError | None = None
+
+    def dead_ranks(self) -> list[int]:
+        return [r for r, host in enumerate(self.sent_to) if host.dead]
+
+    def resubmit(self, ranks: list[int]) -> None:
+        for rank in ranks:
+            self.sent_to[rank] = self.hosts.handles[rank]
+        self.resent.extend(ranks)
+
+    def get(self) -> str:
+        dead = self.dead_ranks()
+        if dead:
+            raise WorkerError("rollout", dead[0], self.hosts.node_of(dead[0]), "generate(): the actor died")
+        if self.raises is not None:
+            raise self.raises
+        return "batch"
+
+
+class _Stream:
+    """The weight stream: what the keeper asks of it, recorded."""
+
+    timeout_s = 1.0
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.reopened: list[tuple[int, Any]] = []
+        self.synced: list[int] = []
+        self.actor = self
+
+    def call(self, fn: Any) -> None:
+        self.calls.append(fn.__name__)
+
+    def reopen(self, version: int, apply: Any) -> dict[str, float]:
+        self.reopened.append((version, apply))
+        return {"weight_sync/version": float(version)}
+
+    def _sync_once(self, version: int, apply: Any, on_failure: Any) -> dict[str, float]:
+        self.synced.append(version)
+        return {"weight_sync/version": float(version)}
+
+
+def _prompts(rows: int) -> Batch:
+    return Batch({"input_ids": torch.arange(rows).unsqueeze(1)})
+
+
+def _keeper(monkeypatch: pytest.MonkeyPatch, ranks: int, limit: int) -> tuple[Any, _Hosts, _Stream]:
+    from quartet.trainer import replica_recovery
+
+    def replace(hosts: _Hosts, rank: int) -> None:
+        hosts.handles[rank] = _Host(rank, hosts.handles[rank].life + 1)
+
+    monkeypatch.setattr(replica_recovery, "replace_host", replace)
+    monkeypatch.setattr(replica_recovery, "_alive", lambda handle: not handle.dead)
+    hosts, stream = _Hosts(ranks), _Stream()
+    keeper = replica_recovery.ReplicaKeeper(Any, hosts, stream, limit, per_prompt=4)  # type: ignore[arg-type]
+    return keeper, hosts, stream
+
+
+def test_a_share_whose_replica_died_is_restarted_and_sent_again_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quartet.config.rollout import WeightApply
+
+    keeper, hosts, stream = _keeper(monkeypatch, ranks=2, limit=3)
+    told: list[list[int]] = []
+    keeper.on_restart.append(told.append)
+    taking, queued = _Generation(hosts, rows=6), _Generation(hosts, rows=6)
+    hosts.handles[1].dead = True
+    assert keeper.resolve(taking, version=5) == "batch"
+    assert [h.life for h in hosts.handles] == [0, 1]  # rank 1 has a new host; rank 0 kept its own
+    assert stream.calls == ["close_weight_stream"] and stream.reopened == [(5, WeightApply.AFTER_DRAIN)]
+    assert told == [[1]] and taking.resent == [1]  # only the dead replica's share
+    keeper.heal(queued)  # what the feed does for each batch queued ahead, told of the restart
+    assert queued.resent == [1] and keeper.budget.restarts == 1  # no second restart for the same death
+    metrics = keeper.step_metrics()
+    assert metrics["async/replica_restarts"] == 1
+    assert metrics["async/regenerated_after_failure"] == 2 * 3 * 4  # 2 shares of 3 prompts x 4 responses
+
+
+def test_a_death_seen_by_the_sentinel_is_restarted_before_the_next_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keeper, hosts, stream = _keeper(monkeypatch, ranks=1, limit=1)
+    ahead = _Generation(hosts, rows=4)
+    assert not keeper.tolerates(ahead)  # nothing died: the sentinel names any other failure itself
+    hosts.handles[0].dead = True
+    assert keeper.tolerates(ahead) and keeper.noticed == {0}
+    assert keeper.sync(7, None) == {"weight_sync/version": 7.0}
+    assert stream.synced == [] and stream.reopened == [(7, None)]  # the restart's sync is the sync
+    assert keeper.budget.restarts == 1 and not keeper.noticed
+
+
+def test_past_the_limit_the_death_is_named_and_the_sentinel_stops_tolerating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keeper, hosts, _ = _keeper(monkeypatch, ranks=1, limit=1)
+    hosts.handles[0].dead = True
+    assert keeper.resolve(_Generation(hosts, rows=4), version=1) == "batch"
+    hosts.handles[0].dead = True  # the new host dies too
+    ahead = _Generation(hosts, rows=4)
+    assert not keeper.tolerates(ahead)
+    with pytest.raises(WorkerError) as info:
+        keeper.resolve(ahead, version=2)
+    assert info.value.rank == 0 and "rollout.max_replica_restarts=1" in info.value.cause
+
+
+def test_a_method_that_raised_in_a_living_replica_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
+    keeper, hosts, stream = _keeper(monkeypatch, ranks=1, limit=3)
+    failing = _Generation(hosts, rows=4)
+    failing.raises = WorkerError("rollout", 0, "n", "generate() raised ValueError: bad prompt")
+    with pytest.raises(WorkerError, match="bad prompt"):
+        keeper.resolve(failing, version=1)
+    assert keeper.budget.restarts == 0 and stream.reopened == []
+
+
 def test_the_key_is_checked() -> None:
     assert load_config(None, []).rollout.max_replica_restarts == 3
     with pytest.raises(ConfigError, match="max_replica_restarts"):
@@ -106,7 +249,7 @@ BASE = [
     "data.max_response_length=8",
     "rollout.n=4",
     "actor.mini_batch_size=4",
-    "actor.micro_batch_size_per_device=16",
+    "actor.micro_batch_size_per_device=8",
     "actor.mixed_precision=float32",
     "algorithm.adv_estimator=grpo",
     "cluster.namespace=quartet-tests",
@@ -124,14 +267,16 @@ CRASH_STEP = 3
 
 
 def _crash_at_step(group: Any, step: int) -> None:
-    """Make every replica of `group` kill its own process when it starts generating step `step`'s prompts
-    (an engine crash that takes the process down, at a known moment: that batch is in flight). A restarted
-    replica is built afresh, without this. Defined here, so Ray pickles it by value."""
+    """Make replica rank 0 of `group` kill its own process when it starts generating its share of step
+    `step`'s prompts (an engine crash that takes the process down, at a known moment: that batch is in
+    flight). A restarted replica is built afresh, without this. Defined here, so Ray pickles it by value."""
 
     def install(role: Any) -> None:
         import os
         import signal
 
+        if os.environ.get("RANK") != "0":
+            return
         real = role.generator.generate
 
         def generate(prompts: Batch, sampling: Any) -> Batch:
@@ -167,16 +312,28 @@ def _crashing_run(
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize(("mode", "replicas"), [("async", 1), ("sync", 1), ("async", 2)])
 def test_a_replica_that_dies_mid_generation_is_restarted_and_no_prompt_is_lost(
-    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    ray_cluster: None,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    replicas: int,
 ) -> None:
+    """With 2 replicas (and 2 actor ranks), the survivor leaves the weight-sync group and joins the new
+    one, and only the dead replica's share (2 prompts of each batch) is generated again."""
     import pyarrow.parquet as pq
 
     from quartet.trainer.rl_trainer import RLTrainer
 
     cfg, first_pids = _crashing_run(
-        monkeypatch, tiny_model_dir, tmp_path, f"trainer.mode={mode}", "trainer.total_steps=8"
+        monkeypatch,
+        tiny_model_dir,
+        tmp_path,
+        f"trainer.mode={mode}",
+        "trainer.total_steps=8",
+        f"cluster.bundles_per_node={replicas}",
     )
     records: list[dict[str, Any]] = []
     assert RLTrainer(cfg, on_record=records.append).run().steps == 8
@@ -184,9 +341,9 @@ def test_a_replica_that_dies_mid_generation_is_restarted_and_no_prompt_is_lost(
     assert sorted(steps) == list(range(1, 9))
     assert sum(r["async/replica_restarts"] for r in steps.values()) == 1
     assert steps[8]["async/replica_restarts_total"] == 1
+    share = 16 // replicas  # samples of one replica's share of a batch: its prompts x 4 responses
     regenerated = sum(r["async/regenerated_after_failure"] for r in steps.values())
-    assert regenerated >= 16, regenerated  # at least the crashed step's 4 prompts x 4 responses
-    assert regenerated % 16 == 0  # whole shares of whole batches (one replica: each batch whole)
+    assert regenerated >= share and regenerated % share == 0, regenerated  # whole shares, the crashed one
     drawn: list[set[int]] = [set(), set()]
     for step in range(1, 9):
         rows = pq.read_table(cfg.trainer.run_dir / "rollouts" / f"step_{step}.parquet").to_pylist()
@@ -201,8 +358,9 @@ def test_a_replica_that_dies_mid_generation_is_restarted_and_no_prompt_is_lost(
         assert min(lags) >= 0 and max(lags) <= bound, f"step {step}: lags {sorted(set(lags))}"
     assert drawn == [set(range(16)), set(range(16))]  # every prompt exactly once per epoch
     ranks = json.loads((cfg.trainer.run_dir / "cluster.json").read_text())["ranks"]["rollout"]
-    assert len(first_pids) == len(ranks) == 1
+    assert len(first_pids) == len(ranks) == replicas
     assert ranks[0]["pid"] != first_pids[0]  # the run's own record names the new host
+    assert [r["pid"] for r in ranks[1:]] == first_pids[1:]  # the survivor was left in place
 
 
 @pytest.mark.ray

@@ -181,7 +181,8 @@ class ReplicaKeeper:
         noticed = [r for r in sorted(self.noticed) if not _alive(self.hosts.handles[r])]
         self.noticed.clear()
         if noticed:
-            cause = WorkerError(Role.ROLLOUT, noticed[0], self.hosts.node_of(noticed[0]), "the replica died")
+            node = self.hosts.node_of(noticed[0])
+            cause = WorkerError(Role.ROLLOUT, noticed[0], node, "its process died while generating ahead")
             return self.restart(noticed, version, cause, apply)
         failed: list[Pending[list[dict[str, float]]]] = []
         try:
