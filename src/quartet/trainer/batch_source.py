@@ -121,5 +121,7 @@ class SyncGeneration(BatchSource):
     def _generate(self, prompts: Batch, version: int, greedy: bool = False) -> Batch:
         """The responses to `prompts`; with a keeper, a replica that dies is restarted and its rows
         generated again (the actor's weights are at `version`)."""
-        pending = self.workers.rollout.submit_batch(Rollout.generate, prompts, greedy=greedy)
-        return pending.get() if self.keeper is None else self.keeper.resolve(pending, version)
+        rollout = self.workers.rollout
+        if self.keeper is None:
+            return rollout.call_batch(Rollout.generate, prompts, greedy=greedy)
+        return self.keeper.resolve(rollout.submit_batch(Rollout.generate, prompts, greedy=greedy), version)

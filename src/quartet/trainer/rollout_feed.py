@@ -247,9 +247,7 @@ class RolloutFeed(BatchSource):
             again = [i for i, uid in enumerate(prompts.non_tensors["uid"]) if str(uid) in stale]
             dropped += len(batch) - len(keep)
             # ahead of the batches queued on the replicas: the trainer waits for this one
-            again_prompts = prompts.index(again)
-            regenerating = self.workers.rollout.submit_batch(Rollout.generate, again_prompts, first=True)
-            fresh = self._wait(regenerating, version)
+            fresh = self._regenerate_stale(prompts.index(again), version)
             batch = concat_rollouts([batch.index(keep), fresh], self.pad_id) if keep else fresh
         stale = stale_groups(batch, version, max_staleness)
         if stale:
@@ -259,6 +257,13 @@ class RolloutFeed(BatchSource):
                 "taking new weights"
             )
         return batch, dropped
+
+    def _regenerate_stale(self, prompts: Batch, version: int) -> Batch:
+        """Stale groups generated again, ahead of the batches queued on the replicas (the trainer waits)."""
+        rollout = self.workers.rollout
+        if self.keeper is None:
+            return rollout.call_batch(Rollout.generate, prompts, first=True)
+        return self.keeper.resolve(rollout.submit_batch(Rollout.generate, prompts, first=True), version)
 
     def check(self) -> None:
         """Raise at once if a generation running ahead failed (a replica died): a sentinel of every wait
