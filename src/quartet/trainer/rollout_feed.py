@@ -26,6 +26,10 @@ replica, in the order submitted; the replicas take new weights while they genera
     token more than `max_staleness` versions behind the trainer is dropped and generated again with the
     current weights (`async/dropped_stale` samples, never silent).
 
+A replica whose process dies is restarted by the run's `ReplicaKeeper` (`rollout.max_replica_restarts`,
+`quartet.trainer.replica_recovery`): the feed's watch only notes the death, and the dead replica's share
+of every batch in the buffer is generated again on the new replica (the same prompt rows).
+
 The prompts are drawn in step order however far ahead, so the sampler state after step k's draw is what a
 checkpoint of step k saves (`FedBatch.sampler_state`): a resumed run draws exactly the prompts the
 uninterrupted one would have. Waiting for a batch (phase `gen`) is the trainer's idle time; the batch is
