@@ -173,7 +173,7 @@ def _keeper(monkeypatch: pytest.MonkeyPatch, ranks: int, limit: int) -> tuple[An
     monkeypatch.setattr(replica_recovery, "replace_host", replace)
     monkeypatch.setattr(replica_recovery, "_alive", lambda handle: not handle.dead)
     hosts, stream = _Hosts(ranks), _Stream()
-    keeper = replica_recovery.ReplicaKeeper(Any, hosts, stream, limit, per_prompt=4)  # type: ignore[arg-type]
+    keeper = replica_recovery.ReplicaKeeper(hosts, stream, limit, per_prompt=4)  # type: ignore[arg-type]
     return keeper, hosts, stream
 
 

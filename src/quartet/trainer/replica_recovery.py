@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from quartet.cluster.errors import WorkerError
-from quartet.cluster.group import Pending, RoleGroup
+from quartet.cluster.group import Pending
 from quartet.cluster.hostset import HostSet
 from quartet.cluster.replace import replace_host
 from quartet.cluster.run_record import record_hosts
@@ -44,7 +44,6 @@ from quartet.config import QuartetConfig, Role
 from quartet.config.rollout import WeightApply
 from quartet.core.batch import Batch
 from quartet.roles.actor import Actor
-from quartet.roles.rollout import Rollout
 from quartet.trainer.weight_push import StreamSync, WeightSync
 from quartet.trainer.workers import Workers
 
@@ -118,10 +117,10 @@ def samples_of(pending: Pending[Any], rank: int, per_prompt: int) -> int:
 class ReplicaKeeper:
     """Restarts dead rollout replicas within `rollout.max_replica_restarts` (see the module docstring)."""
 
-    def __init__(
-        self, rollout: RoleGroup[Rollout], hosts: HostSet, stream: StreamSync, limit: int, per_prompt: int
-    ) -> None:
-        self.rollout, self.hosts, self.stream, self.per_prompt = rollout, hosts, stream, per_prompt
+    def __init__(self, hosts: HostSet, stream: StreamSync, limit: int, per_prompt: int) -> None:
+        """`hosts`: the rollout pool's; `stream`: the weight sync to it; `limit`:
+        `rollout.max_replica_restarts`; `per_prompt`: responses per prompt (`rollout.n`)."""
+        self.hosts, self.stream, self.per_prompt = hosts, stream, per_prompt
         self.budget = RestartBudget(limit)
         self.noticed: set[int] = set()
         """Ranks seen dead by a sentinel, restarted at the driver's next sync or wait."""
@@ -274,7 +273,7 @@ def keep_replicas(cfg: QuartetConfig, workers: Workers, weights: WeightSync) -> 
     if limit <= 0 or not isinstance(weights, StreamSync):
         return None
     hosts = workers.separate[Role.ROLLOUT]
-    keeper = ReplicaKeeper(workers.rollout, hosts, weights, limit, cfg.rollout.n)
+    keeper = ReplicaKeeper(hosts, weights, limit, cfg.rollout.n)
     keeper.on_restart.append(partial(_record, cfg.trainer.run_dir, workers))
     weights.keeper = keeper
     return keeper
