@@ -266,7 +266,7 @@ BASE = [
 CRASH_STEP = 3
 
 
-def _crash_at_step(group: Any, step: int) -> None:
+def _crash_at_step(group: Any, step: int, validation: bool = False) -> None:
     """Make replica rank 0 of `group` kill its own process when it starts generating its share of step
     `step`'s prompts (an engine crash that takes the process down, at a known moment: that batch is in
     flight). A restarted replica is built afresh, without this. Defined here, so Ray pickles it by value."""
@@ -280,7 +280,7 @@ def _crash_at_step(group: Any, step: int) -> None:
         real = role.generator.generate
 
         def generate(prompts: Batch, sampling: Any) -> Batch:
-            if prompts.meta.global_step == step and not prompts.meta.validation:
+            if prompts.meta.global_step == step and prompts.meta.validation == validation:
                 os.kill(os.getpid(), signal.SIGKILL)
             out: Batch = real(prompts, sampling)
             return out
@@ -291,10 +291,15 @@ def _crash_at_step(group: Any, step: int) -> None:
 
 
 def _crashing_run(
-    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tmp_path: Path, *overrides: str
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    *overrides: str,
+    validation: bool = False,
 ) -> tuple[Any, list[int]]:
-    """The run's config, with its replicas set to crash at CRASH_STEP; the replicas' first pids (filled
-    when the run starts its workers)."""
+    """The run's config, with its replica rank 0 set to crash at CRASH_STEP (its training batch, or with
+    `validation` the validation after that step); the replicas' first pids (filled when the run starts
+    its workers)."""
     from quartet.trainer import session
 
     real_start, pids = session.start_workers, list[int]()  # type: ignore[attr-defined]
@@ -302,7 +307,7 @@ def _crashing_run(
     def start(*args: Any, **kwargs: Any) -> Any:
         workers = real_start(*args, **kwargs)
         pids.extend(int(n["pid"]) for n in workers.separate[Role.ROLLOUT].nodes)
-        _crash_at_step(workers.rollout, CRASH_STEP)
+        _crash_at_step(workers.rollout, CRASH_STEP, validation)
         return workers
 
     monkeypatch.setattr(session, "start_workers", start)
@@ -361,6 +366,33 @@ def test_a_replica_that_dies_mid_generation_is_restarted_and_no_prompt_is_lost(
     assert len(first_pids) == len(ranks) == replicas
     assert ranks[0]["pid"] != first_pids[0]  # the run's own record names the new host
     assert [r["pid"] for r in ranks[1:]] == first_pids[1:]  # the survivor was left in place
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_replica_that_dies_during_validation_is_restarted(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quartet.trainer.rl_trainer import RLTrainer
+
+    cfg, _ = _crashing_run(
+        monkeypatch,
+        tiny_model_dir,
+        tmp_path,
+        "trainer.mode=async",
+        "trainer.total_steps=6",
+        f"trainer.test_freq={CRASH_STEP}",
+        validation=True,
+    )
+    records: list[dict[str, Any]] = []
+    assert RLTrainer(cfg, on_record=records.append).run().steps == 6
+    vals = [r for r in records if r["kind"] == "val"]
+    assert [r["step"] for r in vals] == [CRASH_STEP, 6]
+    assert all(any(k.startswith("val-core/") for k in r) for r in vals)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert sum(r["async/replica_restarts"] for r in steps) == 1
+    # validation samples one greedy response per prompt (rollout.val.n=1): its 8 prompts, at least
+    assert sum(r["async/regenerated_after_failure"] for r in steps) >= 8
 
 
 @pytest.mark.ray

@@ -10,8 +10,8 @@ the actor in ONE weight-sync group (actor rank 0 + every replica, `quartet.roles
 replica's process dies (killed, out of memory, an engine crash that takes the process down; not a method
 that raised in a living process, which stays the named error it is):
 
-1. the driver notices it where it waits (a generation's result, a weight sync, a pool query; the feed's
-   sentinel only notes it, so the actor's update is not cut short);
+1. the driver notices it where it waits (a generation's result, validation's included, a weight sync, a
+   pool query; the feed's sentinel only notes it, so the actor's update is not cut short);
 2. a new host is started on the same bundle with the same roles (`quartet.cluster.replace`);
 3. the weight-sync group is formed again: the actor and every replica leave the old group (the actor
    first, so a receive still waiting on it ends at once), all join a new one on a fresh port, and every
@@ -117,10 +117,14 @@ def samples_of(pending: Pending[Any], rank: int, per_prompt: int) -> int:
 class ReplicaKeeper:
     """Restarts dead rollout replicas within `rollout.max_replica_restarts` (see the module docstring)."""
 
-    def __init__(self, hosts: HostSet, stream: StreamSync, limit: int, per_prompt: int) -> None:
+    def __init__(
+        self, hosts: HostSet, stream: StreamSync, limit: int, per_prompt: int, val_per_prompt: int = 1
+    ) -> None:
         """`hosts`: the rollout pool's; `stream`: the weight sync to it; `limit`:
-        `rollout.max_replica_restarts`; `per_prompt`: responses per prompt (`rollout.n`)."""
-        self.hosts, self.stream, self.per_prompt = hosts, stream, per_prompt
+        `rollout.max_replica_restarts`; `per_prompt`: responses per training prompt (`rollout.n`), and
+        per validation prompt (`rollout.val.n`)."""
+        self.hosts, self.stream = hosts, stream
+        self.per_prompt, self.val_per_prompt = per_prompt, val_per_prompt
         self.budget = RestartBudget(limit)
         self.noticed: set[int] = set()
         """Ranks seen dead by a sentinel, restarted at the driver's next sync or wait."""
@@ -154,7 +158,8 @@ class ReplicaKeeper:
         moved = [r for r in dead if r not in current]
         if moved:
             pending.resubmit(moved)
-            self.budget.regenerated += sum(samples_of(pending, r, self.per_prompt) for r in moved)
+            n = self.val_per_prompt if _validation(pending) else self.per_prompt
+            self.budget.regenerated += sum(samples_of(pending, r, n) for r in moved)
         return current, moved
 
     def resolve(self, pending: Pending[J], version: int) -> J:
@@ -236,6 +241,12 @@ class ReplicaKeeper:
         return self.budget.step_metrics()
 
 
+def _validation(pending: Pending[Any]) -> bool:
+    """Whether the call generates validation prompts (sampled with `rollout.val`)."""
+    args, kwargs = pending.calls[0] if pending.calls else ((), {})
+    return any(isinstance(a, Batch) and bool(a.meta.validation) for a in (*args, *kwargs.values()))
+
+
 def _alive(handle: Any) -> bool:
     """Whether a host answers a ping; a dead actor answers with an error at once, a busy one in a thread."""
     import ray
@@ -273,7 +284,7 @@ def keep_replicas(cfg: QuartetConfig, workers: Workers, weights: WeightSync) -> 
     if limit <= 0 or not isinstance(weights, StreamSync):
         return None
     hosts = workers.separate[Role.ROLLOUT]
-    keeper = ReplicaKeeper(hosts, weights, limit, cfg.rollout.n)
+    keeper = ReplicaKeeper(hosts, weights, limit, cfg.rollout.n, cfg.rollout.val.n)
     keeper.on_restart.append(partial(_record, cfg.trainer.run_dir, workers))
     weights.keeper = keeper
     return keeper

@@ -260,7 +260,8 @@ class RLTrainer:
 
     def _validate(self, s: _Session, step: int) -> None:
         assert s.prep.data.val is not None
-        val = validate(self.cfg, s.workers, s.prep.data.val, s.reward, step, s.records.val_writer(step))
+        writer, keeper, version = s.records.val_writer(step), s.runner.weights.keeper, s.runner.weight_version
+        val = validate(self.cfg, s.workers, s.prep.data.val, s.reward, step, writer, keeper, version)
         name_reward_failures(self.run_dir, s.reward, s.prep.data.val, step)
         s.result.validations.append(self.record("val", step=step, **val))
 
