@@ -128,8 +128,9 @@ class TrainingEngine:
         of the prompt + response sequence (verl's `values[:, P-1 : P+R-1]`). Positions past the end hold 0.
         """
         self._need(ModelKind.VALUE)
+        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, 1.0, False)
-        return restore_order([_field(o.values) for o in outs], plan)
+        return restore_order([_field(o.values) for o in outs], plan)[own]
 
     def forward_scores(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
         """Reward-model scores [B] (float32, on CPU): the head's output at each row's last attended token."""
