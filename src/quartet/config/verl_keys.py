@@ -217,7 +217,7 @@ RULES: dict[str, Rule] = {
         "model.remove_padding", note="packed micro-batches (engines/packing)"
     ),
     f"{AR}.actor.ulysses_sequence_parallel_size": Rule(
-        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the packed passes"
+        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the policy's passes"
     ),
     f"{AR}.ref.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="the reference shares the actor's", fallback=True
