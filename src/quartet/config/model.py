@@ -133,15 +133,17 @@ class ModelConfig:
     remove_padding: bool = False
     """Run the policy's training passes (update, old and reference log-probs, SFT) on packed micro-batches:
     real tokens only, rows end to end, attention confined to each row (`quartet.engines.packing`; verl's
-    `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. The critic,
-    reward model and the rollout engines always run padded."""
+    `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. Sequence
+    parallelism packs whatever this says. Without sequence parallelism the critic, reward model and the
+    rollout engines run padded."""
 
     sequence_parallel_size: int = 1
-    """Ulysses sequence parallelism of the policy's packed training passes (docs/parallelism.md): groups of
-    this many consecutive devices split every packed micro-batch by tokens, dividing activation memory by
-    it; attention all-to-alls tokens and heads. 1: off. Needs `remove_padding: true`, must divide the
-    devices of the policy's pool and the model's attention heads (key/value heads fewer than it are
-    replicated). verl's `ulysses_sequence_parallel_size`. The critic and reward model run without it."""
+    """Ulysses sequence parallelism of the policy's training passes (docs/parallelism.md): groups of this
+    many consecutive devices split every micro-batch by tokens, dividing activation memory by it; attention
+    all-to-alls tokens and heads. 1: off. The passes run packed under it (with or without `remove_padding`).
+    Must divide the devices of the policy's pool and the model's attention heads (key/value heads fewer than
+    it are replicated). verl's `actor.ulysses_sequence_parallel_size`. The critic has its own
+    (`critic.sequence_parallel_size`); the reward model runs without it."""
 
     tensor_parallel_size: int = 1
     """Tensor parallelism of the policy's training engine (docs/parallelism.md): groups of this many
@@ -166,12 +168,6 @@ class ModelConfig:
         )
         sp = self.sequence_parallel_size
         require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")
-        require(
-            sp == 1 or self.remove_padding,
-            "sequence_parallel_size",
-            f"is {sp}, but sequence parallelism is built for packed micro-batches only",
-            "set model.remove_padding: true, or model.sequence_parallel_size: 1",
-        )
         tp = self.tensor_parallel_size
         require(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}", "use 1 to turn it off")
         heads = self.tiny.num_attention_heads

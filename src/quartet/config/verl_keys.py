@@ -217,7 +217,7 @@ RULES: dict[str, Rule] = {
         "model.remove_padding", note="packed micro-batches (engines/packing)"
     ),
     f"{AR}.actor.ulysses_sequence_parallel_size": Rule(
-        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the packed passes"
+        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the policy's passes"
     ),
     f"{AR}.ref.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="the reference shares the actor's", fallback=True
@@ -339,6 +339,7 @@ RULES: dict[str, Rule] = {
     "critic.ppo_epochs": Rule("critic.epochs", note="unset: the actor's (as verl)"),
     "critic.cliprange_value": Rule("critic.cliprange_value"),
     "critic.loss_agg_mode": Rule("critic.loss_agg_mode"),
+    "critic.ulysses_sequence_parallel_size": Rule("critic.sequence_parallel_size"),
     "critic.model.fsdp_config.param_offload": Rule("critic.param_offload"),
     "critic.model.fsdp_config.optimizer_offload": Rule("critic.optimizer_offload"),
     # reward
@@ -417,7 +418,6 @@ UNMAPPED: dict[str, str] = {
     "critic.model.tokenizer_path": "the critic uses the policy's tokenizer",
     "critic.model.enable_gradient_checkpointing": "one model.gradient_checkpointing covers all roles",
     "critic.model.fsdp_config.grad_offload": "removed in verl; quartet offloads params/optimizer only",
-    "critic.ulysses_sequence_parallel_size": "quartet's sequence parallelism covers the policy only",
     "critic.optim.lr_warmup_steps_ratio": "needs the run's total steps; set critic.optim.warmup_steps",
     "reward_model.enable": "quartet enables the reward model when reward.model_path is set",
     "reward_model.reward_manager": "quartet has one reward path (rules, reward.function, or a model)",

@@ -51,9 +51,9 @@ from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture, build_model
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
-from quartet.engines.packing import pack_inputs
+from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
-from quartet.engines.ulysses import group_rows, local_share, seq_group
+from quartet.engines.ulysses import group_rows, seq_group
 
 __all__ = ["EngineStateError", "TrainingEngine"]
 
@@ -128,8 +128,9 @@ class TrainingEngine:
         of the prompt + response sequence (verl's `values[:, P-1 : P+R-1]`). Positions past the end hold 0.
         """
         self._need(ModelKind.VALUE)
+        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, 1.0, False)
-        return restore_order([_field(o.values) for o in outs], plan)
+        return restore_order([_field(o.values) for o in outs], plan)[own]
 
     def forward_scores(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
         """Reward-model scores [B] (float32, on CPU): the head's output at each row's last attended token."""
@@ -384,11 +385,14 @@ class TrainingEngine:
             return pad_responses(torch.where(valid, t, torch.zeros((), device=t.device)), full)
 
         if self.spec.kind is ModelKind.VALUE:
+            if self.spec.packs:  # split by tokens under SP (`engines.packed_run`)
+                values = packed_values(self.module, inputs, self._seq_group, self.device, self._autocast)
+                return ModelOutputs(values=finish(values))
             token_values = self._model_call(inputs).logits.squeeze(-1)
             return ModelOutputs(values=finish(heads.response_values(token_values, width)))
         if self.spec.kind is not ModelKind.CAUSAL_LM:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
-        if self.spec.remove_padding:
+        if self.spec.packs:
             return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
         # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
         t = inputs.input_ids.shape[1]
@@ -414,33 +418,19 @@ class TrainingEngine:
     ) -> ModelOutputs:
         """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
         K real response tokens only, scattered back into the [b, R'] layout."""
-        packed = pack_inputs(inputs)
-        part = local_share(packed, self._seq_group)  # with SP: this rank's slice (`engines.ulysses`)
+        run = PackedRun.of(inputs, self._seq_group, self.device)  # with SP: this rank's token slice
 
         def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
             with self._autocast():
-                out = self.module(
-                    input_ids=part.input_ids.to(self.device),
-                    position_ids=part.position_ids.to(self.device),
-                    logits_to_keep=part.keep.to(self.device),
-                    use_cache=False,
-                    quartet_bounds=part.bounds,
-                    **part.model_kwargs,
-                )
+                out = self.module(logits_to_keep=run.part.keep.to(self.device), **run.model_kwargs())
             return out.logits  # type: ignore[no-any-return]
 
-        where = packed.response_mask.to(self.device)
-
-        def unpack(values: torch.Tensor) -> torch.Tensor:  # [1, K] -> [b, R'], differentiable
-            return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(
-                where, values[0]
-            )
-
-        targets = part.targets.to(self.device).unsqueeze(0)
+        targets = run.part.targets.to(self.device).unsqueeze(0)
         request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
-        logprobs, entropy = part.gather(*self._head(logits, targets, request))  # all K tokens' outputs
+        logprobs, entropy = run.part.gather(*self._head(logits, targets, request))  # all K tokens' outputs
         return ModelOutputs(
-            logprobs=finish(unpack(logprobs)), entropy=None if entropy is None else finish(unpack(entropy))
+            logprobs=finish(run.unpack(logprobs)),
+            entropy=None if entropy is None else finish(run.unpack(entropy)),
         )
 
     def _head(
