@@ -204,7 +204,7 @@ def _layout(sp: int, model_dir: str, batch: Batch, steps: int, folder: Path) -> 
     folder.mkdir(parents=True, exist_ok=True)
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # read by glibc when each rank starts
     args = (sp, _free_port(), model_dir, batch, steps, str(folder))
-    mp.spawn(run_rank, args=args, nprocs=WORLD, join=True)
+    mp.spawn(run_rank, args=args, nprocs=WORLD, join=True)  # type: ignore[attr-defined,no-untyped-call]
     ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(WORLD)]
     return {"sp": sp, "dp": WORLD // sp, "ranks": ranks, "params": torch.load(folder / "params.pt")}
 
