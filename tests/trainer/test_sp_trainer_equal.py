@@ -50,7 +50,7 @@ def _run(sp: int, folder: Path, reward: Path) -> tuple[dict[str, torch.Tensor], 
             "data.builtin_val_size=4",
             f"model.sequence_parallel_size={sp}",
             "actor.optim.eps=1.0",
-            "actor.optim.lr=0.01",
+            "actor.optim.lr=0.1",
             "cluster.namespace=quartet-tests",  # the shared test cluster's namespace
         ],
     )
