@@ -119,14 +119,18 @@ def update_rank(
     response_len: int,
     vocab: int,
 ) -> int:
-    """Rank `rank` of a `world`-rank gloo actor engine (packed rows; sequence parallel over `sp`, tensor parallel
-    over `tp` ranks): two optimizer steps over this rank's `micro` rows, cut into micro-batches of `micro`
-    rows of its group (the ranks of a sequence group pool their rows, so with sp = 2 each rank runs two
-    micro-batches of half their tokens)."""
+    """Rank `rank` of a `world`-rank gloo actor engine (packed rows; sequence parallel over `sp`, tensor
+    parallel over `tp` ranks): two optimizer steps over this rank's `micro` rows, cut into micro-batches
+    of `micro` rows of its group (the ranks of a sequence group pool their rows, so with sp = 2 each rank
+    runs two micro-batches of half their tokens)."""
     import torch.distributed as dist
 
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     parallel: dict[str, int] = {"sequence_parallel_size": sp}
     if tp > 1:

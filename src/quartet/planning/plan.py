@@ -156,6 +156,8 @@ class MemoryPlan:
         lines.append(f"peak ({where}): {format_bytes(self.peak_device)} at {self.peak_phase}")
         if not self.unified:
             lines.append(f"peak (host): {format_bytes(self.peak_host)}")
+        if self.sizes:
+            lines.append("per rank: " + ", ".join(f"{k} {v:,}" for k, v in self.sizes.items()))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
