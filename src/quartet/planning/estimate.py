@@ -31,7 +31,10 @@ are one memory and the plan's peak is their sum.
 
 With several bundles (world size > 1), FSDP2 shards a training engine's weights, gradients and optimizer
 states over them; a computing engine also holds the all-gathered root parameters (embedding, head, final
-norm) and two layers (the running one and the prefetched next). That part is an estimate, not measured.
+norm) and two layers (the running one and the prefetched next). The policy's engines may also split each
+micro-batch's tokens over a sequence group and the layers over a tensor group; every figure is per rank
+(`planning.parallel` says what divides by what). Measured with 2-rank gloo engines on CPU (data and
+sequence parallel, tests/planning); the GPU side and tensor parallelism are estimates.
 """
 
 from __future__ import annotations
