@@ -56,9 +56,11 @@ from quartet.planning.activations import (
     train_working_bytes,
 )
 from quartet.planning.model_shape import HeadKind, ModelShape, policy_shape, shape_from_path
+from quartet.planning.notes import plan_notes, shares_memory
 from quartet.planning.parallel import (
     POLICY_ROLES,
     Layout,
+    fused_head_on,
     gathered_params,
     layout_of,
     state_bytes,
@@ -71,7 +73,6 @@ __all__ = [
     "DTYPE_BYTES",
     "RoleShapes",
     "estimate_memory",
-    "fused_head_on",
     "resolve_device",
     "resolve_shapes",
 ]
@@ -224,12 +225,6 @@ def _lora_inputs(cfg: QuartetConfig, shape: ModelShape) -> int:
     return sum(shapes[name][0] for name in targets if name in shapes)
 
 
-def fused_head_on(cfg: QuartetConfig, device: str) -> bool:
-    """Whether the policy's engines use the fused LM head: `model.fused_head`, else on when they compute on
-    CUDA (as the engine decides)."""
-    return device == "gpu" if cfg.model.fused_head is None else cfg.model.fused_head
-
-
 @dataclass(frozen=True)
 class _Split:
     """How engine `e`'s passes run: its layout over the ranks, packed rows, the fused LM head."""
@@ -359,64 +354,6 @@ def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: Wor
     return PlanRow(phase, Role.ROLLOUT, sum(dev.values()), 0, dev)
 
 
-def _notes(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> tuple[str, ...]:
-    notes = [
-        "every row planned at max_prompt_length + max_response_length tokens; AdamW states in steady state",
-    ]
-    if device == "cpu":
-        notes.append("cpu: device and host are one memory; offload switches move nothing; peaks are combined")
-    elif cfg.actor.param_offload or cfg.actor.optimizer_offload or cfg.critic.param_offload:
-        notes.append(
-            "actor/critic offload assumed between the role's own phases (offload()/onload() around them)"
-        )
-    away = [str(r) for r in cfg.cluster.separate_pools if not _shares_memory(cfg, device, r)]
-    near = [str(r) for r in cfg.cluster.separate_pools if _shares_memory(cfg, device, r)]
-    if away:
-        notes.append(f"roles on pools of their own are not on this bundle: {', '.join(away)}")
-    if near:
-        where = "host memory" if device == "cpu" else "this GPU"
-        shares = " + ".join(f"{p} {f:g}" for p, f in cfg.cluster.sharing_pools.items())
-        notes.append(
-            f"pools of their own sharing {where}: {', '.join(near)}"
-            + (f" (cluster.gpu_fraction: {shares})" if device == "gpu" else "")
-            + "; each runs beside the main pool, so its own peak is counted in every phase"
-        )
-    notes += _parallel_notes(cfg, device)
-    if cfg.actor.use_dynamic_batch or cfg.critic.use_dynamic_batch:
-        notes.append("token budgets assumed filled with full-length rows (mixed lengths pad more)")
-    if cfg.rollout.engine is RolloutEngineKind.VLLM:
-        notes.append(
-            "vLLM: weights and KV cache only; its own workspace (CUDA graphs, sampler) is not modelled"
-        )
-    if cfg.model.is_tiny:
-        notes.append(
-            "tiny model: vocabulary planned at model.tiny.vocab_size (the trained tokenizer may be smaller)"
-        )
-    return tuple(notes)
-
-
-def _parallel_notes(cfg: QuartetConfig, device: str) -> list[str]:
-    """What the plan assumes about sharding, sequence and tensor parallelism, and the LM head."""
-    out = []
-    layout = layout_of(cfg, Role.ACTOR)
-    if layout.world > 1:
-        out.append(
-            f"world size {layout.world}: FSDP2 sharding estimated (1/world of states + gathered root and 2 "
-            "layers)"
-        )
-    if layout.sp > 1 or layout.tp > 1:
-        out.append(
-            f"policy engines: dp {layout.dp} x sp {layout.sp} x tp {layout.tp}; a micro-batch holds the rows "
-            f"of sp x tp = {layout.sp * layout.tp} ranks, split by tokens over sp and by heads/columns over "
-            "tp (critic and reward model: data parallel only)"
-        )
-    if cfg.model.remove_padding:
-        out.append("policy passes packed (model.remove_padding): no attention masks")
-    if fused_head_on(cfg, device):
-        out.append("fused LM head: the policy's logits exist one vocabulary block at a time")
-    return out
-
-
 def _sizes(cfg: QuartetConfig, load: Workload, shapes: RoleShapes) -> dict[str, int]:
     """The workload the plan assumed: tokens are those one rank runs in one micro-batch of each phase."""
     slots, per_slot = load.kv_tokens()
@@ -440,20 +377,12 @@ def _sizes(cfg: QuartetConfig, load: Workload, shapes: RoleShapes) -> dict[str, 
     return sizes
 
 
-def _shares_memory(cfg: QuartetConfig, device: str, role: Role) -> bool:
-    """Whether separate role `role`'s pool uses the main bundle's memory: always on CPU (one host's memory;
-    every pool of a run on one node), on GPU when both pools take a fraction of one GPU."""
-    if device == "cpu":
-        return cfg.cluster.nodes == 1
-    return cfg.cluster.shares_gpu(role) and cfg.cluster.shares_gpu("main")
-
-
 def _placed(cfg: QuartetConfig, device: str, rows: list[PlanRow]) -> tuple[PlanRow, ...]:
     """The rows of the main bundle's memory: its own roles phase by phase, each separate pool sharing that
     memory at its own peak in every phase (it runs concurrently: a rollout pool generates while the actor
     trains), and none of a separate pool on a device of its own."""
     separate = set(cfg.cluster.separate_pools)
-    near = {r for r in separate if _shares_memory(cfg, device, r)}
+    near = {r for r in separate if shares_memory(cfg, device, r)}
     peaks = {
         role: max((r for r in rows if r.role == role), key=lambda r: r.total_bytes)
         for role in near
@@ -494,6 +423,6 @@ def estimate_memory(
         world_size=load.world,
         sequence_parallel=cfg.model.sequence_parallel_size,
         tensor_parallel=cfg.model.tensor_parallel_size,
-        notes=_notes(cfg, kind, shapes),
+        notes=plan_notes(cfg, kind),
         sizes=_sizes(cfg, load, shapes),
     )

@@ -28,6 +28,7 @@ from quartet.planning.model_shape import HeadKind, ModelShape
 
 __all__ = [
     "Layout",
+    "fused_head_on",
     "gathered_params",
     "layout_of",
     "pooled_rows",
@@ -67,6 +68,12 @@ def layout_of(cfg: QuartetConfig, role: Role) -> Layout:
     if role in POLICY_ROLES:
         return Layout(world, cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size)
     return Layout(world)
+
+
+def fused_head_on(cfg: QuartetConfig, device: str) -> bool:
+    """Whether the policy's engines use the fused LM head: `model.fused_head`, else on when they compute on
+    CUDA (as the engine decides)."""
+    return device == "gpu" if cfg.model.fused_head is None else cfg.model.fused_head
 
 
 def state_bytes(elements: int, bytes_per_element: int, layout: Layout) -> int:
