@@ -118,11 +118,12 @@ def update_rank(
     prompt_len: int,
     response_len: int,
     vocab: int,
+    fused: bool = False,
 ) -> int:
     """Rank `rank` of a `world`-rank gloo actor engine (packed rows; sequence parallel over `sp`, tensor
     parallel over `tp` ranks): two optimizer steps over this rank's `micro` rows, cut into micro-batches
     of `micro` rows of its group (the ranks of a sequence group pool their rows, so with sp = 2 each rank
-    runs two micro-batches of half their tokens)."""
+    runs two micro-batches of half their tokens). `fused`: the fused LM head (`engines.fused_head`)."""
     import torch.distributed as dist
 
     os.environ.update(
@@ -141,7 +142,7 @@ def update_rank(
         mixed_precision=Dtype.FLOAT32,
         optim=OptimConfig(lr=1e-4),
         remove_padding=True,
-        fused_head=False,
+        fused_head=fused,
         **parallel,  # type: ignore[arg-type]
     )
     engine = TrainingEngine(spec)

@@ -245,3 +245,34 @@ def test_world2_tp_update_peak(world2_model: Path) -> None:
     """A 2-rank tensor-parallel engine's per-rank peak next to the plan."""
     measured = _measured_world2(world2_model, 1, 2)
     _check("world 2 tp2 actor update", _plan_world2(world2_model, 1, 2), measured)
+
+
+# ---- the LM head on packed rows: plain logits or the fused head --------------------------------------------
+
+VOCAB32K = Size(
+    "vocab32k",
+    {**WORLD2.config, "vocab_size": 32768},
+    micro=8,
+    prompt_len=32,
+    response_len=224,
+    repeats=1,
+)
+"""A 32k vocabulary over 1,792 response positions: the plain head's logits (224 MiB per float32 copy) are
+most of the peak, and large enough that freed copies go back to the OS (no heap noise)."""
+
+
+@pytest.mark.slow  # two fresh-process updates of ~0.5-0.8 GB each (~1 min on 2 busy cores)
+def test_packed_update_plain_and_fused_head_peaks(tmp_path: Path) -> None:
+    """One rank, packed rows: the plain head's logits and the fused head's blocks next to the plan."""
+    size = VOCAB32K
+    folder = probes.save_random_model(tmp_path / "model", dict(size.config))
+    shape = (size.prompt_len, size.response_len, int(size.config["vocab_size"]))
+    peaks = {}
+    for fused in (False, True):
+        args = (str(folder), 0, 1, 0, 1, 1, size.micro, *shape)
+        measured = measure_peak_rss(probes.update_rank, *args, fused=fused).increase_bytes
+        extra = ["model.remove_padding=true", f"model.fused_head={str(fused).lower()}"]
+        planned = _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR, extra)
+        _check(f"packed update, {'fused' if fused else 'plain'} head", planned, measured)
+        peaks[fused] = measured
+    assert peaks[True] < peaks[False], f"the fused head should lower the peak: {peaks}"
