@@ -235,10 +235,10 @@ class _Split:
 
 
 def _split(cfg: QuartetConfig, e: _Engine, device: str) -> _Split:
-    policy = e.role in POLICY_ROLES
-    return _Split(
-        layout_of(cfg, e.role),
-        policy and cfg.model.remove_padding,
+    policy, layout = e.role in POLICY_ROLES, layout_of(cfg, e.role)
+    return _Split(  # under SP the engine packs whatever `model.remove_padding` says
+        layout,
+        layout.sp > 1 or (policy and cfg.model.remove_padding),
         policy and fused_head_on(cfg, device),
     )
 

@@ -62,11 +62,13 @@ class Layout:
 
 
 def layout_of(cfg: QuartetConfig, role: Role) -> Layout:
-    """The layout of `role`'s training engine: the policy's roles take the model's sp and tp; the critic and
-    reward model run data parallel only (the engine builds them without SP or TP)."""
+    """The layout of `role`'s training engine: the policy's roles take the model's sp and tp, the critic its
+    own sp (`critic.sequence_parallel_size`, no TP); the reward model runs data parallel only."""
     world = cfg.cluster.world_size
     if role in POLICY_ROLES:
         return Layout(world, cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size)
+    if role is Role.CRITIC:
+        return Layout(world, cfg.critic.sequence_parallel_size)
     return Layout(world)
 
 
