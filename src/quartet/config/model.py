@@ -174,6 +174,18 @@ class ModelConfig:
         )
         tp = self.tensor_parallel_size
         require(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}", "use 1 to turn it off")
+        require(
+            tp == 1 or sp == 1,
+            "tensor_parallel_size",
+            f"is {tp} with sequence_parallel_size {sp}: sequence and tensor parallelism are not combined",
+            "set model.sequence_parallel_size: 1 or model.tensor_parallel_size: 1",
+        )
+        require(
+            tp == 1 or self.lora.rank == 0,
+            "tensor_parallel_size",
+            f"is {tp} with LoRA adapters (lora.rank {self.lora.rank}), which are not split",
+            "set model.lora.rank: 0 or model.tensor_parallel_size: 1",
+        )
         heads = self.tiny.num_attention_heads
         kv = self.tiny.num_key_value_heads
         require(
