@@ -222,6 +222,12 @@ RULES: dict[str, Rule] = {
     f"{AR}.ref.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="the reference shares the actor's", fallback=True
     ),
+    f"{AR}.actor.megatron.tensor_model_parallel_size": Rule(
+        "model.tensor_parallel_size", note="tensor parallelism of the FSDP2 engine (DTensor), not Megatron"
+    ),
+    f"{AR}.ref.megatron.tensor_model_parallel_size": Rule(
+        "model.tensor_parallel_size", note="the reference shares the actor's", fallback=True
+    ),
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),
