@@ -494,5 +494,7 @@ def test_megatron_tensor_parallel_size_maps_to_the_engine_tp() -> None:
     assert t.quartet_values["model.tensor_parallel_size"] == 2
     ref_only = translate({key.format("ref"): 2, "trainer.n_gpus_per_node": 4}, verl_defaults=False)
     assert ref_only.quartet_values["model.tensor_parallel_size"] == 2
-    other = translate({"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 2}, verl_defaults=False)
+    other = translate(
+        {"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 2}, verl_defaults=False
+    )
     assert "no Megatron backend" in other.unmapped[0].reason

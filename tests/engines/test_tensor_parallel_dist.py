@@ -42,7 +42,12 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tp2_models(tiny_model_dir: Path, llama_dir: Path) -> list[str]:
-    return [f"packed:{tiny_model_dir}", f"padded:{tiny_model_dir}", f"packed:{llama_dir}", f"mutant:{tiny_model_dir}"]
+    return [
+        f"packed:{tiny_model_dir}",
+        f"padded:{tiny_model_dir}",
+        f"packed:{llama_dir}",
+        f"mutant:{tiny_model_dir}",
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,9 @@ class _Config:
 
 def test_model_checks_name_the_key() -> None:
     check_tensor_parallel(_Config("qwen3", 8, 4), 4)
-    with pytest.raises(ValueError, match="model.tensor_parallel_size=2: no tensor-parallel plan for model type 'gpt2'"):
+    with pytest.raises(
+        ValueError, match="model.tensor_parallel_size=2: no tensor-parallel plan for model type 'gpt2'"
+    ):
         check_tensor_parallel(_Config("gpt2", 8, 8), 2)
     with pytest.raises(ValueError, match="does not divide the model's 8 attention and 2 key/value heads"):
         check_tensor_parallel(_Config("llama", 8, 2), 4)
@@ -112,7 +114,9 @@ def test_spec_refuses_what_tp_does_not_cover(tmp_path: object) -> None:
     with pytest.raises(ValueError, match="policy \\(causal LM\\) only"):
         EngineSpec("m", ModelKind.VALUE, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="sequence and tensor parallelism are not combined"):
-        EngineSpec("m", ModelKind.CAUSAL_LM, remove_padding=True, sequence_parallel_size=2, tensor_parallel_size=2)
+        EngineSpec(
+            "m", ModelKind.CAUSAL_LM, remove_padding=True, sequence_parallel_size=2, tensor_parallel_size=2
+        )
     with pytest.raises(ValueError, match="LoRA"):
         EngineSpec("m", ModelKind.CAUSAL_LM, lora=LoraConfig(rank=4), tensor_parallel_size=2)
     EngineSpec("m", ModelKind.CAUSAL_LM, tensor_parallel_size=2)  # padded or packed: both fine
