@@ -107,8 +107,15 @@ def check_tensor_parallel(config: Any, tp: int) -> None:
 def _module_name(root: nn.Module, target: nn.Module) -> str:
     for name, module in root.named_modules():
         if module is target:
-            return name
+            return str(name)
     raise ValueError(f"{type(target).__name__} is not inside {type(root).__name__}")
+
+
+def _lm_head(model: Any) -> nn.Module:
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no lm_head to split by vocabulary")
+    return head
 
 
 def parallelize(module: nn.Module, mesh: DeviceMesh) -> None:
@@ -117,16 +124,15 @@ def parallelize(module: nn.Module, mesh: DeviceMesh) -> None:
     check_tensor_parallel(model.config, mesh.size())
     for layer in decoder_layers(module):
         parallelize_module(layer, mesh, layer_plan())
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = head is not None and head.weight is embed.weight
+    embed, head = model.get_input_embeddings(), _lm_head(model)
+    tied = head.weight is embed.weight
     plan: dict[str, ParallelStyle] = {
-        _module_name(model, embed): RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        _module_name(model, embed): RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        _module_name(model, head): ColwiseParallel(output_layouts=Shard(-1), use_local_output=True),
     }
-    if head is not None:
-        plan[_module_name(model, head)] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=True)
     parallelize_module(model, mesh, plan)
     if tied:  # both were split by vocabulary rows the same way: share the embedding's parameter again
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+        _lm_head(model).weight = model.get_input_embeddings().weight
 
 
 def row_group(ctx: DistContext) -> SeqGroup | None:
@@ -148,7 +154,9 @@ class VocabHead:
         """The vocabulary-parallel head of `module` under tensor parallelism (None without it)."""
         if ctx.tp_mesh is None:
             return None
-        vocab = int(hf_model(module).get_output_embeddings().weight.shape[0])  # global (DTensor) shape
+        weight = _lm_head(hf_model(module)).weight
+        assert isinstance(weight, torch.Tensor)
+        vocab = int(weight.shape[0])  # the global (DTensor) shape
         start, _ = vocab_slice(vocab, ctx.tp, ctx.tp_mesh.get_local_rank("tp"))
         return cls(start=start, reduce=GroupReduce(ctx.group("tp")))
 
