@@ -8,9 +8,10 @@ The engine hides sharding, micro-batching, mixed precision and offloading from t
 
 Gradient accumulation. `train_step` computes the counts of the whole mini-batch (valid response tokens and
 sequences, summed over ranks) BEFORE any forward, hands them to the loss function of every micro-batch
-(`LossScale`), and backpropagates each micro-batch's loss times the world size (FSDP2 averages gradients
-over ranks; see `dist`). When the loss function divides by those global counts, the accumulated gradient
-equals the gradient of one big batch holding every rank's rows, whatever the micro-batching.
+(`LossScale`), and backpropagates each micro-batch's loss times `ctx.loss_factor` (FSDP2 averages
+gradients over ranks: the world size, or dp under tensor parallelism; see `dist`). When the loss function
+divides by those global counts, the accumulated gradient equals the gradient of one big batch holding
+every rank's rows, whatever the micro-batching.
 
 Mixed precision. Weights (and AdamW states) are float32; forward and backward run under
 `torch.autocast(device, bfloat16)` when `spec.mixed_precision` is bfloat16, on CPU too. Log-probs, entropy
