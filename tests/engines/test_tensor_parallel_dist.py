@@ -5,8 +5,9 @@ Log-probs, entropy, every parameter's gradient and the gradient norm of one pass
 the loss, the gradient norm, the parameters and the exported full weights (`inference_weights`, what the
 rollout receives) are compared with one process holding the same rows, within 1e-5 (float32). Covered:
 the tiny Qwen2 (q/k/v biases, tied embeddings, 2 KV heads split over tp) packed and padded, and a tiny Llama
-(untied lm_head). A checkpoint saved under TP loads back to the same parameters. A run with the
-vocabulary-parallel sum of exponentials not reduced over the group must FAIL the comparison.
+(untied lm_head). A checkpoint saved under TP loads back to the same parameters, and the Hugging Face
+export holds the updated full weights. A run with the vocabulary-parallel sum of exponentials not reduced
+over the group must FAIL the comparison.
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ def test_dp2_tp2_equals_one_process(dp2_tp2: Path, dp2_tp2_models: list[str], in
 def test_checkpoint_round_trips_under_tp(tp2: Path, dp2_tp2: Path) -> None:
     for out in (tp2, dp2_tp2):
         assert json.loads((out / "metrics.json").read_text())["0"]["round_trip"] == 1.0
+
+
+@pytest.mark.slow
+def test_hf_export_under_tp_holds_the_updated_weights(tp2: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(tp2 / "hf", local_files_only=True)
+    params = torch.load(tp2 / "params0.pt")["params"]  # after the step, before the round trip's extra step
+    for name, value in exported.state_dict().items():
+        torch.testing.assert_close(value, params[name], atol=0, rtol=0, msg=name)
 
 
 @pytest.mark.slow

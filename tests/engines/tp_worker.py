@@ -106,6 +106,7 @@ def run_rank(rank: int, world: int, tp: int, port: int, model_dirs: list[str], o
         params = _full_params(engine)
         exported = {name: t.detach().clone() for name, t in inference_weights(engine.module)}
         if index == 0:
+            engine.export_hf(out_dir / "hf")  # rank 0 writes the consolidated transformers folder
             results[str(index)]["round_trip"] = float(_round_trip(engine, mine, out_dir / "ckpt"))
         if rank == 0:
             torch.save(grads, out_dir / f"grads{index}.pt")

@@ -147,8 +147,9 @@ class ModelConfig:
     """Tensor parallelism of the policy's training engine (docs/parallelism.md): groups of this many
     consecutive devices split every attention and MLP layer by heads and hidden columns (PyTorch DTensor,
     composed with FSDP2 on a (data x tensor) mesh), and the LM head by vocabulary. 1: off. Must divide the
-    devices of the policy's pool, the model's attention and key/value heads and its vocabulary.
-    The rollout engines receive full tensors as without it."""
+    devices of the policy's pool and the model's attention and key/value heads (Qwen2, Qwen3, Llama and
+    Mistral have plans). Not with sequence parallelism or LoRA; the critic and reward model run without it.
+    verl's megatron `tensor_model_parallel_size`. The rollout engines receive full tensors as without it."""
 
     fused_head: bool | None = None
     """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
