@@ -4,10 +4,10 @@ computes on all the rows.
 Log-probs, entropy, every parameter's gradient and the gradient norm of one pass, and after one AdamW step
 the loss, the gradient norm, the parameters and the exported full weights (`inference_weights`, what the
 rollout receives) are compared with one process holding the same rows, within 1e-5 (float32). Covered:
-the tiny Qwen2 (q/k/v biases, tied embeddings, 2 KV heads split over tp) packed and padded, and a tiny Llama
-(untied lm_head). A checkpoint saved under TP loads back to the same parameters, and the Hugging Face
-export holds the updated full weights. A run with the vocabulary-parallel sum of exponentials not reduced
-over the group must FAIL the comparison.
+the tiny Qwen2 (q/k/v biases, tied embeddings, 2 KV heads split over tp) packed and padded, a tiny Llama
+(untied lm_head) and a tiny Qwen3 (per-head q/k norms). A checkpoint saved under TP loads back to the
+same parameters, and the Hugging Face export holds the updated full weights. A run with the
+vocabulary-parallel sum of exponentials not reduced over the group must FAIL the comparison.
 """
 
 from __future__ import annotations
@@ -42,11 +42,31 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tp2_models(tiny_model_dir: Path, llama_dir: Path) -> list[str]:
+def qwen3_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 (per-head q_norm/k_norm, no q/k/v biases) of the tiny Qwen2's shape."""
+    from transformers import AutoConfig, Qwen3Config, Qwen3ForCausalLM
+
+    base = AutoConfig.from_pretrained(tiny_model_dir, local_files_only=True)
+    shape = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    config = Qwen3Config(
+        **{k: getattr(base, k) for k in shape},
+        num_key_value_heads=base.num_key_value_heads,
+        head_dim=base.hidden_size // base.num_attention_heads,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(3)
+    folder = tmp_path_factory.mktemp("qwen3")
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tp2_models(tiny_model_dir: Path, llama_dir: Path, qwen3_dir: Path) -> list[str]:
     return [
         f"packed:{tiny_model_dir}",
         f"padded:{tiny_model_dir}",
         f"packed:{llama_dir}",
+        f"padded:{qwen3_dir}",
         f"mutant:{tiny_model_dir}",
     ]
 
@@ -71,7 +91,9 @@ def dp2_tp2(dp2_tp2_models: list[str], tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.mark.slow  # the fixture runs the two-rank worker over four models (~40 s)
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["qwen2-packed", "qwen2-padded", "llama-packed"])
+@pytest.mark.parametrize(
+    "index", [0, 1, 2, 3], ids=["qwen2-packed", "qwen2-padded", "llama-packed", "qwen3-padded"]
+)
 def test_tp2_equals_one_process(tp2: Path, tp2_models: list[str], index: int) -> None:
     _compare(tp2, tp2_models[index], index, world=2)
 
@@ -101,7 +123,7 @@ def test_hf_export_under_tp_holds_the_updated_weights(tp2: Path) -> None:
 @pytest.mark.slow
 def test_a_missing_vocabulary_reduction_fails_the_comparison(tp2: Path, tp2_models: list[str]) -> None:
     with pytest.raises(AssertionError):
-        _compare(tp2, tp2_models[3], 3, world=2)
+        _compare(tp2, tp2_models[4], 4, world=2)
 
 
 def _compare(out: Path, entry: str, index: int, world: int) -> None:

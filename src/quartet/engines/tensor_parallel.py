@@ -12,9 +12,11 @@ rows (`row_group` pools them, as sequence parallelism does) and each holds a sli
     lm_head                            ColwiseParallel with its output left sharded by vocabulary
 
 transformers' attention reshapes projections with -1 heads, so each rank attends with its local heads; the
-query/key-value ratio (GQA) is unchanged, and Qwen3's per-head q_norm/k_norm act on head_dim, which is not
-split. Norms stay replicated over "tp" (each rank sees the full hidden states after every all-reduce and
-computes their full gradient). FSDP2 then shards everything over "dp" (`dist.shard`).
+query/key-value ratio (GQA) is unchanged. Qwen3's per-head q_norm/k_norm act on head_dim (not split) but
+see only this rank's heads, so they get `SequenceParallel` on the heads dimension: replicated DTensor
+weights whose gradients DTensor sums over the group (without it each rank kept its heads' part only).
+The other norms stay replicated over "tp" (each rank sees the full hidden states after every all-reduce
+and computes their full gradient). FSDP2 then shards everything over "dp" (`dist.shard`).
 
 A tied embedding/lm_head stays tied: both are split by vocabulary rows the same way, and the lm_head is
 pointed at the embedding's DTensor parameter, so the one parameter collects both gradients.
@@ -45,6 +47,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 
@@ -111,6 +114,14 @@ def _module_name(root: nn.Module, target: nn.Module) -> str:
     raise ValueError(f"{type(target).__name__} is not inside {type(root).__name__}")
 
 
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
 def _lm_head(model: Any) -> nn.Module:
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Module):
@@ -123,7 +134,11 @@ def parallelize(module: nn.Module, mesh: DeviceMesh) -> None:
     model = hf_model(module)
     check_tensor_parallel(model.config, mesh.size())
     for layer in decoder_layers(module):
-        parallelize_module(layer, mesh, layer_plan())
+        plan = layer_plan()
+        for norm in ("self_attn.q_norm", "self_attn.k_norm"):  # Qwen3: per head, on this rank's heads
+            if _has(layer, norm):
+                plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        parallelize_module(layer, mesh, plan)
     embed, head = model.get_input_embeddings(), _lm_head(model)
     tied = head.weight is embed.weight
     plan: dict[str, ParallelStyle] = {
