@@ -141,11 +141,11 @@ def parallelize(module: nn.Module, mesh: DeviceMesh) -> None:
         parallelize_module(layer, mesh, plan)
     embed, head = model.get_input_embeddings(), _lm_head(model)
     tied = head.weight is embed.weight
-    plan: dict[str, ParallelStyle] = {
+    ends: dict[str, ParallelStyle] = {
         _module_name(model, embed): RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         _module_name(model, head): ColwiseParallel(output_layouts=Shard(-1), use_local_output=True),
     }
-    parallelize_module(model, mesh, plan)
+    parallelize_module(model, mesh, ends)
     if tied:  # both were split by vocabulary rows the same way: share the embedding's parameter again
         _lm_head(model).weight = model.get_input_embeddings().weight
 
