@@ -128,3 +128,18 @@ def test_config_refuses_sp_with_tp_and_lora_with_tp() -> None:
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         ModelConfig(lora=LoraConfig(rank=4), tensor_parallel_size=2)
     assert ModelConfig(tiny=TinyModelConfig(), tensor_parallel_size=2).tensor_parallel_size == 2
+
+
+def test_clip_grad_norm_matches_torch_on_plain_tensors() -> None:
+    from quartet.engines.tensor_parallel import clip_grad_norm
+
+    g = torch.Generator().manual_seed(5)
+    mine = [torch.nn.Parameter(torch.randn(4, 3, generator=g)) for _ in range(3)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in mine]
+    for a, b in zip(mine, theirs, strict=True):
+        a.grad = torch.randn(a.shape, generator=g)
+        b.grad = a.grad.clone()
+    want = float(torch.nn.utils.clip_grad_norm_(theirs, 0.5))
+    assert clip_grad_norm(mine, 0.5) == pytest.approx(want, rel=1e-6) and want > 0.5  # it did clip
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
