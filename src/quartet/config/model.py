@@ -149,8 +149,9 @@ class ModelConfig:
     """Tensor parallelism of the policy's training engine (docs/parallelism.md): groups of this many
     consecutive devices split every attention and MLP layer by heads and hidden columns (PyTorch DTensor,
     composed with FSDP2 on a (data x tensor) mesh), and the LM head by vocabulary. 1: off. Must divide the
-    devices of the policy's pool, the model's attention and key/value heads and its vocabulary.
-    The rollout engines receive full tensors as without it."""
+    devices of the policy's pool and the model's attention and key/value heads (Qwen2, Qwen3, Llama and
+    Mistral have plans). Not with sequence parallelism or LoRA; the critic and reward model run without it.
+    verl's megatron `tensor_model_parallel_size`. The rollout engines receive full tensors as without it."""
 
     fused_head: bool | None = None
     """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
@@ -170,6 +171,18 @@ class ModelConfig:
         require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")
         tp = self.tensor_parallel_size
         require(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}", "use 1 to turn it off")
+        require(
+            tp == 1 or sp == 1,
+            "tensor_parallel_size",
+            f"is {tp} with sequence_parallel_size {sp}: sequence and tensor parallelism are not combined",
+            "set model.sequence_parallel_size: 1 or model.tensor_parallel_size: 1",
+        )
+        require(
+            tp == 1 or self.lora.rank == 0,
+            "tensor_parallel_size",
+            f"is {tp} with LoRA adapters (lora.rank {self.lora.rank}), which are not split",
+            "set model.lora.rank: 0 or model.tensor_parallel_size: 1",
+        )
         heads = self.tiny.num_attention_heads
         kv = self.tiny.num_key_value_heads
         require(

@@ -1,14 +1,12 @@
 """The verl -> quartet key table used by `quartet.config.from_verl`.
 
-Written from verl's documented config (`ppo_trainer.yaml` and its config explanation page), not copied from
-it. Each mapped key names its quartet field, a conversion when the meaning differs (`how` says what it
-does), and a note. Keys quartet has no equivalent for are listed with the reason, so a translation names
-every key it drops.
+Written from verl's documented config (`ppo_trainer.yaml`, its config explanation page), not copied. Each
+mapped key names its quartet field, a conversion when the meaning differs (`how` says what it does), a note.
+Keys quartet has no equivalent for are listed with the reason: a translation names every key it drops.
 
 Units, checked against both sides' docs:
-- `data.train_batch_size` and `ppo_mini_batch_size` count PROMPTS in verl (verl multiplies the mini-batch
-  by `rollout.n` internally); quartet's `data.train_batch_size` and `<role>.mini_batch_size` count prompts
-  too, so they are copied.
+- `data.train_batch_size` and `ppo_mini_batch_size` count PROMPTS in verl (verl multiplies the mini-batch by
+  `rollout.n` internally); quartet's `data.train_batch_size` and `<role>.mini_batch_size` too: copied.
 - `*_micro_batch_size_per_gpu` counts RESPONSES per device in verl, as quartet's
   `micro_batch_size_per_device` does: copied. The deprecated global `*_micro_batch_size` is divided by the
   world size (`trainer.n_gpus_per_node` x `trainer.nnodes`), as verl itself does.
@@ -222,6 +220,8 @@ RULES: dict[str, Rule] = {
     f"{AR}.ref.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="the reference shares the actor's", fallback=True
     ),
+    f"{AR}.actor.megatron.tensor_model_parallel_size": Rule("model.tensor_parallel_size", note="DTensor TP"),
+    f"{AR}.ref.megatron.tensor_model_parallel_size": Rule("model.tensor_parallel_size", fallback=True),
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),

@@ -8,9 +8,10 @@ The engine hides sharding, micro-batching, mixed precision and offloading from t
 
 Gradient accumulation. `train_step` computes the counts of the whole mini-batch (valid response tokens and
 sequences, summed over ranks) BEFORE any forward, hands them to the loss function of every micro-batch
-(`LossScale`), and backpropagates each micro-batch's loss times the world size (FSDP2 averages gradients
-over ranks; see `dist`). When the loss function divides by those global counts, the accumulated gradient
-equals the gradient of one big batch holding every rank's rows, whatever the micro-batching.
+(`LossScale`), and backpropagates each micro-batch's loss times `ctx.loss_factor` (FSDP2 averages
+gradients over ranks: the world size, or dp under tensor parallelism; see `dist`). When the loss function
+divides by those global counts, the accumulated gradient equals the gradient of one big batch holding
+every rank's rows, whatever the micro-batching.
 
 Mixed precision. Weights (and AdamW states) are float32; forward and backward run under
 `torch.autocast(device, bfloat16)` when `spec.mixed_precision` is bfloat16, on CPU too. Log-probs, entropy
@@ -43,6 +44,7 @@ from quartet.engines.dist import (
     all_reduce_sum,
     init_distributed,
     shard,
+    sum_over_dp,
     to_local_full,
 )
 from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
@@ -53,6 +55,7 @@ from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
 from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
+from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
 
 __all__ = ["EngineStateError", "TrainingEngine"]
@@ -74,11 +77,14 @@ class TrainingEngine:
 
     def __init__(self, spec: EngineSpec, *, offload_device: torch.device | str = "cpu") -> None:
         self.spec = spec
-        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size)
+        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size)
         self._seq_group = seq_group(self.ctx)
+        self._row_group = self._seq_group or row_group(self.ctx)  # ranks that pool their rows (SP or TP)
         self.module: nn.Module = shard(build_model(spec), self.ctx)
         self._scores = ScoreCapture(self.module) if spec.kind is ModelKind.REWARD else None
+        self._vocab = VocabHead.of(self.module, self.ctx)  # TP: logits sharded by vocabulary
         wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
+        wanted = fused_head_allowed(wanted, self._vocab)  # not under TP (`tensor_parallel`)
         self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -115,7 +121,7 @@ class TrainingEngine:
         Log-probs are under softmax(logits / temperature); positions past a response's end hold 0.
         """
         self._need(ModelKind.CAUSAL_LM)
-        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
+        batch, own = group_rows(batch, self._row_group)  # SP/TP: the rows of the whole group
         outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy)
         logprobs = restore_order([_field(o.logprobs) for o in outs], plan)[own]
         entropy = restore_order([_field(o.entropy) for o in outs], plan)[own] if with_entropy else None
@@ -181,7 +187,7 @@ class TrainingEngine:
         self._check_loaded()
         temp = batch.meta.temperature if temperature is None else temperature
         self.module.train()
-        batch, _ = group_rows(batch, self._seq_group)
+        batch, _ = group_rows(batch, self._row_group)
         plan = self._plan(batch, micro)
         mask = batch["response_mask"]
         tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], self.ctx)
@@ -202,9 +208,9 @@ class TrainingEngine:
                 for key, value in metrics.items():
                     metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
                     collected.setdefault(key, []).append(metric)
-            torch.autograd.backward(loss * self.ctx.world)
+            torch.autograd.backward(loss * self.ctx.loss_factor)
         result = self._optimizer_step(optimizer, scheduler)
-        result["loss"] = _sum_over_ranks(float(loss_sum), self.ctx)
+        result["loss"] = sum_over_dp(float(loss_sum), self.ctx)
         result["micro_batches"] = float(len(plan))
         result.update({k: float(torch.stack(v).mean()) for k, v in collected.items()})
         return result
@@ -215,8 +221,11 @@ class TrainingEngine:
         assert self.spec.optim is not None
         params = trainable_parameters(self.module)
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
-        grad_norm = float(to_local_full(norm))
+        if self.ctx.tp > 1:  # DTensors on two meshes: reduced per placement (`tensor_parallel`)
+            grad_norm = clip_grad_norm(params, max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
+            grad_norm = float(to_local_full(norm))
         lr = float(scheduler.get_last_lr()[0])
         finite = math.isfinite(grad_norm)
         if finite:
@@ -445,6 +454,8 @@ class TrainingEngine:
                 both = forward(True)  # [b, K, 2]
             return both[..., 0], both[..., 1] if request.with_entropy else None
         logits = forward(False)
+        if self._vocab is not None:  # this rank's vocabulary slice of the logits
+            return self._vocab.outputs(logits, targets, request)
         logprobs = heads.response_logprobs(logits, targets, request.temperature)
         entropy = None
         if request.with_entropy:
@@ -474,14 +485,3 @@ def _field(t: torch.Tensor | None) -> torch.Tensor:
     if t is None:
         raise EngineStateError("a forward output that was not computed")
     return t
-
-
-def _sum_over_ranks(value: float, ctx: DistContext) -> float:
-    """Sum over data-parallel ranks (the ranks of a sequence group hold the same loss)."""
-    if ctx.dp == 1:
-        return value
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ctx.group("dp"))
-    return float(t.item())

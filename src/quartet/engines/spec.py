@@ -81,6 +81,9 @@ class EngineSpec:
     """Causal LM and value model: ranks per sequence group (Ulysses, `engines.ulysses`); 1: off. Implies
     packed passes whatever `remove_padding` says (`engines.packed_run`). The reward model refuses it."""
 
+    tensor_parallel_size: int = 1
+    """Causal LM: ranks per tensor group (DTensor, `engines.tensor_parallel`); 1: off. Not with SP or LoRA."""
+
     fused_head: bool | None = None
     """Causal LM: log-probs and entropy from the hidden states in vocabulary blocks, never the [N, V] logits
     (`engines.fused_head`); None: on when the engine computes on CUDA. Other kinds ignore it."""
@@ -97,6 +100,7 @@ class EngineSpec:
                 "float16 mixed precision needs loss scaling, which the engine does not do; use bfloat16"
             )
         _check_sequence_parallel(self)
+        _check_tensor_parallel(self)
         if self.uses_lora and kind is ModelKind.REWARD:
             raise ValueError("LoRA on a reward model: reward models are frozen in quartet; drop `lora`")
         if (
@@ -136,6 +140,29 @@ def _check_sequence_parallel(spec: EngineSpec) -> None:
         raise ValueError(
             f"sequence_parallel_size={sp} on a reward model: its one score per row is not built for sequence "
             "parallelism; the reward model runs data parallel only (sequence_parallel_size: 1)"
+        )
+
+
+def _check_tensor_parallel(spec: EngineSpec) -> None:
+    tp = spec.tensor_parallel_size
+    if tp < 1:
+        raise ValueError(f"model.tensor_parallel_size must be >= 1, got {tp}; use 1 to turn it off")
+    if tp == 1:
+        return
+    if spec.kind is not ModelKind.CAUSAL_LM:
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} is built for the policy (causal LM) only; this engine holds a "
+            f"{spec.kind} model: run it with tensor_parallel_size: 1"
+        )
+    if spec.sequence_parallel_size > 1:
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} with sequence_parallel_size={spec.sequence_parallel_size}: "
+            "sequence and tensor parallelism are not combined; set one of them to 1"
+        )
+    if spec.uses_lora:
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} with LoRA adapters: the adapters are not split; set "
+            "model.lora.rank: 0 or model.tensor_parallel_size: 1"
         )
 
 
