@@ -60,8 +60,11 @@ def _parallel_notes(cfg: QuartetConfig, device: str) -> list[str]:
         out.append(
             f"policy engines: dp {layout.dp} x sp {layout.sp} x tp {layout.tp}; a micro-batch holds the rows "
             f"of sp x tp = {layout.sp * layout.tp} ranks, split by tokens over sp and by heads/columns over "
-            "tp (critic and reward model: data parallel only)"
+            "tp"
         )
+    critic_sp = cfg.critic.sequence_parallel_size
+    if critic_sp > 1 and cfg.algorithm.needs_critic:
+        out.append(f"critic engine: sp {critic_sp} (critic.sequence_parallel_size), packed; no tp")
     if cfg.model.remove_padding:
         out.append("policy passes packed (model.remove_padding): no attention masks")
     if fused_head_on(cfg, device):
