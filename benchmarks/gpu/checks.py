@@ -361,3 +361,13 @@ CHECKS = {
     "grpo_steps": grpo_steps,
     "gpu_tests": gpu_tests,
 }
+
+
+def _register_parallel_check() -> None:
+    """The SP/TP check lives in its own module (`parallel_check`), which imports this one."""
+    from parallel_check import sp_tp_one_device
+
+    CHECKS["sp_tp_one_device"] = sp_tp_one_device
+
+
+_register_parallel_check()

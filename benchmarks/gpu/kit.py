@@ -17,6 +17,9 @@ Checks, in order:
 - weight_sync: the cross-process weight sync with real processes, bitwise (gloo: NCCL is not built).
 - grpo_steps: two GRPO steps of the whole loop, with each phase's time.
 - gpu_tests: the suite's `-m gpu` tests.
+- sp_tp_one_device: the device side of sequence and tensor parallelism on one device (`parallel_check.py`):
+  the vocabulary-parallel head at a 152k vocabulary, the TP plans on a one-device mesh, SP's attention; what
+  needs 2+ GPUs is named in the result.
 
 A failing check does not stop the others; the exit status is 1 when any failed. `--only a,b` runs some.
 """

@@ -42,6 +42,7 @@ def test_the_kit_dry_run_passes_without_ray(tmp_path: Path) -> None:
         "weight_sync",
         "grpo_steps",
         "gpu_tests",
+        "sp_tp_one_device",
     ]
     assert {name: c["status"] for name, c in checks.items() if c["status"] != "pass"} == {
         "vllm_sleep": "skip",  # CUDA only
@@ -54,6 +55,9 @@ def test_the_kit_dry_run_passes_without_ray(tmp_path: Path) -> None:
     assert checks["rollout_builtin"]["tokens"] == 4 * 8
     assert checks["grpo_steps"]["steps"] == 2 and "timing_s/gen" in checks["grpo_steps"]["timing_last_step"]
     assert checks["weight_sync"]["figures"]["bytes"] > 0
+    parallel = checks["sp_tp_one_device"]
+    assert parallel["vocab_parallel"]["shards"] == 4 and parallel["vocab_parallel"]["grad_max_diff"] < 1e-4
+    assert parallel["tp_mesh"]["logits_scale"] > 0 and "2+ GPUs" in parallel["needs_more_gpus"]
 
 
 @pytest.mark.slow

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from quartet.config import load_config
 from quartet.core.choices import AdvantageEstimator
 from quartet.demo import DEMOS, demo_config
+from quartet.tasks.counting import CountingProblem, CountingSpec
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*/config.yaml"))
 
@@ -61,3 +63,19 @@ def test_async_examples_put_the_rollout_on_its_own_pool(name: str, mode: str) ->
     assert cfg.trainer.mode == mode and cfg.cluster.separate_pools == ("rollout",)
     assert cfg.trainer.sft_warm_start and cfg.cluster.cpus_per_bundle == 1
     assert (cfg.actor.tis_cap > 0) == (mode != "sync")  # the overlapped modes correct off-policy samples
+
+
+def test_long_context_example_splits_long_rows_over_a_sequence_group(chat_tokenizer: Any) -> None:
+    """examples/long_context: long responses of the counting task, packed, one sequence group per pool, room
+    for the task's longest prompt (largest numbers) and in the tiny model's positions for the longest row."""
+    path = Path(__file__).parents[2] / "examples" / "long_context" / "config.yaml"
+    cfg = load_config(str(path))
+    assert cfg.data.builtin_task.value == "counting" and cfg.data.max_response_length >= 1024
+    assert cfg.model.remove_padding and cfg.model.sequence_parallel_size == cfg.cluster.world_size == 2
+    spec = CountingSpec()
+    question = CountingProblem(spec.max_start, spec.max_start + spec.max_count - 1).question
+    chat = [{"role": "user", "content": question}]
+    prompt = chat_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert len(chat_tokenizer.encode(prompt, add_special_tokens=False)) <= cfg.data.max_prompt_length
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    assert cfg.model.tiny.max_position_embeddings >= longest

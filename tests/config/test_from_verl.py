@@ -486,3 +486,15 @@ def test_agent_loop_names_translate() -> None:
     t = translate_overrides(["actor_rollout_ref.rollout.agent.default_agent_loop=my_loop"])
     (u,) = [u for u in t.unmapped if u.key.endswith("default_agent_loop")]
     assert "my_loop" in u.reason
+
+
+def test_megatron_tensor_parallel_size_maps_to_the_engine_tp() -> None:
+    key = "actor_rollout_ref.{}.megatron.tensor_model_parallel_size"
+    t = translate({key.format("actor"): 2, "trainer.n_gpus_per_node": 4}, verl_defaults=False)
+    assert t.quartet_values["model.tensor_parallel_size"] == 2
+    ref_only = translate({key.format("ref"): 2, "trainer.n_gpus_per_node": 4}, verl_defaults=False)
+    assert ref_only.quartet_values["model.tensor_parallel_size"] == 2
+    other = translate(
+        {"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 2}, verl_defaults=False
+    )
+    assert "no Megatron backend" in other.unmapped[0].reason

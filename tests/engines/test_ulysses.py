@@ -115,8 +115,7 @@ def test_model_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError) as info:
         ModelConfig(sequence_parallel_size=0)
     assert "sequence_parallel_size" in str(info.value)
-    with pytest.raises(ConfigError, match="remove_padding: true"):
-        ModelConfig(sequence_parallel_size=2)
+    assert ModelConfig(sequence_parallel_size=2).sequence_parallel_size == 2  # packs without remove_padding
     with pytest.raises(ConfigError, match="4 attention heads"):
         ModelConfig(sequence_parallel_size=3, remove_padding=True)
     assert ModelConfig(sequence_parallel_size=2, remove_padding=True).sequence_parallel_size == 2
@@ -142,10 +141,31 @@ def test_verl_ulysses_key_maps() -> None:
     assert t.quartet_values["model.sequence_parallel_size"] == 2
 
 
-def test_engine_spec_refuses_sp_outside_the_packed_policy(tiny_model_dir: Path) -> None:
-    with pytest.raises(ValueError, match="remove_padding"):
-        EngineSpec(str(tiny_model_dir), ModelKind.CAUSAL_LM, Dtype.FLOAT32, sequence_parallel_size=2)
-    with pytest.raises(ValueError, match="value"):
-        EngineSpec(str(tiny_model_dir), ModelKind.VALUE, remove_padding=True, sequence_parallel_size=2)
+def test_engine_spec_packs_under_sp_and_refuses_the_reward_model(tiny_model_dir: Path) -> None:
+    path = str(tiny_model_dir)
+    assert EngineSpec(path, ModelKind.CAUSAL_LM, Dtype.FLOAT32, sequence_parallel_size=2).packs
+    assert EngineSpec(path, ModelKind.VALUE, sequence_parallel_size=2).packs
+    assert not EngineSpec(path, ModelKind.VALUE).packs and EngineSpec(path, remove_padding=True).packs
+    assert not EngineSpec(path, ModelKind.REWARD, remove_padding=True).packs
+    with pytest.raises(ValueError, match="reward model"):
+        EngineSpec(path, ModelKind.REWARD, sequence_parallel_size=2)
     with pytest.raises(ValueError, match=">= 1"):
-        EngineSpec(str(tiny_model_dir), sequence_parallel_size=0)
+        EngineSpec(path, sequence_parallel_size=0)
+
+
+def test_critic_sequence_parallel_size_is_validated_and_mapped_from_verl() -> None:
+    gae = ["algorithm.adv_estimator=gae"]
+    with pytest.raises(ConfigError, match="critic.sequence_parallel_size"):
+        load_config(overrides=["critic.sequence_parallel_size=0"])
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[*gae, "critic.sequence_parallel_size=2"])
+    assert info.value.field == "critic.sequence_parallel_size" and "[1]" in info.value.fix
+    pool = ["cluster.backend=ray", "cluster.bundles_per_node=3"]
+    with pytest.raises(ConfigError, match="4 attention heads"):  # 3 divides the pool, not the tiny heads
+        load_config(overrides=[*gae, *pool, "critic.sequence_parallel_size=3"])
+    load_config(overrides=["cluster.backend=ray", "critic.sequence_parallel_size=2"])  # no critic: unused
+    pool = ["cluster.backend=ray", "cluster.bundles_per_node=2"]
+    cfg = load_config(overrides=[*gae, *pool, "critic.sequence_parallel_size=2"])
+    assert cfg.critic.sequence_parallel_size == 2 and cfg.model.sequence_parallel_size == 1
+    t = translate_overrides(["critic.ulysses_sequence_parallel_size=2"])
+    assert t.quartet_values["critic.sequence_parallel_size"] == 2

@@ -11,6 +11,7 @@ still counts, since it is above the baseline.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from collections.abc import Mapping
@@ -25,7 +26,14 @@ from quartet.core.batch import Batch, BatchMeta
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.planning.measure import reset_peak_rss
 
-__all__ = ["old_logprobs", "rollout_generate", "save_random_model", "update"]
+__all__ = [
+    "engine_has_tensor_parallel",
+    "old_logprobs",
+    "rollout_generate",
+    "save_random_model",
+    "update",
+    "update_rank",
+]
 
 
 def save_random_model(folder: Path, config: dict[str, Any]) -> Path:
@@ -92,6 +100,61 @@ def _engine(folder: str, kind: ModelKind, precision: str, checkpointing: bool) -
         gradient_checkpointing=checkpointing,
     )
     return TrainingEngine(spec)
+
+
+def engine_has_tensor_parallel() -> bool:
+    """Whether this tree's `EngineSpec` takes `tensor_parallel_size` (the TP engine is built separately)."""
+    return "tensor_parallel_size" in {f.name for f in dataclasses.fields(EngineSpec)}
+
+
+def update_rank(
+    folder: str,
+    rank: int,
+    world: int,
+    port: int,
+    sp: int,
+    tp: int,
+    micro: int,
+    prompt_len: int,
+    response_len: int,
+    vocab: int,
+    fused: bool = False,
+) -> int:
+    """Rank `rank` of a `world`-rank gloo actor engine (packed rows; sequence parallel over `sp`, tensor
+    parallel over `tp` ranks): two optimizer steps over this rank's `micro` rows, cut into micro-batches
+    of `micro` rows of its group (the ranks of a sequence group pool their rows, so with sp = 2 each rank
+    runs two micro-batches of half their tokens). `fused`: the fused LM head (`engines.fused_head`)."""
+    import torch.distributed as dist
+
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    parallel: dict[str, int] = {"sequence_parallel_size": sp}
+    if tp > 1:
+        parallel["tensor_parallel_size"] = tp
+    spec = EngineSpec(
+        folder,
+        ModelKind.CAUSAL_LM,
+        mixed_precision=Dtype.FLOAT32,
+        optim=OptimConfig(lr=1e-4),
+        remove_padding=True,
+        fused_head=fused,
+        **parallel,  # type: ignore[arg-type]
+    )
+    engine = TrainingEngine(spec)
+    batch = make_batch(micro, prompt_len, response_len, vocab, seed=rank)
+    _settle()
+    try:
+        for _ in range(2):
+            engine.train_step(batch, _pg_loss, MicroSpec(size=micro))
+        return engine.steps
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def update(

@@ -1,12 +1,16 @@
 """The memory planner against measured peaks: the real phase code (engine update, log-prob pass, rollout
 generation) runs in a fresh process (`measure_peak_rss`) and its peak RSS increase is set next to the plan's
-row for that role and phase, for a tiny model and a ~100M-parameter one. Within 25% is the goal.
+row for that role and phase, for a tiny model and a ~100M-parameter one. Within 25% is the goal. The world-2
+cases run two gloo ranks of the actor engine at once (data parallel, sequence parallel, tensor parallel)
+and set the larger rank's peak next to the plan's per-rank row.
 """
 
 from __future__ import annotations
 
+import socket
 import statistics
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,3 +160,119 @@ def test_rollout_generation_peak(model: tuple[Size, Path]) -> None:
     measured = _measured(probes.rollout_generate, size, folder, seqs, prompts, n)
     planned = _plan_row(size, folder, Phase.GEN, Role.ROLLOUT, [f"rollout.max_num_seqs={seqs}"])
     _check(f"{size.name} rollout generation", planned, measured)
+
+
+# ---- world 2: two gloo ranks of the actor engine, data parallel, sequence parallel, tensor parallel ------
+
+WORLD2 = Size(
+    "world2",
+    {
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+        "tie_word_embeddings": True,
+    },
+    micro=4,
+    prompt_len=32,
+    response_len=224,
+    repeats=1,
+)
+"""Long rows (256 tokens, most of them response) so that activations and logits are most of a rank's peak
+and the sequence split shows: 4 rows per rank, micro-batches of 4 rows of the group."""
+
+_NO_TP_REASON = (
+    "EngineSpec has no tensor_parallel_size field yet: the tensor-parallel engine is built on another "
+    "branch; this case measures it once that is merged"
+)
+
+
+@pytest.fixture(scope="module")
+def world2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return probes.save_random_model(tmp_path_factory.mktemp("world2"), dict(WORLD2.config))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _measured_world2(folder: Path, sp: int, tp: int) -> int:
+    """The larger of the two ranks' peak RSS increases, both ranks running at once in fresh processes."""
+    size = WORLD2
+    shape = (size.prompt_len, size.response_len, int(size.config["vocab_size"]))
+    port = _free_port()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [
+            pool.submit(
+                measure_peak_rss, probes.update_rank, str(folder), rank, 2, port, sp, tp, size.micro, *shape
+            )
+            for rank in range(2)
+        ]
+        return max(r.result().increase_bytes for r in runs)
+
+
+def _plan_world2(folder: Path, sp: int, tp: int) -> int:
+    size = WORLD2
+    extra = [
+        "cluster.bundles_per_node=2",
+        "model.remove_padding=true",
+        "model.fused_head=false",
+        f"model.sequence_parallel_size={sp}",
+        f"model.tensor_parallel_size={tp}",
+    ]
+    # train_batch_size x rollout.n rows over 2 ranks: `micro` rows per rank, as the probe gives each
+    return _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR, extra)
+
+
+@pytest.mark.slow  # two 2-process gloo runs (~1 min on 2 busy cores)
+def test_world2_dp_and_sp_update_peaks(world2_model: Path) -> None:
+    """Per-rank peaks of 2-rank engines next to the plan: data parallel (each rank its own rows) and
+    sequence parallel (the two ranks pool their rows and each runs half of every micro-batch's tokens)."""
+    dp2 = _measured_world2(world2_model, 1, 1)
+    _check("world 2 dp2 actor update", _plan_world2(world2_model, 1, 1), dp2)
+    sp2 = _measured_world2(world2_model, 2, 1)
+    _check("world 2 sp2 actor update", _plan_world2(world2_model, 2, 1), sp2)
+    assert sp2 < dp2, f"sequence parallelism should lower a rank's peak: sp2 {sp2} vs dp2 {dp2}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not probes.engine_has_tensor_parallel(), reason=_NO_TP_REASON)
+def test_world2_tp_update_peak(world2_model: Path) -> None:
+    """A 2-rank tensor-parallel engine's per-rank peak next to the plan."""
+    measured = _measured_world2(world2_model, 1, 2)
+    _check("world 2 tp2 actor update", _plan_world2(world2_model, 1, 2), measured)
+
+
+# ---- the LM head on packed rows: plain logits or the fused head --------------------------------------------
+
+VOCAB32K = Size(
+    "vocab32k",
+    {**WORLD2.config, "vocab_size": 32768},
+    micro=8,
+    prompt_len=32,
+    response_len=224,
+    repeats=1,
+)
+"""A 32k vocabulary over 1,792 response positions: the plain head's logits (224 MiB per float32 copy) are
+most of the peak, and large enough that freed copies go back to the OS (no heap noise)."""
+
+
+@pytest.mark.slow  # two fresh-process updates of ~0.5-0.8 GB each (~1 min on 2 busy cores)
+def test_packed_update_plain_and_fused_head_peaks(tmp_path: Path) -> None:
+    """One rank, packed rows: the plain head's logits and the fused head's blocks next to the plan."""
+    size = VOCAB32K
+    folder = probes.save_random_model(tmp_path / "model", dict(size.config))
+    shape = (size.prompt_len, size.response_len, int(size.config["vocab_size"]))
+    peaks = {}
+    for fused in (False, True):
+        args = (str(folder), 0, 1, 0, 1, 1, size.micro, *shape)
+        measured = measure_peak_rss(probes.update_rank, *args, fused=fused).increase_bytes
+        extra = ["model.remove_padding=true", f"model.fused_head={str(fused).lower()}"]
+        planned = _plan_row(size, folder, Phase.UPDATE_ACTOR, Role.ACTOR, extra)
+        _check(f"packed update, {'fused' if fused else 'plain'} head", planned, measured)
+        peaks[fused] = measured
+    assert peaks[True] < peaks[False], f"the fused head should lower the peak: {peaks}"

@@ -31,7 +31,7 @@ def _updated_model(actor: Any, batch: Batch, folder: Path) -> tuple[dict[str, to
     return AutoModelForCausalLM.from_pretrained(folder).state_dict(), metrics[0]["actor/grad_norm"]
 
 
-@pytest.mark.parametrize("sp", [1, 2], ids=["dp2", "sp2"])
+@pytest.mark.parametrize(("sp", "tp"), [(1, 1), (2, 1), (1, 2)], ids=["dp2", "sp2", "tp2"])
 def test_two_rank_update_equals_one_rank_update(
     ray_cluster: None,
     actor_config: ActorConfig,
@@ -40,9 +40,11 @@ def test_two_rank_update_equals_one_rank_update(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     sp: int,
+    tp: int,
 ) -> None:
     """dp2: FSDP2 over two ranks; sp2: one sequence group of two ranks (Ulysses, packed), against one rank
-    on the packed path. The rows reach the ranks through the role's dispatch, as in a run."""
+    on the packed path; tp2: one tensor group of two ranks (padded). The rows reach the ranks through the
+    role's dispatch, as in a run."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "0" if key != "WORLD_SIZE" else "1")
     batch = rl_batch(8, seed=4)
@@ -53,9 +55,10 @@ def test_two_rank_update_equals_one_rank_update(
     if sp > 1:
         run_values = dataclasses.replace(run_values, remove_padding=True)
     spec = RoleSpec(Actor, actor, run_values)
-    parallel = RoleSpec(Actor, actor, dataclasses.replace(run_values, sequence_parallel_size=sp))
+    parallel_values = dataclasses.replace(run_values, sequence_parallel_size=sp, tensor_parallel_size=tp)
+    parallel = RoleSpec(Actor, actor, parallel_values)
     pool = ResourcePool(1, 2, 0.5, use_gpu=False, timeout_s=60).create()
-    two = colocate(pool, RunNames("quartet-tests", f"fsdp2-sp{sp}"), actor=parallel)
+    two = colocate(pool, RunNames("quartet-tests", f"fsdp2-sp{sp}-tp{tp}"), actor=parallel)
     try:
         sharded, norm_two = _updated_model(two.groups["actor"], batch, tmp_path / "two")
     finally:

@@ -25,7 +25,8 @@ RL_COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 MULTI_TURN = {BuiltinTask.CALCULATOR: "tool_agent", BuiltinTask.WORD_PROBLEMS: "tool_agent"}
 MULTI_TURN[BuiltinTask.GUESSING] = "user_sim"
 TOOL_TASKS = (BuiltinTask.CALCULATOR, BuiltinTask.WORD_PROBLEMS)
-SFT_NAMES = {task: CHAT_FILES for task in (BuiltinTask.ARITHMETIC, BuiltinTask.COUNTDOWN)}
+SINGLE_TURN = (BuiltinTask.ARITHMETIC, BuiltinTask.COUNTDOWN, BuiltinTask.COUNTING)
+SFT_NAMES = {task: CHAT_FILES for task in SINGLE_TURN}
 
 
 def _read(paths: tuple[Path, Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -47,6 +48,9 @@ def _recomputed_answer(task: BuiltinTask, row: dict[str, Any]) -> str | None:
     if task is BuiltinTask.CALCULATOR:
         a, b, c = re.fullmatch(r"What is (\d+) \* (\d+) \+ (\d+)\?", question).groups()  # type: ignore[union-attr]
         return str(int(a) * int(b) + int(c))
+    if task is BuiltinTask.COUNTING:
+        start, end = re.fullmatch(r"Count from (\d+) to (\d+), separated by spaces\.", question).groups()  # type: ignore[union-attr]
+        return f"{int(start)}..{int(end)}"
     if task is BuiltinTask.WORD_PROBLEMS:
         program = re.fullmatch(r"print\(([\d()+*\- ]+)\)", row["extra_info"]["program"])
         assert program is not None and question.endswith("?")
@@ -64,6 +68,9 @@ def _stated_answer(task: BuiltinTask, row: dict[str, Any]) -> str:
     """A response that states the row's answer in the task's answer format."""
     if task is BuiltinTask.COUNTDOWN:
         return str(row["extra_info"]["solution"])
+    if task is BuiltinTask.COUNTING:  # the ground truth names the run (start..end); the answer writes it out
+        info = row["extra_info"]
+        return " ".join(str(n) for n in range(info["start"], info["end"] + 1))
     return str(row["reward_model"]["ground_truth"])
 
 

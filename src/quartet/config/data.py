@@ -18,6 +18,7 @@ class BuiltinTask(StrEnum):
     CALCULATOR = "calculator"  # multi-turn: a*b+c with the calculator tool (rollout.multi_turn)
     WORD_PROBLEMS = "word_problems"  # multi-turn: stories solved by a program run with the python tool
     GUESSING = "guessing"  # multi-turn: guess a number against a simulated user (guessing_game)
+    COUNTING = "counting"  # long responses: write out a run of 250-500 integers (examples/long_context)
 
 
 class ArithmeticOp(StrEnum):

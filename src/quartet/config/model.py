@@ -133,22 +133,25 @@ class ModelConfig:
     remove_padding: bool = False
     """Run the policy's training passes (update, old and reference log-probs, SFT) on packed micro-batches:
     real tokens only, rows end to end, attention confined to each row (`quartet.engines.packing`; verl's
-    `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. The critic,
-    reward model and the rollout engines always run padded."""
+    `use_remove_padding`). Same log-probs as padded up to rounding; faster when lengths vary. Sequence
+    parallelism packs whatever this says. Without sequence parallelism the critic, reward model and the
+    rollout engines run padded."""
 
     sequence_parallel_size: int = 1
-    """Ulysses sequence parallelism of the policy's packed training passes (docs/parallelism.md): groups of
-    this many consecutive devices split every packed micro-batch by tokens, dividing activation memory by
-    it; attention all-to-alls tokens and heads. 1: off. Needs `remove_padding: true`, must divide the
-    devices of the policy's pool and the model's attention heads (key/value heads fewer than it are
-    replicated). verl's `ulysses_sequence_parallel_size`. The critic and reward model run without it."""
+    """Ulysses sequence parallelism of the policy's training passes (docs/parallelism.md): groups of this
+    many consecutive devices split every micro-batch by tokens, dividing activation memory by it; attention
+    all-to-alls tokens and heads. 1: off. The passes run packed under it (with or without `remove_padding`).
+    Must divide the devices of the policy's pool and the model's attention heads (key/value heads fewer than
+    it are replicated). verl's `actor.ulysses_sequence_parallel_size`. The critic has its own
+    (`critic.sequence_parallel_size`); the reward model runs without it."""
 
     tensor_parallel_size: int = 1
     """Tensor parallelism of the policy's training engine (docs/parallelism.md): groups of this many
     consecutive devices split every attention and MLP layer by heads and hidden columns (PyTorch DTensor,
     composed with FSDP2 on a (data x tensor) mesh), and the LM head by vocabulary. 1: off. Must divide the
-    devices of the policy's pool, the model's attention and key/value heads and its vocabulary.
-    The rollout engines receive full tensors as without it."""
+    devices of the policy's pool and the model's attention and key/value heads (Qwen2, Qwen3, Llama and
+    Mistral have plans). Not with sequence parallelism or LoRA; the critic and reward model run without it.
+    verl's megatron `tensor_model_parallel_size`. The rollout engines receive full tensors as without it."""
 
     fused_head: bool | None = None
     """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
@@ -166,14 +169,20 @@ class ModelConfig:
         )
         sp = self.sequence_parallel_size
         require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")
-        require(
-            sp == 1 or self.remove_padding,
-            "sequence_parallel_size",
-            f"is {sp}, but sequence parallelism is built for packed micro-batches only",
-            "set model.remove_padding: true, or model.sequence_parallel_size: 1",
-        )
         tp = self.tensor_parallel_size
         require(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}", "use 1 to turn it off")
+        require(
+            tp == 1 or sp == 1,
+            "tensor_parallel_size",
+            f"is {tp} with sequence_parallel_size {sp}: sequence and tensor parallelism are not combined",
+            "set model.sequence_parallel_size: 1 or model.tensor_parallel_size: 1",
+        )
+        require(
+            tp == 1 or self.lora.rank == 0,
+            "tensor_parallel_size",
+            f"is {tp} with LoRA adapters (lora.rank {self.lora.rank}), which are not split",
+            "set model.lora.rank: 0 or model.tensor_parallel_size: 1",
+        )
         heads = self.tiny.num_attention_heads
         kv = self.tiny.num_key_value_heads
         require(

@@ -223,9 +223,18 @@ class CriticConfig:
     optimizer_offload: bool = False
     """Keep optimizer states in host memory between updates (GPU only; no-op on CPU)."""
 
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of the critic's value pass and update (docs/parallelism.md): groups of
+    this many consecutive devices of the critic's pool split every micro-batch by tokens (run packed), and
+    gather the per-token values, so the value loss is the same as without it. 1: off. Must divide the
+    critic pool's devices (`cluster.world_size`) and the model's attention heads. Separate from
+    `model.sequence_parallel_size` as in verl (`critic.ulysses_sequence_parallel_size`)."""
+
     def __post_init__(self) -> None:
         _check_update_sizes(self)
         require(self.cliprange_value > 0, "cliprange_value", "must be > 0")
+        sp = self.sequence_parallel_size
+        require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     problems += _length_rules(cfg)
     problems += _mode_rules(cfg)
     problems += _parallel_rules(cfg)
+    if cfg.algorithm.needs_critic:
+        problems += _critic_parallel_rules(cfg)
     problems += gpu_share_problems(cfg.cluster)
     raise_problems(problems)
     return cfg
@@ -115,6 +117,30 @@ def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
             )
         )
     return out
+
+
+def _critic_parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    """The critic's sequence groups: within its pool (the main pool's shape, `cluster.world_size` devices),
+    and over the tiny policy's heads when the critic starts from it."""
+    sp, world = cfg.critic.sequence_parallel_size, cfg.cluster.world_size
+    if world % sp:
+        return [
+            ConfigError(
+                "critic.sequence_parallel_size",
+                f"{sp} does not divide the {world} devices of the critic's pool (cluster.world_size)",
+                f"set critic.sequence_parallel_size to one of {_divisors(world)}",
+            )
+        ]
+    heads = cfg.model.tiny.num_attention_heads
+    if not cfg.critic.model_path and cfg.model.is_tiny and heads % sp:
+        return [
+            ConfigError(
+                "critic.sequence_parallel_size",
+                f"{sp} does not divide the tiny model's {heads} attention heads (the critic starts from it)",
+                f"pick a divisor of {heads}",
+            )
+        ]
+    return []
 
 
 def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:

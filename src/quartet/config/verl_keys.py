@@ -1,14 +1,12 @@
 """The verl -> quartet key table used by `quartet.config.from_verl`.
 
-Written from verl's documented config (`ppo_trainer.yaml` and its config explanation page), not copied from
-it. Each mapped key names its quartet field, a conversion when the meaning differs (`how` says what it
-does), and a note. Keys quartet has no equivalent for are listed with the reason, so a translation names
-every key it drops.
+Written from verl's documented config (`ppo_trainer.yaml`, its config explanation page), not copied. Each
+mapped key names its quartet field, a conversion when the meaning differs (`how` says what it does), a note.
+Keys quartet has no equivalent for are listed with the reason: a translation names every key it drops.
 
 Units, checked against both sides' docs:
-- `data.train_batch_size` and `ppo_mini_batch_size` count PROMPTS in verl (verl multiplies the mini-batch
-  by `rollout.n` internally); quartet's `data.train_batch_size` and `<role>.mini_batch_size` count prompts
-  too, so they are copied.
+- `data.train_batch_size` and `ppo_mini_batch_size` count PROMPTS in verl (verl multiplies the mini-batch by
+  `rollout.n` internally); quartet's `data.train_batch_size` and `<role>.mini_batch_size` too: copied.
 - `*_micro_batch_size_per_gpu` counts RESPONSES per device in verl, as quartet's
   `micro_batch_size_per_device` does: copied. The deprecated global `*_micro_batch_size` is divided by the
   world size (`trainer.n_gpus_per_node` x `trainer.nnodes`), as verl itself does.
@@ -217,11 +215,13 @@ RULES: dict[str, Rule] = {
         "model.remove_padding", note="packed micro-batches (engines/packing)"
     ),
     f"{AR}.actor.ulysses_sequence_parallel_size": Rule(
-        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the packed passes"
+        "model.sequence_parallel_size", note="Ulysses sequence parallelism of the policy's passes"
     ),
     f"{AR}.ref.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="the reference shares the actor's", fallback=True
     ),
+    f"{AR}.actor.megatron.tensor_model_parallel_size": Rule("model.tensor_parallel_size", note="DTensor TP"),
+    f"{AR}.ref.megatron.tensor_model_parallel_size": Rule("model.tensor_parallel_size", fallback=True),
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),
@@ -339,6 +339,7 @@ RULES: dict[str, Rule] = {
     "critic.ppo_epochs": Rule("critic.epochs", note="unset: the actor's (as verl)"),
     "critic.cliprange_value": Rule("critic.cliprange_value"),
     "critic.loss_agg_mode": Rule("critic.loss_agg_mode"),
+    "critic.ulysses_sequence_parallel_size": Rule("critic.sequence_parallel_size"),
     "critic.model.fsdp_config.param_offload": Rule("critic.param_offload"),
     "critic.model.fsdp_config.optimizer_offload": Rule("critic.optimizer_offload"),
     # reward
@@ -417,7 +418,6 @@ UNMAPPED: dict[str, str] = {
     "critic.model.tokenizer_path": "the critic uses the policy's tokenizer",
     "critic.model.enable_gradient_checkpointing": "one model.gradient_checkpointing covers all roles",
     "critic.model.fsdp_config.grad_offload": "removed in verl; quartet offloads params/optimizer only",
-    "critic.ulysses_sequence_parallel_size": "quartet's sequence parallelism covers the policy only",
     "critic.optim.lr_warmup_steps_ratio": "needs the run's total steps; set critic.optim.warmup_steps",
     "reward_model.enable": "quartet enables the reward model when reward.model_path is set",
     "reward_model.reward_manager": "quartet has one reward path (rules, reward.function, or a model)",

@@ -18,6 +18,12 @@ group is sp consecutive ranks that take the same rows; FSDP2 still shards over e
 group hold the same parameters). Counts of rows and tokens are summed over "dp" only (a group's ranks hold
 the same rows). The loss factor stays the world size: each rank's gradient is its share of its group's
 loss gradient (see `ulysses`), so the sum over all ranks is the sum over data-parallel groups.
+
+Tensor parallelism (`tp` > 1, `engines.tensor_parallel`). The ranks form a 2-D mesh ("dp", "tp"): a tensor
+group is tp consecutive ranks that take the same rows and hold different slices of each layer; FSDP2
+shards over "dp" only. Every rank of a tensor group computes the WHOLE loss of its rows (the outputs are
+replicated after each layer), so FSDP's mean over "dp" is undone by the data-parallel size
+(`DistContext.loss_factor`), not the world size. Sequence and tensor parallelism are not combined.
 """
 
 from __future__ import annotations
@@ -36,7 +42,15 @@ from torch.distributed.tensor import DTensor
 
 from quartet.engines.model_init import decoder_layers
 
-__all__ = ["DistContext", "all_reduce_max", "all_reduce_sum", "init_distributed", "shard", "to_local_full"]
+__all__ = [
+    "DistContext",
+    "all_reduce_max",
+    "all_reduce_sum",
+    "init_distributed",
+    "shard",
+    "sum_over_dp",
+    "to_local_full",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,8 @@ class DistContext:
     mesh: DeviceMesh | None
     sp_mesh: DeviceMesh | None = None
     """With sequence parallelism: the ("dp", "sp") mesh whose "sp" groups share rows."""
+    tp_mesh: DeviceMesh | None = None
+    """With tensor parallelism: the ("dp", "tp") mesh whose "tp" groups share rows and split layers."""
 
     @property
     def sharded(self) -> bool:
@@ -61,13 +77,26 @@ class DistContext:
         return 1 if self.sp_mesh is None else int(self.sp_mesh.size(1))
 
     @property
+    def tp(self) -> int:
+        """Ranks per tensor group (1 without tensor parallelism)."""
+        return 1 if self.tp_mesh is None else int(self.tp_mesh.size(1))
+
+    @property
     def dp(self) -> int:
-        """Data-parallel size: the number of sequence groups."""
-        return self.world // self.sp
+        """Data-parallel size: the number of sequence (or tensor) groups."""
+        return self.world // (self.sp * self.tp)
+
+    @property
+    def loss_factor(self) -> int:
+        """What each loss is multiplied by before backward to undo FSDP's mean (see the module doc)."""
+        return self.world // self.tp
 
     def group(self, dim: str) -> Any:
-        """The process group of this rank along "dp" or "sp" (None: the whole world, without SP)."""
-        return None if self.sp_mesh is None else self.sp_mesh.get_group(dim)
+        """The process group of this rank along "dp", "sp" or "tp" (None: the whole world)."""
+        for mesh in (self.sp_mesh, self.tp_mesh):
+            if mesh is not None and dim in (mesh.mesh_dim_names or ()):
+                return mesh.get_group(dim)
+        return None
 
 
 def _device(local_rank: int) -> torch.device:
@@ -80,10 +109,11 @@ def _device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(timeout_s: float = 600.0, sp: int = 1) -> DistContext:
+def init_distributed(timeout_s: float = 600.0, sp: int = 1, tp: int = 1) -> DistContext:
     """The process group from the environment (initialised here if needed) and the device to compute on.
 
-    With `sp` > 1 the ranks also form the ("dp", "sp") mesh of sequence parallelism."""
+    With `sp` > 1 the ranks also form the ("dp", "sp") mesh of sequence parallelism, with `tp` > 1 the
+    ("dp", "tp") mesh of tensor parallelism."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
@@ -92,6 +122,11 @@ def init_distributed(timeout_s: float = 600.0, sp: int = 1) -> DistContext:
         raise ValueError(
             f"model.sequence_parallel_size={sp} does not divide the {world} ranks of the role; "
             "pick a divisor of the role's GPU count"
+        )
+    if world % tp or (sp > 1 and tp > 1):
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} with sequence_parallel_size={sp} on {world} ranks: tp must "
+            "divide the role's GPU count, and sequence and tensor parallelism are not combined"
         )
     if world <= 1:
         return DistContext(rank=0, world=1, device=device, mesh=None)
@@ -102,27 +137,49 @@ def init_distributed(timeout_s: float = 600.0, sp: int = 1) -> DistContext:
     sp_mesh = None
     if sp > 1:  # row-major: sp consecutive ranks per sequence group
         sp_mesh = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
-    return DistContext(rank=dist.get_rank(), world=world, device=device, mesh=mesh, sp_mesh=sp_mesh)
+    tp_mesh = None
+    if tp > 1:  # row-major: tp consecutive ranks per tensor group
+        tp_mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    rank = dist.get_rank()
+    return DistContext(rank=rank, world=world, device=device, mesh=mesh, sp_mesh=sp_mesh, tp_mesh=tp_mesh)
 
 
 def shard(module: nn.Module, ctx: DistContext) -> nn.Module:
-    """`module` moved to the device and, with world > 1, sharded by FSDP2 (per decoder layer, then root)."""
+    """`module` moved to the device and, with world > 1, sharded by FSDP2 (per decoder layer, then root).
+
+    With tensor parallelism the layers are first split over "tp" (`tensor_parallel.parallelize`), then
+    FSDP2 shards over "dp" only."""
     module.to(ctx.device)
     if not ctx.sharded:
         return module
+    mesh = ctx.mesh
+    if ctx.tp_mesh is not None:
+        from quartet.engines.tensor_parallel import parallelize  # it imports this module
+
+        parallelize(module, ctx.tp_mesh["tp"])
+        mesh = ctx.tp_mesh["dp"]
     for layer in decoder_layers(module):
-        fully_shard(layer, mesh=ctx.mesh)
-    fully_shard(module, mesh=ctx.mesh)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
     return module
 
 
 def all_reduce_sum(values: list[int], ctx: DistContext) -> list[int]:
-    """Element-wise sum of small integer counts over data-parallel ranks (sequence groups count once)."""
+    """Element-wise sum of small integer counts over data-parallel ranks (a sequence/tensor group once)."""
     if ctx.dp == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.int64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ctx.group("dp"))
     return [int(x) for x in t.tolist()]
+
+
+def sum_over_dp(value: float, ctx: DistContext) -> float:
+    """Sum of a float over data-parallel ranks (the ranks of a sequence or tensor group hold the same one)."""
+    if ctx.dp == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ctx.group("dp"))
+    return float(t.item())
 
 
 def all_reduce_max(value: int, ctx: DistContext) -> int:

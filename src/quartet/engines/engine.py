@@ -8,9 +8,10 @@ The engine hides sharding, micro-batching, mixed precision and offloading from t
 
 Gradient accumulation. `train_step` computes the counts of the whole mini-batch (valid response tokens and
 sequences, summed over ranks) BEFORE any forward, hands them to the loss function of every micro-batch
-(`LossScale`), and backpropagates each micro-batch's loss times the world size (FSDP2 averages gradients
-over ranks; see `dist`). When the loss function divides by those global counts, the accumulated gradient
-equals the gradient of one big batch holding every rank's rows, whatever the micro-batching.
+(`LossScale`), and backpropagates each micro-batch's loss times `ctx.loss_factor` (FSDP2 averages
+gradients over ranks: the world size, or dp under tensor parallelism; see `dist`). When the loss function
+divides by those global counts, the accumulated gradient equals the gradient of one big batch holding
+every rank's rows, whatever the micro-batching.
 
 Mixed precision. Weights (and AdamW states) are float32; forward and backward run under
 `torch.autocast(device, bfloat16)` when `spec.mixed_precision` is bfloat16, on CPU too. Log-probs, entropy
@@ -43,6 +44,7 @@ from quartet.engines.dist import (
     all_reduce_sum,
     init_distributed,
     shard,
+    sum_over_dp,
     to_local_full,
 )
 from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
@@ -51,9 +53,10 @@ from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture, build_model
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
-from quartet.engines.packing import pack_inputs
+from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
-from quartet.engines.ulysses import group_rows, local_share, seq_group
+from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
+from quartet.engines.ulysses import group_rows, seq_group
 
 __all__ = ["EngineStateError", "TrainingEngine"]
 
@@ -74,11 +77,14 @@ class TrainingEngine:
 
     def __init__(self, spec: EngineSpec, *, offload_device: torch.device | str = "cpu") -> None:
         self.spec = spec
-        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size)
+        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size)
         self._seq_group = seq_group(self.ctx)
+        self._row_group = self._seq_group or row_group(self.ctx)  # ranks that pool their rows (SP or TP)
         self.module: nn.Module = shard(build_model(spec), self.ctx)
         self._scores = ScoreCapture(self.module) if spec.kind is ModelKind.REWARD else None
+        self._vocab = VocabHead.of(self.module, self.ctx)  # TP: logits sharded by vocabulary
         wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
+        wanted = fused_head_allowed(wanted, self._vocab)  # not under TP (`tensor_parallel`)
         self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -115,7 +121,7 @@ class TrainingEngine:
         Log-probs are under softmax(logits / temperature); positions past a response's end hold 0.
         """
         self._need(ModelKind.CAUSAL_LM)
-        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
+        batch, own = group_rows(batch, self._row_group)  # SP/TP: the rows of the whole group
         outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy)
         logprobs = restore_order([_field(o.logprobs) for o in outs], plan)[own]
         entropy = restore_order([_field(o.entropy) for o in outs], plan)[own] if with_entropy else None
@@ -128,8 +134,9 @@ class TrainingEngine:
         of the prompt + response sequence (verl's `values[:, P-1 : P+R-1]`). Positions past the end hold 0.
         """
         self._need(ModelKind.VALUE)
+        batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, 1.0, False)
-        return restore_order([_field(o.values) for o in outs], plan)
+        return restore_order([_field(o.values) for o in outs], plan)[own]
 
     def forward_scores(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
         """Reward-model scores [B] (float32, on CPU): the head's output at each row's last attended token."""
@@ -180,7 +187,7 @@ class TrainingEngine:
         self._check_loaded()
         temp = batch.meta.temperature if temperature is None else temperature
         self.module.train()
-        batch, _ = group_rows(batch, self._seq_group)
+        batch, _ = group_rows(batch, self._row_group)
         plan = self._plan(batch, micro)
         mask = batch["response_mask"]
         tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], self.ctx)
@@ -201,9 +208,9 @@ class TrainingEngine:
                 for key, value in metrics.items():
                     metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
                     collected.setdefault(key, []).append(metric)
-            torch.autograd.backward(loss * self.ctx.world)
+            torch.autograd.backward(loss * self.ctx.loss_factor)
         result = self._optimizer_step(optimizer, scheduler)
-        result["loss"] = _sum_over_ranks(float(loss_sum), self.ctx)
+        result["loss"] = sum_over_dp(float(loss_sum), self.ctx)
         result["micro_batches"] = float(len(plan))
         result.update({k: float(torch.stack(v).mean()) for k, v in collected.items()})
         return result
@@ -214,8 +221,11 @@ class TrainingEngine:
         assert self.spec.optim is not None
         params = trainable_parameters(self.module)
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
-        grad_norm = float(to_local_full(norm))
+        if self.ctx.tp > 1:  # DTensors on two meshes: reduced per placement (`tensor_parallel`)
+            grad_norm = clip_grad_norm(params, max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
+            grad_norm = float(to_local_full(norm))
         lr = float(scheduler.get_last_lr()[0])
         finite = math.isfinite(grad_norm)
         if finite:
@@ -384,11 +394,14 @@ class TrainingEngine:
             return pad_responses(torch.where(valid, t, torch.zeros((), device=t.device)), full)
 
         if self.spec.kind is ModelKind.VALUE:
+            if self.spec.packs:  # split by tokens under SP (`engines.packed_run`)
+                values = packed_values(self.module, inputs, self._seq_group, self.device, self._autocast)
+                return ModelOutputs(values=finish(values))
             token_values = self._model_call(inputs).logits.squeeze(-1)
             return ModelOutputs(values=finish(heads.response_values(token_values, width)))
         if self.spec.kind is not ModelKind.CAUSAL_LM:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
-        if self.spec.remove_padding:
+        if self.spec.packs:
             return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
         # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
         t = inputs.input_ids.shape[1]
@@ -414,33 +427,19 @@ class TrainingEngine:
     ) -> ModelOutputs:
         """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
         K real response tokens only, scattered back into the [b, R'] layout."""
-        packed = pack_inputs(inputs)
-        part = local_share(packed, self._seq_group)  # with SP: this rank's slice (`engines.ulysses`)
+        run = PackedRun.of(inputs, self._seq_group, self.device)  # with SP: this rank's token slice
 
         def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
             with self._autocast():
-                out = self.module(
-                    input_ids=part.input_ids.to(self.device),
-                    position_ids=part.position_ids.to(self.device),
-                    logits_to_keep=part.keep.to(self.device),
-                    use_cache=False,
-                    quartet_bounds=part.bounds,
-                    **part.model_kwargs,
-                )
+                out = self.module(logits_to_keep=run.part.keep.to(self.device), **run.model_kwargs())
             return out.logits  # type: ignore[no-any-return]
 
-        where = packed.response_mask.to(self.device)
-
-        def unpack(values: torch.Tensor) -> torch.Tensor:  # [1, K] -> [b, R'], differentiable
-            return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(
-                where, values[0]
-            )
-
-        targets = part.targets.to(self.device).unsqueeze(0)
+        targets = run.part.targets.to(self.device).unsqueeze(0)
         request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
-        logprobs, entropy = part.gather(*self._head(logits, targets, request))  # all K tokens' outputs
+        logprobs, entropy = run.part.gather(*self._head(logits, targets, request))  # all K tokens' outputs
         return ModelOutputs(
-            logprobs=finish(unpack(logprobs)), entropy=None if entropy is None else finish(unpack(entropy))
+            logprobs=finish(run.unpack(logprobs)),
+            entropy=None if entropy is None else finish(run.unpack(entropy)),
         )
 
     def _head(
@@ -455,6 +454,8 @@ class TrainingEngine:
                 both = forward(True)  # [b, K, 2]
             return both[..., 0], both[..., 1] if request.with_entropy else None
         logits = forward(False)
+        if self._vocab is not None:  # this rank's vocabulary slice of the logits
+            return self._vocab.outputs(logits, targets, request)
         logprobs = heads.response_logprobs(logits, targets, request.temperature)
         entropy = None
         if request.with_entropy:
@@ -484,14 +485,3 @@ def _field(t: torch.Tensor | None) -> torch.Tensor:
     if t is None:
         raise EngineStateError("a forward output that was not computed")
     return t
-
-
-def _sum_over_ranks(value: float, ctx: DistContext) -> float:
-    """Sum over data-parallel ranks (the ranks of a sequence group hold the same loss)."""
-    if ctx.dp == 1:
-        return value
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ctx.group("dp"))
-    return float(t.item())

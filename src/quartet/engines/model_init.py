@@ -41,23 +41,25 @@ def load_reward_model(path: str | Path, dtype: torch.dtype = torch.float32) -> P
 
 
 def _load(spec: EngineSpec) -> PreTrainedModel:
-    if spec.kind is ModelKind.CAUSAL_LM:
-        model = load_causal_lm(spec.model_path)
-        if spec.sequence_parallel_size > 1:
-            from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
+    if spec.kind is ModelKind.REWARD:
+        return load_reward_model(spec.model_path)
+    model = (
+        load_causal_lm(spec.model_path)
+        if spec.kind is ModelKind.CAUSAL_LM
+        else load_value_model(spec.model_path)
+    )
+    if spec.sequence_parallel_size > 1:
+        from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
 
-            check_heads(model.config, spec.sequence_parallel_size)
-            register_ulysses_attention()
-            model.config._attn_implementation = ULYSSES
-        elif spec.remove_padding:
-            from quartet.engines.packing import VARLEN, register_varlen_attention
+        check_heads(model.config, spec.sequence_parallel_size)
+        register_ulysses_attention()
+        model.config._attn_implementation = ULYSSES
+    elif spec.packs:
+        from quartet.engines.packing import VARLEN, register_varlen_attention
 
-            register_varlen_attention()
-            model.config._attn_implementation = VARLEN
-        return model
-    if spec.kind is ModelKind.VALUE:
-        return load_value_model(spec.model_path)
-    return load_reward_model(spec.model_path)
+        register_varlen_attention()
+        model.config._attn_implementation = VARLEN
+    return model
 
 
 def _add_lora(model: PreTrainedModel, spec: EngineSpec) -> nn.Module:

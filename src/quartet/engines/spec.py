@@ -74,10 +74,15 @@ class EngineSpec:
     """Seeds the RNG before the model is built (same on every rank: fresh heads and adapters agree)."""
 
     remove_padding: bool = False
-    """Causal LM: forward passes on packed micro-batches (`engines.packing`); other kinds ignore it."""
+    """Causal LM and value model: forward passes on packed micro-batches (`engines.packing`); the reward
+    model ignores it."""
 
     sequence_parallel_size: int = 1
-    """Causal LM with `remove_padding`: ranks per sequence group (Ulysses, `engines.ulysses`); 1: off."""
+    """Causal LM and value model: ranks per sequence group (Ulysses, `engines.ulysses`); 1: off. Implies
+    packed passes whatever `remove_padding` says (`engines.packed_run`). The reward model refuses it."""
+
+    tensor_parallel_size: int = 1
+    """Causal LM: ranks per tensor group (DTensor, `engines.tensor_parallel`); 1: off. Not with SP or LoRA."""
 
     fused_head: bool | None = None
     """Causal LM: log-probs and entropy from the hidden states in vocabulary blocks, never the [N, V] logits
@@ -95,6 +100,7 @@ class EngineSpec:
                 "float16 mixed precision needs loss scaling, which the engine does not do; use bfloat16"
             )
         _check_sequence_parallel(self)
+        _check_tensor_parallel(self)
         if self.uses_lora and kind is ModelKind.REWARD:
             raise ValueError("LoRA on a reward model: reward models are frozen in quartet; drop `lora`")
         if (
@@ -113,6 +119,14 @@ class EngineSpec:
         return self.lora is not None and self.lora.rank > 0
 
     @property
+    def packs(self) -> bool:
+        """True when the per-token passes run packed: `remove_padding`, or sequence parallelism (which needs
+        the packed sequence to cut by tokens). The reward model always runs padded."""
+        if self.kind is ModelKind.REWARD:
+            return False
+        return self.remove_padding or self.sequence_parallel_size > 1
+
+    @property
     def trainable(self) -> bool:
         """True when the engine has an optimizer."""
         return self.optim is not None
@@ -122,11 +136,33 @@ def _check_sequence_parallel(spec: EngineSpec) -> None:
     sp = spec.sequence_parallel_size
     if sp < 1:
         raise ValueError(f"model.sequence_parallel_size must be >= 1, got {sp}; use 1 to turn it off")
-    if sp > 1 and (spec.kind is not ModelKind.CAUSAL_LM or not spec.remove_padding):
+    if sp > 1 and spec.kind is ModelKind.REWARD:
         raise ValueError(
-            f"model.sequence_parallel_size={sp} is built for the policy's packed passes only "
-            f"(this engine: {spec.kind}, remove_padding={spec.remove_padding}); set model.remove_padding: "
-            "true, or sequence_parallel_size: 1"
+            f"sequence_parallel_size={sp} on a reward model: its one score per row is not built for sequence "
+            "parallelism; the reward model runs data parallel only (sequence_parallel_size: 1)"
+        )
+
+
+def _check_tensor_parallel(spec: EngineSpec) -> None:
+    tp = spec.tensor_parallel_size
+    if tp < 1:
+        raise ValueError(f"model.tensor_parallel_size must be >= 1, got {tp}; use 1 to turn it off")
+    if tp == 1:
+        return
+    if spec.kind is not ModelKind.CAUSAL_LM:
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} is built for the policy (causal LM) only; this engine holds a "
+            f"{spec.kind} model: run it with tensor_parallel_size: 1"
+        )
+    if spec.sequence_parallel_size > 1:
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} with sequence_parallel_size={spec.sequence_parallel_size}: "
+            "sequence and tensor parallelism are not combined; set one of them to 1"
+        )
+    if spec.uses_lora:
+        raise ValueError(
+            f"model.tensor_parallel_size={tp} with LoRA adapters: the adapters are not split; set "
+            "model.lora.rank: 0 or model.tensor_parallel_size: 1"
         )
 
 

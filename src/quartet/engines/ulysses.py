@@ -13,13 +13,13 @@ all-to-alls swap what is split (DeepSpeed-Ulysses):
 The backward of one all-to-all is the other, so autograd needs no other collective. Key/value heads that
 sp does not divide (GQA with few KV heads) are repeated up to the query heads first.
 
-The head's per-token outputs (log-probs, entropy) of the local tokens are then gathered over the group
-(`gather_outputs`), so every rank of the group sees the whole micro-batch's outputs and computes the same
-loss as without SP. Gradient: rank r's outputs reach that loss only through its own slice of the gather,
-so the gather's backward keeps this rank's slice of the incoming gradient (no sum). Each rank's parameter
-gradient is then its share of d loss / d theta (the all-to-all backward hands the other ranks their parts),
-and the sum over the group is the whole gradient; FSDP's mean over all ranks is undone by the world size
-as with data parallelism only (see `dist`).
+The head's per-token outputs (log-probs, entropy; a value model's values) of the local tokens are then
+gathered over the group (`gather_outputs`), so every rank of the group sees the whole micro-batch's outputs
+and computes the same loss as without SP. Gradient: rank r's outputs reach that loss only through its own
+slice of the gather, so the gather's backward keeps this rank's slice of the incoming gradient (no sum).
+Each rank's parameter gradient is then its share of d loss / d theta (the all-to-all backward hands the
+other ranks their parts), and the sum over the group is the whole gradient; FSDP's mean over all ranks is
+undone by the world size as with data parallelism only (see `dist`).
 """
 
 from __future__ import annotations

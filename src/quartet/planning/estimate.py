@@ -31,7 +31,10 @@ are one memory and the plan's peak is their sum.
 
 With several bundles (world size > 1), FSDP2 shards a training engine's weights, gradients and optimizer
 states over them; a computing engine also holds the all-gathered root parameters (embedding, head, final
-norm) and two layers (the running one and the prefetched next). That part is an estimate, not measured.
+norm) and two layers (the running one and the prefetched next). The policy's engines may also split each
+micro-batch's tokens over a sequence group and the layers over a tensor group; every figure is per rank
+(`planning.parallel` says what divides by what). Measured with 2-rank gloo engines on CPU (data and
+sequence parallel, tests/planning); the GPU side and tensor parallelism are estimates.
 """
 
 from __future__ import annotations
@@ -41,22 +44,38 @@ from dataclasses import dataclass
 from quartet.config.cluster import DeviceKind
 from quartet.config.model import Dtype
 from quartet.config.plan import RefLogprobs, plan_step
-from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, Role
+from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
 from quartet.engines.precision import resolve_precision
 from quartet.planning.activations import (
     F32,
-    MicroBatch,
     forward_working_bytes,
     kv_cache_bytes,
     rollout_working_bytes,
     train_working_bytes,
 )
 from quartet.planning.model_shape import HeadKind, ModelShape, policy_shape, shape_from_path
+from quartet.planning.notes import plan_notes, shares_memory
+from quartet.planning.parallel import (
+    POLICY_ROLES,
+    Layout,
+    fused_head_on,
+    gathered_params,
+    layout_of,
+    state_bytes,
+    tp_linear_params,
+)
 from quartet.planning.plan import MemoryPlan, Phase, PlanRow
+from quartet.planning.workload import Workload
 
-__all__ = ["DTYPE_BYTES", "RoleShapes", "estimate_memory", "resolve_device", "resolve_shapes"]
+__all__ = [
+    "DTYPE_BYTES",
+    "RoleShapes",
+    "estimate_memory",
+    "resolve_device",
+    "resolve_shapes",
+]
 
 DTYPE_BYTES = {Dtype.FLOAT32: 4, Dtype.BFLOAT16: 2, Dtype.FLOAT16: 2}
 
@@ -66,6 +85,12 @@ Python objects of the pass. Measured 14-27 MiB for tiny models (tests/planning),
 
 CPU_ROLLOUT_RUNTIME_BYTES = 12 * 2**20
 """The same for the rollout engine's generation (no autograd): measured 13-14 MiB beyond its tensors."""
+
+CPU_DIST_RUNTIME_BYTES = 20 * 2**20
+"""What a working phase holds on CPU with world size > 1 beyond the single-rank runtime: the gloo process
+group and its threads' buffers, the device meshes, FSDP2's and DTensor's state and dispatch caches. Measured
+per rank with 2-rank gloo engines on a ~1M-parameter model and 8-token rows, where nothing else grows:
+19.5-24 MiB above the plan without it (tests/planning, data and sequence parallel alike)."""
 
 CPU_GRAD_RETENTION = 1.0
 """On CPU (glibc malloc), the memory of one more set of gradients stays resident during an update, as a
@@ -105,62 +130,6 @@ def resolve_device(cfg: QuartetConfig, device: DeviceKind | str | None = None) -
 
         return "gpu" if torch.cuda.is_available() else "cpu"
     return kind.value
-
-
-@dataclass(frozen=True)
-class _Workload:
-    """Rows and lengths one device sees in a step (every row at its maximum length)."""
-
-    cfg: QuartetConfig
-    device: str
-
-    @property
-    def world(self) -> int:
-        return self.cfg.cluster.world_size
-
-    @property
-    def seq_len(self) -> int:
-        return self.cfg.data.max_prompt_length + self.cfg.data.max_response_length
-
-    @property
-    def rows_per_step(self) -> int:
-        return -(-self.cfg.data.train_batch_size * self.cfg.rollout.n // self.world)
-
-    @property
-    def prompts_per_step(self) -> int:
-        return -(-self.cfg.data.train_batch_size // self.world)
-
-    def micro(self, rows_available: int, size: int, dynamic: bool, budget: int) -> MicroBatch:
-        """Fixed: `size` rows (at most those available); dynamic: the token budget filled with full rows."""
-        t = self.seq_len
-        if dynamic:
-            tokens = min(max(budget, t), rows_available * t)
-            rows_float = tokens / t
-            return MicroBatch(tokens, t, int(rows_float * (self.cfg.data.max_response_length + 1)))
-        rows = max(1, min(size, rows_available))
-        return MicroBatch(rows * t, t, rows * (self.cfg.data.max_response_length + 1))
-
-    def no_grad(self, m: MicroBatching) -> MicroBatch:
-        return self.micro(
-            self.rows_per_step,
-            m.micro_batch_size_per_device,
-            m.use_dynamic_batch,
-            m.max_tokens_per_micro_batch,
-        )
-
-    def update(self, rc: ActorConfig | CriticConfig) -> MicroBatch:
-        rows = max(1, rc.mini_batch_size * self.cfg.rollout.n // self.world)
-        return self.micro(
-            rows, rc.micro_batch_size_per_device, rc.use_dynamic_batch, rc.max_tokens_per_micro_batch
-        )
-
-    def kv_tokens(self) -> tuple[int, int]:
-        """(slots, tokens per slot) of the rollout engine's KV cache."""
-        rc = self.cfg.rollout
-        per_slot = self.seq_len
-        if rc.kv_cache_tokens:
-            per_slot = min(per_slot, rc.kv_cache_tokens // rc.max_num_seqs)
-        return rc.max_num_seqs, per_slot
 
 
 @dataclass(frozen=True)
@@ -256,25 +225,44 @@ def _lora_inputs(cfg: QuartetConfig, shape: ModelShape) -> int:
     return sum(shapes[name][0] for name in targets if name in shapes)
 
 
-def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload) -> dict[str, int]:
-    """Working memory of engine `e` computing in `phase` (excluding its resident state)."""
+@dataclass(frozen=True)
+class _Split:
+    """How engine `e`'s passes run: its layout over the ranks, packed rows, the fused LM head."""
+
+    layout: Layout
+    packed: bool
+    fused: bool
+
+
+def _split(cfg: QuartetConfig, e: _Engine, device: str) -> _Split:
+    policy, layout = e.role in POLICY_ROLES, layout_of(cfg, e.role)
+    return _Split(  # under SP the engine packs whatever `model.remove_padding` says
+        layout,
+        layout.sp > 1 or (policy and cfg.model.remove_padding),
+        policy and fused_head_on(cfg, device),
+    )
+
+
+def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload) -> dict[str, int]:
+    """Working memory of engine `e` computing in `phase` on one rank (excluding its resident state)."""
     lora = cfg.model.lora.rank > 0
-    if e.role is Role.CRITIC:
-        c = DTYPE_BYTES[resolve_precision(cfg.critic.mixed_precision)]
-    else:
-        c = DTYPE_BYTES[resolve_precision(cfg.actor.mixed_precision)]
+    c = DTYPE_BYTES[resolve_precision((cfg.critic if e.role is Role.CRITIC else cfg.actor).mixed_precision)]
+    sp = _split(cfg, e, load.device)
+    tp = sp.layout.tp
     if phase is Phase.UPDATE_ACTOR or phase is Phase.UPDATE_CRITIC:
         rc: ActorConfig | CriticConfig = cfg.actor if phase is Phase.UPDATE_ACTOR else cfg.critic
-        trainable_linear = 0 if lora and e.role is Role.ACTOR else e.shape.linear_params(e.head)
+        trainable_linear = 0 if lora and e.role is Role.ACTOR else tp_linear_params(e.shape, e.head, tp)
         work = train_working_bytes(
             e.shape,
-            load.update(rc),
+            load.update(rc, sp.layout, sp.packed),
             c,
             head=e.head,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
             trainable_linear_params=trainable_linear if c < F32 else 0,
             lora_inputs=_lora_inputs(cfg, e.shape) if e.role is Role.ACTOR else 0,
             entropy=phase is Phase.UPDATE_ACTOR and cfg.actor.entropy_coeff > 0,
+            tp=tp,
+            fused_head=sp.fused,
         )
         step = _optimizer_step_bytes(cfg, e, load)
         if step > sum(work.values()):
@@ -286,10 +274,9 @@ def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload) -> d
             Phase.VALUES: cfg.critic.values,
         }
         if phase is Phase.REWARD:
-            size = cfg.reward.micro_batch_size_per_device
-            mb = load.micro(load.rows_per_step, size, False, 0)
+            mb = load.micro(load.rows_per_step, cfg.reward.micro_batch_size_per_device, False, 0)
         else:
-            mb = load.no_grad(micro[phase])
+            mb = load.no_grad(micro[phase], sp.layout, sp.packed)
         work = forward_working_bytes(
             e.shape,
             mb,
@@ -297,15 +284,17 @@ def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload) -> d
             head=e.head,
             with_entropy=phase is Phase.OLD_LOG_PROB,
             caches_weights=e.trainable > 0 and not lora,
+            tp=tp,
+            fused_head=sp.fused,
         )
-    if load.world > 1:
-        root = e.shape.params(e.head) - e.shape.num_layers * e.shape.layer_params
-        work["fsdp_gather"] = F32 * (root + 2 * e.shape.layer_params)
+    gathered = gathered_params(e.shape, e.head, sp.layout)
+    if gathered:
+        work["fsdp_gather"] = F32 * gathered
     return work
 
 
-def _optimizer_step_bytes(cfg: QuartetConfig, e: _Engine, load: _Workload) -> int:
-    """Temporaries of one AdamW step (see the module doc)."""
+def _optimizer_step_bytes(cfg: QuartetConfig, e: _Engine, load: Workload) -> int:
+    """Temporaries of one AdamW step on one rank (see the module doc): every tensor is this rank's shard."""
     if load.device == "gpu":  # foreach: one float32 temporary per trainable parameter (sqrt of exp_avg_sq)
         return F32 * e.trainable // load.world
     s = e.shape
@@ -316,13 +305,13 @@ def _optimizer_step_bytes(cfg: QuartetConfig, e: _Engine, load: _Workload) -> in
         )
     else:  # the embedding, or the widest layer matrix
         largest = max(s.vocab_size * s.hidden_size, s.hidden_size * max(widths))
-    return 2 * F32 * min(largest, e.trainable)
+    return 2 * F32 * min(largest, e.trainable) // load.world
 
 
-def _engine_row(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload, unified: bool) -> PlanRow:
+def _engine_row(cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload, unified: bool) -> PlanRow:
     dev: dict[str, int] = {}
     host: dict[str, int] = {}
-    world = load.world
+    layout = layout_of(cfg, e.role)
 
     def put(name: str, nbytes: int, offloaded: bool) -> None:
         if offloaded and not unified:
@@ -331,21 +320,22 @@ def _engine_row(cfg: QuartetConfig, e: _Engine, phase: Phase, load: _Workload, u
             dev[name] = nbytes
 
     working = phase in e.compute
-    put("weights", F32 * e.params // world, e.param_offload and not working)
+    put("weights", state_bytes(e.params, F32, layout), e.param_offload and not working)
     if e.trainable:
-        put("optimizer", 2 * F32 * e.trainable // world, e.optimizer_offload and phase is not e.update)
+        optimizer = state_bytes(e.trainable, 2 * F32, layout)
+        put("optimizer", optimizer, e.optimizer_offload and phase is not e.update)
     if phase is e.update:
-        dev["grads"] = F32 * e.trainable // world
+        dev["grads"] = state_bytes(e.trainable, F32, layout)
         if unified:
-            dev["freed_grads"] = int(CPU_GRAD_RETENTION * F32 * e.trainable) // world
+            dev["freed_grads"] = int(CPU_GRAD_RETENTION * state_bytes(e.trainable, F32, layout))
     if working:
         dev.update(_working(cfg, e, phase, load))
         if unified:
-            dev["runtime"] = CPU_RUNTIME_BYTES
+            dev["runtime"] = CPU_RUNTIME_BYTES + (CPU_DIST_RUNTIME_BYTES if layout.world > 1 else 0)
     return PlanRow(phase, e.role, sum(dev.values()), sum(host.values()), dev | host)
 
 
-def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: _Workload) -> PlanRow:
+def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: Workload) -> PlanRow:
     rc = cfg.rollout
     r = DTYPE_BYTES[rc.dtype]
     dev = {"weights": r * policy.params()}
@@ -364,69 +354,27 @@ def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: _Wo
     return PlanRow(phase, Role.ROLLOUT, sum(dev.values()), 0, dev)
 
 
-def _notes(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> tuple[str, ...]:
-    notes = [
-        "every row planned at max_prompt_length + max_response_length tokens; AdamW states in steady state",
-    ]
-    if device == "cpu":
-        notes.append("cpu: device and host are one memory; offload switches move nothing; peaks are combined")
-    elif cfg.actor.param_offload or cfg.actor.optimizer_offload or cfg.critic.param_offload:
-        notes.append(
-            "actor/critic offload assumed between the role's own phases (offload()/onload() around them)"
-        )
-    away = [str(r) for r in cfg.cluster.separate_pools if not _shares_memory(cfg, device, r)]
-    near = [str(r) for r in cfg.cluster.separate_pools if _shares_memory(cfg, device, r)]
-    if away:
-        notes.append(f"roles on pools of their own are not on this bundle: {', '.join(away)}")
-    if near:
-        where = "host memory" if device == "cpu" else "this GPU"
-        shares = " + ".join(f"{p} {f:g}" for p, f in cfg.cluster.sharing_pools.items())
-        notes.append(
-            f"pools of their own sharing {where}: {', '.join(near)}"
-            + (f" (cluster.gpu_fraction: {shares})" if device == "gpu" else "")
-            + "; each runs beside the main pool, so its own peak is counted in every phase"
-        )
-    if cfg.cluster.world_size > 1:
-        notes.append(
-            "world size > 1: FSDP2 sharding estimated (1/world of states + gathered root and 2 layers)"
-        )
-    if cfg.actor.use_dynamic_batch or cfg.critic.use_dynamic_batch:
-        notes.append("token budgets assumed filled with full-length rows (mixed lengths pad more)")
-    if cfg.rollout.engine is RolloutEngineKind.VLLM:
-        notes.append(
-            "vLLM: weights and KV cache only; its own workspace (CUDA graphs, sampler) is not modelled"
-        )
-    if cfg.model.is_tiny:
-        notes.append(
-            "tiny model: vocabulary planned at model.tiny.vocab_size (the trained tokenizer may be smaller)"
-        )
-    return tuple(notes)
-
-
-def _sizes(cfg: QuartetConfig, load: _Workload, shapes: RoleShapes) -> dict[str, int]:
+def _sizes(cfg: QuartetConfig, load: Workload, shapes: RoleShapes) -> dict[str, int]:
+    """The workload the plan assumed: tokens are those one rank runs in one micro-batch of each phase."""
     slots, per_slot = load.kv_tokens()
+    layout, packed = layout_of(cfg, Role.ACTOR), cfg.model.remove_padding
     sizes = {
         "seq_len": load.seq_len,
         "rows_per_step": load.rows_per_step,
         "kv_cache_tokens": slots * per_slot,
-        "old_log_prob_tokens": load.no_grad(cfg.actor.logprobs).tokens,
-        "update_actor_tokens": load.update(cfg.actor).tokens,
+        "data_parallel_size": layout.dp,
+        "sequence_parallel_size": layout.sp,
+        "tensor_parallel_size": layout.tp,
+        "old_log_prob_tokens": load.no_grad(cfg.actor.logprobs, layout, packed).tokens,
+        "update_actor_tokens": load.update(cfg.actor, layout, packed).tokens,
         "policy_params": shapes.policy.params(),
     }
     if plan_step(cfg).ref_logprobs is not RefLogprobs.NONE:
-        sizes["ref_tokens"] = load.no_grad(cfg.reference.logprobs).tokens
+        sizes["ref_tokens"] = load.no_grad(cfg.reference.logprobs, layout, packed).tokens
     if shapes.critic is not None:
         sizes["values_tokens"] = load.no_grad(cfg.critic.values).tokens
         sizes["update_critic_tokens"] = load.update(cfg.critic).tokens
     return sizes
-
-
-def _shares_memory(cfg: QuartetConfig, device: str, role: Role) -> bool:
-    """Whether separate role `role`'s pool uses the main bundle's memory: always on CPU (one host's memory;
-    every pool of a run on one node), on GPU when both pools take a fraction of one GPU."""
-    if device == "cpu":
-        return cfg.cluster.nodes == 1
-    return cfg.cluster.shares_gpu(role) and cfg.cluster.shares_gpu("main")
 
 
 def _placed(cfg: QuartetConfig, device: str, rows: list[PlanRow]) -> tuple[PlanRow, ...]:
@@ -434,7 +382,7 @@ def _placed(cfg: QuartetConfig, device: str, rows: list[PlanRow]) -> tuple[PlanR
     memory at its own peak in every phase (it runs concurrently: a rollout pool generates while the actor
     trains), and none of a separate pool on a device of its own."""
     separate = set(cfg.cluster.separate_pools)
-    near = {r for r in separate if _shares_memory(cfg, device, r)}
+    near = {r for r in separate if shares_memory(cfg, device, r)}
     peaks = {
         role: max((r for r in rows if r.role == role), key=lambda r: r.total_bytes)
         for role in near
@@ -462,7 +410,7 @@ def estimate_memory(
     """
     kind = resolve_device(cfg, device)
     shapes = shapes or resolve_shapes(cfg)
-    load = _Workload(cfg, kind)
+    load = Workload(cfg, kind)
     engines = _engines(cfg, shapes)
     rows: list[PlanRow] = []
     for phase in _phases(cfg, shapes):
@@ -473,6 +421,8 @@ def estimate_memory(
         rows=_placed(cfg, kind, rows),
         device=kind,
         world_size=load.world,
-        notes=_notes(cfg, kind, shapes),
+        sequence_parallel=cfg.model.sequence_parallel_size,
+        tensor_parallel=cfg.model.tensor_parallel_size,
+        notes=plan_notes(cfg, kind),
         sizes=_sizes(cfg, load, shapes),
     )

@@ -14,12 +14,22 @@ recomputation):
     both:      rollout.max_num_seqs halved     fewer sequences in flight while sampling  ~5-10% of gen
                log-prob micro-batches halved   more, smaller forward passes              ~5%
                update micro-batches halved     more, smaller forward/backward passes     ~5-10%
+               model.sequence_parallel_size x2 two all-to-alls per attention layer       ~5-15% of update
                model.gradient_checkpointing    one more forward per micro-batch          ~25-30% of update
+               model.tensor_parallel_size x2   all-reduces in every layer                ~10-30% of update
     GPU only:  actor/critic.param_offload      weights cross PCIe around every phase     ~30%+
 
 Each change is kept only when it lowers the planned peak and the config still validates (micro-batches
 must divide mini-batches); halvings repeat down to one row (or one sequence of tokens) before the next
 kind of change is tried. `trainer.auto_fit` applies the proposal before the workers start.
+
+Sequence and tensor parallelism use the devices the run already has (`cluster.world_size`), so they are
+offered only where the pool has room for the larger group (sp x tp must divide the world; sp the attention
+heads; tp the attention and key/value heads and the vocabulary), and only for the memory they divide:
+sequence parallelism (with `model.remove_padding`, which it needs) when the rows are long, i.e. the
+activations and logits make up most of the policy's largest row (`activation_share`); tensor parallelism
+when the parameter-sized parts do (weights, gradients, AdamW states, their half-precision casts, the
+all-gathered layers). With a single device neither applies and the verdict asks for more devices.
 """
 
 from __future__ import annotations
@@ -35,13 +45,18 @@ from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
-from quartet.planning.plan import MemoryPlan, format_bytes
+from quartet.planning.parallel import POLICY_ROLES
+from quartet.planning.plan import MemoryPlan, PlanRow, format_bytes
 
 __all__ = [
+    "ACTIVATION_PARTS",
+    "DOMINANT_SHARE",
     "HEADROOM",
+    "STATE_PARTS",
     "Capacity",
     "Change",
     "FitReport",
+    "activation_share",
     "detect_capacity",
     "fit_config",
     "host_available_bytes",
@@ -49,6 +64,17 @@ __all__ = [
 
 HEADROOM = 0.9
 """Fraction of the free memory a plan may use."""
+
+ACTIVATION_PARTS = frozenset({"activations", "logits", "fused_head"})
+"""Plan components that grow with a micro-batch's tokens (what sequence parallelism divides)."""
+
+STATE_PARTS = frozenset(
+    {"weights", "optimizer", "grads", "freed_grads", "autocast_weights", "fsdp_gather", "optimizer_step"}
+)
+"""Plan components that grow with the parameters (what tensor parallelism divides, beyond FSDP2)."""
+
+DOMINANT_SHARE = 0.5
+"""A kind of memory dominates a row when it is at least this share of it."""
 
 
 @dataclass(frozen=True)
@@ -214,9 +240,66 @@ def _halve_seqs(c: QuartetConfig) -> list[str]:
     return [] if new == c.rollout.max_num_seqs else [f"rollout.max_num_seqs={new}"]
 
 
-def _candidates(cfg: QuartetConfig, device: str) -> Iterator[tuple[_Change, str]]:
+def _policy_peak_row(plan: MemoryPlan) -> PlanRow | None:
+    """The policy engines' (actor, reference) largest row: where sequence and tensor parallelism act."""
+    rows = [r for r in plan.rows if r.role in POLICY_ROLES]
+    return max(rows, key=lambda r: r.total_bytes, default=None)
+
+
+def activation_share(plan: MemoryPlan, parts: frozenset[str] = ACTIVATION_PARTS) -> float:
+    """The share of `parts` (default: activations and logits) in the policy's largest row (0 without one)."""
+    row = _policy_peak_row(plan)
+    if row is None or row.total_bytes == 0:
+        return 0.0
+    return sum(v for k, v in row.breakdown.items() if k.removeprefix("host.") in parts) / row.total_bytes
+
+
+def _grow_sp(device: str, shapes: RoleShapes) -> _Change:
+    """Double `model.sequence_parallel_size` (turning `model.remove_padding` on) while the rows are long and
+    the pool and the attention heads have room for it."""
+
+    def change(c: QuartetConfig) -> list[str]:
+        new, tp, world = (
+            2 * c.model.sequence_parallel_size,
+            c.model.tensor_parallel_size,
+            c.cluster.world_size,
+        )
+        if world % (new * tp) or shapes.policy.num_heads % new:
+            return []
+        plan = estimate_memory(c, device=device, shapes=shapes)
+        if activation_share(plan) < DOMINANT_SHARE:
+            return []
+        padding = [] if c.model.remove_padding else ["model.remove_padding=true"]
+        return [*padding, f"model.sequence_parallel_size={new}"]
+
+    return change
+
+
+def _grow_tp(device: str, shapes: RoleShapes) -> _Change:
+    """Double `model.tensor_parallel_size` while parameter-sized memory dominates and the pool, the heads
+    and the vocabulary have room for it."""
+
+    def change(c: QuartetConfig) -> list[str]:
+        new, sp, world = (
+            2 * c.model.tensor_parallel_size,
+            c.model.sequence_parallel_size,
+            c.cluster.world_size,
+        )
+        p = shapes.policy
+        if world % (new * sp) or p.num_heads % new or p.num_kv_heads % new or p.vocab_size % new:
+            return []
+        plan = estimate_memory(c, device=device, shapes=shapes)
+        if activation_share(plan, STATE_PARTS) < DOMINANT_SHARE:
+            return []
+        return [f"model.tensor_parallel_size={new}"]
+
+    return change
+
+
+def _candidates(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> Iterator[tuple[_Change, str]]:
     """(change, why), cheapest first: offloads that cost little time on a GPU, then smaller batches,
-    then recomputation, then the weights' offload."""
+    then sequence parallelism for long rows, recomputation, tensor parallelism for large models, then the
+    weights' offload."""
     gpu = device == "gpu"
     critic = plan_step(cfg).critic
     if gpu:
@@ -241,10 +324,12 @@ def _candidates(cfg: QuartetConfig, device: str) -> Iterator[tuple[_Change, str]
     yield _halve_micro("actor", ""), "smaller actor update micro-batch"
     if critic:
         yield _halve_micro("critic", ""), "smaller critic update micro-batch"
+    yield _grow_sp(device, shapes), "sequence parallelism: each rank of a group runs 1/sp of the tokens"
     yield (
         _switch("model.gradient_checkpointing", lambda c: c.model.gradient_checkpointing),
         "gradient checkpointing",
     )
+    yield _grow_tp(device, shapes), "tensor parallelism: layers and LM head split over tp ranks"
     if gpu:
         yield _switch("actor.param_offload", lambda c: c.actor.param_offload), "actor weights in host memory"
         if critic:
@@ -269,7 +354,7 @@ def fit_config(
     plan = estimate_memory(cfg, device=kind, shapes=shapes)
     if _fits(plan, capacity):
         return FitReport(plan, capacity)
-    candidates = list(_candidates(cfg, kind))
+    candidates = list(_candidates(cfg, kind, shapes))
     current, current_plan, changes = cfg, plan, []
     while not _fits(current_plan, capacity):  # each round applies the cheapest change that helps
         for change, reason in candidates:
@@ -294,12 +379,16 @@ def fit_config(
 
 
 def _merge(changes: list[Change]) -> list[Change]:
-    """Repeated halvings of one key as one change (its final value)."""
+    """Repeated changes of the same keys as one change with their final values (a second doubling of
+    `model.sequence_parallel_size` updates the change that also turned `model.remove_padding` on)."""
     merged: list[Change] = []
     for c in changes:
-        keys = tuple(o.split("=", 1)[0] for o in c.overrides)
-        if merged and tuple(o.split("=", 1)[0] for o in merged[-1].overrides) == keys:
-            merged[-1] = dataclasses.replace(c, reason=merged[-1].reason)
-        else:
-            merged.append(c)
+        new = dict(o.split("=", 1) for o in c.overrides)
+        if merged:
+            last = dict(o.split("=", 1) for o in merged[-1].overrides)
+            if set(new) <= set(last):
+                overrides = tuple(f"{k}={v}" for k, v in (last | new).items())
+                merged[-1] = dataclasses.replace(c, overrides=overrides, reason=merged[-1].reason)
+                continue
+        merged.append(c)
     return merged

@@ -67,6 +67,10 @@ class MemoryPlan:
     device: str
     """`cpu` or `gpu`."""
     world_size: int = 1
+    sequence_parallel: int = 1
+    """`model.sequence_parallel_size` of the policy's engines (tokens split over this many ranks)."""
+    tensor_parallel: int = 1
+    """`model.tensor_parallel_size` of the policy's engines (layers and head split over this many ranks)."""
     notes: tuple[str, ...] = ()
     """Assumptions the figures rest on, in words."""
     sizes: dict[str, int] = field(default_factory=dict)
@@ -116,12 +120,26 @@ class MemoryPlan:
         """Largest host total over phases (on CPU: the same combined figure as `peak_device`)."""
         return max((self.phase_host(p) for p in self.phases), default=0)
 
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel groups of the policy: world / (sp x tp)."""
+        return max(1, self.world_size // (self.sequence_parallel * self.tensor_parallel))
+
+    @property
+    def layout_text(self) -> str:
+        """`world size 4 = dp 2 x sp 2 x tp 1`: how the policy's engines spread, per rank figures below."""
+        return (
+            f"world size {self.world_size} = dp {self.data_parallel} x sp {self.sequence_parallel} "
+            f"x tp {self.tensor_parallel}"
+        )
+
     def render_table(self) -> str:
         """The plan as plain text: one line per (phase, role), a total per phase, the peaks."""
         if self.unified:
-            header = "Memory plan (cpu: device and host are the same memory; totals are their sum)"
+            header = "Memory plan (cpu: device and host are the same memory; totals are their sum"
         else:
-            header = f"Memory plan ({self.device}, per device, world size {self.world_size})"
+            header = f"Memory plan ({self.device}, per device"
+        header += f"; {self.layout_text})"
         lines = [header, f"{'phase':<14}{'role':<14}{'device':>12}{'host':>12}  breakdown"]
         for phase in self.phases:
             for r in (r for r in self.rows if r.phase == phase):
@@ -138,6 +156,8 @@ class MemoryPlan:
         lines.append(f"peak ({where}): {format_bytes(self.peak_device)} at {self.peak_phase}")
         if not self.unified:
             lines.append(f"peak (host): {format_bytes(self.peak_host)}")
+        if self.sizes:
+            lines.append("per rank: " + ", ".join(f"{k} {v:,}" for k, v in self.sizes.items()))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -147,6 +167,9 @@ class MemoryPlan:
             "device": self.device,
             "unified_memory": self.unified,
             "world_size": self.world_size,
+            "data_parallel_size": self.data_parallel,
+            "sequence_parallel_size": self.sequence_parallel,
+            "tensor_parallel_size": self.tensor_parallel,
             "peak_device_bytes": self.peak_device,
             "peak_host_bytes": self.peak_host,
             "peak_phase": str(self.peak_phase) if self.rows else None,

@@ -80,6 +80,7 @@ class Actor(EngineRole):
                 seed=run.seed,
                 remove_padding=run.remove_padding,
                 sequence_parallel_size=run.sequence_parallel_size,
+                tensor_parallel_size=run.tensor_parallel_size,
                 fused_head=run.fused_head,
             )
         )

@@ -4,7 +4,9 @@
     metrics = critic.update(batch)               # needs `values` (old), `returns`, `response_mask`
 
 It starts from `critic.model_path`, or from the policy's folder with a fresh value head (transformers'
-token-classification head with one label).
+token-classification head with one label). With `critic.sequence_parallel_size` > 1 its engine splits each
+micro-batch by tokens over a sequence group and gathers the per-token values (`engines.packed_run`); the
+rows still reach the ranks as with data parallelism only, so nothing here changes.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Critic(EngineRole):
                 param_offload=cfg.param_offload,
                 optimizer_offload=cfg.optimizer_offload,
                 seed=run.seed,
+                sequence_parallel_size=cfg.sequence_parallel_size,  # packed and split by tokens when > 1
             )
         )
         self.norm_constant = float(run.max_response_length)

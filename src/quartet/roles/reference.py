@@ -32,6 +32,7 @@ class Reference:
                 seed=run.seed,
                 remove_padding=run.remove_padding,
                 sequence_parallel_size=run.sequence_parallel_size,
+                tensor_parallel_size=run.tensor_parallel_size,
                 fused_head=run.fused_head,
             )
         )

@@ -37,7 +37,9 @@ class RunValues:
     remove_padding: bool = False
     """`model.remove_padding`: the policy's passes run on packed micro-batches."""
     sequence_parallel_size: int = 1
-    """`model.sequence_parallel_size`: devices per sequence group of the policy's packed passes."""
+    """`model.sequence_parallel_size`: devices per sequence group of the policy's passes (packed under it)."""
+    tensor_parallel_size: int = 1
+    """`model.tensor_parallel_size`: devices per tensor group of the policy's engine."""
     fused_head: bool | None = None
     """`model.fused_head`: the policy's log-probs from the hidden states in vocabulary blocks (None: CUDA)."""
     custom_module: str = ""

@@ -58,6 +58,7 @@ class SFTWorker(EngineRole):
                 gradient_checkpointing=cfg.model.gradient_checkpointing,
                 remove_padding=cfg.model.remove_padding,
                 sequence_parallel_size=cfg.model.sequence_parallel_size,
+                tensor_parallel_size=cfg.model.tensor_parallel_size,
                 fused_head=cfg.model.fused_head,
                 lora=lora,
                 seed=sft.seed,

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from quartet.config.data import BuiltinTask, DataConfig
-from quartet.tasks import arithmetic, calculator, countdown, guessing, word_problems
+from quartet.tasks import arithmetic, calculator, countdown, counting, guessing, word_problems
 from quartet.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
 from quartet.tasks.calculator import CalculatorSpec
 from quartet.tasks.countdown import CountdownProblem, CountdownSpec
+from quartet.tasks.counting import CountingSpec
 from quartet.tasks.guessing import GuessingSpec
 from quartet.tasks.word_problems import WordProblemSpec
 
@@ -34,6 +35,7 @@ __all__ = [
     "CalculatorSpec",
     "CountdownProblem",
     "CountdownSpec",
+    "CountingSpec",
     "GuessingSpec",
     "Scorer",
     "Task",
@@ -116,6 +118,15 @@ TASKS: dict[BuiltinTask, Task[Any]] = {
         guessing.write_rl_set,
         guessing.write_sft_set,
     ),
+    BuiltinTask.COUNTING: Task(
+        BuiltinTask.COUNTING,
+        counting.DATA_SOURCE,
+        CountingSpec(),
+        counting.compute_score,
+        counting.verify_answer,
+        counting.write_rl_set,
+        counting.write_sft_set,
+    ),
 }
 
 
@@ -123,13 +134,16 @@ def builtin_spec(task: BuiltinTask, digits: int, sloppy: float = 0.0) -> Any:
     """The spec of a multi-turn task's problems with operands of `digits` digits (the guessing game's
     range is its default: digits do not apply); `sloppy`: the share of SFT traces from a weaker
     demonstrator (the calculator's and word problems' answers from the head, the guessing game's random
-    players); None for the single-turn tasks (their callers build them)."""
+    players); counting's default spec (its runs' lengths are the point, not digits); None for the other
+    single-turn tasks (their callers build them)."""
     if task is BuiltinTask.CALCULATOR:
         return CalculatorSpec(digits=digits, sloppy=sloppy)
     if task is BuiltinTask.WORD_PROBLEMS:
         return WordProblemSpec(digits=digits, sloppy=sloppy)
     if task is BuiltinTask.GUESSING:
         return GuessingSpec(sloppy=sloppy)
+    if task is BuiltinTask.COUNTING:
+        return TASKS[task].default_spec
     return None
 
 

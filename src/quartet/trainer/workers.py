@@ -113,6 +113,7 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         remove_padding=cfg.model.remove_padding,
         sequence_parallel_size=cfg.model.sequence_parallel_size,
+        tensor_parallel_size=cfg.model.tensor_parallel_size,
         fused_head=cfg.model.fused_head,
         custom_module=cfg.algorithm.custom_module,
     )

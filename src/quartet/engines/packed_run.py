@@ -1,0 +1,89 @@
+"""One micro-batch through the model packed into one sequence, with or without sequence parallelism.
+
+The engine runs a micro-batch packed (`engines.packing`) when `model.remove_padding` is set, and always
+under sequence parallelism (`model.sequence_parallel_size` > 1): a padded [b, T] batch cannot be cut by
+tokens without splitting its padding unevenly, while the packed sequence of real tokens can. The packed
+outputs equal the padded ones up to float rounding (tests/engines/test_packing.py), so packing under SP
+changes nothing the user sees; `remove_padding: false` only means "padded when there is no SP".
+
+`PackedRun` holds the packed micro-batch and this rank's share of it (`ulysses.local_share`: everything
+without SP, its token slice with SP). Causal LMs read the head's outputs at the kept positions; the value
+model reads its per-token value head at the same positions (value[t] is the output at the position whose
+logits choose response token t, as on the padded path). Both are gathered over the sequence group and
+scattered back into the [b, R'] layout the losses read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from quartet.engines.inputs import ModelInputs
+from quartet.engines.packing import PackedInputs, pack_inputs
+from quartet.engines.ulysses import SeqGroup, SeqShard, gather_outputs, local_share
+
+__all__ = ["PackedRun", "packed_values"]
+
+
+@dataclass(frozen=True)
+class PackedRun:
+    """A packed micro-batch and this rank's share of it."""
+
+    packed: PackedInputs
+    part: SeqShard
+    device: torch.device
+
+    @classmethod
+    def of(cls, inputs: ModelInputs, group: SeqGroup | None, device: torch.device) -> PackedRun:
+        """Pack `inputs` and take this rank's share (its token slice under SP)."""
+        packed = pack_inputs(inputs)
+        return cls(packed, local_share(packed, group), device)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the model's forward on this rank's tokens (attention reads the bounds)."""
+        part = self.part
+        return {
+            "input_ids": part.input_ids.to(self.device),
+            "position_ids": part.position_ids.to(self.device),
+            "use_cache": False,
+            "quartet_bounds": part.bounds,
+            **part.model_kwargs,
+        }
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """[1, K] outputs of the K response tokens -> [b, R'] (zeros elsewhere), differentiable."""
+        where = self.packed.response_mask.to(values.device)
+        return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(
+            where, values[0]
+        )
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """[1, local K] outputs of this rank's slice -> [1, K] of the micro-batch (`gather_outputs`)."""
+        group = self.part.group
+        if group is None:
+            return local
+        return gather_outputs(local[0], self.part.counts, group).unsqueeze(0)
+
+
+def packed_values(
+    module: nn.Module,
+    inputs: ModelInputs,
+    group: SeqGroup | None,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> torch.Tensor:
+    """A value model's [b, R'] float32 values of one micro-batch, computed packed (split by tokens under SP).
+
+    The value head runs on every local token (one scalar each, cheap); the values at the kept positions are
+    gathered over the sequence group, so every rank of the group holds the micro-batch's values and the value
+    loss aggregates exactly as without SP."""
+    run = PackedRun.of(inputs, group, device)
+    with autocast():
+        token_values = module(**run.model_kwargs()).logits  # [1, local n, 1]
+    local = token_values[0, run.part.keep.to(device), 0].float().unsqueeze(0)  # [1, local K]
+    return run.unpack(run.gather(local))

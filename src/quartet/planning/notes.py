@@ -1,0 +1,80 @@
+"""The notes under a memory plan: what its figures assume, in words (`MemoryPlan.notes`)."""
+
+from __future__ import annotations
+
+from quartet.config.roles import Role
+from quartet.config.rollout import RolloutEngineKind
+from quartet.config.root import QuartetConfig
+from quartet.planning.parallel import fused_head_on, layout_of
+
+__all__ = ["plan_notes", "shares_memory"]
+
+
+def plan_notes(cfg: QuartetConfig, device: str) -> tuple[str, ...]:
+    """The assumptions a plan of `cfg` on `device` rests on, in words (printed under its table)."""
+    notes = [
+        "every row planned at max_prompt_length + max_response_length tokens; AdamW states in steady state",
+    ]
+    if device == "cpu":
+        notes.append("cpu: device and host are one memory; offload switches move nothing; peaks are combined")
+    elif cfg.actor.param_offload or cfg.actor.optimizer_offload or cfg.critic.param_offload:
+        notes.append(
+            "actor/critic offload assumed between the role's own phases (offload()/onload() around them)"
+        )
+    away = [str(r) for r in cfg.cluster.separate_pools if not shares_memory(cfg, device, r)]
+    near = [str(r) for r in cfg.cluster.separate_pools if shares_memory(cfg, device, r)]
+    if away:
+        notes.append(f"roles on pools of their own are not on this bundle: {', '.join(away)}")
+    if near:
+        where = "host memory" if device == "cpu" else "this GPU"
+        shares = " + ".join(f"{p} {f:g}" for p, f in cfg.cluster.sharing_pools.items())
+        notes.append(
+            f"pools of their own sharing {where}: {', '.join(near)}"
+            + (f" (cluster.gpu_fraction: {shares})" if device == "gpu" else "")
+            + "; each runs beside the main pool, so its own peak is counted in every phase"
+        )
+    notes += _parallel_notes(cfg, device)
+    if cfg.actor.use_dynamic_batch or cfg.critic.use_dynamic_batch:
+        notes.append("token budgets assumed filled with full-length rows (mixed lengths pad more)")
+    if cfg.rollout.engine is RolloutEngineKind.VLLM:
+        notes.append(
+            "vLLM: weights and KV cache only; its own workspace (CUDA graphs, sampler) is not modelled"
+        )
+    if cfg.model.is_tiny:
+        notes.append(
+            "tiny model: vocabulary planned at model.tiny.vocab_size (the trained tokenizer may be smaller)"
+        )
+    return tuple(notes)
+
+
+def _parallel_notes(cfg: QuartetConfig, device: str) -> list[str]:
+    """What the plan assumes about sharding, sequence and tensor parallelism, and the LM head."""
+    out = []
+    layout = layout_of(cfg, Role.ACTOR)
+    if layout.world > 1:
+        out.append(
+            f"world size {layout.world}: FSDP2 sharding estimated (1/world of states + gathered root and 2 "
+            "layers)"
+        )
+    if layout.sp > 1 or layout.tp > 1:
+        out.append(
+            f"policy engines: dp {layout.dp} x sp {layout.sp} x tp {layout.tp}; a micro-batch holds the rows "
+            f"of sp x tp = {layout.sp * layout.tp} ranks, split by tokens over sp and by heads/columns over "
+            "tp"
+        )
+    critic_sp = cfg.critic.sequence_parallel_size
+    if critic_sp > 1 and cfg.algorithm.needs_critic:
+        out.append(f"critic engine: sp {critic_sp} (critic.sequence_parallel_size), packed; no tp")
+    if cfg.model.remove_padding:
+        out.append("policy passes packed (model.remove_padding): no attention masks")
+    if fused_head_on(cfg, device):
+        out.append("fused LM head: the policy's logits exist one vocabulary block at a time")
+    return out
+
+
+def shares_memory(cfg: QuartetConfig, device: str, role: Role) -> bool:
+    """Whether separate role `role`'s pool uses the main bundle's memory: always on CPU (one host's memory;
+    every pool of a run on one node), on GPU when both pools take a fraction of one GPU."""
+    if device == "cpu":
+        return cfg.cluster.nodes == 1
+    return cfg.cluster.shares_gpu(role) and cfg.cluster.shares_gpu("main")
