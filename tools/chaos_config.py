@@ -7,7 +7,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics")
-RESTARTS = {"actor_host", "rollout_replica", "driver", "hang", "disk_full", "torn_metrics"}
+RESTARTS = {"actor_host", "driver", "hang", "disk_full", "torn_metrics"}
+# A killed rollout replica is restarted by the run itself (`rollout.max_replica_restarts`): no resume. The
+# soak's run may restart them as often as the soak kills them (a driver process past its limit would fail
+# and be resumed as a run that stopped on its own).
 # A rank stopped outside a step's phases (in a checkpoint save) is bounded by this, not by the phase
 # deadline: the soak waits that long for a hang to be named.
 CALL_TIMEOUT_S = 180
@@ -18,6 +21,7 @@ ASYNC = [
     "cluster.separate_pools=[rollout]",
     "cluster.cpus_per_bundle=0.5",
     f"cluster.call_timeout_s={CALL_TIMEOUT_S}",
+    "rollout.max_replica_restarts=1000",
     "trainer.mode=async",
     "trainer.async_buffer=2",
     "trainer.max_staleness=2",

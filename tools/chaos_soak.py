@@ -10,7 +10,7 @@ records (`run_state.json` for the driver, `cluster.json` for the rank pids, the 
 reward workers) and each checked to be a descendant of the current driver before it is signalled:
 
   actor_host       SIGKILL of the actor's host process (role `rl` rank 0)
-  rollout_replica  SIGKILL of a rollout replica (role `rollout`)
+  rollout_replica  SIGKILL of a rollout replica (role `rollout`): the run restarts it, no resume
   reward_worker    SIGKILL of a reward scoring worker (a child of the driver)
   driver           SIGKILL of the driver
   hang             SIGSTOP of the actor's host: the watchdog must name it (then SIGCONT)

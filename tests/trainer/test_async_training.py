@@ -322,7 +322,12 @@ def test_a_replica_that_dies_is_named_within_seconds(
 
     kill = _AtStep(2, lambda hosts: ray.kill(hosts.handles[0], no_restart=True))
     cfg = _config(
-        tiny_model_dir, tmp_path, "trainer.mode=async", "trainer.total_steps=40", "trainer.save_freq=0"
+        tiny_model_dir,
+        tmp_path,
+        "trainer.mode=async",
+        "trainer.total_steps=40",
+        "trainer.save_freq=0",
+        "rollout.max_replica_restarts=0",  # else restarted (tests/trainer/test_replica_recovery.py)
     )
     with pytest.raises(WorkerError) as info:
         RLTrainer(cfg, callbacks=kill).run()

@@ -73,7 +73,8 @@ def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) ->
         hosts.nodes = hosts.wait(label, "start", [h.node_info.remote() for h in hosts.handles], timeout_s)
         hosts.timing["hosts"] = time.perf_counter() - began  # the host processes up (Python, imports)
         port = hosts.wait(label, "free_port", [hosts.handles[0].free_port.remote()], timeout_s)[0]
-        master = [h.set_master.remote(hosts.nodes[0]["ip"], port) for h in hosts.handles]
+        hosts.master = (str(hosts.nodes[0]["ip"]), int(port))
+        master = [h.set_master.remote(*hosts.master) for h in hosts.handles]
         hosts.wait(label, "set_master", master, timeout_s)
         for role, spec in roles.items():
             began = time.perf_counter()
@@ -82,6 +83,7 @@ def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) ->
             hosts.timing[f"role/{role}"] = time.perf_counter() - began  # the role built: its model loaded
             check_layout(role, layout)
             hosts.layouts[role] = layout
+            hosts.specs[role] = spec
             hosts.groups[role] = RoleGroup(role, spec.cls, hosts)
     except BaseException:
         hosts.shutdown()
@@ -130,6 +132,7 @@ def colocate(
 
     check_roles(roles)
     hosts = HostSet(pool, names, label or "-".join(roles), call_timeout_s)
+    hosts.max_concurrency, hosts.start_timeout_s = max_concurrency, start_timeout_s
     remote_host = ray.remote(RoleHost)
     local_ranks: dict[str, int] = {}
     for slot in pool.slots:

@@ -63,7 +63,45 @@ class Pending(Generic[J]):
     """The collecting ranks' outputs (data-parallel order) -> the call's result."""
     rank_zero: bool = False
     """Only rank 0 was called: its output is the only one."""
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    """Each called rank's (args, kwargs): what `resubmit` sends again."""
+    sent_to: list[Any] = field(default_factory=list)
+    """The host handle each rank's call went to (a rank whose host was replaced since has another)."""
+    pad: int = 0
+    """Rows the split added to the last rank's Batch (left out of the joined result)."""
     _checked: set[Any] = field(default_factory=set)
+
+    def dead_ranks(self) -> list[int]:
+        """Without waiting: the ranks whose host process died under this call (not those whose method
+        raised: a living host that failed a call is not restarted). A rank that succeeded is looked at
+        once."""
+        if all(isinstance(r, LocalRef) for r in self.refs):
+            return []
+        import ray
+
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        done = set(ready)
+        dead = []
+        for rank, ref in enumerate(self.refs):
+            if ref in self._checked or ref not in done:
+                continue
+            try:
+                ray.get(ref, timeout=1.0)
+            except ray.exceptions.RayActorError:
+                dead.append(rank)
+            except Exception:  # still on its way here, or the method raised: not a death
+                continue
+            else:
+                self._checked.add(ref)
+        return dead
+
+    def resubmit(self, ranks: list[int]) -> None:
+        """Send the call of `ranks` again, with the same arguments, to the hosts now at those ranks."""
+        handles = self.group.hosts.handles
+        for rank in ranks:
+            args, kwargs = self.calls[rank]
+            self.refs[rank] = handles[rank].call.remote(self.group.role, self.method, args, kwargs)
+            self.sent_to[rank] = handles[rank]
 
     def raise_if_failed(self) -> None:
         """Without waiting: raise the named WorkerError if a rank of this call already failed (its actor
@@ -211,7 +249,11 @@ class RoleGroup(Generic[T]):
         handles = self.hosts.handles[:1] if spec.split is Split.RANK_ZERO else self.hosts.handles
         log.debug("call %s.%s on %d rank(s), pad=%d", self.role, name, len(handles), pad)
         refs = [h.call.remote(self.role, name, a, k) for h, (a, k) in zip(handles, per_rank, strict=True)]
-        return Pending(self, name, refs, lambda outputs: join(outputs, pad), spec.split is Split.RANK_ZERO)
+        rank_zero = spec.split is Split.RANK_ZERO
+        calls = list(per_rank[: len(handles)])
+        return Pending(
+            self, name, refs, lambda outputs: join(outputs, pad), rank_zero, calls, list(handles), pad=pad
+        )
 
 
 def driver_methods(role: str, cls: type) -> dict[str, DispatchSpec]:

@@ -72,6 +72,14 @@ class HostSet:
         self.nodes: list[dict[str, Any]] = []
         self.groups: dict[str, RoleGroup[Any]] = {}
         self.layouts: dict[str, list[DataRank]] = {}
+        self.specs: dict[str, Any] = {}
+        """Each role's `RoleSpec` as it was started: what `quartet.cluster.replace` builds a new host with."""
+        self.max_concurrency = 1
+        """Calls each host runs at once (threads): a replacement host gets the same."""
+        self.master: tuple[str, int] | None = None
+        """The torch.distributed master (address, port) the hosts were given."""
+        self.start_timeout_s = call_timeout_s
+        """Bound on starting one host and building its roles (`cluster.pool_timeout_s` on Ray)."""
 
     @property
     def backend(self) -> str:

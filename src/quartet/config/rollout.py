@@ -321,6 +321,11 @@ class RolloutConfig:
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     """Cross-process weight sync, used when the rollout has a pool of its own (`cluster.separate_pools`)."""
 
+    max_replica_restarts: int = 3
+    """With the rollout on a pool of its own: how many times over the run a replica whose process died is
+    restarted on its bundle, given the current weights, and its generations redone; past it (or 0) the
+    death ends the run with the error naming the replica. A colocated rollout is never restarted."""
+
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_p, self.top_k, self.n)  # same local checks
         require(
@@ -336,6 +341,12 @@ class RolloutConfig:
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        require(
+            self.max_replica_restarts >= 0,
+            "max_replica_restarts",
+            f"must be >= 0, got {self.max_replica_restarts}",
+            "use 0 to end the run when a replica dies",
+        )
 
     @property
     def sampling(self) -> SamplingConfig:

@@ -115,6 +115,11 @@ class Actor(EngineRole):
         self.publisher.accept(transport, same_node)
 
     @dispatch(Split.BROADCAST)
+    def close_weight_stream(self) -> None:
+        """Rank 0 leaves the weight-sync group (a replica died: the driver forms a new one)."""
+        self.publisher.close()
+
+    @dispatch(Split.BROADCAST)
     def publish_weights(self, version: int) -> dict[str, float]:
         """Stream the current weights to every replica as `version` (bytes, seconds, buckets on rank 0)."""
         engine = self.engine

@@ -190,8 +190,10 @@ class WeightPublisher:
         }
 
     def close(self) -> None:
-        if self.sender is not None:
-            self.sender.group.close()
+        """Leave the group (its receivers' waits then fail at once); `open` may form a new one."""
+        sender, self.sender, self.listener = self.sender, None, None
+        if sender is not None:
+            sender.group.close()
 
 
 class WeightSubscriber:
@@ -268,5 +270,7 @@ class WeightSubscriber:
         return self._apply_now()
 
     def close(self) -> None:
-        if self.receiver is not None:
-            self.receiver.group.close()
+        """Leave the group; `join` may join a new one (a version still pending stays pending)."""
+        receiver, self.receiver = self.receiver, None
+        if receiver is not None:
+            receiver.group.close()

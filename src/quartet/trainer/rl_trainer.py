@@ -194,7 +194,7 @@ class RLTrainer:
         version = prep.resumed.weight_version if prep.resumed is not None else 0
         runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
-        source = stack.enter_context(open_batch_source(cfg, workers, reward, prep))
+        source = stack.enter_context(open_batch_source(cfg, workers, reward, prep, weights.keeper))
         return _Session(prep, workers, reward, runner, source, records, boundary, result)
 
     def _open_tracking(self, stack: ExitStack, prep: Prepared, steps_done: int) -> None:
@@ -260,7 +260,8 @@ class RLTrainer:
 
     def _validate(self, s: _Session, step: int) -> None:
         assert s.prep.data.val is not None
-        val = validate(self.cfg, s.workers, s.prep.data.val, s.reward, step, s.records.val_writer(step))
+        writer, keeper, version = s.records.val_writer(step), s.runner.weights.keeper, s.runner.weight_version
+        val = validate(self.cfg, s.workers, s.prep.data.val, s.reward, step, writer, keeper, version)
         name_reward_failures(self.run_dir, s.reward, s.prep.data.val, step)
         s.result.validations.append(self.record("val", step=step, **val))
 

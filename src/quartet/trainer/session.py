@@ -32,6 +32,7 @@ from quartet.tracking.run_layout import CONFIG_FILE
 from quartet.trainer.batch_source import BatchSource, SyncGeneration
 from quartet.trainer.checkpoint import TrainerState, find_resume_checkpoint, load_trainer_state
 from quartet.trainer.memory import PlannedRun, plan_run
+from quartet.trainer.replica_recovery import ReplicaKeeper, keep_replicas
 from quartet.trainer.rl_data import RLData, prepare_rl_data, prompt_batch
 from quartet.trainer.rollout_feed import RolloutFeed
 from quartet.trainer.run_files import prepare_metrics_file
@@ -122,7 +123,9 @@ def start_roles(stack: ExitStack, cfg: QuartetConfig, prep: Prepared) -> tuple[W
     """The run's workers (shut down when `stack` closes) and their weight sync."""
     workers = start_workers(cfg, plan_step(cfg), prep.model_path, run_names(cfg), prep.total)
     stack.callback(workers.shutdown)
-    return workers, open_weight_sync(cfg, workers)
+    weights = open_weight_sync(cfg, workers)
+    keep_replicas(cfg, workers, weights)  # a rollout replica that dies is restarted (weights.keeper)
+    return workers, weights
 
 
 def record_location(cfg: QuartetConfig, run_dir: Path, workers: Workers) -> dict[str, Any] | None:
@@ -134,10 +137,13 @@ def record_location(cfg: QuartetConfig, run_dir: Path, workers: Workers) -> dict
     return {"ray": connection(), "prefix": workers.hosts.names.prefix}
 
 
-def open_batch_source(cfg: QuartetConfig, workers: Workers, reward: Any, prep: Prepared) -> BatchSource:
+def open_batch_source(
+    cfg: QuartetConfig, workers: Workers, reward: Any, prep: Prepared, keeper: ReplicaKeeper | None = None
+) -> BatchSource:
     """The source of `trainer.mode`: sync generation, or the feed of one_step_off (depth 1, no staleness
     check: it is 1 by construction) or async (up to `async_buffer` ahead, `max_staleness` kept by admission
-    control or by regenerating stale groups: `trainer.staleness_control`)."""
+    control or by regenerating stale groups: `trainer.staleness_control`); `keeper` restarts rollout
+    replicas that die (`quartet.trainer.replica_recovery`)."""
     scorer = RolloutScorer(cfg, workers.reward_model, reward)
     dataset, sampler, pad_id = prep.data.train, prep.sampler, prep.data.train.pad_id
 
@@ -146,7 +152,7 @@ def open_batch_source(cfg: QuartetConfig, workers: Workers, reward: Any, prep: P
 
     mode = cfg.trainer.mode
     if mode is TrainerMode.SYNC:
-        return SyncGeneration(cfg, workers, scorer, draw, sampler.state_dict, pad_id)
+        return SyncGeneration(cfg, workers, scorer, draw, sampler.state_dict, pad_id, keeper)
     one_step_off = mode is TrainerMode.ONE_STEP_OFF
     return RolloutFeed(
         workers,
@@ -158,4 +164,5 @@ def open_batch_source(cfg: QuartetConfig, workers: Workers, reward: Any, prep: P
         last_step=prep.total,
         pad_id=pad_id,
         admission=not one_step_off and cfg.trainer.staleness_control is StalenessControl.ADMISSION,
+        keeper=keeper,
     )

@@ -100,6 +100,8 @@ class StepRunner:
         batch, metrics = self._train(got.batch, step, got.metrics, timer, start)
         if self.workers.rollout_separate:
             metrics |= self._pool_metrics((window_start, time.time()), got.gen_waits)
+        if self.weights.keeper is not None:
+            metrics |= self.weights.keeper.step_metrics()
         return TrainedStep(batch, metrics, got.sampler_state)
 
     def _train(
@@ -153,7 +155,9 @@ class StepRunner:
         """The pools' idle times and overlap over the step's `window`: the rollout replicas report their
         busy spans; the trainer is busy whenever it was not waiting for generation."""
         rollout_busy: list[Interval] = []
-        for spans in self.workers.rollout.call(Rollout.busy_intervals, window[0]):
+        pending = self.workers.rollout.submit(Rollout.busy_intervals, window[0])
+        keeper = self.weights.keeper  # a replica that died since is restarted (its spans are lost)
+        for spans in pending.get() if keeper is None else keeper.resolve(pending, self.weight_version):
             rollout_busy.extend(spans)
         return pool_metrics(busy_outside(gen_waits, window), rollout_busy, window)
 

@@ -23,6 +23,7 @@ from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
+from quartet.trainer.replica_recovery import ReplicaKeeper
 from quartet.trainer.workers import Workers
 
 __all__ = ["validate"]
@@ -35,9 +36,12 @@ def validate(
     reward: Any,
     step: int,
     on_scored: Callable[[Batch], None] | None = None,
+    keeper: ReplicaKeeper | None = None,
+    version: int = 0,
 ) -> dict[str, float]:
     """Validation metrics of the current policy over the whole of `dataset` (a `PromptDataset`);
-    `on_scored` sees each scored batch of generations (for rollout records)."""
+    `on_scored` sees each scored batch of generations (for rollout records); `keeper` restarts a rollout
+    replica that dies meanwhile (the actor's weights are at `version`) and has its rows generated again."""
     n = cfg.rollout.val.n
     per_prompt: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     total = len(dataset)
@@ -45,7 +49,10 @@ def validate(
     for start in range(0, total, cfg.data.val_batch_size):
         indices = list(range(start, min(start + cfg.data.val_batch_size, total)))
         prompts = dataset.batch(indices).with_meta(validation=True, global_step=step)
-        generated = workers.rollout.call_batch(Rollout.generate, prompts)
+        if keeper is None:
+            generated = workers.rollout.call_batch(Rollout.generate, prompts)
+        else:
+            generated = keeper.resolve(workers.rollout.submit_batch(Rollout.generate, prompts), version)
         if workers.reward_model is not None:
             rm_scores = workers.reward_model.call_batch(RewardModel.score, generated).select("rm_scores")
             generated = generated.union(rm_scores)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from quartet.cluster.colocate import HostSet
 from quartet.cluster.errors import WorkerError
@@ -29,6 +31,9 @@ from quartet.roles.actor import Actor
 from quartet.roles.rollout import Rollout
 from quartet.trainer.workers import Workers, mean_over_ranks
 
+if TYPE_CHECKING:
+    from quartet.trainer.replica_recovery import ReplicaKeeper
+
 __all__ = ["InProcessSync", "StreamSync", "WeightSync", "open_weight_sync"]
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,10 @@ _RECEIVE_GRACE_S = 10.0
 
 class WeightSync(ABC):
     """Brings every rollout replica to the actor's current weights."""
+
+    keeper: ReplicaKeeper | None = None
+    """Restarts rollout replicas that die (`rollout.max_replica_restarts` > 0 with the rollout on a pool of
+    its own, `quartet.trainer.replica_recovery`); None: a dead replica ends the run."""
 
     @abstractmethod
     def sync(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
@@ -75,9 +84,11 @@ class StreamSync(WeightSync):
         """`rollout.weight_sync.timeout_s`: the bound on one sync."""
         self.transport = WeightTransport(transport)
         """`rollout.weight_sync.transport`: the actor picks the transport of each sync from it."""
+        self.bucket_bytes = 0
 
     def open(self, bucket_bytes: int) -> None:
         """Form the weight-sync group: actor rank 0 listens, every rollout replica joins (bounded waits)."""
+        self.bucket_bytes = bucket_bytes
         receivers, timeout_s = self.rollout.world_size, self.timeout_s
         opened = self.actor.call(Actor.open_weight_stream, receivers, bucket_bytes, timeout_s)[0]
         assert opened is not None, "actor rank 0 opens the weight stream"
@@ -107,9 +118,43 @@ class StreamSync(WeightSync):
             )
         return same_node
 
+    def reopen(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
+        """Form the group again after a member died: the actor and every replica leave the old one, all
+        join a new one on a fresh port (bounded as at start), and every replica gets weights `version`
+        (a new replica holds only the initial model)."""
+        self.actor.call(Actor.close_weight_stream)
+        self.rollout.submit(Rollout.leave_weight_stream).get(self.timeout_s + _RECEIVE_GRACE_S)
+        self.open(self.bucket_bytes)
+        return self._sync_once(version, apply)
+
     def sync(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
+        if self.keeper is None:
+            return self._sync_once(version, apply)
+        return self.keeper.sync(version, apply)
+
+    def _sync_once(
+        self,
+        version: int,
+        apply: WeightApply | None = None,
+        on_failure: Callable[[Pending[list[dict[str, float]]]], None] | None = None,
+    ) -> dict[str, float]:
+        """One sync of `version`; `on_failure(received)` is told of a failed one before it is named."""
         sent = self.actor.submit(Actor.publish_weights, version)
         received = self.rollout.submit(Rollout.receive_weights, apply)
+        try:
+            return self._finish(version, sent, received)
+        except WorkerError:
+            if on_failure is not None:
+                on_failure(received)
+            raise
+
+    def _finish(
+        self,
+        version: int,
+        sent: Pending[list[dict[str, float]]],
+        received: Pending[list[dict[str, float]]],
+    ) -> dict[str, float]:
+        """Wait for both ends of a sync; its metrics, or the WorkerError naming the replica at fault."""
         sent_metrics = self._sent(version, sent, received)
         try:  # the actor finished sending: a replica has this long to finish taking it in
             got = received.get(self.timeout_s + _RECEIVE_GRACE_S)

@@ -182,6 +182,11 @@ class Rollout:
         self.subscriber.join(host, port, world_size, timeout_s)
 
     @dispatch(Split.BROADCAST)
+    def leave_weight_stream(self) -> None:
+        """Leave the weight-sync group (a replica died: the driver forms a new one, then joins us to it)."""
+        self.subscriber.close()
+
+    @dispatch(Split.BROADCAST)
     def receive_weights(self, apply: WeightApply | None = None) -> dict[str, float]:
         """Take the next version the actor publishes, while generation goes on; apply it as configured
         (`apply` overrides `rollout.weight_sync.apply` for this version)."""
