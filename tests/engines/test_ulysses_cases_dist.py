@@ -118,17 +118,16 @@ def _check_all(ranks: list[dict[str, Any]], want: dict[str, Any], modes: list[st
         torch.testing.assert_close(got["params"][name], value, atol=1e-6, rtol=1e-5, msg=name)
 
 
-@pytest.mark.slow  # one two-rank run of every case (~1 min under load)
+# one two-rank run of every case (~1 min under load); not `slow`: issue 36 asks for it in CI
 def test_sp2_cases_equal_one_process(sp2: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     _check_all(sp2, reference, MODES)
 
 
-@pytest.mark.slow  # one four-rank run (~3 min on 2 busy cores)
+# one four-rank run (~3 min on 2 busy cores); not `slow`: issue 36 asks for it in CI
 def test_dp2_sp2_cases_equal_one_process(dp2_sp2: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     _check_all(dp2_sp2, reference, DP2_MODES)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", MUTANTS)
 def test_a_defect_fails_the_comparison(
     sp2: list[dict[str, Any]], reference: dict[str, Any], name: str
