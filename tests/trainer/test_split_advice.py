@@ -13,6 +13,7 @@ from quartet.trainer.split_advice_log import (
     SplitAdviceLog,
     advice_for,
     advice_overrides,
+    plan_advice,
     split_advice_callbacks,
     split_space,
 )
@@ -185,3 +186,13 @@ def test_pool_cpus_give_each_pool_its_cpus() -> None:
         load_config(None, ["cluster.pool_cpus.rollout=1"])
     with pytest.raises(ConfigError, match="pool_cpus.main"):
         load_config(None, ["cluster.pool_cpus.main=-1"])
+
+
+def test_plan_prints_the_advice_from_step_times_or_asks_for_them() -> None:
+    cfg = load_config(None, [*ASYNC, "cluster.cpus_per_bundle=2"])
+    assert plan_advice(load_config(None, ["cluster.device=cpu"]), "cpu", "1,1") is None  # sync
+    assert "needs measured step times" in str(plan_advice(cfg, "cpu", None))
+    line = str(plan_advice(cfg, "cpu", "1,3"))  # training-bound at 2:2 of 4 CPUs
+    assert "-> 1:3" in line and "cluster.pool_cpus.main=3 cluster.pool_cpus.rollout=1" in line
+    with pytest.raises(ValueError, match="--step-times"):
+        plan_advice(cfg, "cpu", "1")

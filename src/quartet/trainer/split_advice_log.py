@@ -31,6 +31,7 @@ __all__ = [
     "SplitSpace",
     "advice_for",
     "advice_overrides",
+    "plan_advice",
     "render_advice",
     "split_advice_callbacks",
     "split_space",
@@ -156,3 +157,28 @@ def split_advice_callbacks(cfg: QuartetConfig) -> list[RunCallbacks]:
     if t.split_advice_after_steps <= 0 or not overlapped:
         return []
     return [SplitAdviceLog(cfg, t.split_advice_after_steps)]
+
+
+def plan_advice(cfg: QuartetConfig, device: str, step_times: str | None) -> str | None:
+    """What `quartet plan` prints for an overlapped config: the advice from `step_times` ("GEN,TRAIN":
+    busy seconds per step of the rollout pool and of the trainer's at the config's split, e.g. read off a
+    short run's `timing_s/*_idle`), or how to get them (the memory planner estimates no speeds). None for
+    a sync or colocated config."""
+    overlapped = cfg.trainer.mode in (TrainerMode.ONE_STEP_OFF, TrainerMode.ASYNC)
+    if not overlapped or split_space(cfg, device) is None:
+        return None
+    if not step_times:
+        return (
+            "split advice: needs measured step times (the planner estimates memory, not speed): run a few "
+            f"steps (the run log prints it after trainer.split_advice_after_steps="
+            f"{cfg.trainer.split_advice_after_steps}), or pass --step-times GEN,TRAIN (each pool's busy "
+            "seconds per step at this split)"
+        )
+    try:
+        gen, train = (float(x) for x in step_times.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--step-times: expected GEN,TRAIN in seconds, e.g. 1.2,0.8; got {step_times!r}"
+        ) from None
+    found = advice_for(cfg, [gen], [train], device)
+    return None if found is None else render_advice(cfg, *found)
