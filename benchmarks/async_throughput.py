@@ -64,10 +64,10 @@ LONG_MODES = ("sync_separate", "one_step_off", "async")
 BASELINE = "sync_separate"
 
 
-def long_overrides(response_length: int) -> list[str]:
+def long_overrides(response_length: int, prompts: int = 8) -> list[str]:
     """`--workload long`: the counting task, responses cut at `response_length` tokens (a run of 250-500
-    integers is ~1,000-2,000 tokens with the tiny tokenizer, so every response runs to the cut), 8 prompts
-    x 4 samples a step, and an SFT start on the same traces cut to the same length."""
+    integers is ~1,000-2,000 tokens with the tiny tokenizer, so every response runs to the cut), `prompts`
+    prompts x 4 samples a step, and an SFT start on the same traces cut to the same length."""
     total = response_length + 64
     return [
         "data.builtin_task=counting",
@@ -75,12 +75,12 @@ def long_overrides(response_length: int) -> list[str]:
         "data.builtin_val_size=32",
         "data.max_prompt_length=64",
         f"data.max_response_length={response_length}",
-        "data.train_batch_size=8",
+        f"data.train_batch_size={prompts}",
         "data.val_batch_size=32",
         "rollout.n=4",
-        "actor.mini_batch_size=8",
-        "actor.micro_batch_size_per_device=32",
-        "actor.logprobs.micro_batch_size_per_device=32",
+        f"actor.mini_batch_size={prompts}",
+        f"actor.micro_batch_size_per_device={4 * prompts}",
+        f"actor.logprobs.micro_batch_size_per_device={4 * prompts}",
         f"model.tiny.max_position_embeddings={max(512, total)}",
         "sft.builtin.task=counting",
         "sft.builtin.train_size=256",
@@ -296,6 +296,7 @@ def main() -> None:
         help="long: the counting task, long responses, generation-dominated (sets its own modes)",
     )
     parser.add_argument("--response-length", type=int, default=192, help="--workload long: tokens")
+    parser.add_argument("--prompts", type=int, default=8, help="--workload long: prompts a step (x 4)")
     parser.add_argument(
         "--splits", default="", help="async at these rollout:trainer CPU splits, e.g. 1:1,2:1,1:2"
     )
@@ -320,7 +321,7 @@ def main() -> None:
     if args.modes is None:
         args.modes = ",".join(LONG_MODES if long else DEFAULT_MODES)
     if long:
-        args.override = [*long_overrides(args.response_length), *args.override]
+        args.override = [*long_overrides(args.response_length, args.prompts), *args.override]
     if args.smoke:  # the two ends of the comparison; the other modes have tests of their own
         # a step count, not seconds: on a busy machine 3 s of steps was 1 step, too few for the figures
         args.seeds, args.train_seconds, args.train_steps, args.sft_epochs = "0", None, 2, 1
