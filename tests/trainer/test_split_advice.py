@@ -148,7 +148,7 @@ def test_the_run_log_prints_the_advice_once_after_n_steps(caplog: pytest.LogCapt
     [cb] = split_advice_callbacks(cfg)
     assert isinstance(cb, SplitAdviceLog)
     step = {"kind": "step", "timing_s/step": 3.0, "timing_s/rollout_idle": 0.0, "timing_s/trainer_idle": 2.0}
-    with caplog.at_level(logging.INFO, logger="quartet.trainer.split_advice_log"):
+    with caplog.at_level(logging.WARNING, logger="quartet.trainer.split_advice_log"):
         cb.on_record({"kind": "validation"})
         for _ in range(2):
             cb.on_record(step)

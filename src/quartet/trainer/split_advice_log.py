@@ -147,7 +147,8 @@ class SplitAdviceLog(RunCallbacks):
             self.line = ""
             return
         self.line = render_advice(self.cfg, *found)
-        log.info("after %d steps: %s", len(self.steps), self.line)
+        # a warning, as the trainer's other notes: `quartet train` configures no logging, so INFO is not shown
+        log.warning("after %d steps: %s", len(self.steps), self.line)
 
 
 def split_advice_callbacks(cfg: QuartetConfig) -> list[RunCallbacks]:
