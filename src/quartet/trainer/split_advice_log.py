@@ -141,8 +141,10 @@ class SplitAdviceLog(RunCallbacks):
         self.steps.append(record)
         if len(self.steps) < self.after_steps:
             return
+        from quartet.planning.estimate import resolve_device  # `auto`: whether torch sees a GPU
+
         gen, train = busy_times(self.steps[1:] if len(self.steps) > 1 else self.steps)
-        found = advice_for(self.cfg, gen, train)
+        found = advice_for(self.cfg, gen, train, resolve_device(self.cfg))
         if found is None:
             self.line = ""
             return
