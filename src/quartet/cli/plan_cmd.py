@@ -41,6 +41,12 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="free device memory to plan for, instead of this machine's",
     )
+    parser.add_argument(
+        "--step-times",
+        default=None,
+        metavar="GEN,TRAIN",
+        help="async/one_step_off: each pool's measured busy seconds per step, for the split advice",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan and the proposal as JSON")
     parser.set_defaults(run=run)
 
@@ -49,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from quartet.planning.estimate import resolve_device
     from quartet.planning.fit import detect_capacity, fit_config
     from quartet.planning.model_shape import UnknownModelShapeError
+    from quartet.trainer.split_advice_log import plan_advice
 
     path, overrides = split_config_args(args)
     try:
@@ -56,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         kind = resolve_device(cfg, args.device)
         memory = None if args.memory_gib is None else int(args.memory_gib * 2**30)
         report = fit_config(cfg, device=kind, capacity=detect_capacity(kind, memory))
-    except (ConfigError, UnknownModelShapeError, FileNotFoundError) as err:
+        advice = plan_advice(cfg, kind, args.step_times)  # the split advisor (docs/async.md)
+    except (ConfigError, UnknownModelShapeError, FileNotFoundError, ValueError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
     if args.json:
@@ -72,9 +80,12 @@ def run(args: argparse.Namespace) -> int:
             "proposal": report.overrides,
             "fits_with_proposal": report.fits_after,
             "fitted_plan": report.fitted_plan.to_dict() if report.fitted_plan else None,
+            "split_advice": advice,
         }
         print(json.dumps(out, indent=2))
     else:
         print(report.plan.render_table())
         print(report.render())
+        if advice:
+            print(advice)
     return 0 if report.fits else EXIT_DOES_NOT_FIT

@@ -66,7 +66,11 @@ class ResourcePool:
     @classmethod
     def planned(cls, cfg: ClusterConfig, pool: str, use_gpu: bool) -> ResourcePool:
         """Pool `pool` of `cfg` as it will be asked of Ray, before any placement group exists."""
-        cpus = cfg.cpus_per_bundle or auto_cpus_per_bundle(cfg.bundles_per_node, len(cfg.pools))
+        cpus = (
+            cfg.pool_cpus.of(pool)
+            or cfg.cpus_per_bundle
+            or auto_cpus_per_bundle(cfg.bundles_per_node, len(cfg.pools))
+        )
         return cls(
             cfg.nodes,
             cfg.bundles_per_node,

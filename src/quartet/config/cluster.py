@@ -16,6 +16,7 @@ __all__ = [
     "DeviceKind",
     "GpuFraction",
     "PlacementStrategy",
+    "PoolCpus",
     "gpu_share_problems",
 ]
 
@@ -93,6 +94,45 @@ class GpuFraction:
 
 
 @dataclass(frozen=True)
+class PoolCpus:
+    """CPUs of each bundle of one pool (`cluster.pool_cpus.<pool>`); 0 (the default): `cpus_per_bundle`.
+
+    The one way to give the rollout pool and the trainer's pool unequal shares of a node's CPUs, e.g.
+    `main: 3, rollout: 1` on a 4-core box whose training takes longer than its generation (the split
+    advisor, `quartet.trainer.split_advice`, recommends these). Each bundle's workers get as many torch
+    threads (whole CPUs)."""
+
+    main: float = 0.0
+    """The main pool (actor, and every role not in `separate_pools`)."""
+
+    rollout: float = 0.0
+    """The rollout pool, when `rollout` is in `separate_pools`."""
+
+    reference: float = 0.0
+    """The reference pool, when `reference` is in `separate_pools`."""
+
+    critic: float = 0.0
+    """The critic pool, when `critic` is in `separate_pools`."""
+
+    reward_model: float = 0.0
+    """The reward-model pool, when `reward_model` is in `separate_pools`."""
+
+    def __post_init__(self) -> None:
+        for pool in (MAIN_POOL, *SEPARABLE_ROLES):
+            value = getattr(self, str(pool))
+            require(
+                value >= 0.0,
+                str(pool),
+                f"must be >= 0, got {value}",
+                "use 0 for cluster.cpus_per_bundle, or a number of CPUs per bundle of this pool",
+            )
+
+    def of(self, pool: str) -> float:
+        """The CPUs per bundle of pool `pool` (`main` or a separable role's name); 0: not set."""
+        return float(getattr(self, str(pool)))
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """Ray cluster and resource pools of the run (every role colocated on one pool unless separated)."""
 
@@ -152,6 +192,10 @@ class ClusterConfig:
     """Share of a GPU each pool's bundle takes (`main`, `rollout`, ...; default 1 each): below 1, pools
     share one GPU per bundle (`GpuFraction`). GPU pools only, one bundle per node."""
 
+    pool_cpus: PoolCpus = PoolCpus()
+    """CPUs per bundle of each pool (`main`, `rollout`, ...; default 0 each: `cpus_per_bundle`): unequal
+    shares of a node's CPUs for the pools (`PoolCpus`)."""
+
     def __post_init__(self) -> None:
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
         require(self.bundles_per_node >= 1, "bundles_per_node", f"must be >= 1, got {self.bundles_per_node}")
@@ -208,12 +252,21 @@ class ClusterConfig:
 
 
 def gpu_share_problems(cfg: ClusterConfig) -> list[ConfigError]:
-    """Fractions below 1 must name pools the run makes, on GPU, one bundle per node, summing to <= 1.
+    """Fractions below 1 must name pools the run makes, on GPU, one bundle per node, summing to <= 1;
+    `pool_cpus` may name only pools the run makes.
 
     Checked with the other cross-field rules (`quartet.config.validate`), once every override is in: an
     intermediate state (`main=0.7` before `rollout=0.3`) may not add up."""
     out: list[ConfigError] = []
     for role in SEPARABLE_ROLES:
+        if cfg.pool_cpus.of(role) > 0.0 and role not in cfg.separate_pools:
+            out.append(
+                ConfigError(
+                    f"cluster.pool_cpus.{role}",
+                    f"is {cfg.pool_cpus.of(role):g}, but '{role}' has no pool of its own",
+                    f"add {role} to cluster.separate_pools, or leave cluster.pool_cpus.{role} at 0",
+                )
+            )
         if cfg.gpu_fraction.of(role) < 1.0 and role not in cfg.separate_pools:
             out.append(
                 ConfigError(

@@ -123,6 +123,11 @@ class TrainerConfig:
     """`mode=async`: prompt batches generated ahead of the trainer at most (the bounded buffer, in flight or
     done); admission control may keep fewer (`staleness_control`)."""
 
+    split_advice_after_steps: int = 5
+    """`mode=one_step_off|async`: after this many steps, the run log prints the split advisor's
+    recommendation (the rollout:trainer share of the devices and the `async_buffer` with the least idle
+    time, from the steps' `timing_s/trainer_idle` and `timing_s/rollout_idle`; docs/async.md); 0: never."""
+
     rollout_freq: int = 0
     """Write samples (prompt, response, reward, advantage) of every this many steps to
     `<run dir>/rollouts/step_N.jsonl`, and validation generations to `val_step_N.jsonl`; 0 disables."""
@@ -176,5 +181,11 @@ class TrainerConfig:
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0", "use 0 to train the actor at once")
         require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
         require(self.async_buffer >= 1, "async_buffer", "must be >= 1")
+        require(
+            self.split_advice_after_steps >= 0,
+            "split_advice_after_steps",
+            "must be >= 0",
+            "use 0 to print no split advice",
+        )
         require(self.hang_timeout_s >= 0, "hang_timeout_s", "must be >= 0", "use 0 for the automatic one")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

@@ -58,6 +58,7 @@ from quartet.trainer.session import (
     record_location,
     start_roles,
 )
+from quartet.trainer.split_advice_log import split_advice_callbacks
 from quartet.trainer.startup import StartupClock
 from quartet.trainer.step import StepRunner
 from quartet.trainer.validation import validate
@@ -116,7 +117,8 @@ class RLTrainer:
         callbacks: RunCallbacks | Sequence[RunCallbacks] = (),
     ) -> None:
         listed = [callbacks] if isinstance(callbacks, RunCallbacks) else list(callbacks)
-        self.callbacks = CallbackList(([OnRecord(on_record)] if on_record else []) + listed)
+        advice = split_advice_callbacks(cfg)  # the run log's split advice, after a few overlapped steps
+        self.callbacks = CallbackList(([OnRecord(on_record)] if on_record else []) + listed + advice)
         self.cfg, self.console = cfg, console
         self.tracking: Tracking | None = None
         self.run_dir = cfg.trainer.run_dir
