@@ -123,7 +123,7 @@ def test_sp2_cases_equal_one_process(sp2: list[dict[str, Any]], reference: dict[
     _check_all(sp2, reference, MODES)
 
 
-# one four-rank run (~3 min on 2 busy cores); not `slow`: issue 36 asks for it in CI
+@pytest.mark.slow  # one four-rank run (~25 s): CI has dp2 x sp2 in test_ulysses_dist.py
 def test_dp2_sp2_cases_equal_one_process(dp2_sp2: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     _check_all(dp2_sp2, reference, DP2_MODES)
 

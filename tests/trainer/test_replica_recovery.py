@@ -317,7 +317,7 @@ def _crashing_run(
 
 
 @pytest.mark.ray
-@pytest.mark.slow
+# not `slow`: issue 38 asks for this check in CI
 def test_a_replica_that_dies_mid_generation_is_restarted_and_no_prompt_is_lost(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
