@@ -4,6 +4,7 @@ splits and buffers, the config's split, the overrides, and the run-log line afte
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -128,6 +129,19 @@ def test_split_space_of_each_config() -> None:
     )
     one = split_space(shared)
     assert one is not None and one.grain is None and "compute" in one.note
+
+
+def test_pools_declaring_more_cpus_than_the_machine_has_are_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured (docs/async.md): 2:1 on 2 cores ran at half of 1:1, and the advice from that run kept 2:1."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    fits = split_space(load_config(None, [*ASYNC, "cluster.cpus_per_bundle=1"]))
+    assert fits is not None and fits.note == ""
+    over = split_space(
+        load_config(None, [*ASYNC, "cluster.cpus_per_bundle=1", "cluster.pool_cpus.rollout=2"])
+    )
+    assert over is not None and "3 CPUs on this machine's 2" in over.note and "pool_cpus" in over.note
+    remote = [*ASYNC, "cluster.pool_cpus.rollout=2", "cluster.address=10.0.0.1:6379"]
+    assert split_space(load_config(None, remote)).note == ""  # type: ignore[union-attr]  # another machine's CPUs
 
 
 def test_overrides_apply_the_split_and_the_buffer() -> None:

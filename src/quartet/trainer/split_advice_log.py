@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from quartet.config import QuartetConfig
-from quartet.config.cluster import MAIN_POOL, DeviceKind
+from quartet.config.cluster import MAIN_POOL, ClusterConfig, DeviceKind
 from quartet.config.roles import Role
 from quartet.config.trainer import StalenessControl, TrainerMode
 from quartet.trainer.callbacks import Record, RunCallbacks
@@ -72,7 +72,21 @@ def split_space(cfg: QuartetConfig, device: str | None = None) -> SplitSpace | N
     auto = max(1.0, float((os.cpu_count() or 2) // (c.bundles_per_node * len(c.pools))))
     each = c.cpus_per_bundle or auto
     rollout, main = c.pool_cpus.of(Role.ROLLOUT) or each, c.pool_cpus.of(MAIN_POOL) or each
-    return SplitSpace(rollout, main, 1.0, "CPUs per bundle")
+    return SplitSpace(rollout, main, 1.0, "CPUs per bundle", _oversubscribed(c, rollout + main))
+
+
+def _oversubscribed(c: ClusterConfig, declared: float) -> str:
+    """A warning when the pools of a local run declare more CPUs than this machine has: the advice's model
+    (a pool's time goes as 1 / its CPUs) then fails, since an extra thread slows both pools instead
+    (measured: docs/async.md, the split check)."""
+    cores = os.cpu_count() or 1
+    total = declared * c.bundles_per_node
+    if c.address or total <= cores:
+        return ""
+    return (
+        f"the pools declare {total:g} CPUs on this machine's {cores}: the advice assumes real CPUs and is "
+        "unreliable here; keep cluster.pool_cpus within the cores"
+    )
 
 
 def _buffers(cfg: QuartetConfig) -> tuple[tuple[int, ...], int]:
