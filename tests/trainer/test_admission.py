@@ -121,7 +121,7 @@ class _SimPending:
         return Batch(columns, {"uid": uids, "index": np.asarray(rows, dtype=object)})
 
     def raise_if_failed(self) -> None:
-        pass
+        """A simulated generation never fails (failures are test_replica_recovery.py's)."""
 
 
 class _Scorer:
