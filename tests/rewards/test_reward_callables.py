@@ -155,3 +155,11 @@ def test_callables_and_reward_function_together_are_refused(tokenizer: Any) -> N
         RewardComputer(
             RewardConfig(function="m:f"), tokenizer, RESPONSE_LENGTH, reward_funcs=RewardFuncs([exact])
         )
+
+
+def test_a_per_sample_function_sees_the_reward_model_score_in_extra_info() -> None:
+    def gated(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
+        return float(extra_info["rm_score"]) * 2 + float(extra_info["bias"])
+
+    out = RewardFuncs([gated])(*item("x", extra_info={"bias": 1.0}, rm_score=0.25))
+    assert out["score"] == pytest.approx(1.5)

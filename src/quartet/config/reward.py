@@ -76,7 +76,7 @@ class JudgeConfig:
 
     fallback_score: float = 0.0
     """Score (before `weight`, on the normalised scale when `normalize`) of a response whose verdict is
-    bad or whose request failed; each is counted in `reward/judge_bad_verdicts`."""
+    bad (counted in `reward/judge_bad_verdicts`) or whose request failed (`reward/judge_request_failures`)."""
 
     max_tokens: int = 512
     """Most tokens the judge may write per verdict."""

@@ -8,7 +8,8 @@ Two signatures are accepted, told apart by the parameter names:
   `data_source`, `extra_info`, `index`, ... and `rm_score` when a reward model ran) as a list under its own
   name. A function without `**kwargs` gets only the columns it names.
 - quartet's (verl's) per-sample one: `fn(data_source, solution_str, ground_truth, extra_info)` returning
-  a float or a dict with "score" (`scoring.read_score`).
+  a float or a dict with "score" (`scoring.read_score`); a reward model's score is in
+  `extra_info["rm_score"]`, as for `reward.function`.
 
 The functions are summed, weighted (default 1 each): S_i = sum_k w_k f_k(i). Each function's value is also
 an extra metric, `reward/extra/<name>` (its batch mean; `<name>` is the function's `__name__`, made unique).
@@ -145,7 +146,10 @@ class RewardFuncs:
         data_source: Any,
         extras: dict[str, float],
     ) -> float:
-        returned = fn(data_source, completion, columns.get("ground_truth"), columns.get("extra_info"))
+        extra_info = columns.get("extra_info")
+        if "rm_score" in columns and (extra_info is None or isinstance(extra_info, Mapping)):
+            extra_info = {**(extra_info or {}), "rm_score": columns["rm_score"]}  # as for reward.function
+        returned = fn(data_source, completion, columns.get("ground_truth"), extra_info)
         try:
             value = read_score(returned)
         except (TypeError, ValueError) as err:
