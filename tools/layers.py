@@ -50,7 +50,7 @@ ROLES: dict[str, str] = {
     "tasks": "built-in tasks: dataset builders, verifiers, their tools",
     "serving": "the OpenAI-compatible server and the request scheduler",
     "data": "datasets in verl's layout, the sampler, bad rows, conversions",
-    "rewards": "rule scorers, custom functions, the scoring process pool",
+    "rewards": "rule scorers, custom functions and callables, the scoring process pool, the LLM judge",
     "roles": "actor, critic, reference, reward model, rollout: one engine each",
     "sft": "supervised fine-tuning on conversations",
     "trainer": "the driver: the step, the loop, checkpoints, async feed",

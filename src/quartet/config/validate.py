@@ -34,6 +34,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     if cfg.algorithm.needs_critic:
         problems += _critic_parallel_rules(cfg)
     problems += gpu_share_problems(cfg.cluster)
+    problems += cfg.reward.judge.problems("reward.judge")
     raise_problems(problems)
     return cfg
 

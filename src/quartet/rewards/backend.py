@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from quartet.rewards.custom import load_function, resolve_spec
-from quartet.rewards.scoring import REWARD_ERROR_COUNT, REWARD_TIMEOUT_COUNT, ScoreItem, read_score
+from quartet.rewards.scoring import REWARD_ERROR_COUNT, REWARD_TIMEOUT_COUNT, AnyItem, ScoreFn, read_score
 
 __all__ = ["DEFAULT_FUNCTION", "InlineScorer", "ItemStatus", "LogOnce", "PoolResult", "ScoringBackend"]
 
@@ -63,7 +63,7 @@ class PoolResult:
 class ScoringBackend(Protocol):
     """What scores items: a `ScorePool` or an `InlineScorer`."""
 
-    def score(self, items: Sequence[ScoreItem]) -> PoolResult: ...
+    def score(self, items: Sequence[AnyItem]) -> PoolResult: ...
 
     def close(self) -> None: ...
 
@@ -93,12 +93,16 @@ class LogOnce:
 class InlineScorer:
     """Scores in the calling process, one item after another, with no time limit (tests, debugging)."""
 
-    def __init__(self, function: str = "") -> None:
-        self.spec = resolve_spec(function) if function else DEFAULT_FUNCTION
-        self._fn = load_function(self.spec)
+    def __init__(self, function: str | ScoreFn = "") -> None:
+        """function: a spec as for `ScorePool`, or the callable itself (called as is, not pickled)."""
+        if callable(function):
+            self.spec, self._fn = repr(function), function
+        else:
+            self.spec = resolve_spec(function) if function else DEFAULT_FUNCTION
+            self._fn = load_function(self.spec)
         self._log = LogOnce(logger)
 
-    def score(self, items: Sequence[ScoreItem]) -> PoolResult:
+    def score(self, items: Sequence[AnyItem]) -> PoolResult:
         """Score every item; an exception scores 0.0 and is counted as an error."""
         start = time.perf_counter()
         result = PoolResult([0.0] * len(items), [{} for _ in items], [ItemStatus.ERROR] * len(items))

@@ -15,6 +15,15 @@ hold its reward. The outputs are the new columns only, to `union` into the batch
 - `token_level_scores` [B, R] float32: r above.
 - `scores` [B] float32: S_i, the outcome before shaping (the accuracy for 0/1 rules; validation reads it).
 
+Reward functions passed as callables (`reward_funcs`, `callables.RewardFuncs`) take the place of
+`reward.function` (both at once is refused): S_i is their weighted sum, run in the same scoring pool.
+
+LLM judge (`reward.judge`, `judge.JudgeScorer`): its score J_i times `reward.judge.weight` is added,
+S_i = base_i + w J_i, where base_i is the function's (or callables') score when one is set, the reward
+model's score when the batch holds one, 0 otherwise (a judge alone does not run the rules: set
+`reward.function=quartet.rewards.rules.registry:default_compute_score` to add them). A bad verdict or a
+failed judge request gives J_i = `reward.judge.fallback_score`, counted and named as a failure.
+
 Reward model. When the batch holds `rm_scores` [B] (the reward-model role ran):
 - and `reward.function` is empty, S_i = rm_scores_i and no rule runs (verl's choice: the model's score
   replaces the rule's; data without a rule scorer can then be trained on);
@@ -36,7 +45,8 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -54,8 +64,14 @@ from quartet.rewards.scoring import (
     REWARD_SCORE_TIME,
     REWARD_TIMEOUT_COUNT,
     REWARD_WORKER_RESTARTS,
+    AnyItem,
+    FuncItem,
     ScoreItem,
 )
+
+if TYPE_CHECKING:
+    from quartet.rewards.callables import RewardFuncs
+    from quartet.rewards.judge import JudgeScorer
 
 __all__ = ["RewardComputer", "ScoreFailure"]
 
@@ -71,7 +87,7 @@ class ScoreFailure:
     row: int | None
     """The dataset row of its prompt (the batch's `index` column); None when the batch has none."""
     status: str
-    """`error` or `timeout`."""
+    """`error` or `timeout` (the score call); `bad_verdict` or `judge_failed` (the LLM judge)."""
     reason: str
     """Why, in one line."""
     data_source: str | None
@@ -86,8 +102,12 @@ class RewardComputer:
         tokenizer: Any,
         max_response_length: int,
         backend: ScoringBackend | None = None,
+        *,
+        reward_funcs: RewardFuncs | None = None,
+        run_dir: Path | None = None,
     ) -> None:
-        """Check the shaping settings and start the scoring pool (unless only a reward model scores).
+        """Check the shaping settings, start the scoring pool (unless only a reward model or a judge scores)
+        and the judge (when `cfg.judge` names one).
 
         Args:
             cfg: the reward section of the config.
@@ -95,24 +115,42 @@ class RewardComputer:
             max_response_length: `data.max_response_length`, L_max of the overlong penalty.
             backend: scores items instead of a `ScorePool` built from `cfg` (an `InlineScorer` for
                 debugging); the caller then owns it and closes it.
+            reward_funcs: reward functions given as callables (`RLTrainer(reward_funcs=...)`).
+            run_dir: the run folder (the judge's disk cache lives there).
         """
         if cfg.overlong_buffer > max_response_length:
             raise ValueError(
                 f"reward.overlong_buffer={cfg.overlong_buffer} is longer than data.max_response_length="
                 f"{max_response_length}; the buffer must fit inside the maximum response length"
             )
+        if cfg.function and reward_funcs is not None:
+            raise ValueError(
+                f"reward.function={cfg.function!r} is set and reward_funcs were passed: keep one (a function "
+                "of a file can be imported and passed in reward_funcs with the others)"
+            )
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.max_response_length = max_response_length
+        self.reward_funcs = reward_funcs
+        self._custom = bool(cfg.function) or reward_funcs is not None
         self._backend = backend
         self._owns_backend = backend is None
         self._warned_rm_extra_info = False
         self._failures: list[ScoreFailure] = []
-        if backend is None and not (cfg.model_path and not cfg.function):
-            self._backend = self._start_pool()
+        self._judge: JudgeScorer | None = None
+        if cfg.judge.enabled:
+            from quartet.rewards.judge import JudgeScorer
+
+            self._judge = JudgeScorer(cfg.judge, run_dir)
+        try:
+            if backend is None and (self._custom or not (cfg.model_path or cfg.judge.enabled)):
+                self._backend = self._start_pool()
+        except BaseException:
+            self.close()
+            raise
 
     def _start_pool(self) -> ScorePool:
-        function = self.cfg.function or RULE_FUNCTIONS[str(self.cfg.rule_mode)]
+        function = self.reward_funcs or self.cfg.function or RULE_FUNCTIONS[str(self.cfg.rule_mode)]
         return ScorePool(function, num_workers=self.cfg.num_workers, timeout_s=self.cfg.timeout_s)
 
     def _scorer(self) -> ScoringBackend:
@@ -127,10 +165,13 @@ class RewardComputer:
         return out
 
     def close(self) -> None:
-        """Stop the scoring processes (when this object started them)."""
+        """Stop the scoring processes (when this object started them) and the local judge."""
         if self._backend is not None and self._owns_backend:
             self._backend.close()
             self._backend = None
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
 
     def __enter__(self) -> RewardComputer:
         return self
@@ -157,10 +198,17 @@ class RewardComputer:
         """New columns `token_level_scores` [B, R] and `scores` [B] (float32), and the scoring metrics."""
         start = time.perf_counter()
         metrics: Metrics = {}
-        if "rm_scores" in batch and not self.cfg.function:
+        texts = self.response_texts(batch)
+        if "rm_scores" in batch and not self._custom:
             scores = batch["rm_scores"].detach().to("cpu", torch.float32).reshape(-1)
+        elif self._custom or self._judge is None:
+            scores, metrics = self._rule_scores(batch, texts)
         else:
-            scores, metrics = self._rule_scores(batch)
+            scores = torch.zeros(len(batch), dtype=torch.float32)
+        if self._judge is not None:
+            judged, judge_metrics = self._judge_scores(batch, texts)
+            scores = scores + self.cfg.judge.weight * judged
+            metrics.update(judge_metrics)
         outcome = scores
         if self.cfg.overlong_buffer > 0:
             shaped = overlong_penalty(
@@ -178,16 +226,37 @@ class RewardComputer:
         )
         return new, metrics
 
-    def _rule_scores(self, batch: Batch) -> tuple[torch.Tensor, Metrics]:
-        items = self._items(batch, self.response_texts(batch))
+    def _rows(self, batch: Batch) -> list[int | None]:
+        if "index" not in batch.non_tensors:
+            return [None] * len(batch)
+        return [None if index is None else int(index) for index in batch.non_tensors["index"]]
+
+    def _judge_scores(self, batch: Batch, texts: list[str]) -> tuple[torch.Tensor, Metrics]:
+        """J_i of each response from the LLM judge; bad verdicts and failed requests become failures."""
+        from quartet.rewards.judge_prompt import question_text
+
+        assert self._judge is not None
+        size = len(batch)
+        if "raw_prompt" in batch.non_tensors:
+            questions = [question_text(p) for p in batch.non_tensors["raw_prompt"]]
+        else:
+            questions = list(self.tokenizer.batch_decode(batch["prompts"].tolist(), skip_special_tokens=True))
+        truths = [_plain(g) for g in self._column(batch, "ground_truth", size, required=False)]
+        result = self._judge.score(questions, texts, truths)
+        rows, sources = self._rows(batch), self._column(batch, "data_source", size, required=False)
+        for i, (kind, why) in sorted(result.failures.items()):
+            source = None if sources[i] is None else str(sources[i])
+            self._failures.append(ScoreFailure(i, rows[i], kind, why, source))
+        return torch.tensor(result.scores, dtype=torch.float32), dict(result.metrics)
+
+    def _rule_scores(self, batch: Batch, texts: list[str]) -> tuple[torch.Tensor, Metrics]:
+        items = self._items(batch, texts)
         result = self._scorer().score(items)
-        rows = list(batch.non_tensors["index"]) if "index" in batch.non_tensors else [None] * len(items)
+        rows = self._rows(batch)
         for i, status in enumerate(result.statuses):
             if status is not ItemStatus.OK:
-                index = rows[i]
-                row = None if index is None else int(index)
                 reason = result.reasons.get(i, "the score call failed")
-                self._failures.append(ScoreFailure(i, row, str(status), reason, items[i].data_source))
+                self._failures.append(ScoreFailure(i, rows[i], str(status), reason, items[i].data_source))
         metrics: Metrics = {
             REWARD_ERROR_COUNT: float(result.error_count),
             REWARD_TIMEOUT_COUNT: float(result.timeout_count),
@@ -203,8 +272,10 @@ class RewardComputer:
             metrics[REWARD_EXTRA_PREFIX + key] = total / counts[key]
         return torch.tensor(result.scores, dtype=torch.float32), metrics
 
-    def _items(self, batch: Batch, texts: list[str]) -> list[ScoreItem]:
+    def _items(self, batch: Batch, texts: list[str]) -> list[AnyItem]:
         """One score call's arguments per row; with the rules, data sources are checked here, up front."""
+        if self.reward_funcs is not None:
+            return self._func_items(batch, texts)
         size = len(batch)
         sources = self._column(batch, "data_source", size)
         truths = self._column(batch, "ground_truth", size)
@@ -220,10 +291,28 @@ class RewardComputer:
             for s, t, g, e in zip(sources, texts, truths, extra, strict=True)
         ]
 
-    def _column(self, batch: Batch, name: str, size: int) -> list[Any]:
+    def _func_items(self, batch: Batch, texts: list[str]) -> list[AnyItem]:
+        """Per row: its prompt, its text, and every other column (TRL passes a row's columns as kwargs)."""
+        size = len(batch)
+        columns = {k: list(v) for k, v in batch.non_tensors.items() if k != "raw_prompt"}
+        lengths = self.response_lengths(batch).tolist()
+        columns["completion_ids"] = [
+            ids[:n].tolist() for ids, n in zip(batch["responses"], lengths, strict=True)
+        ]
+        if "rm_scores" in batch:
+            columns["rm_score"] = batch["rm_scores"].detach().to("cpu", torch.float64).reshape(-1).tolist()
+        prompts = self._column(batch, "raw_prompt", size, required=False)
+        items: list[AnyItem] = []
+        for i, text in enumerate(texts):
+            row = {k: _plain(v[i]) for k, v in columns.items()}
+            source = row.get("data_source")
+            items.append(FuncItem(_plain(prompts[i]), text, row, None if source is None else str(source)))
+        return items
+
+    def _column(self, batch: Batch, name: str, size: int, required: bool = True) -> list[Any]:
         if name in batch.non_tensors:
             return list(batch.non_tensors[name])
-        if self.cfg.function or name == "extra_info":
+        if self._custom or name == "extra_info" or not required:
             return [None] * size
         raise KeyError(
             f"the batch has no '{name}' column, which the rule scorers need (they choose by data_source and "

@@ -29,7 +29,11 @@ from typing import Any
 from quartet.core.module_files import load_module_file
 from quartet.rewards.scoring import ScoreFn
 
-__all__ = ["RewardFunctionError", "load_function", "resolve_spec", "split_spec"]
+__all__ = ["PICKLED", "RewardFunctionError", "load_function", "resolve_spec", "split_spec"]
+
+PICKLED = "pickled:"
+"""The spec of a function that is not named but sent pickled (cloudpickle) to each scoring worker: the
+worker reads the pickle from its input pipe before anything else (`worker.main`)."""
 
 
 class RewardFunctionError(ValueError):
@@ -53,6 +57,8 @@ def _is_file(location: str) -> bool:
 
 def resolve_spec(spec: str) -> str:
     """The spec with a file path made absolute (module paths unchanged): what workers are given."""
+    if spec == PICKLED:
+        return spec
     location, name = split_spec(spec)
     if _is_file(location):
         location = str(Path(location).expanduser().resolve())
@@ -112,6 +118,10 @@ def _check_signature(fn: Any, where: str) -> None:
 
 def load_function(spec: str) -> ScoreFn:
     """Import the score function named by `spec`; errors name the file or module and its functions."""
+    if spec == PICKLED:
+        raise RewardFunctionError(
+            "a pickled reward function is read from a scoring worker's pipe, not loaded"
+        )
     location, name = split_spec(spec)
     module = _load_file(location) if _is_file(location) else _load_module(location)
     where = f"{location!r}"

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from quartet.rewards.backend import DEFAULT_FUNCTION, ItemStatus, LogOnce, PoolResult
-from quartet.rewards.custom import load_function, resolve_spec
-from quartet.rewards.scoring import ScoreItem
+from quartet.rewards.custom import PICKLED, RewardFunctionError, load_function, resolve_spec
+from quartet.rewards.scoring import AnyItem, ScoreFn
 
 __all__ = ["RewardWorkerError", "ScorePool"]
 
@@ -115,7 +115,7 @@ class ScorePool:
 
     def __init__(
         self,
-        function: str = "",
+        function: str | ScoreFn = "",
         num_workers: int = 1,
         timeout_s: float = 10.0,
         *,
@@ -124,7 +124,8 @@ class ScorePool:
         """Load the function here (to fail early with a clear error), then start the workers and wait.
 
         Args:
-            function: `path/to/file.py:fn` or `pkg.module:fn`; empty: the rule of each row's data source.
+            function: `path/to/file.py:fn` or `pkg.module:fn`; empty: the rule of each row's data source;
+                or a callable (`callables.RewardFuncs`), sent to each worker pickled with cloudpickle.
             num_workers: processes scoring in parallel.
             timeout_s: limit of one score call; past it the item scores 0 and its worker is replaced.
             startup_timeout_s: limit for a worker to import the function and say it is ready.
@@ -134,8 +135,12 @@ class ScorePool:
                 "need num_workers >= 1 and positive timeouts, got "
                 f"{num_workers}, {timeout_s}, {startup_timeout_s}"
             )
-        self.spec = resolve_spec(function) if function else DEFAULT_FUNCTION
-        load_function(self.spec)
+        self._payload: bytes | None = None
+        if callable(function):
+            self.spec, self._payload = PICKLED, _pickled(function)
+        else:
+            self.spec = resolve_spec(function) if function else DEFAULT_FUNCTION
+            load_function(self.spec)
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
@@ -147,7 +152,7 @@ class ScorePool:
         self._log = LogOnce(logger)
         self._spawned = 0
         self._closed = False
-        self._items: Sequence[ScoreItem] = ()
+        self._items: Sequence[AnyItem] = ()
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._tmpdir, os.getpid())
         for _ in range(num_workers):
             self._workers.append(self._spawn())
@@ -174,6 +179,10 @@ class ScorePool:
             os.close(child_out)
         inbox = Connection(parent_out, readable=False)
         outbox = Connection(parent_in, writable=False)
+        if self._payload is not None:  # in a thread: a payload over the pipe's buffer waits for the reader
+            threading.Thread(
+                target=_send_quietly, args=(inbox, self._payload), name="quartet-reward-payload", daemon=True
+            ).start()
         return _Worker(proc, inbox, outbox, stack_path, time.monotonic() + self.startup_timeout_s)
 
     def _await_startup(self) -> None:
@@ -230,7 +239,7 @@ class ScorePool:
 
     # ---- one call ---------------------------------------------------------------------------------------
 
-    def score(self, items: Sequence[ScoreItem]) -> PoolResult:
+    def score(self, items: Sequence[AnyItem]) -> PoolResult:
         """Score every item; never raises because of an item. Thread-safe (calls are serialised)."""
         with self._lock:
             if self._closed:
@@ -241,7 +250,7 @@ class ScorePool:
             finally:
                 self._items = ()
 
-    def _run(self, items: Sequence[ScoreItem]) -> PoolResult:
+    def _run(self, items: Sequence[AnyItem]) -> PoolResult:
         start, restarts = time.perf_counter(), self.restarts
         result = PoolResult([0.0] * len(items), [{} for _ in items], [ItemStatus.ERROR] * len(items))
         pending = deque(range(len(items)))
@@ -265,7 +274,7 @@ class ScorePool:
         result.restarts = self.restarts - restarts
         return result
 
-    def _dispatch(self, pending: deque[int], items: Sequence[ScoreItem], result: PoolResult) -> None:
+    def _dispatch(self, pending: deque[int], items: Sequence[AnyItem], result: PoolResult) -> None:
         for worker in self._workers:
             while worker.state == "idle" and pending:
                 index = pending.popleft()
@@ -357,6 +366,26 @@ class ScorePool:
                     _dump_stack(worker),
                 )
             self._replace(worker)
+
+
+def _pickled(function: ScoreFn) -> bytes:
+    """The function pickled by value where needed (lambdas, closures, `__main__`), for the workers."""
+    import cloudpickle
+
+    try:
+        return bytes(cloudpickle.dumps(function, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as err:
+        raise RewardFunctionError(
+            f"the reward function {function!r} cannot be pickled for the scoring workers: "
+            f"{type(err).__name__}: {err}. Fix: do not capture open files, locks, sockets or models in it; "
+            "create such objects inside the function (once, cached in a module-level variable)"
+        ) from err
+
+
+def _send_quietly(inbox: Connection, payload: bytes) -> None:
+    """Send the pickled function; a worker that died first is the pool's to notice (EOF on its outbox)."""
+    with contextlib.suppress(OSError):
+        inbox.send_bytes(payload)
 
 
 def _dump_stack(worker: _Worker, wait_s: float = 0.3) -> str:

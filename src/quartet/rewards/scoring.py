@@ -27,6 +27,8 @@ __all__ = [
     "REWARD_SCORE_TIME",
     "REWARD_TIMEOUT_COUNT",
     "REWARD_WORKER_RESTARTS",
+    "AnyItem",
+    "FuncItem",
     "ScoreFn",
     "ScoreItem",
     "ScoreValue",
@@ -57,6 +59,21 @@ class ScoreItem(NamedTuple):
     solution_str: str
     ground_truth: Any
     extra_info: Any = None
+
+
+class FuncItem(NamedTuple):
+    """The arguments of one call of `callables.RewardFuncs` (reward functions passed as callables)."""
+
+    prompt: Any
+    """The row's prompt as in the data set (chat messages)."""
+    completion: str
+    columns: dict[str, Any]
+    """The sample's other batch columns (ground_truth, extra_info, index, completion_ids, ...)."""
+    data_source: str | None = None
+
+
+AnyItem = ScoreItem | FuncItem
+"""What a scoring backend is given per call: verl's four arguments, or a `FuncItem`."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """The scoring worker process: `python -m quartet.rewards.worker SPEC IN_FD OUT_FD PARENT_PID STACK_FILE`.
 
-It loads the score function from its spec (never unpickles a function), calls the function's `warm_up()`
-when it has one (slow imports belong there, not in the first item's time limit), says `("ready", pid)`, then
-answers each item `(seq, ScoreItem)` with `(seq, "ok", score, extras, ignored)` or `(seq, "error", text)`
-until its input closes or it receives None. An exception in the function is an answer, not a crash.
+It loads the score function from its spec (with the spec `pickled:`, the function is the first message
+of its input pipe, pickled by the parent with cloudpickle: callables passed to `RLTrainer`), calls the
+function's `warm_up()` when it has one (slow imports belong there, not in the first item's time limit),
+says `("ready", pid)`, then answers each item `(seq, ScoreItem)` with `(seq, "ok", score, extras,
+ignored)` or `(seq, "error", text)` until its input closes or it receives None. An exception in the
+function is an answer, not a crash.
 
 Safety nets, because the parent may kill it at any moment and may itself die:
 - `faulthandler` dumps the Python stack to the stack file on SIGUSR1, so the parent can log where a
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -30,7 +33,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from quartet.rewards.custom import load_function
+from quartet.rewards.custom import PICKLED, load_function
 from quartet.rewards.scoring import read_score
 
 
@@ -72,7 +75,7 @@ def main(argv: list[str]) -> int:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
     try:
-        fn = load_function(spec)
+        fn = pickle.loads(inbox.recv_bytes()) if spec == PICKLED else load_function(spec)
         warm_up = getattr(fn, "warm_up", None)
         if callable(warm_up):
             warm_up()

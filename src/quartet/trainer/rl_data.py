@@ -24,8 +24,9 @@ class RLData:
     val: PromptDataset | None
 
 
-def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData:
-    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`."""
+def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path, rules_score: bool = True) -> RLData:
+    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`.
+    rules_score: False when reward functions passed as callables score (no row needs a rule scorer)."""
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
@@ -44,17 +45,17 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
             spec=spec,
         )
         train_files, val_files = [str(train_path)], val_files or [str(val_path)]
-    tools, check = _tool_schemas(cfg), source_checker(cfg)
+    tools, check = _tool_schemas(cfg), source_checker(cfg) if rules_score else None
     train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check)
     val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check) if val_files else None
     return RLData(train, val)
 
 
 def source_checker(cfg: QuartetConfig) -> Callable[[str], None] | None:
-    """When the built-in rules score (no `reward.function`, no reward model), a check that a data source
+    """When the built-in rules score (no `reward.function`, reward model or judge), a check that a data source
     has a rule scorer, raising `RowProblem`: run on every row at load, so a row no rule knows is refused
     (or skipped) there, naming its file and row, instead of crashing the run when it is first drawn."""
-    if cfg.reward.function or cfg.reward.model_path:
+    if cfg.reward.function or cfg.reward.model_path or cfg.reward.judge.enabled:
         return None
     from quartet.data.errors import RowProblem
     from quartet.rewards.rules.registry import UnknownDataSourceError, known_data_sources, select_scorer

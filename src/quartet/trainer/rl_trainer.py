@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Any
 
 from quartet.config import QuartetConfig, to_dict, to_yaml
+from quartet.rewards.callables import RewardFuncs
 from quartet.tracking import Tracking
 from quartet.tracking.run_layout import HF_DIR, METRICS_FILE
 from quartet.trainer.batch_source import BatchSource
@@ -107,6 +108,10 @@ class RLTrainer:
     on_record: a function given every record (shorthand for `callbacks=OnRecord(fn)`).
     callbacks: `RunCallbacks` (or a list of them): records, when to stop, checkpoint-write hooks.
     console: a rich Console for the console tracker (None: its own).
+    reward_funcs: reward functions as plain callables, TRL's `fn(prompts, completions, **kwargs) ->
+        list[float]` or verl's `fn(data_source, solution_str, ground_truth, extra_info) -> float`, summed
+        (weighted by `reward_weights`, default 1 each) in place of `reward.function`
+        (`quartet.rewards.callables`; they are pickled to the scoring processes with cloudpickle).
     """
 
     def __init__(
@@ -115,7 +120,14 @@ class RLTrainer:
         on_record: Callable[[Record], None] | None = None,
         console: Any = None,
         callbacks: RunCallbacks | Sequence[RunCallbacks] = (),
+        reward_funcs: Sequence[Callable[..., Any]] | None = None,
+        reward_weights: Sequence[float] | None = None,
     ) -> None:
+        self.reward_funcs: RewardFuncs | None = None
+        if reward_funcs is not None:  # signatures and weights are checked here, before anything starts
+            self.reward_funcs = RewardFuncs(reward_funcs, reward_weights)
+        elif reward_weights is not None:
+            raise ValueError("reward_weights without reward_funcs: pass the functions they weigh")
         listed = [callbacks] if isinstance(callbacks, RunCallbacks) else list(callbacks)
         advice = split_advice_callbacks(cfg)  # the run log's split advice, after a few overlapped steps
         self.callbacks = CallbackList(([OnRecord(on_record)] if on_record else []) + listed + advice)
@@ -157,7 +169,7 @@ class RLTrainer:
     # ---- the session ------------------------------------------------------------------------------------
 
     def _prepare(self) -> Prepared:
-        prep = prepare_run(self.cfg, self.run_dir, self.metrics_path)
+        prep = prepare_run(self.cfg, self.run_dir, self.metrics_path, rules_score=self.reward_funcs is None)
         self.cfg = prep.cfg  # the memory plan's proposal, where trainer.auto_fit applied it
         return prep
 
@@ -173,7 +185,13 @@ class RLTrainer:
         clock.lap("trackers")
         from quartet.rewards.compute import RewardComputer  # the scorer process pool starts here
 
-        reward = RewardComputer(cfg.reward, prep.tokenizer, cfg.data.max_response_length)
+        reward = RewardComputer(
+            cfg.reward,
+            prep.tokenizer,
+            cfg.data.max_response_length,
+            reward_funcs=self.reward_funcs,
+            run_dir=self.run_dir,
+        )
         stack.callback(reward.close)
         clock.lap("reward_pool")
         mark_run(stack, self.run_dir)

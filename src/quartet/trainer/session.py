@@ -72,7 +72,7 @@ class Prepared:
         return self.planned.cfg
 
 
-def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path) -> Prepared:
+def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_score: bool = True) -> Prepared:
     """Everything that needs no process; a run that does not fit, a bad `trainer.resume` or bad data
     fails here, before any worker starts."""
     planned = plan_run(cfg)  # may apply the memory plan's proposal (trainer.auto_fit)
@@ -84,7 +84,7 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path) -> Prepar
     (run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
-    data = prepare_rl_data(cfg, tokenizer, run_dir)
+    data = prepare_rl_data(cfg, tokenizer, run_dir, rules_score)
     sampler = PromptSampler(len(data.train), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
     kl_ctrl = kl_controller(cfg)
     if resumed is not None:
