@@ -15,8 +15,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 from llguidance import LLMatcher
-from rollout_cases import prompt_ids, recompute_logits, shared_model, tokenizer
+from rollout_cases import prompt_ids, recompute_logits, shared_model, tokenizer, varied_model
 
 from quartet.rollout import FinishReason, GenerationRequest, SamplingParams, TorchRolloutEngine
 from quartet.rollout.torch.grammar import GrammarCompiler
@@ -131,3 +132,41 @@ def test_the_compiler_caches_and_hands_out_independent_matchers(tiny_model_dir: 
     assert not first.is_stopped() and second.deep_copy().consume_token(a)  # second is still at the start
     with pytest.raises(InvalidRequestError):
         SamplingParams(grammar="  ")
+
+
+def test_a_batch_without_grammar_never_reaches_the_mask(
+    tiny_model_dir: Path, engine: TorchRolloutEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quartet.rollout.torch.engine_core as core_module
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the grammar mask ran for an unconstrained batch")
+
+    monkeypatch.setattr(core_module, "apply_grammar_masks", refuse)
+    prompts = prompt_ids(tiny_model_dir)[:3]
+    params = SamplingParams(temperature=1.0, n=2, max_new_tokens=6, ignore_eos=True)
+    outs = engine.generate([GenerationRequest(tuple(p), params) for p in prompts])
+    assert all(len(o.token_ids) == 6 for group in outs for o in group)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_constrained_decoding_on_cuda_with_graphed_decode_steps(tiny_model_dir: Path) -> None:
+    """The mask applies after the graphed forward: the same tokens as eager decoding on the same device."""
+    prompt = tuple(prompt_ids(tiny_model_dir)[1])
+    grammar = LLMatcher.grammar_from_json_schema(SCHEMA, overrides={"whitespace_flexible": False})
+    params = SamplingParams(temperature=0, max_new_tokens=40, grammar=grammar)
+    plain = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    tok = tokenizer(tiny_model_dir)
+    with (
+        TorchRolloutEngine(
+            varied_model(tiny_model_dir).cuda(), tok, max_num_seqs=4, cuda_graphs=False
+        ) as eager,
+        TorchRolloutEngine(varied_model(tiny_model_dir).cuda(), tok, max_num_seqs=4, cuda_graphs=True) as gpu,
+    ):
+        assert gpu.core.decoder is not None
+        requests = [GenerationRequest(prompt, params), GenerationRequest(prompt, plain)]
+        on_gpu = [o[0].token_ids for o in gpu.generate(requests)]
+        on_eager = [o[0].token_ids for o in eager.generate(requests)]
+    assert on_gpu == on_eager
+    jsonschema.validate(json.loads(tok.decode(list(on_gpu[0]))), SCHEMA)
