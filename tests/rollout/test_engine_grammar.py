@@ -101,6 +101,16 @@ def test_greedy_constrained_decoding_matches_the_slow_loop(
     jsonschema.validate(value, SCHEMA)
 
 
+def test_a_grammar_completed_on_the_last_allowed_token_is_a_stop(
+    tiny_model_dir: Path, engine: TorchRolloutEngine
+) -> None:
+    prompt = tuple(prompt_ids(tiny_model_dir)[0])
+    params = SamplingParams(max_new_tokens=1, n=2, grammar=LLMatcher.grammar_from_regex("[0-9]"))
+    for out in engine.generate([GenerationRequest(prompt, params)])[0]:
+        assert out.finish_reason is FinishReason.STOP
+        assert tokenizer(tiny_model_dir).decode(list(out.token_ids)).isdigit()
+
+
 def test_a_grammar_that_does_not_compile_fails_its_request_only(
     tiny_model_dir: Path, engine: TorchRolloutEngine
 ) -> None:

@@ -8,11 +8,13 @@
 
 (`ServerThread` runs one from plain threads: Ray actors, tests.)
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, the token-level
+Endpoints: `GET /v1/models` and `/v1/models/{id}`, `POST /v1/chat/completions`, `POST /v1/completions`,
+`POST /v1/responses` (the Responses API's text and function-tool subset, `responses_api`), the token-level
 `POST /v1/quartet/generate` (`{"prompt_token_ids", "sampling"}` -> `{"outputs": [...]}`) for agent loops
 that must train on the exact ids the model wrote, and `GET /openapi.json` (`openapi`). Bodies are parsed in
 `protocol` (and `messages`), checked against the server's limits in `limits`, answered in `responses`
-(`tool_calls` for Hermes tool calls, `streaming` for `stream: true`).
+(`tool_calls` for Hermes tool calls, `streaming` for `stream: true`). `response_format` and a forced
+`tool_choice` become a grammar the engine decodes under (`constraints`). docs/serving_api.md lists it all.
 
 Design:
 - **One path into the engine.** Every request, HTTP or in-process, becomes one `GenerationRequest` awaited
@@ -39,7 +41,8 @@ Design:
   `stream_options.include_usage`, `data: [DONE]`), but the engine returns a sequence only when it
   finishes, so the chunks are cut from the finished response (`streaming`), not sent token by token.
 - **Tool calls** are parsed from the model's Hermes blocks when the request has tools (`tool_calls`);
-  the tool-call arguments of the history are decoded before the chat template renders them.
+  the tool-call arguments of the history are decoded before the chat template renders them. `tool_choice`
+  "required" or a named function constrains the output to such blocks (`constraints`).
 - **Errors are OpenAI-shaped** (`{"error": {"message", "type", "param", "code"}}`): 400 for malformed
   bodies (naming the field), 401 for a wrong or missing bearer token when `api_key` is set, 404 for an
   unknown model or path, 413 for a body over `max_body_bytes`, 503 asleep, 504 timeout, 500 for an engine

@@ -7,7 +7,8 @@ One `step()`:
    once, its keys/values are copied into the slots of all its samples, and each sample draws its first
    token from the shared next-token distribution; those finishing at once leave again.
 So a short request leaves the batch as soon as it is done and a waiting one takes its slot at the next step,
-however long the other running sequences are.
+however long the other running sequences are. Sampling masks the tokens a request's grammar forbids
+(`grammar`, constrained decoding); rows of unconstrained requests are untouched.
 
 One bad sequence fails alone. Requests are checked before they are queued (`check_request`); if a step
 still raises, the step finds the sequence that makes it raise and fails its request only (the sequence's
@@ -302,9 +303,12 @@ class EngineCore:
                 seq.top_logprobs.append(tuple(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
             try:
                 complete = seq.matcher is not None and advance_grammar(seq)
-                self.stop_checker.check(seq, self.steps)
-                if complete and not seq.finished:
+                if (
+                    complete and tok not in seq.stop_ids
+                ):  # the grammar ended it, even on its last allowed token
                     seq.finish(FinishReason.STOP, self.steps)
+                else:
+                    self.stop_checker.check(seq, self.steps)
             except Exception as exc:
                 log.warning("rollout: request %s failed its stop check: %r", seq.request.request_id, exc)
                 self._fail(seq, exc)
