@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from llguidance import LLMatcher
+from typing import TYPE_CHECKING, Any
 
 from quartet.serving.fields import bad, boolean, show
 from quartet.serving.tool_calls import HERMES_TAGS
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 __all__ = [
     "ToolPlan",
@@ -43,8 +44,16 @@ __all__ = [
 _COMPACT = {"whitespace_flexible": False}
 
 
+def _matcher() -> type[LLMatcher]:
+    """llguidance's `LLMatcher`, imported on first use (its import takes ~0.3 s; few servers use it)."""
+    from llguidance import LLMatcher
+
+    return LLMatcher
+
+
 def check_schema(schema: Any, param: str) -> dict[str, Any]:
     """`schema` if llguidance can compile it to a grammar, else a 400 naming `param`."""
+    LLMatcher = _matcher()  # noqa: N806
     if not isinstance(schema, dict):
         raise bad(f"'{param}' must be a JSON schema object, got {show(schema)}", param)
     try:
@@ -94,7 +103,7 @@ def parse_response_format(value: Any) -> dict[str, Any] | None:
 
 def json_grammar(schema: Mapping[str, Any]) -> str:
     """The grammar of one compact JSON value valid against `schema`."""
-    return LLMatcher.grammar_from_json_schema(dict(schema), overrides=_COMPACT)  # type: ignore[arg-type]
+    return _matcher().grammar_from_json_schema(dict(schema), overrides=_COMPACT)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -178,4 +187,4 @@ def tool_grammar(plan: ToolPlan, tag_ids: Mapping[int, str]) -> str:
     open_tag, close_tag = (_tag(t, tag_ids) for t in HERMES_TAGS)
     start = "start: call\n" if plan.single else 'start: call ("\\n" call)*\n'
     call = f'call: {open_tag} "\\n" %json {json.dumps(schema)} "\\n" {close_tag}\n'
-    return LLMatcher.grammar_from_lark(start + call)
+    return _matcher().grammar_from_lark(start + call)
