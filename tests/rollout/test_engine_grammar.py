@@ -180,3 +180,17 @@ def test_constrained_decoding_on_cuda_with_graphed_decode_steps(tiny_model_dir: 
         on_eager = [o[0].token_ids for o in eager.generate(requests)]
     assert on_gpu == on_eager
     jsonschema.validate(json.loads(tok.decode(list(on_gpu[0]))), SCHEMA)
+
+
+def test_the_vllm_engine_refuses_a_grammar() -> None:
+    """vLLM's own structured outputs are not wired: a grammar is refused before it reaches vLLM (the check
+    runs without vLLM installed)."""
+    from types import SimpleNamespace
+
+    from quartet.rollout.vllm_engine import VLLMRolloutEngine
+
+    params = SamplingParams(max_new_tokens=4, grammar=LLMatcher.grammar_from_regex("a"))
+    fake = SimpleNamespace(has_tokenizer=True, max_model_len=64)
+    with pytest.raises(ValueError, match="built-in engine only"):
+        VLLMRolloutEngine._validate(fake, GenerationRequest((1, 2), params))  # type: ignore[arg-type]
+    VLLMRolloutEngine._validate(fake, GenerationRequest((1, 2), SamplingParams(max_new_tokens=4)))  # type: ignore[arg-type]

@@ -164,3 +164,25 @@ def test_unsupported_fields_are_400s_naming_them(served: Served, extra: dict[str
     with pytest.raises(openai.BadRequestError) as err:
         client(url).responses.create(model=MODEL_NAME, **body)
     assert err.value.body["param"].startswith(param)  # type: ignore[index]
+
+
+def test_a_streamed_forced_call_sends_its_arguments_events(served: Served) -> None:
+    _, _, url = served
+    events = list(
+        client(url).responses.create(
+            model=MODEL_NAME,
+            input="look up a",
+            tools=[TOOL],  # type: ignore[list-item]
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_output_tokens=60,
+            temperature=1.0,
+            stream=True,
+        )
+    )
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    [call] = [o for o in events[-1].response.output if o.type == "function_call"]  # type: ignore[union-attr]
+    assert done.arguments == call.arguments and call.name == "lookup"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.arguments), PARAMS)
