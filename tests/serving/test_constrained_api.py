@@ -227,3 +227,29 @@ def test_a_client_that_hangs_up_mid_body_is_logged_quietly(
     assert not [r for r in records if r.levelno >= logging.WARNING or r.exc_info]
     out = client(url).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2)
     assert out.choices[0].message.role == "assistant"  # still serving
+
+
+def test_a_client_that_hangs_up_before_its_answer_leaves_no_error(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _, url = served
+    host, port = url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    caplog.set_level(logging.DEBUG)
+    body = json.dumps({"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 16, "stream": True}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        deadline = time.monotonic() + 10
+        while server.in_flight == 0 and time.monotonic() < deadline:  # the request reached the engine
+            time.sleep(0.01)
+    deadline = time.monotonic() + 30
+    while server.in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the (unsent) answer is written after the engine returns
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not noisy, [r.getMessage() for r in noisy]
+    out = client(url).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2)
+    assert out.choices[0].message.role == "assistant"
