@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from quartet.rollout import TorchRolloutEngine
 from quartet.serving import OpenAIServer, ServerThread
 
-ROUTES = ("chat/completions", "completions", "quartet/generate")
+ROUTES = ("chat/completions", "completions", "quartet/generate", "responses")
 
 
 def fuzz_settings(examples: int) -> settings:
@@ -56,6 +56,32 @@ def fuzz_url(serving_engine: TorchRolloutEngine, serving_tokenizer: PreTrainedTo
     )
     with ServerThread(server) as thread:
         yield thread.start()
+
+
+class _Errors(logging.Handler):
+    """Records of the serving loggers at WARNING or above, or with a traceback (a client hang-up is INFO)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING or record.exc_info:
+            self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def no_server_error_logged() -> Iterator[None]:
+    """Every fuzz test also asserts the server logged no error: a 500 the client never saw (it hung up
+    first) still leaves its traceback here."""
+    handler = _Errors()
+    logger = logging.getLogger("quartet.serving")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    assert not handler.records, [r.getMessage() for r in handler.records[:5]]
 
 
 def _check(response: httpx.Response, seen: Counter[int]) -> None:
@@ -109,13 +135,34 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "presence_penalty": st.floats(min_value=-3, max_value=3),
     "repetition_penalty": st.floats(min_value=-1, max_value=3),
     "min_tokens": SMALL_INT,
+    "response_format": st.sampled_from(
+        [
+            {"type": "text"},
+            {"type": "json_object"},
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}},
+        ]
+    ),
+    "input": st.text(max_size=20) | st.lists(MESSAGE, max_size=2),
+    "instructions": st.text(max_size=10),
+    "max_output_tokens": SMALL_INT,
+    "parallel_tool_calls": st.booleans(),
 }
+_RESPONSES_ONLY = ("input", "instructions", "max_output_tokens")
+_OTHERS = ("prompt", "prompt_token_ids", "sampling", *_RESPONSES_ONLY)
 
 
 ROUTE_FIELDS = {
-    "chat/completions": [k for k in PLAUSIBLE if k not in ("prompt", "prompt_token_ids", "sampling")],
-    "completions": [k for k in PLAUSIBLE if k not in ("messages", "prompt_token_ids", "sampling", "tools")],
+    "chat/completions": [k for k in PLAUSIBLE if k not in _OTHERS],
+    "completions": [
+        k
+        for k in PLAUSIBLE
+        if k not in ("messages", "tools", "response_format", "parallel_tool_calls", *_OTHERS[1:])
+    ],
     "quartet/generate": ["prompt_token_ids", "sampling"],
+    "responses": [
+        *_RESPONSES_ONLY,
+        *("tools", "tool_choice", "temperature", "top_p", "stream", "model", "parallel_tool_calls"),
+    ],
 }
 _VALID_OPTIONAL = {
     "temperature": st.floats(min_value=0, max_value=2),
@@ -138,6 +185,15 @@ VALID = {
     "quartet/generate": st.fixed_dictionaries(
         {"prompt_token_ids": st.lists(st.integers(0, 511), min_size=1, max_size=8)},
         optional={"sampling": st.fixed_dictionaries({"max_new_tokens": st.integers(1, 6)})},
+    ),
+    "responses": st.fixed_dictionaries(
+        {"input": st.text(min_size=1, max_size=20)},
+        optional={
+            "temperature": _VALID_OPTIONAL["temperature"],
+            "stream": st.booleans(),
+            "max_output_tokens": st.integers(1, 6),
+            "instructions": st.text(max_size=10),
+        },
     ),
 }
 """Bodies valid but for the odd value, so that many requests reach the engine."""

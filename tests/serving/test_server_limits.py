@@ -158,7 +158,7 @@ def test_bad_requests_beside_a_good_one_fail_alone_and_never_reach_the_engine(
         ("completions", {"prompt": "x" * 3000}, "prompt", "characters"),
         ("completions", {"prompt": list(range(250))}, "max_tokens", "max_request_tokens"),
         ("completions", {"prompt": list(range(300)), "max_tokens": 1}, "prompt", "max_request_tokens"),
-        ("chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice", "auto"),
+        ("chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice", "no 'tools'"),
         ("chat/completions", {"messages": MESSAGES, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
         ("chat/completions", {"messages": MESSAGES, "store": True}, "store", "stores nothing"),
         (
@@ -321,6 +321,8 @@ def test_openapi_document_describes_the_routes_with_the_limits(small: str) -> No
     doc = httpx.get(small.removesuffix("/v1") + "/openapi.json", headers=AUTH, timeout=30).json()
     assert set(doc["paths"]) == {
         "/v1/models",
+        "/v1/models/{model_id}",
+        "/v1/responses",
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/quartet/generate",

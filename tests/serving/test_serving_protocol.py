@@ -77,7 +77,7 @@ def test_chat_content_parts_are_joined_and_others_refused() -> None:
     )
     assert bad_param(parse_chat, {"messages": USER, "tool_choice": "required"}, 16) == "tool_choice"
     assert bad_param(parse_chat, {"messages": USER, "tools": {"a": 1}}, 16) == "tools"
-    assert bad_param(parse_chat, {"messages": USER, "response_format": {"type": "json_object"}}, 16) == (
+    assert bad_param(parse_chat, {"messages": USER, "response_format": {"type": "xml"}}, 16) == (
         "response_format"
     )
 

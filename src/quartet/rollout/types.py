@@ -10,7 +10,8 @@ Choices that every engine behind `RolloutEngine` follows (they match vLLM's defa
   With penalties or `min_tokens` (off by default), `logits` means the processed logits the token was sampled
   from (penalties applied, stop ids masked), so the log-prob stays that of the distribution actually
   sampled; the trainer's recomputation knows no penalties, so such rollouts are off-policy by design.
-  `top_logprobs` are taken from the same distribution.
+  `top_logprobs` are taken from the same distribution. The same holds for a `grammar` (constrained
+  decoding): the forbidden tokens are masked, and log-probs are those of the masked distribution.
 - **Stop tokens** (the model's end-of-sequence ids unless `ignore_eos`, plus `stop_token_ids`) are generated
   tokens: they are kept at the end of `token_ids` (the policy must learn to emit them), as vLLM keeps them in
   its output ids. `stop_reason` names the id.
@@ -129,6 +130,12 @@ class SamplingParams:
     top_logprobs: int = 0
     """Return, per generated token, the `top_logprobs` most likely tokens and their log-probs (at most 20)
     under the distribution the token was sampled from (`GenerationOutput.top_logprobs`). 0 disables."""
+
+    grammar: str | None = None
+    """Constrained decoding: an llguidance grammar (what `llguidance.LLMatcher.grammar_from_json_schema`
+    / `grammar_from_lark` return, or Lark text) that every response must follow. Tokens the grammar
+    forbids are masked before sampling, and a response ends (finish reason "stop") as soon as the grammar
+    is complete. Built-in engine only; None (the default) samples freely at no cost."""
 
     def __post_init__(self) -> None:
         # Accept lists from callers (YAML, JSON) but store tuples, so params stay hashable and immutable.

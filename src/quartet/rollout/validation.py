@@ -93,6 +93,8 @@ def check_sampling(params: SamplingParams) -> None:
         raise InvalidRequestError("repetition_penalty", f"must be > 0 (1 disables), got {repetition}")
     _integer("min_tokens", params.min_tokens, 0, params.max_new_tokens)
     _integer("top_logprobs", params.top_logprobs, 0, MAX_TOP_LOGPROBS)
+    if params.grammar is not None and (not isinstance(params.grammar, str) or not params.grammar.strip()):
+        raise InvalidRequestError("grammar", "must be a non-empty llguidance grammar string, or None")
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,11 @@ class VLLMRolloutEngine(ThreadedEngine):
 
     def _validate(self, request: GenerationRequest) -> None:
         params = request.sampling
+        if params.grammar is not None:
+            raise ValueError(
+                "constrained decoding (SamplingParams.grammar) runs in the built-in engine only "
+                "(rollout.engine: torch); leave it out with vLLM"
+            )
         if params.stop and not self.has_tokenizer:
             raise ValueError(f"stop strings {params.stop} need a tokenizer in the model folder (or stop ids)")
         if len(request.prompt_token_ids) >= self.max_model_len:

@@ -1,7 +1,8 @@
 """Serving: an OpenAI-compatible server over a rollout engine, and a scheduler over several of them.
 
-`OpenAIServer` puts one `RolloutEngine` behind `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
-the token-level `/v1/quartet/generate`, and offers the same token call in process (`generate_tokens`);
+`OpenAIServer` puts one `RolloutEngine` behind `/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+`/v1/models` and the token-level `/v1/quartet/generate`, and offers the same token call in process
+(`generate_tokens`);
 `ServerThread` runs it from plain threads. `RequestScheduler` routes token requests over several replicas
 (`OpenAIServer`s here, `HttpReplicaClient`s to remote ones): least outstanding, sticky per conversation,
 bounded queue.

@@ -8,11 +8,13 @@
 
 (`ServerThread` runs one from plain threads: Ray actors, tests.)
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, the token-level
+Endpoints: `GET /v1/models` and `/v1/models/{id}`, `POST /v1/chat/completions`, `POST /v1/completions`,
+`POST /v1/responses` (the Responses API's text and function-tool subset, `responses_api`), the token-level
 `POST /v1/quartet/generate` (`{"prompt_token_ids", "sampling"}` -> `{"outputs": [...]}`) for agent loops
 that must train on the exact ids the model wrote, and `GET /openapi.json` (`openapi`). Bodies are parsed in
 `protocol` (and `messages`), checked against the server's limits in `limits`, answered in `responses`
-(`tool_calls` for Hermes tool calls, `streaming` for `stream: true`).
+(`tool_calls` for Hermes tool calls, `streaming` for `stream: true`). `response_format` and a forced
+`tool_choice` become a grammar the engine decodes under (`constraints`). docs/serving_api.md lists it all.
 
 Design:
 - **One path into the engine.** Every request, HTTP or in-process, becomes one `GenerationRequest` awaited
@@ -39,11 +41,13 @@ Design:
   `stream_options.include_usage`, `data: [DONE]`), but the engine returns a sequence only when it
   finishes, so the chunks are cut from the finished response (`streaming`), not sent token by token.
 - **Tool calls** are parsed from the model's Hermes blocks when the request has tools (`tool_calls`);
-  the tool-call arguments of the history are decoded before the chat template renders them.
+  the tool-call arguments of the history are decoded before the chat template renders them. `tool_choice`
+  "required" or a named function constrains the output to such blocks (`constraints`).
 - **Errors are OpenAI-shaped** (`{"error": {"message", "type", "param", "code"}}`): 400 for malformed
   bodies (naming the field), 401 for a wrong or missing bearer token when `api_key` is set, 404 for an
   unknown model or path, 413 for a body over `max_body_bytes`, 503 asleep, 504 timeout, 500 for an engine
-  failure.
+  failure. A client that hangs up (mid-body or mid-stream) is no error: one INFO line, no traceback (the
+  499 "answer" it gets is never sent).
 - The server does not own the engine: `stop()` closes the HTTP side only; the caller shuts the engine down.
 """
 
@@ -52,25 +56,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import secrets
 import time
 from collections.abc import Sequence, Sized
 from typing import Any, Protocol, runtime_checkable
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 from aiohttp.typedefs import Handler
 
 from quartet.rollout.base import EngineStateError, RolloutEngine
 from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
-from quartet.serving import protocol, responses
+from quartet.serving import constraints, protocol, responses, responses_api
 from quartet.serving.address import advertised_host
 from quartet.serving.bridge import EngineBridge, wait_in_loop
 from quartet.serving.errors import ApiError, GenerationTimeoutError, ServerAsleepError, error_body
 from quartet.serving.gate import AdmissionGate
 from quartet.serving.limits import RequestLimits, check_sampling, check_text_size, check_token_ids
 from quartet.serving.openapi import openapi_schema
-from quartet.serving.streaming import chat_chunks, completion_chunks, send_events
+from quartet.serving.streaming import (
+    PIECE_CHARS,
+    chat_chunks,
+    completion_chunks,
+    send_events,
+    send_typed_events,
+)
 from quartet.serving.text import (
     LARGE_TEXT_CHARS,
     TokenizerLike,
@@ -179,8 +190,10 @@ class OpenAIServer:
         app = web.Application(middlewares=[self._middleware], client_max_size=max_body_bytes)
         app.router.add_get("/openapi.json", self._openapi)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model_id:.+}", self._model)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/quartet/generate", self._generate)
         return app
 
@@ -318,6 +331,9 @@ class OpenAIServer:
             return web.json_response(error_body(message, "invalid_request_error"), status=413)
         except web.HTTPException as exc:  # the router's 404 / 405
             return web.json_response(error_body(exc.reason, "invalid_request_error"), status=exc.status)
+        except (ConnectionResetError, ClientPayloadError) as exc:  # the client hung up: nobody to answer
+            log.info("client hung up during %s %s (%s)", request.method, request.path, exc)
+            return web.Response(status=499, reason="Client Closed Request")
         except Exception as exc:
             log.exception("request %s %s failed", request.method, request.path)
             body = error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_server_error")
@@ -338,6 +354,10 @@ class OpenAIServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(responses.models_response(self.model_name, self._created))
+
+    async def _model(self, request: web.Request) -> web.Response:
+        protocol.check_model({"model": request.match_info["model_id"]}, self.model_name)
+        return web.json_response(responses.models_response(self.model_name, self._created)["data"][0])
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_schema(self.limits, self.model_name))
@@ -370,18 +390,17 @@ class OpenAIServer:
                 f"the prompt cannot be tokenized: {type(exc).__name__}: {exc}", "prompt"
             ) from None
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        protocol.check_model(body, self.model_name)
-        chat = await asyncio.to_thread(protocol.parse_chat, body, self.max_new_tokens_default)
+    async def _chat_answer(self, chat: protocol.ChatRequest) -> dict[str, Any]:
+        """The `chat.completion` object of a parsed chat request (limits checked, engine called)."""
         check_text_size(chat.text_chars, self.limits, "messages")
         check_sampling(chat.sampling, 0, self.limits, _OPENAI_NAMES)  # before the cost of rendering
         lane = self._lane(chat.text_chars)
         prompt = await lane.run(self._render, chat, lane)
         check_sampling(chat.sampling, len(prompt), self.limits, _OPENAI_NAMES | {"prompt": "messages"})
-        outputs = await self._engine_call(prompt, chat.sampling)
+        sampling = await asyncio.to_thread(self._constrain, chat)
+        outputs = await self._engine_call(prompt, sampling)
         tags = self._tool_tags if chat.parse_tool_calls else None
-        answer = await self._worker.run(
+        answer: dict[str, Any] = await self._worker.run(
             responses.chat_response,
             self.model_name,
             len(prompt),
@@ -389,10 +408,38 @@ class OpenAIServer:
             self.tokenizer,
             chat.logprobs,
             tags,
+            chat.tool_plan.single,
         )
+        return answer
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        protocol.check_model(body, self.model_name)
+        chat = await asyncio.to_thread(protocol.parse_chat, body, self.max_new_tokens_default)
+        answer = await self._chat_answer(chat)
         if chat.stream:
             return await send_events(request, chat_chunks(answer, chat.include_usage))
         return web.json_response(answer)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        protocol.check_model(body, self.model_name)
+        parsed = await asyncio.to_thread(responses_api.parse_responses, body, self.max_new_tokens_default)
+        answer = await self._chat_answer(parsed.chat)
+        result = responses_api.response_object(self.model_name, parsed, answer)
+        if parsed.chat.stream:
+            return await send_typed_events(request, responses_api.response_events(result, PIECE_CHARS))
+        return web.json_response(result)
+
+    def _constrain(self, chat: protocol.ChatRequest) -> SamplingParams:
+        """The chat's sampling with the grammar of its forced tool calls or response format, if any."""
+        if chat.tool_plan.forced:
+            grammar = constraints.tool_grammar(chat.tool_plan, self._tool_tags)
+        elif chat.response_schema is not None:
+            grammar = constraints.json_grammar(chat.response_schema)
+        else:
+            return chat.sampling
+        return dataclasses.replace(chat.sampling, grammar=grammar)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)

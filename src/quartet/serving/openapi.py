@@ -143,6 +143,48 @@ def _tool() -> dict[str, Any]:
     }
 
 
+def _named_choice() -> dict[str, Any]:
+    """`tool_choice` naming the one function the model must call."""
+    name = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string", "minLength": 1}},
+    }
+    return {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {"type": {"type": "string", "enum": ["function"]}, "function": name},
+    }
+
+
+def _response_format() -> dict[str, Any]:
+    """`response_format`: free text, any JSON object, or JSON valid against a schema (constrained)."""
+    plain = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["type"],
+        "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+    }
+    spec = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "description": {"type": "string"},
+            "schema": {"type": "object"},
+            "strict": {"type": "boolean", "nullable": True},
+        },
+    }
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["type", "json_schema"],
+        "properties": {"type": {"type": "string", "enum": ["json_schema"]}, "json_schema": spec},
+    }
+    return {"oneOf": [plain, schema], "nullable": True}
+
+
 def _chat(limits: RequestLimits) -> dict[str, Any]:
     return {
         "type": "object",
@@ -152,11 +194,84 @@ def _chat(limits: RequestLimits) -> dict[str, Any]:
             **_sampling(limits),
             "messages": {"type": "array", "minItems": 1, "items": _message()},
             "tools": {"type": "array", "items": _tool(), "nullable": True},
-            "tool_choice": {"type": "string", "enum": ["auto", "none"], "nullable": True},
-            "parallel_tool_calls": {"type": "boolean", "enum": [True], "nullable": True},
+            "tool_choice": {
+                "oneOf": [{"type": "string", "enum": ["auto", "none", "required"]}, _named_choice()],
+                "nullable": True,
+            },
+            "parallel_tool_calls": {"type": "boolean", "nullable": True},
+            "response_format": _response_format(),
             "max_completion_tokens": {"type": "integer", "minimum": 1, "nullable": True},
             "logprobs": {"type": "boolean", "nullable": True},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS, "nullable": True},
+        },
+    }
+
+
+def _input_item() -> dict[str, Any]:
+    """One `input` item of a Responses body: a message, a function call, or a function call's output."""
+    part = {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {
+            "type": {"type": "string", "enum": ["input_text", "output_text"]},
+            "text": {"type": "string"},
+        },
+    }
+    item = {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string", "enum": ["message", "function_call", "function_call_output"]},
+            "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part}]},
+            "call_id": {"type": "string"},
+            "name": {"type": "string"},
+            "arguments": {"type": "string"},
+            "output": {"type": "string"},
+        },
+    }
+    return item
+
+
+def _responses_request(limits: RequestLimits) -> dict[str, Any]:
+    """A `/v1/responses` body: the text and function-tool subset (`responses_api`)."""
+    item = _input_item()
+    tool = {
+        "type": "object",
+        "required": ["type", "name"],
+        "properties": {
+            "type": {"type": "string", "enum": ["function"]},
+            "name": {"type": "string", "minLength": 1},
+            "description": {"type": "string"},
+            "parameters": {"type": "object"},
+            "strict": {"type": "boolean"},
+        },
+    }
+    choice = {
+        "type": "object",
+        "required": ["type", "name"],
+        "properties": {"type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}},
+    }
+    sampling = _sampling(limits)
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["input"],
+        "properties": {
+            "model": sampling["model"],
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": item}]},
+            "instructions": {"type": "string", "nullable": True},
+            "tools": {"type": "array", "items": tool, "nullable": True},
+            "tool_choice": {
+                "oneOf": [{"type": "string", "enum": ["auto", "none", "required"]}, choice],
+                "nullable": True,
+            },
+            "parallel_tool_calls": {"type": "boolean", "nullable": True},
+            "max_output_tokens": {"type": "integer", "minimum": 1, "nullable": True},
+            "temperature": sampling["temperature"],
+            "top_p": sampling["top_p"],
+            "stream": {"type": "boolean", "nullable": True},
+            "metadata": {"type": "object", "nullable": True},
+            "truncation": {"type": "string", "enum": ["disabled"], "nullable": True},
         },
     }
 
@@ -197,6 +312,7 @@ def _token_request(limits: RequestLimits) -> dict[str, Any]:
             "stop": {"type": "array", "maxItems": MAX_STOP, "items": {"type": "string", "minLength": 1}},
             "ignore_eos": {"type": "boolean"},
             "return_logprobs": {"type": "boolean"},
+            "grammar": {"type": "string", "minLength": 1, "nullable": True},
         },
     }
     return {
@@ -225,9 +341,21 @@ def openapi_schema(limits: RequestLimits, model_name: str) -> dict[str, Any]:
         "info": {"title": f"quartet OpenAI-compatible server ({model_name})", "version": "1"},
         "paths": {
             "/v1/models": {"get": {"summary": "the served model", "responses": _responses("the model list")}},
+            "/v1/models/{model_id}": {
+                "get": {
+                    "summary": "the served model by id (404 for another)",
+                    "parameters": [
+                        {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": _responses("the model"),
+                }
+            },
             "/v1/chat/completions": _post("a chat completion (stream: server-sent events)", "ChatRequest"),
             "/v1/completions": _post("a text completion (stream: server-sent events)", "CompletionRequest"),
             "/v1/quartet/generate": _post("token ids in, token ids and log-probs out", "TokenRequest"),
+            "/v1/responses": _post(
+                "the Responses API, text and function tools (stream: events)", "ResponsesRequest"
+            ),
         },
         "components": {
             "schemas": {
@@ -235,6 +363,7 @@ def openapi_schema(limits: RequestLimits, model_name: str) -> dict[str, Any]:
                 "ChatRequest": _chat(limits),
                 "CompletionRequest": _completion(limits),
                 "TokenRequest": _token_request(limits),
+                "ResponsesRequest": _responses_request(limits),
             },
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },

@@ -5,8 +5,9 @@ Two kinds of body:
 - **OpenAI bodies** (`/v1/chat/completions`, `/v1/completions`). Every top-level field is either honoured,
   accepted as metadata that changes nothing here (`METADATA_FIELDS`: `user`, `metadata`, ...), or refused
   with a 400 naming it: nothing is silently dropped. Fields that take a value this server cannot honour are
-  refused for that value only (`logit_bias` non-empty, `response_format` other than text, `echo`,
-  `tool_choice` "required", ...). vLLM's extra sampling fields `top_k` (-1 or 0 disable), `stop_token_ids`,
+  refused for that value only (`logit_bias` non-empty, `echo`, ...). `response_format` (json_object,
+  json_schema) and a forced `tool_choice` ("required", a named function) become a grammar the engine
+  decodes under (`constraints`). vLLM's extra sampling fields `top_k` (-1 or 0 disable), `stop_token_ids`,
   `ignore_eos`, `repetition_penalty` and `min_tokens` are accepted, as agent frameworks written against
   vLLM send them. Penalties, `min_tokens` and `top_logprobs` reach the engine through `SamplingParams`
   fields of the same names; where the installed `SamplingParams` has no such field they are refused.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quartet.rollout.types import SamplingParams
+from quartet.serving.constraints import ToolPlan, parse_response_format, parse_tool_choice
 from quartet.serving.errors import ApiError
 from quartet.serving.fields import bad, boolean, build_sampling, integer, number, show, str_list, token_ids
 from quartet.serving.limits import load_json_body
@@ -58,6 +60,8 @@ _OPTIONAL_SAMPLING = {
     "min_tokens": ("int", 0),
     "top_logprobs": ("int", 0),
 }
+_OPTIONAL_KINDS = {"grammar": "str"}
+"""`SamplingParams` fields only the token endpoint reads (the OpenAI bodies say it with response_format)."""
 """`SamplingParams` fields this server passes on when the installed `SamplingParams` has them."""
 
 
@@ -77,6 +81,7 @@ SAMPLING_FIELD_KINDS: dict[str, str] = {
     "ignore_eos": "bool",
     "return_logprobs": "bool",
     **{name: kind for name, (kind, _) in _OPTIONAL_SAMPLING.items() if name in _engine_fields()},
+    **{name: kind for name, kind in _OPTIONAL_KINDS.items() if name in _engine_fields()},
 }
 """JSON kind of each `SamplingParams` field, as the token endpoint reads it (a test keeps it complete)."""
 
@@ -123,9 +128,13 @@ class ChatRequest:
     include_usage: bool = False
     """`stream_options.include_usage`: a last chunk with the usage."""
     parse_tool_calls: bool = False
-    """Turn the output's Hermes blocks into `message.tool_calls` (tools given, tool_choice auto)."""
+    """Turn the output's Hermes blocks into `message.tool_calls` (tools given, tool_choice not "none")."""
     text_chars: int = 0
     """Characters of text in the messages and tools (bounded before rendering)."""
+    tool_plan: ToolPlan = ToolPlan(parse=False)
+    """What `tool_choice` / `parallel_tool_calls` ask: forced calls (a grammar), at most one call."""
+    response_schema: dict[str, Any] | None = None
+    """The JSON schema of `response_format` (json_object: any object); None: free text."""
 
 
 @dataclass(frozen=True)
@@ -166,9 +175,6 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise bad("'logit_bias' is not supported by the rollout engine", "logit_bias")
     if body.get("logit_bias") is not None and not isinstance(body["logit_bias"], dict):
         raise bad("'logit_bias' must be an object", "logit_bias")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad("only the 'text' response_format is supported (no constrained decoding)", "response_format")
     if boolean(body, "store", False, "store"):
         raise bad("'store': true is not supported (this server stores nothing)", "store")
 
@@ -252,30 +258,18 @@ def check_model(body: Mapping[str, Any], served: str) -> None:
         )
 
 
-def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> bool:
-    """Whether tool calls are parsed out of the output."""
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise bad(
-            "only tool_choice 'auto' and 'none' are supported (no constrained decoding forces a call)",
-            "tool_choice",
-        )
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and parallel is not True:
-        raise bad(
-            "only 'parallel_tool_calls': true is supported (the model may write several calls)",
-            "parallel_tool_calls",
-        )
-    return tools is not None and choice != "none"
-
-
 def parse_chat(body: Mapping[str, Any], default_max_tokens: int) -> ChatRequest:
     """A `/v1/chat/completions` body as a `ChatRequest`."""
     _refuse_unknown(body, CHAT_FIELDS)
     _refuse_unsupported(body)
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body.get("tools"))
-    parse_calls = _tool_choice(body, tools)
+    plan = parse_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"), tools)
+    schema = parse_response_format(body.get("response_format"))
+    if schema is not None and plan.forced:
+        raise bad(
+            "'response_format' cannot be combined with a forced 'tool_choice'; drop one", "response_format"
+        )
     logprobs = boolean(body, "logprobs", False, "logprobs")
     top = integer(body, "top_logprobs", 0, "top_logprobs") or 0
     if top and not logprobs:
@@ -284,7 +278,9 @@ def parse_chat(body: Mapping[str, Any], default_max_tokens: int) -> ChatRequest:
     max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), default_max_tokens)
     sampling = _openai_sampling(body, max_tokens, logprobs, top)
     chars = text_chars(messages) + (text_chars(tools) if tools else 0)
-    return ChatRequest(messages, tools, sampling, logprobs, top, stream, include_usage, parse_calls, chars)
+    return ChatRequest(
+        messages, tools, sampling, logprobs, top, stream, include_usage, plan.parse, chars, plan, schema
+    )
 
 
 def parse_completion(body: Mapping[str, Any], default_max_tokens: int) -> CompletionRequest:
@@ -345,6 +341,10 @@ def parse_sampling(obj: Any, default_max_tokens: int, param: str = "sampling") -
             fields[name] = boolean(obj, name, False, where)
         elif kind == "str_list":
             fields[name] = str_list(obj, name, where)
+        elif kind == "str":
+            if not isinstance(obj[name], str):
+                raise bad(f"'{where}' must be a string, got {show(obj[name])}", where)
+            fields[name] = obj[name]
         else:
             fields[name] = token_ids(obj[name], where, allow_empty=True)
     if fields.setdefault("max_new_tokens", default_max_tokens) < 1:

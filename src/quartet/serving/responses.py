@@ -79,6 +79,7 @@ def _chat_choice(
     tokenizer: TokenizerLike,
     logprobs: bool,
     tool_tags: Mapping[int, str] | None,
+    single_call: bool = False,
 ) -> dict[str, Any]:
     finish = output.finish_reason.value
     message: dict[str, Any] = {"role": "assistant"}
@@ -88,7 +89,7 @@ def _chat_choice(
         turn = parse_assistant_turn(decode_response(tokenizer, output, tool_tags))
         message["content"] = turn.content
         if turn.tool_calls:
-            message["tool_calls"] = turn.tool_calls
+            message["tool_calls"] = turn.tool_calls[:1] if single_call else turn.tool_calls
             finish = "tool_calls" if output.finish_reason is FinishReason.STOP else finish
     return {
         "index": index,
@@ -105,13 +106,15 @@ def chat_response(
     tokenizer: TokenizerLike,
     logprobs: bool,
     tool_tags: Mapping[int, str] | None = None,
+    single_call: bool = False,
 ) -> dict[str, Any]:
     """A `chat.completion` object with one choice per output.
 
     tool_tags: when set (the request had tools), the response is decoded keeping these tag tokens and its
     Hermes blocks become `message.tool_calls` (`tool_calls` module); None: plain text.
+    single_call: keep only the first tool call (`parallel_tool_calls: false` without a forced call).
     """
-    choices = [_chat_choice(i, o, tokenizer, logprobs, tool_tags) for i, o in enumerate(outputs)]
+    choices = [_chat_choice(i, o, tokenizer, logprobs, tool_tags, single_call) for i, o in enumerate(outputs)]
     return {
         **_envelope("chat.completion", "chatcmpl", model),
         "choices": choices,

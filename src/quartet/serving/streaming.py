@@ -14,12 +14,15 @@ their status: the response is complete before the first byte is sent, so a strea
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
 
-__all__ = ["PIECE_CHARS", "chat_chunks", "completion_chunks", "send_events"]
+__all__ = ["PIECE_CHARS", "chat_chunks", "completion_chunks", "send_events", "send_typed_events"]
+
+log = logging.getLogger(__name__)
 
 PIECE_CHARS = 64
 """Most characters of text per chunk."""
@@ -93,15 +96,28 @@ def completion_chunks(response: dict[str, Any], include_usage: bool) -> Iterator
 
 async def send_events(request: web.Request, chunks: Iterator[dict[str, Any]]) -> web.StreamResponse:
     """Send `chunks` as server-sent events (`data: <json>`), then `data: [DONE]`."""
+    lines = (f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n" for chunk in chunks)
+    return await _send(request, lines, b"data: [DONE]\n\n")
+
+
+async def send_typed_events(request: web.Request, events: Iterator[dict[str, Any]]) -> web.StreamResponse:
+    """Send `events` as server-sent events named by their `type` (`event: <type>` + `data: <json>`), as the
+    Responses API streams them (no `[DONE]`)."""
+    lines = (f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events)
+    return await _send(request, lines, b"")
+
+
+async def _send(request: web.Request, lines: Iterator[str], last: bytes) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
     await response.prepare(request)
     try:
-        for chunk in chunks:
-            await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
+        for line in lines:
+            await response.write(line.encode())
+        if last:
+            await response.write(last)
         await response.write_eof()
     except ConnectionResetError:  # the client left mid-stream: nothing left to answer
-        pass
+        log.info("client hung up during the stream of %s %s", request.method, request.path)
     return response

@@ -34,6 +34,7 @@ from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.torch.engine_core import EngineCore
+from quartet.rollout.torch.grammar import GrammarCompiler
 from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.model_runner import DecoderRunner
 from quartet.rollout.torch.sequence import SequenceState
@@ -98,7 +99,7 @@ class TorchRolloutEngine(ThreadedEngine):
         max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
         cuda_graphs: on a CUDA device, replay decode steps from CUDA graphs captured per bucketed shape
         (`quartet.rollout.torch.graph_decode`); False decodes eagerly. No effect on CPU.
-        The tokenizer is only needed for stop strings.
+        The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -146,6 +147,9 @@ class TorchRolloutEngine(ThreadedEngine):
             seed=seed,
             max_n=max_n,
             decoder=BucketedDecoder(self.runner, max_num_seqs, capture=True) if graphs else None,
+            grammars=None
+            if self.tokenizer is None
+            else GrammarCompiler(self.tokenizer, self.runner.vocab_size),
         )
 
     @classmethod

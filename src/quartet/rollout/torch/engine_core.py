@@ -7,7 +7,8 @@ One `step()`:
    once, its keys/values are copied into the slots of all its samples, and each sample draws its first
    token from the shared next-token distribution; those finishing at once leave again.
 So a short request leaves the batch as soon as it is done and a waiting one takes its slot at the next step,
-however long the other running sequences are.
+however long the other running sequences are. Sampling masks the tokens a request's grammar forbids
+(`grammar`, constrained decoding); rows of unconstrained requests are untouched.
 
 One bad sequence fails alone. Requests are checked before they are queued (`check_request`); if a step
 still raises, the step finds the sequence that makes it raise and fails its request only (the sequence's
@@ -31,6 +32,12 @@ import random
 
 import torch
 
+from quartet.rollout.torch.grammar import (
+    GrammarCompiler,
+    advance_grammar,
+    any_constrained,
+    apply_grammar_masks,
+)
 from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.kv_cache import SlotKVCache
 from quartet.rollout.torch.model_runner import DecoderRunner
@@ -41,7 +48,7 @@ from quartet.rollout.torch.sequence import SequenceGroup, SequenceState
 from quartet.rollout.torch.slot_table import SlotTable
 from quartet.rollout.torch.stopping import StopChecker
 from quartet.rollout.types import FinishReason, GenerationRequest
-from quartet.rollout.validation import RequestLimits, check_request
+from quartet.rollout.validation import InvalidRequestError, RequestLimits, check_request
 
 _Sampled = tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]
 """Tokens [A], their log-probs [A] (or None) and the top log-probs and ids [A, k] (or None)."""
@@ -65,8 +72,11 @@ class EngineCore:
         seed: int,
         max_n: int | None = None,
         decoder: BucketedDecoder | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.runner = runner
+        self.grammars = grammars
+        """Compiles `SamplingParams.grammar` (constrained decoding); None: grammars are refused."""
         self.decoder = decoder
         """Decodes the whole running batch at bucketed shapes (CUDA graphs); None: every step eagerly."""
         self.stop_checker = stop_checker
@@ -99,6 +109,11 @@ class EngineCore:
         seqs = [
             SequenceState(request, j, sample_seed(base_seed, j), max_new, stop_ids) for j in range(params.n)
         ]
+        if params.grammar is not None:
+            if self.grammars is None:
+                raise InvalidRequestError("grammar", "constrained decoding needs an engine with a tokenizer")
+            for seq in seqs:
+                seq.matcher = self.grammars.matcher(params.grammar)
         self.scheduler.add(split_into_groups(seqs, self.max_num_seqs))
         return seqs
 
@@ -259,6 +274,8 @@ class EngineCore:
         processing = build_processing(seqs, logits.shape[-1], logits.device)
         if processing is not None:
             logits = apply_processing(logits, processing)
+        if any_constrained(seqs):
+            logits = apply_grammar_masks(logits, seqs)
         rows = self.table.sampling_rows(start, stop, seqs)
         tokens, logprobs = sample_next(logits, rows, self.table.next_uniforms(start, stop))
         k = max(s.request.sampling.top_logprobs for s in seqs)
@@ -285,7 +302,13 @@ class EngineCore:
             if k > 0 and top_values is not None and top_ids is not None:
                 seq.top_logprobs.append(tuple(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
             try:
-                self.stop_checker.check(seq, self.steps)
+                complete = seq.matcher is not None and advance_grammar(seq)
+                if (
+                    complete and tok not in seq.stop_ids
+                ):  # the grammar ended it, even on its last allowed token
+                    seq.finish(FinishReason.STOP, self.steps)
+                else:
+                    self.stop_checker.check(seq, self.steps)
             except Exception as exc:
                 log.warning("rollout: request %s failed its stop check: %r", seq.request.request_id, exc)
                 self._fail(seq, exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 
@@ -29,6 +30,9 @@ class SequenceState:
     """Per generated token, its most likely alternatives (filled only when the request asks for them)."""
     versions: list[int] = field(default_factory=list)
     """Per generated token, the engine's weight version that computed it (`EngineCore.weight_version`)."""
+    matcher: Any = None
+    """The parser state of the request's grammar (an `llguidance.LLMatcher`, see `rollout.torch.grammar`);
+    None: unconstrained."""
     error: BaseException | None = None
     """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
