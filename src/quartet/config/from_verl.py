@@ -23,10 +23,11 @@ from quartet.config.errors import ConfigError
 from quartet.config.loader import from_dict
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
-from quartet.config.verl_keys import FILE_KEYS, PREFIX_REASONS, RULES, UNMAPPED, VERL_DEFAULTS, Context, Skip
+from quartet.config.verl_keys import PREFIX_REASONS, RULES, UNMAPPED, VERL_DEFAULTS, Context, Skip
 from quartet.config.yaml_io import parse_scalar
 
 __all__ = [
+    "FILE_KEYS",
     "Conversion",
     "FileLoader",
     "FromVerlError",
@@ -39,6 +40,16 @@ __all__ = [
     "translate_tree",
 ]
 
+
+FILE_KEYS: dict[str, str] = {
+    "rollout.multi_turn.tool_config_path": "tools file",
+    "rollout.multi_turn.interaction_config_path": "interactions file",
+    "data.train_files": "training data file",
+    "data.val_files": "validation data file",
+    "reward.function": "reward function file",
+}
+"""quartet fields the translation fills with paths of files the run reads: `quartet config from-verl`
+checks each exists (and that the tools and interactions files load), `Translation.file_problems`."""
 
 FileLoader = Callable[[str], object]
 """Reads a file the translated config names (e.g. `quartet.agents.tools.registry.load_tools`); raises a

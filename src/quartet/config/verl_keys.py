@@ -18,17 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FILE_KEYS", "PREFIX_REASONS", "RULES", "UNMAPPED", "VERL_DEFAULTS", "Context", "Rule", "Skip"]
-
-FILE_KEYS: dict[str, str] = {
-    "rollout.multi_turn.tool_config_path": "tools file",
-    "rollout.multi_turn.interaction_config_path": "interactions file",
-    "data.train_files": "training data file",
-    "data.val_files": "validation data file",
-    "reward.function": "reward function file",
-}
-"""quartet fields the translation fills with paths of files the run reads: `quartet config from-verl`
-checks each exists (and that the tools and interactions files load), `Translation.file_problems`."""
+__all__ = ["PREFIX_REASONS", "RULES", "UNMAPPED", "VERL_DEFAULTS", "Context", "Rule", "Skip"]
 
 
 @dataclass(frozen=True)
