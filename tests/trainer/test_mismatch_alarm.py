@@ -202,3 +202,18 @@ def test_drift_finding_and_off(tmp_path: Path) -> None:
     off = _watch(tmp_path, "trainer.mismatch_alarm=off")
     off.check_drift(batch)
     assert off.take(4) is None
+
+
+def test_the_alarm_record_and_its_console_line(tmp_path: Path) -> None:
+    from quartet.tracking.console_sink import format_record
+
+    watch = _watch(tmp_path, "actor.mixed_precision=float32")
+    watch.check_update_mean(0.01)  # the on-policy update's mean: no per-sample figures
+    alarm = watch.take(7)
+    assert alarm is not None
+    record = alarm.record()
+    figures = (record["step"], record["phase"], record["value"], record["threshold"])
+    assert figures == (7, "update", 0.01, 3e-4)
+    assert record["message"] == alarm.message() and "no per-sample figures" in record["message"]
+    line = format_record({"kind": "alarm", **record})
+    assert line == "alarm  step 7  mismatch (update)  0.01 > 0.0003"
