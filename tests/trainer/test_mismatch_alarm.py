@@ -7,6 +7,7 @@ of the message are checked against a recomputation from the batch's own columns.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,32 @@ def test_the_alarm_record_and_its_console_line(tmp_path: Path) -> None:
     assert record["message"] == alarm.message() and "no per-sample figures" in record["message"]
     line = format_record({"kind": "alarm", **record})
     assert line == "alarm  step 7  mismatch (update)  0.01 > 0.0003"
+
+
+@pytest.mark.slow  # a whole run with a checkpoint (~6 s alone): the one check that stop reaches failure_save
+@pytest.mark.usefixtures("one_local_rank")
+def test_stop_ends_the_run_through_the_failure_save(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole run: the weight push after step 1 skipped, `stop` ends step 2 before its update; the
+    failure path checkpoints step 1 and marks the run failed; metrics.jsonl holds the alarm record."""
+    from quartet.cluster.run_record import load_run_state
+    from quartet.trainer.checkpoint import list_checkpoints
+    from quartet.trainer.rl_trainer import RLTrainer
+    from quartet.trainer.weight_push import InProcessSync
+
+    monkeypatch.setattr(InProcessSync, "sync", SkippedPush.sync)
+    steps = ["trainer.total_steps=3", "trainer.test_freq=0", "trainer.val_before_train=false"]
+    cfg = _config(tiny_model_dir, tmp_path, "trainer.mismatch_alarm=stop", *steps)
+    with pytest.raises(MismatchAlarmError, match="alarm at step 2 .phase recompute.") as caught:
+        RLTrainer(cfg).run()
+    assert "stale or failed weight sync" in str(caught.value)
+    run_dir = cfg.trainer.run_dir
+    assert [p.name for p in list_checkpoints(run_dir)] == ["global_step_1"]
+    state = load_run_state(run_dir)
+    assert state is not None and state.state == "failed" and "MismatchAlarmError" in state.error
+    written = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in written if r["kind"] in ("step", "alarm")] == [
+        ("step", 1),
+        ("alarm", 2),
+    ]
