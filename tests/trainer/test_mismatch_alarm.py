@@ -190,7 +190,11 @@ def test_ahead_of_training_only_current_version_tokens_count(tmp_path: Path) -> 
 
 
 def test_drift_finding_and_off(tmp_path: Path) -> None:
-    drift = [{"agent/token_drift": d} for d in (0.0, 7.0, 1.0)]
+    drift = [
+        {"agent/token_drift": 0.0, "agent/assistant_turns": 2.0},
+        {"agent/token_drift": 7.0, "agent/assistant_turns": 2.0},
+        {"agent/token_drift": 1.0, "agent/assistant_turns": 1.0},
+    ]
     batch = _batch(torch.zeros(3, 2), torch.zeros(3, 2), torch.ones(3, 2), agent_metrics=np.array(drift))
     watch = _watch(tmp_path)
     watch.check_drift(batch)
@@ -198,8 +202,19 @@ def test_drift_finding_and_off(tmp_path: Path) -> None:
     alarm = watch.take(4)
     assert alarm is not None and alarm.phases == "drift"
     (finding,) = alarm.findings
-    assert finding.value == pytest.approx(8.0 / 3) and [w.row for w in finding.worst] == [1, 2, 0]
-    assert "chat template re-rendering" in alarm.message() and alarm.record()["phase"] == "drift"
+    assert finding.value == pytest.approx(2 / 3) and finding.threshold == 0.5  # 2 of 3 trajectories drift
+    assert [w.row for w in finding.worst] == [1, 2, 0] and finding.worst[0].mean == 7.0
+    assert finding.causes[0].startswith("chat template re-rendering")  # one of the two is multi-turn
+    assert alarm.record()["phase"] == "drift"
+    single = [{**d, "agent/assistant_turns": 1.0} for d in drift]  # nothing earlier to re-render
+    watch.check_drift(
+        _batch(torch.zeros(3, 2), torch.zeros(3, 2), torch.ones(3, 2), agent_metrics=np.array(single))
+    )
+    later = watch.take(5)
+    assert later is not None and later.findings[0].causes[0].startswith("non-canonical tokenization")
+    lenient = _watch(tmp_path, "trainer.mismatch_alarm_max_drift_share=0.7")
+    lenient.check_drift(batch)
+    assert lenient.take(4) is None
     off = _watch(tmp_path, "trainer.mismatch_alarm=off")
     off.check_drift(batch)
     assert off.take(4) is None

@@ -169,6 +169,11 @@ def _drift_values(batch: Batch) -> np.ndarray | None:
     return np.array([float(m.get("agent/token_drift", 0.0)) for m in rows], dtype=np.float64)
 
 
+def _turns(batch: Batch) -> np.ndarray:
+    rows = [dict(m or {}) for m in batch.non_tensors["agent_metrics"]]
+    return np.array([float(m.get("agent/assistant_turns", 1.0)) for m in rows], dtype=np.float64)
+
+
 def _sample(batch: Batch, row: int, mean: float, top: float) -> WorstSample:
     nt = batch.non_tensors
     uid = str(nt["uid"][row]) if "uid" in nt else ""
@@ -194,7 +199,7 @@ class MismatchWatch:
         dtype = trainer_compute_dtype(cfg)
         derived = FP32_MAX_ABS_DIFF if dtype is Dtype.FLOAT32 else LOW_PRECISION_MAX_ABS_DIFF
         limit = t.mismatch_alarm_max_abs_diff or derived
-        return cls(cfg, t.mismatch_alarm, limit, t.mismatch_alarm_max_token_drift, dtype)
+        return cls(cfg, t.mismatch_alarm, limit, t.mismatch_alarm_max_drift_share, dtype)
 
     def check_logprobs(self, batch: Batch, version: int, phase: str = "recompute") -> None:
         """Engine (`rollout_logprobs`) against trainer (`old_logprobs`) log-probs of the batch's tokens; the
@@ -217,7 +222,9 @@ class MismatchWatch:
         order = torch.argsort(per_row, descending=True)[:WORST].tolist()
         worst = tuple(_sample(batch, r, float(per_row[r]), float(top[r])) for r in order)
         drift = _drift_values(batch)
-        causes = _causes(self.cfg, self.trainer_dtype, float(drift.mean()) if drift is not None else 0.0)
+        causes = _causes(
+            self.cfg, self.trainer_dtype, float((drift > 0).mean()) if drift is not None else 0.0
+        )
         if versions is not None and bool(((versions != version) & mask).any()):
             seen = sorted({int(v) for v in versions[mask].unique().tolist()})
             lag = f"the engine reports weight versions {seen} for these tokens, the trainer is at {version}"
@@ -234,21 +241,34 @@ class MismatchWatch:
         self.pending.append(Finding("update", figure, mean, self.max_abs_diff, self._diff_key, (), causes))
 
     def check_drift(self, batch: Batch) -> None:
-        """Multi-turn: the mean `agent/token_drift` per trajectory against its threshold."""
+        """Multi-turn: the share of trajectories whose `agent/token_drift` is above 0, against its threshold;
+        the causes put the template first when the drifting trajectories have earlier model turns to
+        re-render, the model's own tokenization when they are single-turn."""
         drift = _drift_values(batch)
-        if self.mode is AlarmMode.OFF or drift is None or float(drift.mean()) <= self.max_drift:
+        if self.mode is AlarmMode.OFF or drift is None:
+            return
+        drifting = drift > 0
+        share = float(drifting.mean())
+        if share <= self.max_drift:
             return
         order = np.argsort(-drift, kind="stable")[:WORST].tolist()
         worst = tuple(_sample(batch, r, float(drift[r]), float(drift[r])) for r in order)
-        causes = (
+        template = (
             "chat template re-rendering: the template renders the conversation to other tokens than the "
             "trajectory holds (it reformats or drops earlier turns, e.g. reasoning), so a trainer that "
-            "re-tokenizes conversations trains on tokens the engine never sampled",
-            "non-canonical tokenization written by the model (a few tokens now and then)",
+            "re-tokenizes conversations trains on tokens the engine never sampled"
         )
-        figure = "mean token drift per trajectory"
-        key = "mismatch_alarm_max_token_drift"
-        self.pending.append(Finding("drift", figure, float(drift.mean()), self.max_drift, key, worst, causes))
+        tokenization = (
+            "non-canonical tokenization written by the model (an untrained or derailed model's tokens do not "
+            "re-tokenize the same; nothing quartet trains on changes: it keeps the sampled ids)"
+        )
+        multi_turn = int((drifting & (_turns(batch) > 1)).sum())
+        causes = (
+            (template, tokenization) if 2 * multi_turn >= int(drifting.sum()) else (tokenization, template)
+        )
+        figure = "share of trajectories whose re-render drifts"
+        key = "mismatch_alarm_max_drift_share"
+        self.pending.append(Finding("drift", figure, share, self.max_drift, key, worst, causes))
 
     @property
     def _diff_key(self) -> str:
