@@ -170,23 +170,20 @@ def test_threshold_follows_the_trainer_dtype(tmp_path: Path) -> None:
 SEPARATE = ("cluster.separate_pools=[rollout]",)
 
 
-def test_ahead_of_training_only_current_version_tokens_count(tmp_path: Path) -> None:
-    lagging = torch.tensor([[0.5, 0.5], [0.0, 0.0]])
-    mask = torch.ones(2, 2, dtype=torch.int64)
-    batch = _batch(lagging, torch.zeros(2, 2), mask).union(
-        Batch({"rollout_versions": torch.tensor([[2, 2], [3, 3]])})
-    )
+def test_ahead_of_training_only_rows_of_the_current_version_count(tmp_path: Path) -> None:
+    lagging = torch.tensor([[0.5, 0.5], [0.0, 0.0], [0.0, 0.5]])
+    mask = torch.ones(3, 2, dtype=torch.int64)
+    versions = torch.tensor([[2, 2], [3, 3], [2, 3]])  # row 2: the weights changed mid-generation
+    batch = _batch(lagging, torch.zeros(3, 2), mask).union(Batch({"rollout_versions": versions}))
     ahead = _watch(tmp_path, "actor.mixed_precision=float32", "trainer.mode=async", *SEPARATE)
-    ahead.check_logprobs(batch, version=3)  # row 0 was sampled one version back: a lag, not a mismatch
+    ahead.check_logprobs(batch, version=3)  # rows 0 and 2 lag: by design, not a mismatch
     assert ahead.take(1) is None
     sync = _watch(tmp_path, "actor.mixed_precision=float32")
-    sync.check_logprobs(batch, version=3)
+    sync.check_logprobs(batch, version=3)  # in sync mode every token must be the trainer's
     alarm = sync.take(1)
-    assert alarm is not None
-    assert (
-        alarm.findings[0].causes[0]
-        == "the engine reports weight versions [2, 3] for these tokens, the trainer is at 3"
-    )
+    assert alarm is not None and alarm.findings[0].value == pytest.approx(1.5 / 6)
+    lag = "the engine reports weight versions [2, 3] for these tokens, the trainer is at 3"
+    assert alarm.findings[0].causes[0] == lag
 
 
 def test_drift_finding_and_off(tmp_path: Path) -> None:

@@ -204,13 +204,16 @@ class MismatchWatch:
     def check_logprobs(self, batch: Batch, version: int, phase: str = "recompute") -> None:
         """Engine (`rollout_logprobs`) against trainer (`old_logprobs`) log-probs of the batch's tokens; the
         trainer holds weights `version`. With generation ahead of training (`trainer.mode` other than sync)
-        only tokens the engine sampled with that version count: older ones differ by design."""
+        only rows the engine sampled wholly with that version count: the others differ by design."""
         if self.mode is AlarmMode.OFF or "rollout_logprobs" not in batch or "old_logprobs" not in batch:
             return
         mask = batch["response_mask"].bool()
         versions = batch.get("rollout_versions", None)
         if versions is not None and self.cfg.trainer.mode is not TrainerMode.SYNC:
-            mask = mask & (versions == version)
+            # rows sampled wholly with the trainer's weights: a row whose weights changed mid-generation
+            # keeps the older prefix in its KV cache, so even its newest tokens differ by design
+            current = ((versions == version) | ~mask).all(-1, keepdim=True)
+            mask = mask & current
         weight = mask.double()
         diff = (batch["rollout_logprobs"].double() - batch["old_logprobs"].double()).abs() * weight
         tokens = weight.sum(-1)
