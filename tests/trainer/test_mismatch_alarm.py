@@ -259,3 +259,15 @@ def test_stop_ends_the_run_through_the_failure_save(
         ("step", 1),
         ("alarm", 2),
     ]
+
+
+def test_a_log_prob_finding_names_drift_and_the_differing_dtype(tmp_path: Path) -> None:
+    drift = np.array([{"agent/token_drift": 0.0}, {"agent/token_drift": 3.0}])
+    batch = _batch(torch.ones(2, 2), torch.zeros(2, 2), torch.ones(2, 2), agent_metrics=drift)
+    watch = _watch(tmp_path, "actor.mixed_precision=float32", "rollout.dtype=bfloat16")
+    watch.check_logprobs(batch, version=0)
+    alarm = watch.take(3)
+    assert alarm is not None
+    causes = alarm.findings[0].causes
+    assert causes[0].startswith("dtype differs between engine and trainer: rollout.dtype=bfloat16")
+    assert causes[-1] == "chat template re-rendering: 50% of the trajectories drift this step"

@@ -141,7 +141,8 @@ def trainer_compute_dtype(cfg: QuartetConfig) -> Dtype:
 
 
 def _causes(cfg: QuartetConfig, trainer_dtype: Dtype, drift: float) -> tuple[str, ...]:
-    """The likely causes of a log-prob mismatch, the most likely first."""
+    """The likely causes of a log-prob mismatch, the most likely first; `drift`: the share of the step's
+    trajectories whose re-render drifts."""
     engine = cfg.rollout.dtype
     dtypes = (
         f"rollout.dtype={engine}, trainer computes in {trainer_dtype} "
@@ -156,7 +157,7 @@ def _causes(cfg: QuartetConfig, trainer_dtype: Dtype, drift: float) -> tuple[str
     else:
         causes = [stale, f"numerics of the same dtype on both sides: {dtypes}"]
     if drift > 0:
-        causes.append(f"chat template re-rendering: mean token drift {drift:.3g} > 0 this step")
+        causes.append(f"chat template re-rendering: {drift:.0%} of the trajectories drift this step")
     return tuple(causes)
 
 
