@@ -225,7 +225,12 @@ def test_the_alarm_record_and_its_console_line(tmp_path: Path) -> None:
     alarm = watch.take(7)
     assert alarm is not None
     record = alarm.record()
-    figures = (record["step"], record["phase"], record["value"], record["threshold"])
+    figures = (
+        record["step"],
+        record["phase"],
+        record["alarm/mismatch_value"],
+        record["alarm/mismatch_threshold"],
+    )
     assert figures == (7, "update", 0.01, 3e-4)
     assert record["message"] == alarm.message() and "no per-sample figures" in record["message"]
     line = format_record({"kind": "alarm", **record})

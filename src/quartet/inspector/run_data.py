@@ -153,8 +153,9 @@ class RunData:
             except ValueError:
                 continue
             if isinstance(rec, dict) and rec.get("kind") == "alarm":
-                keys = ("step", "alarm", "phase", "value", "threshold", "message")
-                out.append(_clean({key: rec.get(key) for key in keys}))
+                keys = {"value": "alarm/mismatch_value", "threshold": "alarm/mismatch_threshold"}
+                keys |= {key: key for key in ("step", "alarm", "phase", "message")}
+                out.append(_clean({name: rec.get(key) for name, key in keys.items()}))
         return out
 
     def steps(self) -> list[dict[str, Any]]:

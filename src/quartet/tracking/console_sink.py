@@ -114,7 +114,8 @@ def format_record(rec: Mapping[str, Any]) -> str:
     if kind == "alarm" and "phase" in rec:  # the message itself is the run log's warning
         return (
             f"alarm  step {rec.get('step')}  {rec.get('alarm')} ({rec['phase']})  "
-            f"{float(rec.get('value', 0.0)):.3g} > {float(rec.get('threshold', 0.0)):.3g}"
+            f"{float(rec.get('alarm/mismatch_value', 0.0)):.3g} > "
+            f"{float(rec.get('alarm/mismatch_threshold', 0.0)):.3g}"
         )
     if kind == "checkpoint" and "path" in rec:
         return f"checkpoint  step {rec.get('step')}  {rec['path']}  ({float(rec.get('seconds', 0.0)):.1f} s)"

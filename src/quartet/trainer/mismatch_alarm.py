@@ -116,8 +116,8 @@ class MismatchAlarm:
             "step": self.step,
             "alarm": "mismatch",
             "phase": self.phases,
-            "value": first.value,
-            "threshold": first.threshold,
+            "alarm/mismatch_value": first.value,  # namespaced: numeric trackers chart every number
+            "alarm/mismatch_threshold": first.threshold,
             "message": self.message(),
             "worst": [{"row": w.row, "uid": w.uid, "mean": w.mean, "max": w.max} for w in first.worst],
         }
