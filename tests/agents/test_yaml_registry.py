@@ -79,11 +79,12 @@ def test_a_file_that_is_not_yaml(tmp_path: Path, registry: Registry) -> None:
 
 
 def test_an_unknown_top_level_key(tmp_path: Path, registry: Registry) -> None:
-    path = write(tmp_path, {registry.section[:-1]: []})  # 'tool:' for 'tools:'
+    typo = registry.section[:-2] + registry.section[-1]  # 'tols:' for 'tools:'
+    path = write(tmp_path, {typo: []})
     message = error_of(registry, path)
+    known = "interactions, interaction" if registry.section == "interactions" else "tools"  # verl's singular
     assert message == (
-        f"{path}: {registry.section[:-1]}: unknown top-level key; did you mean {registry.section!r}?; "
-        f"known: {registry.section}"
+        f"{path}: {typo}: unknown top-level key; did you mean {registry.section!r}?; known: {known}"
     )
 
 

@@ -124,7 +124,8 @@ def test_not_yaml(tmp_path: Path) -> None:
     [
         ("", "expected a top-level 'interactions:' list"),
         ("interactions: {class: x}", "expected a top-level 'interactions:' list"),
-        ("interaction: []", "interaction: unknown top-level key; did you mean 'interactions'?"),
+        ("interactons: []", "interactons: unknown top-level key; did you mean 'interactions'?"),
+        ("interactions: []\ninteraction: []", "both interactions and interaction; keep one list"),
     ],
 )
 def test_bad_document(tmp_path: Path, text: str, expected: str) -> None:

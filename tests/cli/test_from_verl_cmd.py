@@ -98,3 +98,40 @@ def test_unreadable_verl_file_is_an_error(tmp_path: Path, capsys: pytest.Capture
     assert "is not valid YAML" in capsys.readouterr().err
     assert main(["config", "from-verl", "--file", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+VERL_FILES = Path(__file__).parents[1] / "agents_tools" / "verl_files"
+MT = "actor_rollout_ref.rollout.multi_turn"
+
+
+def test_verls_tool_and_interaction_files_pass_the_file_check(capsys: pytest.CaptureFixture[str]) -> None:
+    files = [
+        f"{MT}.tool_config_path={VERL_FILES / 'gsm8k_tool_config.yaml'}",
+        f"{MT}.interaction_config_path={VERL_FILES / 'gsm8k_interaction_config.yaml'}",
+    ]
+    assert main(["config", "from-verl", *GRPO, *files]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["rollout"]["multi_turn"]["tool_config_path"] == str(VERL_FILES / "gsm8k_tool_config.yaml")
+
+
+def test_a_missing_or_broken_file_is_named_with_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "tool_config" / "gsm8k_tool_config.yaml"
+    assert main(["config", "from-verl", *GRPO, f"{MT}.tool_config_path={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert f"- rollout.multi_turn.tool_config_path: {missing}: no such file" in err
+    assert f"translated from: {MT}.tool_config_path={missing}" in err
+    broken = tmp_path / "interactions.yaml"
+    broken.write_text("interaction:\n  - name: g\n    class_name: verl.interactions.x.Unknown\n")
+    data = tmp_path / "train.parquet"
+    argv = [f"{MT}.interaction_config_path={broken}", f"data.train_files={data}"]
+    assert main(["config", "from-verl", *GRPO, *argv]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"rollout.multi_turn.interaction_config_path: {broken}: does not load: {broken}: interactions[0]"
+        in err
+    )
+    assert "the verl interaction 'verl.interactions.x.Unknown' has no quartet equivalent" in err
+    assert f"- data.train_files: {data}: no such file" in err  # every file problem, not only the first
+    assert main(["config", "from-verl", "--no-validate", *GRPO, *argv]) == 0  # the user's choice

@@ -1,4 +1,5 @@
-"""Two real 3-step GRPO runs (local backend, every sample recorded) that the inspector tests read."""
+"""Two real 3-step GRPO runs (local backend, every sample recorded) that the inspector tests read; run B's
+engine samples in bfloat16 next to its float32 trainer, so its log-prob mismatch alarm trips every step."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from quartet.trainer.rl_trainer import RLTrainer
 RANK_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "0", "MASTER_PORT": "0"}
 
 
-def _run(model_dir: Path, out: Path, name: str, rollout_seed: int) -> Path:
+def _run(model_dir: Path, out: Path, name: str, rollout_seed: int, *extra: str) -> Path:
     cfg = load_config(
         None,
         [
@@ -36,6 +37,7 @@ def _run(model_dir: Path, out: Path, name: str, rollout_seed: int) -> Path:
             "trainer.rollout_freq=1",
             "trainer.rollout_samples=0",
             "trainer.export_final=false",
+            *extra,
         ],
     )
     return RLTrainer(cfg).run().run_dir
@@ -52,7 +54,7 @@ def inspect_runs(
     try:
         out = tmp_path_factory.mktemp("inspect_runs")
         a = _run(tiny_model_dir, out, "run_a", 0)
-        b = _run(tiny_model_dir, out, "run_b", 1)
+        b = _run(tiny_model_dir, out, "run_b", 1, "rollout.dtype=bfloat16")
         yield a, b
     finally:
         mp.undo()

@@ -215,6 +215,30 @@ def test_compare_shows_the_same_prompt_in_both_runs(
     _shot(driver, "compare")
 
 
+def test_steps_whose_alarm_fired_are_marked(page: tuple[Any, str], inspect_runs: tuple[Path, Path]) -> None:
+    """Run B's engine samples in bf16 next to an fp32 trainer: every step's mismatch alarm tripped."""
+    driver, _ = page
+    written = [json.loads(x) for x in (inspect_runs[1] / "metrics.jsonl").read_text().splitlines()]
+    alarmed = [str(r["step"]) for r in written if r["kind"] == "alarm"]
+    assert alarmed == ["1", "2", "3"]
+    badge = driver.find_element(By.ID, "alarms")
+    assert not badge.is_displayed()  # run A: none
+    run = Select(driver.find_element(By.ID, "run"))
+    run.select_by_value("1")
+    try:
+        _wait(
+            driver, lambda d: d.find_element(By.ID, "alarms").get_attribute("data-steps") == ",".join(alarmed)
+        )
+        assert badge.is_displayed() and "step 1, 2, 3" in badge.text
+        marked = driver.find_elements(By.CSS_SELECTOR, "#step option.alarm")
+        assert [o.get_attribute("value") for o in marked] == alarmed
+        assert all("mismatch (recompute)" in o.text for o in marked)
+        _shot(driver, "alarm")
+    finally:
+        run.select_by_value("0")
+        _wait(driver, lambda d: not d.find_element(By.ID, "alarms").is_displayed())
+
+
 def test_a_live_runs_new_step_appears_without_a_reload(
     inspect_runs: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -82,7 +82,7 @@ def test_per_token_values_agree_with_independent_computations(
 def test_run_data_lists_steps_and_opens_one_sample(inspect_runs: tuple[Path, Path]) -> None:
     run, _ = inspect_runs
     data = RunData(run)
-    assert data.steps() == [{"step": s, "samples": 16, "tokens": True} for s in (1, 2, 3)]
+    assert data.steps() == [{"step": s, "samples": 16, "tokens": True, "alarm": None} for s in (1, 2, 3)]
     raw = _table(run, 2)[5]
     sample = data.sample(2, 5)
     assert sample["response"] == raw["response"] and sample["score"] == pytest.approx(raw["score"])
@@ -96,6 +96,18 @@ def test_run_data_lists_steps_and_opens_one_sample(inspect_runs: tuple[Path, Pat
         data.sample(9, 0)
     with pytest.raises(KeyError, match="no row 16"):
         data.sample(2, 16)
+
+
+def test_alarm_records_mark_their_steps(inspect_runs: tuple[Path, Path]) -> None:
+    a, b = inspect_runs
+    assert RunData(a).alarms() == [] and RunData(a).steps()[0]["alarm"] is None
+    written = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    tripped = {r["step"] for r in written if r["kind"] == "step" and r["alarm/mismatch"] == 1.0}
+    assert tripped == {1, 2, 3}  # bf16 engine, fp32 trainer: every step
+    alarms = RunData(b).alarms()
+    assert [x["step"] for x in alarms] == [1, 2, 3] and {x["phase"] for x in alarms} == {"recompute"}
+    assert all(f"step {x['step']}" in x["message"] and x["value"] > x["threshold"] for x in alarms)
+    assert [s["alarm"] for s in RunData(b).steps()] == ["recompute"] * 3
 
 
 @pytest.mark.parametrize(

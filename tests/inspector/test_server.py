@@ -56,6 +56,18 @@ def test_the_api_serves_what_the_tables_hold(url: str, inspect_runs: tuple[Path,
     assert [s for s, _ in got] == [s for s, _ in expected_points] == [1, 2, 3]
     assert [v for _, v in got] == pytest.approx([v for _, v in expected_points])
     assert {"timing_s/gen", "timing_s/step"} <= set(curves["panels"]["time per phase"])
+    status, alarms = _get(f"{url}/api/run/1/alarms")  # run B: bf16 engine, fp32 trainer
+    written = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    assert status == 200 and alarms == [
+        {
+            "value": r["alarm/mismatch_value"],
+            "threshold": r["alarm/mismatch_threshold"],
+            **{k: r[k] for k in ("step", "alarm", "phase", "message")},
+        }
+        for r in written
+        if r["kind"] == "alarm"
+    ]
+    assert [x["step"] for x in alarms] == [1, 2, 3] and _get(f"{url}/api/run/0/alarms") == (200, [])
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,9 @@
         name: guessing_game          # optional; the class's `default_name` otherwise
         config: {max_guesses: 6}     # keyword arguments of the constructor
 
+verl's layout of the file (a top-level `interaction:` list, entries with `name`, `class_name`, `config`)
+loads unchanged, verl's classes mapped to quartet's equivalents (`quartet.agents.verl_compat`).
+
 `load_interactions(path)` returns the interactions by name. Every mistake is an `InteractionConfigError`
 naming the file, the entry and the field, e.g. `interactions.yaml: interactions[1].config: GuessingGame-
 Interaction has no option 'max_guess'; did you mean 'max_guesses'? (options: max_guesses)`: an unknown key
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.agents.interaction import Interaction, InteractionError, check_name
+from quartet.agents.verl_compat import verl_interaction_entry
 from quartet.agents.yaml_registry import RegistrySpec, build_registry, construct, entry_config, read_yaml
 
 __all__ = ["InteractionConfigError", "build_interactions", "load_interactions"]
@@ -43,6 +47,8 @@ _SPEC: RegistrySpec[Interaction] = RegistrySpec(
     entry_options=("name",),
     name_field="name",
     name_fix="give each entry a unique 'name:'",
+    verl_section="interaction",
+    verl_entry=verl_interaction_entry,
 )
 
 

@@ -7,6 +7,9 @@ Both files are a top-level list of entries, each naming a class by dotted path p
         config: {option: value}                              config: {option: value}
         schema: {...}                                        name: my_game
 
+verl's layout of the same files (`class_name`, `tool_schema`, a top-level `interaction:`) is read too: an
+entry with `class_name` goes through the spec's `verl_entry` first (`quartet.agents.verl_compat`).
+
 A `RegistrySpec` says what differs (the section and entry keys, the base class, the error type, where an
 object's name comes from); this module does the rest and words every mistake the same way:
 `<file>: <section>[<index>].<field>: <problem>; <fix>`. An unknown key or option suggests the closest known
@@ -62,6 +65,10 @@ class RegistrySpec(Generic[T]):
     """The entry field a duplicate name is reported at ('name', 'schema.function.name')."""
     name_fix: str
     """How to fix a duplicate name."""
+    verl_section: str = ""
+    """verl's top-level key of the same file, when it differs from `section` ('interaction')."""
+    verl_entry: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    """Turns an entry in verl's layout (it has `class_name`) into quartet's; ValueError("<field>: ...")."""
 
 
 def hint(word: str, known: Iterable[str]) -> str:
@@ -99,6 +106,11 @@ def build_registry(
     first_index: dict[str, int] = {}
     for index, raw in enumerate(entries):
         where = f"{source}: {spec.section}[{index}]"
+        if spec.verl_entry is not None and isinstance(raw, Mapping) and "class_name" in raw:
+            try:
+                raw = spec.verl_entry(raw)
+            except ValueError as exc:
+                raise spec.error(f"{where}.{exc}") from None
         entry = _checked_entry(raw, spec, where)
         try:
             cls = _import_class(entry.get("class"), spec)
@@ -149,13 +161,16 @@ def construct(
 
 def _entries(data: object, spec: RegistrySpec[T], source: str) -> list[object]:
     if isinstance(data, Mapping):
+        sections = (spec.section, spec.verl_section) if spec.verl_section else (spec.section,)
         for key in data:
-            if key != spec.section:
+            if key not in sections:
                 raise spec.error(
-                    f"{source}: {key}: unknown top-level key{hint(str(key), (spec.section,))}; "
-                    f"known: {spec.section}"
+                    f"{source}: {key}: unknown top-level key{hint(str(key), sections)}; "
+                    f"known: {', '.join(sections)}"
                 )
-        data = data.get(spec.section)
+        if len(data) > 1:
+            raise spec.error(f"{source}: both {' and '.join(sections)}; keep one list of entries")
+        data = next(iter(data.values()), None)
     if not isinstance(data, list):
         raise spec.error(
             f"{source}: {spec.section}: expected a top-level '{spec.section}:' list of entries"

@@ -2,7 +2,9 @@
 
 `quartet config from-verl [OVERRIDES...] [--file verl.yaml] [--out FILE]`: translate a verl command line
 or config into a quartet config (YAML or overrides on stdout or `--out`); unmapped keys and converted
-values are listed on stderr.
+values are listed on stderr. The files the config names (tools and interactions files, data files, a reward
+function file) must exist, and the tools and interactions files must load: otherwise the exit status is 2
+and the error names the key, the path and the reason.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import yaml
 
 from quartet.config import ConfigError, QuartetConfig, iter_field_docs, load_config, to_dict, to_yaml
-from quartet.config.from_verl import Translation, translate_overrides, translate_tree
+from quartet.config.from_verl import FileLoader, Translation, translate_overrides, translate_tree
 from quartet.config.yaml_io import dump_yaml, load_yaml
 
 
@@ -89,7 +91,7 @@ def run_from_verl(args: argparse.Namespace) -> int:
     _report(translation)
     status = 0
     try:
-        translation.build(check=not args.no_validate)
+        translation.build(check=not args.no_validate, files=None if args.no_validate else _file_loaders())
     except ConfigError as err:
         print(f"from-verl: {err}", file=sys.stderr)
         status = 2
@@ -104,6 +106,18 @@ def run_from_verl(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return status
+
+
+def _file_loaders() -> dict[str, FileLoader | None]:
+    """How `from-verl` checks the files the translated config names: the tools and interactions files are
+    loaded as a run loads them (verl's layout included); the others must exist."""
+    from quartet.agents.interaction_registry import load_interactions
+    from quartet.agents.tools.registry import load_tools
+
+    return {
+        "rollout.multi_turn.tool_config_path": load_tools,
+        "rollout.multi_turn.interaction_config_path": load_interactions,
+    }
 
 
 def _translate(args: argparse.Namespace) -> Translation:

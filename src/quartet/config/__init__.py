@@ -26,11 +26,12 @@ from quartet.config.rollout import (
 )
 from quartet.config.root import QuartetConfig
 from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
-from quartet.config.trainer import Logger, StalenessControl, TrainerConfig, TrainerMode
+from quartet.config.trainer import AlarmMode, Logger, StalenessControl, TrainerConfig, TrainerMode
 from quartet.config.validate import validate
 
 __all__ = [
     "ActorConfig",
+    "AlarmMode",
     "AlgorithmConfig",
     "ArithmeticOp",
     "Backend",

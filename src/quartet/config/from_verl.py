@@ -13,7 +13,8 @@ default where quartet's default would change the algorithm or the batch shape (`
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,9 @@ from quartet.config.verl_keys import PREFIX_REASONS, RULES, UNMAPPED, VERL_DEFAU
 from quartet.config.yaml_io import parse_scalar
 
 __all__ = [
+    "FILE_KEYS",
     "Conversion",
+    "FileLoader",
     "FromVerlError",
     "Translation",
     "Unmapped",
@@ -36,6 +39,21 @@ __all__ = [
     "translate_overrides",
     "translate_tree",
 ]
+
+
+FILE_KEYS: dict[str, str] = {
+    "rollout.multi_turn.tool_config_path": "tools file",
+    "rollout.multi_turn.interaction_config_path": "interactions file",
+    "data.train_files": "training data file",
+    "data.val_files": "validation data file",
+    "reward.function": "reward function file",
+}
+"""quartet fields the translation fills with paths of files the run reads: `quartet config from-verl`
+checks each exists (and that the tools and interactions files load), `Translation.file_problems`."""
+
+FileLoader = Callable[[str], object]
+"""Reads a file the translated config names (e.g. `quartet.agents.tools.registry.load_tools`); raises a
+ValueError or OSError whose message says why it does not load."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +105,13 @@ class Translation:
         """The verl values that produced `quartet_key` (several when verl spells one thing twice)."""
         return [c for c in self.conversions if c.quartet_key == quartet_key]
 
-    def build(self, check: bool = True) -> QuartetConfig:
+    def build(
+        self, check: bool = True, files: Mapping[str, FileLoader | None] | None = None
+    ) -> QuartetConfig:
         """The quartet config (unset fields keep quartet's defaults), validated unless `check=False`.
 
-        Raises FromVerlError naming each failing quartet field with the verl key and value behind it.
+        `files`: check the files the config names (`file_problems`; None: no check). Raises FromVerlError
+        naming each failing quartet field with the verl key and value behind it.
         """
         problems: list[str] = []
         for key, value in self.quartet_values.items():  # each value alone: all bad values, not the first
@@ -98,6 +119,8 @@ class Translation:
                 from_dict(QuartetConfig, Translation((), (), {key: value}).tree(), source="from-verl")
             except ConfigError as err:
                 problems.append(self._explain(err))
+        if files is not None:
+            problems += self.file_problems(files)
         if problems:
             raise FromVerlError(problems)
         cfg = from_dict(QuartetConfig, self.tree(), source="from-verl")
@@ -107,6 +130,19 @@ class Translation:
             return validate(cfg)
         except ConfigError as err:
             raise FromVerlError([self._explain(err)]) from None
+
+    def file_problems(self, loaders: Mapping[str, FileLoader | None]) -> list[str]:
+        """The files the translated config names (`FILE_KEYS`) that are missing, or that do not load with
+        `loaders[key]` (a key without a loader: only that the file exists); each problem names the quartet
+        key, the path, the reason and the verl key and value behind it."""
+        problems = []
+        for key, what in FILE_KEYS.items():
+            for path in _named_files(key, self.quartet_values.get(key)):
+                reason = _file_reason(path, loaders.get(key))
+                if reason:
+                    fix = f"give the path of the {what} (relative paths are read from where quartet runs)"
+                    problems.append(self._explain(ConfigError(key, f"{path}: {reason}", fix)))
+        return problems
 
     def _explain(self, err: ConfigError) -> str:
         """The error's text with, under each problem, the verl keys and values behind its fields."""
@@ -299,6 +335,31 @@ def _merge(conversions: Sequence[Conversion]) -> tuple[dict[str, Any], list[Unma
             reason = f"conflicts with {first.verl_key}={_format_value(first.verl_value)} ({c.quartet_key})"
             clashes.append(Unmapped(c.verl_key, c.verl_value, reason))
     return out, clashes
+
+
+def _named_files(key: str, value: Any) -> list[str]:
+    """The file paths in a `FILE_KEYS` value: a path, a list of paths, or `file.py:function`."""
+    if not value:
+        return []
+    if key == "reward.function":
+        path, sep, _ = str(value).rpartition(":")
+        return [path] if sep and path.endswith(".py") else []  # `package.module:fn` is not a file
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def _file_reason(path: str, loader: FileLoader | None) -> str:
+    """Why `path` cannot serve as the file ("" when it can)."""
+    if not os.path.exists(path):
+        return "no such file"
+    if not os.path.isfile(path):
+        return "not a file"
+    if loader is None:
+        return ""
+    try:
+        loader(path)
+    except (OSError, ValueError) as err:
+        return f"does not load: {err}"
+    return ""
 
 
 def _known_keys() -> list[str]:

@@ -309,9 +309,6 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may take for weights and KV cache (vLLM on GPU only)."""
 
-    logprob_diff_warn: float = 0.05
-    """Warn when the mean |rollout - trainer| log-prob difference of a step exceeds this (stale weights?)."""
-
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Agent loops: tools, simulated users, turn limits."""
 
@@ -337,7 +334,6 @@ class RolloutConfig:
             f"must lie in (0, 1], got {self.gpu_memory_utilization}",
             "use e.g. 0.5 when the actor trains on the same GPU",
         )
-        require(self.logprob_diff_warn > 0, "logprob_diff_warn", "must be > 0")
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")

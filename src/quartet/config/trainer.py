@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quartet.config.errors import require
 
-__all__ = ["Logger", "StalenessControl", "TrainerConfig", "TrainerMode"]
+__all__ = ["AlarmMode", "Logger", "StalenessControl", "TrainerConfig", "TrainerMode"]
 
 
 class Logger(StrEnum):
@@ -45,6 +45,18 @@ class StalenessControl(StrEnum):
     DROP = "drop"
     """Keep `async_buffer` batches generating ahead; at each step drop the groups with a token older than the
     bound and generate them again (`async/dropped_stale`; the trainer waits for the regeneration)."""
+
+
+class AlarmMode(StrEnum):
+    """What a tripped check of the run's numerics does (`trainer.mismatch_alarm`)."""
+
+    OFF = "off"
+    """No check."""
+    WARN = "warn"
+    """Log the alarm once per step, record it (`alarm` record, `alarm/mismatch` metric) and go on."""
+    STOP = "stop"
+    """Record it, then end the run with the alarm's message as the error (the last completed step is
+    checkpointed first, as for any failure before an update)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,29 @@ class TrainerConfig:
     passes it, every rank's Python stacks go to `<run dir>/hang_<step>.txt` and the run fails naming the
     phase, the silent ranks and their top frames (docs/reliability.md)."""
 
+    mismatch_alarm: AlarmMode = AlarmMode.WARN
+    """Check every step that the rollout engine samples from the policy the trainer trains
+    (`quartet.trainer.mismatch_alarm`): `warn` logs and records a tripped check, `stop` ends the run with
+    it, `off` skips it. The message names the step, the phase (`recompute`: the trainer's old-log-prob pass,
+    `update`: the on-policy update's forward, `drift`: the chat template's re-render), the worst samples
+    and the likely causes (dtypes differ, stale or failed weight sync, template re-rendering)."""
+
+    mismatch_alarm_max_abs_diff: float = 0.0
+    """Largest mean per-token |engine - trainer| log-prob of a step (`rollout/logprob_diff_mean`) before the
+    alarm trips; 0 derives it from the trainer's compute dtype (`actor.mixed_precision`): 3e-4 with
+    float32 (an engine in bfloat16 trips it), 0.05 with bfloat16/float16. Tiny model, 16-token responses:
+    fp32 engine and trainer 0 exactly, bf16 engine and trainer 5e-4..7.5e-4, bf16 engine with an fp32
+    trainer 6e-4..7.5e-4, one skipped weight sync after an update at lr 1e-5 1.4e-3 (1e-3: 0.1)."""
+
+    mismatch_alarm_max_drift_share: float = 0.5
+    """Multi-turn runs: largest share of a step's trajectories whose `agent/token_drift` is above 0 (the chat
+    template's one-shot re-render of the conversation gives other tokens than the trajectory holds) before
+    the alarm trips. A share, not a token count: one drifting trajectory counts every position after its
+    first difference, so counts grow with the response length. Tiny model, calculator tool, 80 tokens: after
+    a short SFT 12-19% of trajectories drift (single-turn ones truncated mid-garbage; no multi-turn one),
+    untrained 97-100% (its random tokens do not re-tokenize the same); a template that reformats earlier turns
+    makes every multi-turn trajectory drift."""
+
     @property
     def run_dir(self) -> Path:
         """`output_dir/project_name/experiment_name`: everything the run writes."""
@@ -189,3 +224,15 @@ class TrainerConfig:
         )
         require(self.hang_timeout_s >= 0, "hang_timeout_s", "must be >= 0", "use 0 for the automatic one")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")
+        require(
+            self.mismatch_alarm_max_abs_diff >= 0,
+            "mismatch_alarm_max_abs_diff",
+            f"must be >= 0, got {self.mismatch_alarm_max_abs_diff}",
+            "use 0 to derive it from the trainer's dtype",
+        )
+        require(
+            0 <= self.mismatch_alarm_max_drift_share <= 1,
+            "mismatch_alarm_max_drift_share",
+            f"must lie in [0, 1], got {self.mismatch_alarm_max_drift_share}",
+            "use 0 to trip on any drift, 1 never to trip on drift",
+        )

@@ -140,9 +140,29 @@ class RunData:
 
     # ---- steps and samples ------------------------------------------------------------------------------
 
+    def alarms(self) -> list[dict[str, Any]]:
+        """The run's alarm records (`trainer.mismatch_alarm` tripped), in the order written: step, alarm,
+        phase, value, threshold, message. A line being written is skipped until it is complete."""
+        file = self.path / METRICS_FILE
+        out: list[dict[str, Any]] = []
+        for line in file.read_text().splitlines() if file.is_file() else []:
+            if '"alarm"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == "alarm":
+                keys = {"value": "alarm/mismatch_value", "threshold": "alarm/mismatch_threshold"}
+                keys |= {key: key for key in ("step", "alarm", "phase", "message")}
+                out.append(_clean({name: rec.get(key) for name, key in keys.items()}))
+        return out
+
     def steps(self) -> list[dict[str, Any]]:
-        """Recorded steps, in order: step, samples, whether the per-token values are there."""
+        """Recorded steps, in order: step, samples, whether the per-token values are there, and the phase of
+        the step's alarm (None: none tripped)."""
         folder = self.path / ROLLOUTS_DIR
+        alarmed = {a["step"]: a["phase"] for a in self.alarms()}
         out = []
         for file in sorted(folder.glob(ROLLOUT_TABLE_GLOB)) if folder.is_dir() else []:
             step = rollout_table_step(file.name)
@@ -150,7 +170,8 @@ class RunData:
                 continue
             meta = pq.read_metadata(file)
             names = set(meta.schema.to_arrow_schema().names)
-            out.append({"step": step, "samples": meta.num_rows, "tokens": "token_ids" in names})
+            tokens = "token_ids" in names
+            out.append({"step": step, "samples": meta.num_rows, "tokens": tokens, "alarm": alarmed.get(step)})
         return sorted(out, key=lambda s: s["step"])
 
     def _table(self, step: int, columns: tuple[str, ...] | None = None) -> pa.Table:

@@ -5,7 +5,8 @@ assets, so nothing is fetched from the network) and:
 
     GET /api/runs                                   the runs shown (the first, then `--compare` ones)
     GET /api/run/{run}/curves                       panels of `quartet plot` and every metric, as points
-    GET /api/run/{run}/steps                        recorded steps
+    GET /api/run/{run}/steps                        recorded steps (each with its alarm's phase, if any)
+    GET /api/run/{run}/alarms                       the run's alarm records (`trainer.mismatch_alarm`)
     GET /api/run/{run}/step/{step}/samples?...      one page of samples after filters (`SampleFilter`)
     GET /api/run/{run}/step/{step}/sample/{row}     one sample with per-token values
     GET /api/run/{run}/step/{step}/group/{uid}      the samples of one prompt
@@ -119,6 +120,10 @@ async def steps(request: web.Request) -> web.Response:
     return await _json(request, _run(request).steps)
 
 
+async def alarms(request: web.Request) -> web.Response:
+    return await _json(request, _run(request).alarms)
+
+
 async def samples(request: web.Request) -> web.Response:
     run = _run(request)
     try:
@@ -183,6 +188,7 @@ def build_app(run_dirs: list[Path]) -> web.Application:
     app.router.add_get("/api/runs", runs)
     app.router.add_get("/api/run/{run}/curves", curves)
     app.router.add_get("/api/run/{run}/steps", steps)
+    app.router.add_get("/api/run/{run}/alarms", alarms)
     app.router.add_get("/api/run/{run}/step/{step}/samples", samples)
     app.router.add_get("/api/run/{run}/step/{step}/sample/{row}", sample)
     app.router.add_get("/api/run/{run}/step/{step}/group/{uid}", group)

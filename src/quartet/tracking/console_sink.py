@@ -111,6 +111,12 @@ def format_record(rec: Mapping[str, Any]) -> str:
         return str(rec["note"])
     if kind in ("memory_plan", "memory") and rec.get("checked"):
         return format_memory(rec)
+    if kind == "alarm" and "phase" in rec:  # the message itself is the run log's warning
+        return (
+            f"alarm  step {rec.get('step')}  {rec.get('alarm')} ({rec['phase']})  "
+            f"{float(rec.get('alarm/mismatch_value', 0.0)):.3g} > "
+            f"{float(rec.get('alarm/mismatch_threshold', 0.0)):.3g}"
+        )
     if kind == "checkpoint" and "path" in rec:
         return f"checkpoint  step {rec.get('step')}  {rec['path']}  ({float(rec.get('seconds', 0.0)):.1f} s)"
     step = record_step(rec)

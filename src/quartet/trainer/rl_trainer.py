@@ -48,6 +48,7 @@ from quartet.trainer.callbacks import CallbackList, OnRecord, Record, RunCallbac
 from quartet.trainer.checkpoint import TrainerState, save_checkpoint
 from quartet.trainer.failure_save import StepBoundary, save_on_failure
 from quartet.trainer.memory import measured_peaks
+from quartet.trainer.mismatch_alarm import MismatchAlarm
 from quartet.trainer.role_state import export_policy, restore_roles, save_roles
 from quartet.trainer.rollout_records import RolloutRecorder
 from quartet.trainer.run_files import name_bad_rows, name_reward_failures
@@ -212,7 +213,11 @@ class RLTrainer:
             tracking.phase(name)
 
         version = prep.resumed.weight_version if prep.resumed is not None else 0
-        runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version)
+
+        def on_alarm(alarm: MismatchAlarm) -> None:  # the trackers and `quartet inspect` see it
+            self.record("alarm", **alarm.record())
+
+        runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version, on_alarm)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
         source = stack.enter_context(open_batch_source(cfg, workers, reward, prep, weights.keeper))
         return _Session(prep, workers, reward, runner, source, records, boundary, result)

@@ -16,12 +16,13 @@ path.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quartet.config import QuartetConfig, TrainerMode, WeightApply
+from quartet.config import AlarmMode, QuartetConfig, TrainerMode, WeightApply
 from quartet.config.plan import OldLogprobs, RefLogprobs
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
 from quartet.core.balance import balanced_order
@@ -36,11 +37,14 @@ from quartet.roles.rollout import Rollout
 from quartet.trainer.batch_source import BatchSource
 from quartet.trainer.busy_time import Interval, busy_outside, pool_metrics
 from quartet.trainer.hang_deadline import PhaseDeadlines
+from quartet.trainer.mismatch_alarm import MismatchAlarm, MismatchAlarmError, MismatchWatch
 from quartet.trainer.phase_timer import PhaseTimer
 from quartet.trainer.weight_push import WeightSync
 from quartet.trainer.workers import Workers, mean_over_ranks
 
 __all__ = ["StepRunner", "TrainedStep", "kl_controller"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,9 +75,14 @@ class StepRunner:
         kl_ctrl: KLController,
         on_phase: Callable[[str], None] | None = None,
         weight_version: int = 0,
+        on_alarm: Callable[[MismatchAlarm], None] | None = None,
     ) -> None:
+        """`on_phase(name)` is told each phase as it starts; `on_alarm(alarm)` each step's tripped log-prob
+        mismatch alarm (`trainer.mismatch_alarm`), before `stop` raises it."""
         self.cfg, self.workers, self.weights, self.kl_ctrl = cfg, workers, weights, kl_ctrl
-        self.on_phase = on_phase
+        self.on_phase, self.on_alarm = on_phase, on_alarm
+        self.watch = MismatchWatch.from_config(cfg)
+        """The log-prob mismatch checks of each step (`quartet.trainer.mismatch_alarm`)."""
         self.weight_version = weight_version
         """Actor updates so far: the version of the weights the last sync sent (0: the initial model)."""
         one_step_off = cfg.trainer.mode is TrainerMode.ONE_STEP_OFF
@@ -113,15 +122,10 @@ class StepRunner:
         if plan.sleep_rollout and not w.rollout_separate:
             w.rollout.call(Rollout.sleep)
         batch = self._balance(batch)
+        self.watch.check_drift(batch)
         if plan.old_logprobs is OldLogprobs.ACTOR_PASS:  # else the update's own log-probs (and metrics)
-            with timer("old_log_prob"):
-                batch = batch.union(w.actor.call_batch(Actor.compute_logprobs, batch))
-            if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
-                metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
-            if "rollout_logprobs" in batch:
-                metrics |= logprob_diff_metrics(
-                    batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]
-                )
+            batch = self._old_logprobs(batch, metrics, timer)
+            self._sound(step, metrics)  # before any update: `stop` leaves the roles at the last step
         if plan.ref_logprobs is not RefLogprobs.NONE:
             with timer("ref"):
                 batch = batch.union(self._ref_logprobs(batch))
@@ -140,9 +144,42 @@ class StepRunner:
             with timer("update_weights"):
                 self.weight_version += 1
                 metrics |= self.weights.sync(self.weight_version, self.apply)
+        if plan.old_logprobs is OldLogprobs.UPDATE:
+            if "rollout/logprob_diff_mean" in metrics and self.cfg.trainer.mode is TrainerMode.SYNC:
+                self.watch.check_update_mean(metrics["rollout/logprob_diff_mean"])
+            self._sound(step, metrics)
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
         return batch, metrics
+
+    def _old_logprobs(self, batch: Batch, metrics: dict[str, float], timer: PhaseTimer) -> Batch:
+        """The actor's no-grad pass (phase `old_log_prob`); its entropy and the engine-trainer difference go
+        to `metrics`, the per-sample difference to the mismatch watch."""
+        with timer("old_log_prob"):
+            batch = batch.union(self.workers.actor.call_batch(Actor.compute_logprobs, batch))
+        if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
+            metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
+        if "rollout_logprobs" in batch:
+            metrics |= logprob_diff_metrics(
+                batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]
+            )
+            self.watch.check_logprobs(batch, self.weight_version, "recompute")
+        return batch
+
+    def _sound(self, step: int, metrics: dict[str, float]) -> None:
+        """This step's mismatch findings, once: `alarm/mismatch` (1 tripped, 0 not), the log line and
+        `on_alarm`; with `trainer.mismatch_alarm=stop` the run ends here with the message."""
+        if self.watch.mode is AlarmMode.OFF:
+            return
+        alarm = self.watch.take(step)
+        metrics["alarm/mismatch"] = float(alarm is not None)
+        if alarm is None:
+            return
+        log.warning("%s", alarm.message())
+        if self.on_alarm is not None:
+            self.on_alarm(alarm)
+        if self.watch.mode is AlarmMode.STOP:
+            raise MismatchAlarmError(alarm.message() + " (trainer.mismatch_alarm=stop; warn or off go on)")
 
     def _ref_logprobs(self, batch: Batch) -> Batch:
         """`ref_logprobs` of the batch from wherever the reference policy lives."""

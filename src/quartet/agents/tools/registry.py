@@ -7,6 +7,9 @@
           type: function
           function: {name: calculator, description: ..., parameters: {type: object, ...}}
 
+verl's layout of the file (`class_name`, `config: {type: native}`, `tool_schema`) loads unchanged, verl's
+classes mapped to quartet's equivalents (`quartet.agents.verl_compat`).
+
 `load_tools(path)` returns the tools by name. Every mistake is a `ToolConfigError` naming the file, the
 entry and the field, e.g. `tools.yaml: tools[1].class: cannot import module 'quartet.agents.tools.calc'
 (...)`, and how to fix it: an unknown key or constructor argument suggests the closest known one, a bad
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.agents.tools.base import Tool, ToolSchemaError
+from quartet.agents.verl_compat import verl_tool_entry
 from quartet.agents.yaml_registry import RegistrySpec, build_registry, construct, entry_config, read_yaml
 
 __all__ = ["ToolConfigError", "build_tools", "load_tools"]
@@ -44,6 +48,7 @@ _SPEC: RegistrySpec[Tool] = RegistrySpec(
     entry_options=("schema",),
     name_field="schema.function.name",
     name_fix="give each tool a unique name in its schema",
+    verl_entry=verl_tool_entry,
 )
 
 

@@ -114,16 +114,30 @@ function drawExtra() {
 // ---- steps -----------------------------------------------------------------------------------------------
 
 async function loadSteps() {
-  const steps = await api(`/api/run/${state.run}/steps`);
-  const known = state.steps.map((s) => s.step).join(",");
+  const [steps, alarms] = await Promise.all([api(`/api/run/${state.run}/steps`), api(`/api/run/${state.run}/alarms`)]);
+  showAlarms(alarms);
+  const known = state.steps.map((s) => `${s.step}:${s.alarm}`).join(",");
   state.steps = steps;
-  if (steps.map((s) => s.step).join(",") === known) return false;
+  if (steps.map((s) => `${s.step}:${s.alarm}`).join(",") === known) return false;
   const sel = $("step"); sel.replaceChildren();
-  for (const s of steps) sel.appendChild(el("option", { value: s.step }, `${s.step} (${s.samples})${s.tokens ? "" : " no tokens"}`));
+  for (const s of steps) {
+    const label = `${s.step} (${s.samples})${s.tokens ? "" : " no tokens"}${s.alarm ? ` \u26a0 mismatch (${s.alarm})` : ""}`;
+    sel.appendChild(el("option", s.alarm ? { value: s.step, class: "alarm", "data-alarm": s.alarm } : { value: s.step }, label));
+  }
   if (state.step === null || !steps.some((s) => s.step === state.step)) state.step = steps.length ? steps[steps.length - 1].step : null;
   sel.value = state.step;
   $("live").textContent = `${steps.length} recorded step(s)`;
   return true;
+}
+
+// the header's badge: which steps tripped the log-prob mismatch alarm (trainer.mismatch_alarm), hover for why
+function showAlarms(alarms) {
+  const badge = $("alarms");
+  const steps = [...new Set(alarms.map((a) => a.step))];
+  badge.hidden = steps.length === 0;
+  badge.textContent = steps.length ? `\u26a0 log-prob mismatch alarm at step ${steps.join(", ")}` : "";
+  badge.title = alarms.map((a) => a.message).join("\n\n");
+  badge.dataset.steps = steps.join(",");
 }
 
 // ---- samples ---------------------------------------------------------------------------------------------
