@@ -25,6 +25,7 @@ DRIVER = shutil.which("chromedriver")
 if CHROMIUM is None or DRIVER is None:
     pytest.skip("no chromium + chromedriver here: `make test-browser` installs them", allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -50,7 +51,10 @@ def page(inspect_runs: tuple[Path, Path]) -> Iterator[tuple[Any, str]]:
 
 
 def _wait(driver: Any, condition: Any) -> Any:
-    return WebDriverWait(driver, WAIT_S).until(condition)
+    # The page re-renders its tables on every filter change: a row found just before a re-render is stale
+    # when read, which means "not yet", not a failure.
+    stale = (StaleElementReferenceException,)
+    return WebDriverWait(driver, WAIT_S, ignored_exceptions=stale).until(condition)
 
 
 def _shot(driver: Any, name: str) -> None:
