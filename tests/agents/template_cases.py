@@ -15,7 +15,8 @@ from transformers import AutoTokenizer
 
 _TOOLS = (
     "{%- if tools -%}"
-    "{{- '<|im_start|>system\\n' + (messages[0]['content'] + '\\n' if messages[0]['role'] == 'system' else '') -}}"
+    "{%- set head = messages[0]['content'] + '\\n' if messages[0]['role'] == 'system' else '' -%}"
+    "{{- '<|im_start|>system\\n' + head -}}"
     "{{- 'Tools:\\n' -}}{%- for tool in tools -%}{{- tool['function']['name'] + '\\n' -}}{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- elif messages[0]['role'] == 'system' -%}"
@@ -44,26 +45,18 @@ _OTHER_ROLES = (
 )
 
 WELL_BEHAVED = (
-    _TOOLS
-    + "{%- for message in messages -%}"
-    + _OTHER_ROLES
-    + "{{- '<|im_start|>assistant\\n' -}}"
+    _TOOLS + "{%- for message in messages -%}" + _OTHER_ROLES + "{{- '<|im_start|>assistant\\n' -}}"
     "{%- if message.get('reasoning_content') -%}"
     "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' -}}"
     "{%- endif -%}"
-    "{{- message['content'] or '' -}}"
-    + _CALLS
-    + _TAIL
+    "{{- message['content'] or '' -}}" + _CALLS + _TAIL
 )
 
 QWEN3_LIKE = (
-    _TOOLS
-    + "{%- set ns = namespace(last_user=-1) -%}"
+    _TOOLS + "{%- set ns = namespace(last_user=-1) -%}"
     "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
     "{%- endif -%}{%- endfor -%}"
-    "{%- for message in messages -%}"
-    + _OTHER_ROLES
-    + "{%- set content = message['content'] or '' -%}"
+    "{%- for message in messages -%}" + _OTHER_ROLES + "{%- set content = message['content'] or '' -%}"
     "{%- set reasoning = message.get('reasoning_content') or '' -%}"
     "{%- if not reasoning and '</think>' in content -%}"
     "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
@@ -73,9 +66,7 @@ QWEN3_LIKE = (
     "{%- if reasoning and loop.index0 > ns.last_user -%}"
     "{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' -}}"
     "{%- endif -%}"
-    "{{- content -}}"
-    + _CALLS
-    + _TAIL
+    "{{- content -}}" + _CALLS + _TAIL
 )
 
 DEFAULT_SYSTEM = WELL_BEHAVED.replace(

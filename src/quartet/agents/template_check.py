@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quartet.agents.template_probes import Probe, standard_probes
-from quartet.agents.trajectory import ChatRenderer
+from quartet.agents.trajectory import ChatRenderer, first_difference
 
 __all__ = [
     "RULE_TEXT",
@@ -42,7 +42,7 @@ __all__ = [
     "check_template",
 ]
 
-_WINDOW = 12  # tokens shown each side of a divergence
+_WINDOW = 24  # tokens shown each side of a divergence
 _HERE = " >>> "
 
 
@@ -160,7 +160,7 @@ def check_model_dir(model_dir: str | Path, probes: Sequence[Probe] | None = None
     check it on `probes` (the standard ones by default). ValueError when it has no chat template."""
     from transformers import AutoTokenizer
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))  # type: ignore[no-untyped-call]
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"{model_dir}: the tokenizer has no chat template. Fix: point at a chat model's folder, or "
@@ -217,7 +217,7 @@ def _turn_check(
     probe: Probe, k: int, renderer: ChatRenderer, kept: list[int], fresh: list[int], answer: list[Any]
 ) -> TurnCheck:
     """Prefix property of turn k; where it holds, the new messages rendered alone against the continuation."""
-    at = _first_difference(kept, fresh)
+    at = first_difference(kept, fresh)
     if at < len(kept):
         rule = _prefix_rule(probe, k, renderer, kept, fresh, at)
         brk = TemplateBreak(rule, at, _window(renderer, kept, at), _window(renderer, fresh, at))
@@ -233,7 +233,7 @@ def _turn_check(
     alone = renderer.encode(alone_text)
     if alone == continuation:
         return TurnCheck(probe.name, k + 1, True, True)
-    at = _first_difference(continuation, alone)
+    at = first_difference(continuation, alone)
     shown_c, shown_a = _window(renderer, continuation, at), _window(renderer, alone, at)
     rule = BreakRule.DEFAULT_SYSTEM_PROMPT if _system_after(shown_a, shown_c) else BreakRule.OTHER
     extra = len(alone) - len(continuation)
@@ -274,14 +274,6 @@ def _system_after(rendered: str, expected: str) -> bool:
     after_r = rendered.split(_HERE, 1)[-1].lower()
     after_e = expected.split(_HERE, 1)[-1].lower()
     return "system" in after_r and "system" not in after_e
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    """The first index where `a` and `b` differ; min(len) when one is a prefix of the other."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def _window(renderer: ChatRenderer, ids: Sequence[int], at: int) -> str:
