@@ -152,3 +152,31 @@ def test_strict_accepts_a_well_behaved_template(folders: dict[str, Path]) -> Non
     assert verdict.prefix_safe
     # the run's own conversation was probed: its tools, its user turns
     assert {t.probe for t in verdict.turns} == {"row0"} and len(verdict.turns) == 3
+
+
+def test_the_run_checks_its_first_rows_before_any_worker(folders: dict[str, Path]) -> None:
+    """`prepare_run`'s step: the training rows, the run's tools and interactions, the configured mode."""
+    from quartet.config import load_config
+    from quartet.data.prompts import PromptDataset
+    from quartet.trainer.rl_data import RLData
+    from quartet.trainer.session import check_chat_template
+
+    keys = ["rollout.multi_turn.enable=true", "rollout.multi_turn.interactions=[guessing_game]"]
+    row = {
+        "prompt": [{"role": "user", "content": "Guess."}],
+        "data_source": "guessing",
+        "reward_model": {"ground_truth": "5"},
+    }
+    for name, mode, refused in [
+        ("qwen3_like", "strict", True),
+        ("qwen3_like", "keep_history_tokens", False),
+        ("well_behaved", "strict", False),
+    ]:
+        cfg = load_config(overrides=[*keys, f"rollout.multi_turn.template_mode={mode}"])
+        tok = AutoTokenizer.from_pretrained(folders[name])
+        data = RLData(PromptDataset.from_rows([row] * 4, cfg.data, tok, "rows.jsonl"), None)
+        if refused:
+            with pytest.raises(TemplateBreakError, match="reasoning_dropped"):
+                check_chat_template(cfg, tok, data, str(folders[name]))
+        else:
+            check_chat_template(cfg, tok, data, str(folders[name]))
