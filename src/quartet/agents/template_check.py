@@ -23,6 +23,7 @@ of two renders (`ChatRenderer.env_turn_ids`) and are not affected by it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -262,7 +263,8 @@ def _prefix_rule(
             closing = turn.raw.find(">", think_end)
             if at < start + len(renderer.encode(turn.raw[: closing + 1])):
                 return BreakRule.REASONING_RERENDERED
-        if turn.tool_call:
+        name = re.search(r'"name"\s*:\s*"([^"]+)"', turn.tool_call)
+        if name and name.group(1) in str(decode(fresh[at:])):  # the call is still there, spelled otherwise
             return BreakRule.TOOL_CALL_RERENDERED
     if _system_after(_window(renderer, fresh, at), _window(renderer, kept, at)):
         return BreakRule.DEFAULT_SYSTEM_PROMPT

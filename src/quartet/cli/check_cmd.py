@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for turn in verdict.turns:
         state = "extends" if turn.extends else f"BREAK {turn.prefix_break.rule if turn.prefix_break else ''}"
         alone = "" if turn.delta_alone else f"  (alone: {turn.delta_break.rule if turn.delta_break else ''})"
-        print(f"  {turn.probe:<34} after model turn {turn.turn}: {state}{alone}")
+        print(f"  {turn.probe:<36} after model turn {turn.turn}: {state}{alone}")
     first = verdict.first_break()
     if first is not None:
         brk = first[1]
