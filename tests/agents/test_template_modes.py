@@ -151,3 +151,36 @@ def test_rerender_on_a_prefix_safe_template_equals_keep(well_behaved: Path) -> N
         kept.response_mask,
         kept.logprobs,
     )
+
+
+def test_rebase_keeps_what_precedes_the_difference_and_masks_the_rest() -> None:
+    t = Trajectory([1, 2, 3], [])
+    t.add_model_turn([4, 5], [-0.4, -0.5], versions=[7, 7])
+    t.add_env_turn("user", [6])
+    t.add_model_turn([7, 8], [-0.7, -0.8], versions=[8, 8])
+    t.reward_last_turn(1.0)
+    # the template rewrites the second model turn (8 -> 9) and adds the new message (10, 11)
+    assert t.rebase([1, 2, 3, 4, 5, 6, 7, 9, 10, 11], "user") == 7
+    assert t.response_ids == [4, 5, 6, 7, 9, 10, 11]
+    assert t.response_mask == [1, 1, 0, 1, 0, 0, 0]
+    assert t.logprobs == [-0.4, -0.5, 0.0, -0.7, 0.0, 0.0, 0.0]
+    assert t.versions == [7, 7, 0, 8, 0, 0, 0]
+    assert [(s.role, s.start, s.stop) for s in t.turns] == [
+        ("assistant", 0, 2),
+        ("user", 2, 3),
+        ("assistant", 3, 4),
+        ("user", 4, 7),
+    ]
+    assert t.turn_rewards == [0.0, 1.0]
+    # an extension only appends, and reports no difference before the old end
+    assert t.rebase([1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12], "tool") == 10
+    assert t.response_ids[-1] == 12 and t.turns[-1].role == "tool"
+    # a difference inside the prompt cuts the prompt there; every model turn leaves the loss
+    assert t.rebase([1, 2, 99, 4], "user") == 2
+    assert (t.prompt_ids, t.response_ids, t.response_mask) == ([1, 2], [99, 4], [0, 0])
+    assert [(s.role, s.start, s.stop) for s in t.turns] == [
+        ("assistant", 0, 0),
+        ("assistant", 0, 0),
+        ("user", 0, 2),
+    ]
+    assert t.assistant_turns == 2
