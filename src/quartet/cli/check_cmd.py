@@ -62,10 +62,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {turn.probe:<36} after model turn {turn.turn}: {state}{alone}")
     first = verdict.first_break()
     if first is not None:
-        brk = first[1]
+        turn, brk = first
+        labels = (
+            ("kept (the engine's tokens)", "template's rendering")
+            if turn.prefix_break is brk
+            else ("template's continuation", "new messages alone")
+        )
         print(f"\nfirst break at token {brk.at} (>>> marks it):")
-        print(f"  kept (the engine's tokens): {brk.expected!r}")
-        print(f"  template's rendering:       {brk.rendered!r}")
+        print(f"  {labels[0]:<26}: {brk.expected!r}")
+        print(f"  {labels[1]:<26}: {brk.rendered!r}")
         if brk.detail:
             print(f"  {brk.detail}")
     print(verdict.summary())
