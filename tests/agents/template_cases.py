@@ -66,7 +66,9 @@ QWEN3_LIKE = (
     "{%- if reasoning and loop.index0 > ns.last_user -%}"
     "{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' -}}"
     "{%- endif -%}"
-    "{{- content -}}" + _CALLS + _TAIL
+    "{{- content -}}"
+    # as Qwen3: a newline between content and the first call, none after empty content
+    "{%- if content and message.get('tool_calls') -%}{{- '\\n' -}}{%- endif -%}" + _CALLS + _TAIL
 )
 
 DEFAULT_SYSTEM = WELL_BEHAVED.replace(

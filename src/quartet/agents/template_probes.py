@@ -92,18 +92,20 @@ def model_tool_call_text(render: Any, tool: dict[str, Any]) -> tuple[str, dict[s
     the structured `tool_calls` entry an OpenAI client keeps for it.
 
     `render(messages)` renders without a generation prompt. The wrapper is what the template writes for the
-    structured call after the assistant's (marked) content; without one found, the Hermes form is used.
+    structured call after empty content, from where a (marked) content would start; without one found, the
+    Hermes form is used.
     """
     name = str(tool.get("function", tool)["name"])
     args = _call_arguments(tool)
     written = json.dumps({"name": name, "arguments": args})
     structured = {"type": "function", "function": {"name": name, "arguments": args}}
     hermes = f"<tool_call>\n{written}\n</tool_call>"
-    try:
-        text = str(render([{"role": "user", "content": "u"}, _with_calls(_MARK, [structured])]))
+    user = {"role": "user", "content": "u"}
+    try:  # where the assistant's content starts, then the call rendered after empty content
+        after = str(render([user, {"role": "assistant", "content": _MARK}])).find(_MARK)
+        text = str(render([user, _with_calls("", [structured])]))
     except Exception:  # noqa: BLE001 - a template that cannot render structured calls: Hermes then
         return hermes, structured
-    after = text.rfind(_MARK)
     decoder = json.JSONDecoder()
     start = text.find("{", after)
     while after >= 0 and start >= 0:
@@ -113,9 +115,7 @@ def model_tool_call_text(render: Any, tool: dict[str, Any]) -> tuple[str, dict[s
             start = text.find("{", start + 1)
             continue
         if isinstance(obj, dict) and name in json.dumps(obj):
-            head = text[after + len(_MARK) : start]
-            tail = _tail_of_call(text[end:])
-            return head + written + tail, structured
+            return text[after:start] + written + _tail_of_call(text[end:]), structured
         start = text.find("{", end)
     return hermes, structured
 
