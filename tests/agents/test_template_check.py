@@ -180,3 +180,11 @@ def test_the_run_checks_its_first_rows_before_any_worker(folders: dict[str, Path
                 check_chat_template(cfg, tok, data, str(folders[name]))
         else:
             check_chat_template(cfg, tok, data, str(folders[name]))
+
+
+def test_cli_help_says_what_the_exit_status_means(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["check", "template", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "exit status" in text and "1  a break" in text and "--json" in text
