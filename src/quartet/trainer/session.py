@@ -43,10 +43,10 @@ from quartet.trainer.workers import Workers, start_workers
 
 __all__ = [
     "Prepared",
+    "check_chat_template",
     "mark_run",
     "open_batch_source",
     "prepare_run",
-    "check_chat_template",
     "record_location",
     "run_names",
     "start_roles",
