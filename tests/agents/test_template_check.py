@@ -109,6 +109,8 @@ def test_cli_names_a_folder_without_a_chat_template(
     folder = save_with_template(tiny_model_dir, "", tmp_path / "plain")
     assert main(["check", "template", str(folder)]) == 1
     assert "no chat template" in capsys.readouterr().err
+    assert main(["check", "template", str(tmp_path / "missing")]) == 1
+    assert "is not a folder" in capsys.readouterr().err
 
 
 def _runner(folder: Path, mode: TemplateMode) -> AgentRunner:

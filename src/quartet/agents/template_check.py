@@ -158,9 +158,14 @@ class TemplateVerdict:
 
 def check_model_dir(model_dir: str | Path, probes: Sequence[Probe] | None = None) -> TemplateVerdict:
     """Load the tokenizer (and its chat template) of `model_dir` with `AutoTokenizer.from_pretrained` and
-    check it on `probes` (the standard ones by default). ValueError when it has no chat template."""
+    check it on `probes` (the standard ones by default). ValueError when it is not a folder or has no chat
+    template."""
     from transformers import AutoTokenizer
 
+    if not Path(model_dir).is_dir():
+        raise ValueError(
+            f"{model_dir} is not a folder. Fix: pass a local model folder (tokenizer files and chat template)"
+        )
     tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
