@@ -100,7 +100,9 @@ def agent_batch_metrics(batch: Batch, success_score: float = 1.0) -> dict[str, f
     Per loop counter k (tool calls, failures by kind and by tool, turns, drift): `k/mean` per trajectory,
     and for `tool/*` counters `k/total` over the batch; latency and drift also `.../max`. How trajectories
     ended: `agent/finish/<reason>` shares (aborted, truncated at max_tokens, cut at the deadline, ...),
-    and `agent/deadline_cut/total`. Model tokens per turn: `agent/tokens_per_turn/mean`. Once scored
+    and `agent/deadline_cut/total`; with template_mode=rerender,
+    `agent/template_rerender_breaks/{mean,total}` (turns whose rendering changed tokens already held).
+    Model tokens per turn: `agent/tokens_per_turn/mean`. Once scored
     (`token_level_scores`): `agent/success/mean`, the share whose outcome score reaches `success_score`,
     and `agent/turns_to_success/mean`, the model turns of those. `agent/tool_error_rate`: failed tool calls
     over all calls. `agent/turn_reward/mean`: per trajectory, the sum of its turns' rewards.
@@ -123,7 +125,7 @@ def agent_batch_metrics(batch: Batch, success_score: float = 1.0) -> dict[str, f
             out[f"{key}/total"] = float(values.sum())
         if key == "agent/token_drift":
             out[f"{key}/max"] = float(values.max())
-        if key == "agent/deadline_cut":
+        if key in ("agent/deadline_cut", "agent/template_rerender_breaks"):
             out[f"{key}/total"] = float(values.sum())
     if "finish_reason" in batch.non_tensors:
         reasons = [str(r) for r in batch.non_tensors["finish_reason"]]

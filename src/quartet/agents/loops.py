@@ -20,6 +20,7 @@ from quartet.agents.tool_loop import Generate, LoopLimits, UserSim, run_tool_loo
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import ToolCallParser
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
+from quartet.config.rollout import TemplateMode
 from quartet.rollout.types import FinishReason
 
 if TYPE_CHECKING:
@@ -57,6 +58,12 @@ class AgentEnv:
     tools: dict[str, Tool]
     interactions: dict[str, Interaction]
     limits: LoopLimits
+    template_mode: TemplateMode = TemplateMode.KEEP_HISTORY_TOKENS
+    """How prompts after the first are built (`rollout.multi_turn.template_mode`)."""
+
+    @property
+    def rerender(self) -> bool:
+        return self.template_mode is TemplateMode.RERENDER
 
 
 AgentLoop = Callable[[AgentRow, Generate, AgentEnv], Awaitable[Trajectory]]
@@ -82,7 +89,14 @@ async def single_turn_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> 
 async def tool_agent_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Trajectory:
     """The tool loop over the run's tools."""
     return await run_tool_loop(
-        row.messages, generate, env.renderer, env.parser, env.tools, env.limits, row.tools_kwargs
+        row.messages,
+        generate,
+        env.renderer,
+        env.parser,
+        env.tools,
+        env.limits,
+        row.tools_kwargs,
+        rerender=env.rerender,
     )
 
 
@@ -100,7 +114,15 @@ async def user_sim_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Tra
         )
     user = UserSim(env.interactions[str(name)], kwargs)
     return await run_tool_loop(
-        row.messages, generate, env.renderer, env.parser, env.tools, env.limits, row.tools_kwargs, user
+        row.messages,
+        generate,
+        env.renderer,
+        env.parser,
+        env.tools,
+        env.limits,
+        row.tools_kwargs,
+        user,
+        rerender=env.rerender,
     )
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from quartet.agents.batch import trajectories_to_batch
 from quartet.agents.loops import AgentEnv, AgentRow, run_agent
+from quartet.agents.template_check import TemplateVerdict
 from quartet.agents.tool_loop import LoopLimits
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import get_parser
@@ -102,12 +103,29 @@ class AgentRunner:
 
     def __init__(self, mt: MultiTurnConfig, env: AgentEnv) -> None:
         self.mt, self.env = mt, env
+        self.template_verdict: TemplateVerdict | None = None
+        """The chat-template check on the first rows this runner was given (`preflight`)."""
+
+    def preflight(self, rows: Sequence[list[dict[str, Any]]], model: str = "") -> TemplateVerdict:
+        """Check the chat template on `rows` (the run's first conversations) with the run's tools, before
+        any generation, and act on `template_mode` (`quartet.agents.template_policy`; strict raises)."""
+        from quartet.agents.template_policy import preflight_template
+
+        tools = [tool.schema for tool in self.env.tools.values()] or None
+        tokenizer = self.env.renderer.tokenizer
+        name = model or str(getattr(tokenizer, "name_or_path", "") or "the model")
+        verdict = preflight_template(
+            tokenizer, self.mt.template_mode, rows, tools, bool(self.env.interactions), name
+        )
+        self.template_verdict = verdict
+        return verdict
 
     @classmethod
     def from_config(cls, mt: MultiTurnConfig, tokenizer: Any, max_response_tokens: int) -> AgentRunner:
         tools = build_tools(mt)
         schemas = [tool.schema for tool in tools.values()]
         env = AgentEnv(
+            template_mode=mt.template_mode,
             renderer=ChatRenderer(tokenizer, schemas),
             plain_renderer=ChatRenderer(tokenizer),
             parser=get_parser(mt.tool_call_format),
@@ -194,8 +212,12 @@ class AgentRunner:
         generate_tokens: GenerateTokens,
         pad_token_id: int,
     ) -> Batch:
-        """The rollout Batch of `prompts` (module docstring); runs its own event loop."""
-        trajectories = asyncio.run(self.trajectories(self.rows(prompts), sampling, generate_tokens))
+        """The rollout Batch of `prompts` (module docstring); runs its own event loop. The first call checks
+        the chat template on its rows before generating (`preflight`)."""
+        rows = self.rows(prompts)
+        if self.template_verdict is None:
+            self.preflight([row.messages for row in rows])
+        trajectories = asyncio.run(self.trajectories(rows, sampling, generate_tokens))
         if self.mt.check_drift:
             for t in trajectories:
                 renderer = self.env.renderer if self.env.tools else self.env.plain_renderer

@@ -15,6 +15,12 @@ interaction instead of ending the trajectory: its reply becomes the next user tu
 the conversation is done, or after `max_user_turns` replies. Its last score becomes the trajectory's reward;
 without one, the tools' `calc_reward` sum does (when non-zero).
 
+What the engine sees from turn 2 on follows the template mode (`rollout.multi_turn.template_mode`): with
+keep_history_tokens (and strict) it is the trajectory's own ids, the engine's tokens plus the environment's
+messages rendered once as a delta (`ChatRenderer.env_turn_ids`); with `rerender=True` it is the chat
+template's rendering of the whole conversation, and model tokens the template changed leave the loss
+(`Trajectory.rebase`, counted in `agent/template_rerender_breaks`).
+
 Model turns are decoded with special tokens kept (tool-call tags may be special tokens) and without the
 end-of-turn token, which is how the chat template renders an assistant message: the conversation's
 `messages` then re-render to the same ids (the drift check, `quartet.agents.trajectory.token_drift`).
@@ -36,7 +42,11 @@ from quartet.rollout.types import FinishReason, GenerationOutput
 if TYPE_CHECKING:
     from quartet.agents.interaction import Interaction
 
-__all__ = ["LoopLimits", "UserSim", "run_tool_loop"]
+__all__ = ["RERENDER_BREAKS", "LoopLimits", "UserSim", "run_tool_loop"]
+
+RERENDER_BREAKS = "agent/template_rerender_breaks"
+"""Per trajectory (rerender mode): environment turns whose rendering of the conversation changed tokens
+the trajectory already held (a template that drops reasoning, re-spells tool calls, ...)."""
 
 Generate = Callable[[list[int], int], Awaitable[GenerationOutput]]
 
@@ -81,8 +91,10 @@ async def run_tool_loop(
     limits: LoopLimits,
     tools_kwargs: Mapping[str, Any] | None = None,
     user: UserSim | None = None,
+    rerender: bool = False,
 ) -> Trajectory:
-    """One trajectory of the tool loop from a dataset row's `messages` (see the module docstring)."""
+    """One trajectory of the tool loop from a dataset row's `messages` (see the module docstring);
+    `rerender`: the template mode of that name (`quartet.config.rollout.TemplateMode`)."""
     eot_ids = frozenset(renderer.encode(renderer.end_of_turn))
     trajectory = Trajectory(renderer.prompt_ids(messages), [dict(m) for m in messages])
     kwargs = dict(tools_kwargs or {})
@@ -91,7 +103,9 @@ async def run_tool_loop(
         for name, tool in tools.items()
     }
     user_id = await user.interaction.start(**dict(user.kwargs)) if user is not None else ""
-    episode = _Episode(trajectory, renderer, eot_ids, parser, tools, limits, instances, user, user_id)
+    episode = _Episode(
+        trajectory, renderer, eot_ids, parser, tools, limits, instances, user, user_id, rerender=rerender
+    )
     try:
         await episode.run(generate)
         rewards = [await tools[name].calc_reward(instances[name]) for name in tools]
@@ -141,6 +155,12 @@ class _Episode:
     latencies: list[float] = field(default_factory=list)
     user_turns: int = 0
     user_score: float | None = None
+    rerender: bool = False
+    """The `rerender` template mode: each prompt is the template's rendering of the messages."""
+
+    def __post_init__(self) -> None:
+        if self.rerender:
+            self.counts[RERENDER_BREAKS] = 0.0
 
     def end(self, reason: AgentFinishReason) -> None:
         self.trajectory.finish_reason = reason
@@ -226,10 +246,18 @@ class _Episode:
         self.add_env_turn("tool", replies, ended)
 
     def add_env_turn(self, role: str, contents: list[str], ended: bool) -> None:
-        """Messages from the environment (`role`: "tool" or "user"), rendered once and appended."""
+        """Messages from the environment (`role`: "tool" or "user"), appended: rendered once as a delta
+        after the engine's tokens, or (`rerender`) as the template's rendering of the whole conversation,
+        counting a turn whose rendering changed tokens already there (`Trajectory.rebase`)."""
         env_messages: list[dict[str, Any]] = [{"role": role, "content": c} for c in contents]
-        self.trajectory.add_env_turn(role, self.renderer.env_turn_ids(env_messages, ended_with_eot=ended))
-        self.trajectory.messages += env_messages
+        t = self.trajectory
+        if self.rerender:
+            before = len(t.prompt_ids) + len(t.response_ids)
+            if t.rebase(self.renderer.prompt_ids(t.messages + env_messages), role) < before:
+                self.counts[RERENDER_BREAKS] += 1
+        else:
+            t.add_env_turn(role, self.renderer.env_turn_ids(env_messages, ended_with_eot=ended))
+        t.messages += env_messages
 
     def metrics(self) -> dict[str, float]:
         """The loop's counters, turns and slowest tool call."""

@@ -16,6 +16,16 @@ new messages and the generation prompt, and tokenizes separator + that text once
     full = render([user, assistant(PLACEHOLDER), *new], gen_prompt)  # base + new turns + assistant header
     env  = tokenize(base[after <eot>:] + full[len(base):])
 
+Why a difference against a placeholder conversation, and not one of the other two ways to get the delta:
+rendering [real history + new] minus [real history] would carry into the delta whatever the template
+changes in the real history (a dropped `<think>` block, a re-spelled tool call: the two renders then do not
+even share a prefix), and rendering the new messages alone, with the template's turn wrapper, picks up
+what the template writes at the start of any conversation (a default system prompt, the tool list;
+verl's loop measures and strips that prefix). The placeholder turn has no reasoning, no tool call and no
+history, so only the template's rules for the new messages and the generation prompt reach the delta; a
+template that still renders the placeholder conversation differently once messages follow it is refused
+with a ValueError. `quartet.agents.template_check` tells which templates keep the prefix property at all.
+
 Drift check (`token_drift`): the whole conversation re-rendered by the template in one go and tokenized, as
 a chat-template-based trainer would see it, against the trajectory's ids. Zero for a template and tokenizer
 that round-trip; a model that writes a non-canonical tokenization (possible with BPE) shows up here.
@@ -28,7 +38,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-__all__ = ["AgentFinishReason", "ChatRenderer", "Trajectory", "TurnSpan", "token_drift"]
+__all__ = ["AgentFinishReason", "ChatRenderer", "Trajectory", "TurnSpan", "first_difference", "token_drift"]
 
 _PLACEHOLDER = "\u2063quartet-placeholder\u2063"
 
@@ -119,6 +129,34 @@ class Trajectory:
             self.versions += [0] * len(token_ids)
         self.turns.append(TurnSpan(role, start, len(self.response_ids)))
 
+    def rebase(self, ids: list[int], role: str) -> int:
+        """Make prompt + response equal `ids`, the template's rendering of the whole conversation (the
+        `rerender` template mode). Tokens before the first difference keep their mask, log-probs and turns:
+        same tokens after the same context, so the engine's log-probs still hold. The rest of `ids` becomes
+        one environment span of `role` (mask 0, log-prob 0): tokens the engine did not sample in this
+        context are not trained. A model turn wholly past the difference stays in `turns` as an empty span,
+        so turns and turn rewards still pair up (its reward has no token to land on). Where the difference
+        lies inside the prompt, the prompt is cut there. Returns the index of the first difference (the old
+        length when `ids` only extends the sequence)."""
+        old = self.prompt_ids + self.response_ids
+        at = first_difference(old, ids)
+        if at < len(self.prompt_ids):
+            self.prompt_ids = list(ids[:at])
+        keep = at - len(self.prompt_ids)
+        del self.response_ids[keep:], self.response_mask[keep:], self.logprobs[keep:]
+        if self.versions is not None:
+            del self.versions[keep:]
+        turns = []
+        for t in self.turns:
+            if t.start < keep:
+                turns.append(TurnSpan(t.role, t.start, min(t.stop, keep)))
+            elif t.role == "assistant":
+                turns.append(TurnSpan("assistant", keep, keep))
+        self.turns = turns
+        if at < len(ids):
+            self.add_env_turn(role, list(ids[at:]))
+        return at
+
     def truncate(self, max_tokens: int) -> None:
         """Cut the response to `max_tokens` (the trainer's response width)."""
         if len(self.response_ids) <= max_tokens:
@@ -181,6 +219,14 @@ class ChatRenderer:
             raise ValueError("the chat template renders earlier messages differently once more are added")
         prefix = "" if ended_with_eot else self.end_of_turn
         return self.encode(prefix + self.separator + full[len(self._base) :])
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first index where `a` and `b` differ; min(len) when one is a prefix of the other."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
 
 
 def _assistant(content: str) -> dict[str, Any]:

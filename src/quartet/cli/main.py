@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from quartet import __version__
 from quartet.cli import (
+    check_cmd,
     config_cmd,
     demo,
     doctor,
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"quartet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    check_cmd.add_parser(sub)
     config_cmd.add_parser(sub)
     demo.add_parser(sub)
     doctor.add_parser(sub)

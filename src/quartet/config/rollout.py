@@ -18,6 +18,7 @@ __all__ = [
     "RolloutMode",
     "SamplingConfig",
     "ServerConfig",
+    "TemplateMode",
     "WeightApply",
     "WeightTransport",
     "WeightSyncConfig",
@@ -42,6 +43,15 @@ class RolloutMode(StrEnum):
 
     SYNC = "sync"  # batch calls from the driver (single-turn)
     ASYNC = "async"  # one OpenAI-compatible server per replica, agent loops drive it
+
+
+class TemplateMode(StrEnum):
+    """What a multi-turn run does with a chat template that re-renders history differently from the tokens
+    the engine produced (`quartet check template`; docs/multi_turn.md, "Chat templates across turns")."""
+
+    KEEP_HISTORY_TOKENS = "keep_history_tokens"  # engine tokens kept, new messages rendered as a delta
+    STRICT = "strict"  # as keep_history_tokens, but refuse to start unless the template keeps the prefix
+    RERENDER = "rerender"  # the prompt is the template's rendering of the messages every turn
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,15 @@ class MultiTurnConfig:
 
     check_drift: bool = True
     """Re-render each conversation with the chat template and report `agent/token_drift` (0 = exact)."""
+
+    template_mode: TemplateMode = TemplateMode.KEEP_HISTORY_TOKENS
+    """Multi-turn prompts against the chat template, checked on the first rows before any generation:
+    keep_history_tokens (the engine's tokens are kept, only new messages are rendered: the trained tokens
+    are the generated ones whatever the template does to history), strict (the same, but refuse to start
+    when re-rendering a conversation would not extend its earlier tokens, e.g. a template that drops
+    `<think>` from earlier turns), rerender (the engine sees the template's rendering of the messages every
+    turn; earlier model turns the template changed are masked out of the loss, counted in
+    `agent/template_rerender_breaks`)."""
 
     step_deadline_s: float = 0.0
     """Longest a step's agent loops may run (seconds from the start of its rollout); then every unfinished

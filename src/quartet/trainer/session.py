@@ -43,6 +43,7 @@ from quartet.trainer.workers import Workers, start_workers
 
 __all__ = [
     "Prepared",
+    "check_chat_template",
     "mark_run",
     "open_batch_source",
     "prepare_run",
@@ -85,6 +86,8 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
     data = prepare_rl_data(cfg, tokenizer, run_dir, rules_score)
+    if cfg.rollout.multi_turn.enable:
+        check_chat_template(cfg, tokenizer, data, model_path)
     sampler = PromptSampler(len(data.train), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
     kl_ctrl = kl_controller(cfg)
     if resumed is not None:
@@ -92,6 +95,17 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
         kl_ctrl.load_state_dict(resumed.kl_ctrl)
     total = cfg.trainer.total_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
     return Prepared(planned, checkpoint, resumed, model_path, tokenizer, data, sampler, kl_ctrl, total)
+
+
+def check_chat_template(cfg: QuartetConfig, tokenizer: Any, data: RLData, model_path: str) -> None:
+    """The chat-template check on the first training rows with the run's tools, before any worker starts:
+    logged, and a refusal under `rollout.multi_turn.template_mode=strict` (quartet.agents.template_policy)."""
+    from quartet.agents.runner import AgentRunner
+    from quartet.agents.template_policy import PREFLIGHT_ROWS
+
+    runner = AgentRunner.from_config(cfg.rollout.multi_turn, tokenizer, cfg.data.max_response_length)
+    rows = [data.train.row(i)["raw_prompt"] for i in range(min(PREFLIGHT_ROWS, len(data.train)))]
+    runner.preflight(rows, model_path)
 
 
 def run_names(cfg: QuartetConfig) -> RunNames:
