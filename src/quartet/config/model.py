@@ -26,6 +26,15 @@ class TinyArch(StrEnum):
 
     QWEN2 = "qwen2"
     LLAMA = "llama"
+    QWEN2_VL = "qwen2_vl"
+    """Qwen2-VL: the tiny Qwen2 text model with a two-block vision tower (docs/vision.md)."""
+    QWEN2_5_VL = "qwen2_5_vl"
+    """Qwen2.5-VL: as `qwen2_vl` with Qwen2.5-VL's windowed vision tower."""
+
+    @property
+    def is_vision(self) -> bool:
+        """True for the vision-language architectures (their prompts may hold images)."""
+        return self in (TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL)
 
 
 @dataclass(frozen=True)
