@@ -139,6 +139,11 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
 
+    freeze_vision_tower: bool = True
+    """Vision-language models: keep the vision tower (the image encoder and its merger) frozen and train the
+    language model only, as verl's and TRL's Qwen2-VL recipes commonly do (docs/vision.md). false trains it
+    too. No effect on text-only models."""
+
     remove_padding: bool = False
     """Run the policy's training passes (update, old and reference log-probs, SFT) on packed micro-batches:
     real tokens only, rows end to end, attention confined to each row (`quartet.engines.packing`; verl's

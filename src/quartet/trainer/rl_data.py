@@ -10,10 +10,11 @@ from typing import Any
 
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
+from quartet.data.images import ImageInputs
 from quartet.data.prompts import PromptDataset
 from quartet.tracking.run_layout import DATA_DIR
 
-__all__ = ["RLData", "prepare_rl_data", "prompt_batch", "source_checker"]
+__all__ = ["RLData", "image_inputs", "prepare_rl_data", "prompt_batch", "source_checker"]
 
 
 @dataclass
@@ -24,8 +25,22 @@ class RLData:
     val: PromptDataset | None
 
 
-def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData:
-    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`."""
+def image_inputs(cfg: QuartetConfig, model_path: str, tokenizer: Any) -> ImageInputs | None:
+    """The image processor and image token of a vision-language model (prompts may hold images), with
+    `data.min_pixels` / `data.max_pixels` applied; None for a text-only model."""
+    from quartet.models.loading import is_vision_model, load_image_processor
+
+    if not is_vision_model(model_path):
+        return None
+    processor = load_image_processor(model_path, cfg.data.min_pixels, cfg.data.max_pixels)
+    return ImageInputs.of(processor, tokenizer, cfg.data.image_key)
+
+
+def prepare_rl_data(
+    cfg: QuartetConfig, tokenizer: Any, run_dir: Path, images: ImageInputs | None = None
+) -> RLData:
+    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`;
+    `images` (`image_inputs`) when the model reads images."""
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
@@ -45,8 +60,10 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> RLData
         )
         train_files, val_files = [str(train_path)], val_files or [str(val_path)]
     tools, check = _tool_schemas(cfg), source_checker(cfg)
-    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check)
-    val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check) if val_files else None
+    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check, images)
+    val = (
+        PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check, images) if val_files else None
+    )
     return RLData(train, val)
 
 
