@@ -29,6 +29,8 @@ class SequenceState:
     """Per generated token, its most likely alternatives (filled only when the request asks for them)."""
     versions: list[int] = field(default_factory=list)
     """Per generated token, the engine's weight version that computed it (`EngineCore.weight_version`)."""
+    rope_delta: int = 0
+    """M-RoPE models: a generated token at index i sits at position i + rope_delta (0 for text prompts)."""
     error: BaseException | None = None
     """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
