@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 
 from quartet.engines.spec import EngineSpec, ModelKind
 from quartet.models.loading import ModelFolderError, load_causal_lm, load_value_model
+from quartet.models.vision import guard_placeholders, is_vision_module, vision_model
 
 __all__ = ["ScoreCapture", "build_model", "decoder_layers", "hf_model", "load_reward_model"]
 
@@ -48,6 +49,14 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         if spec.kind is ModelKind.CAUSAL_LM
         else load_value_model(spec.model_path)
     )
+    if is_vision_module(model):
+        guard_placeholders(model)  # training passes read the prompt's image tokens only (`models.vision`)
+        if spec.packs:
+            raise ValueError(
+                "packed passes (model.remove_padding, sequence parallelism) do not run vision-language "
+                "models yet (their M-RoPE positions are 3-D): set model.remove_padding: false and "
+                "model.sequence_parallel_size: 1"
+            )
     if spec.sequence_parallel_size > 1:
         from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
 
@@ -93,6 +102,9 @@ def build_model(spec: EngineSpec) -> nn.Module:
     module: nn.Module = _add_lora(model, spec) if spec.uses_lora else model
     if not spec.trainable:
         module.requires_grad_(False)
+    trunk = vision_model(module)
+    if trunk is not None and spec.freeze_vision_tower:
+        trunk.visual.requires_grad_(False)
     return module
 
 

@@ -96,6 +96,11 @@ def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Pr
     critic is initialised from the policy).
     """
     folder = _check_folder(path, "config.json")
+    if is_vision_model(folder):
+        raise ModelFolderError(
+            f"'{folder}' is a vision-language model: quartet has no value model (critic) for those yet; "
+            "train it with an estimator that needs no critic (algorithm.adv_estimator: grpo, rloo, ...)"
+        )
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # a value regression target should not be noised
     model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(

@@ -1,0 +1,48 @@
+"""The image inputs of a micro-batch for a vision-language model's training passes (`models.vision`).
+
+A row's images travel with it in the batch's `multi_modal_inputs` column (one object per row), so any
+micro-batching, reordering or split across ranks keeps them together. For the rows of one micro-batch the
+model gets their images stacked in row order, the M-RoPE positions [3, b, T] of the trimmed inputs from the
+model's own `get_rope_index`, and the mask of the prompt's image tokens (so a sampled `<|image_pad|>` in a
+response is a plain token, as it was for the rollout engine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from quartet.core.batch import Batch
+from quartet.engines.inputs import ModelInputs
+from quartet.models.vision import mrope_positions, stack_multi_modal, vision_model
+
+__all__ = ["VisionCall", "vision_call"]
+
+VisionCall = tuple[dict[str, Any], torch.Tensor | None]
+"""Extra keyword arguments of the model's forward, and the prompt's image-token mask [b, T] (or None)."""
+
+
+def vision_call(module: nn.Module, mb: Batch, inputs: ModelInputs, device: torch.device) -> VisionCall:
+    """Forward kwargs (`pixel_values`, `image_grid_thw`, 3-D `position_ids`) of micro-batch `mb` whose
+    trimmed inputs are `inputs`; nothing for a text-only model or a micro-batch without images."""
+    trunk = vision_model(module)
+    rows = mb.non_tensors.get("multi_modal_inputs")
+    if trunk is None or rows is None:
+        return {}, None
+    stacked = stack_multi_modal(list(rows))
+    if stacked is None:
+        return {}, None
+    ids, mask = inputs.input_ids, inputs.attention_mask
+    prompt_cols = ids.shape[1] - inputs.response_width
+    image_mask = (ids == int(trunk.config.image_token_id)) & (mask != 0)
+    image_mask[:, prompt_cols:] = False
+    grid = stacked["image_grid_thw"]
+    positions, _ = mrope_positions(trunk, ids, mask, image_mask, grid)
+    kwargs = {
+        "pixel_values": stacked["pixel_values"].to(device),
+        "image_grid_thw": grid.to(device),
+        "position_ids": positions.to(device),
+    }
+    return kwargs, image_mask.to(device)
