@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from conftest import image_row, png
 
+from conftest import image_row, png
 from quartet.config.data import DataConfig
 from quartet.config.model import Dtype
 from quartet.core.batch import Batch
