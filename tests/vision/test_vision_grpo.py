@@ -10,15 +10,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from conftest import image_row, png
 
+from conftest import image_row, png
 from quartet.config import load_config
 from quartet.models.loading import load_causal_lm
-from quartet.trainer import RLTrainer
 from quartet.tracking.run_layout import HF_DIR
+from quartet.trainer import RLTrainer
 
 # Rewards that differ within a group (so GRPO's advantages are not all 0): the response's length mod 3.
-REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str) % 3\n"
+REWARD = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    return len(solution_str) % 3\n"
+)
 
 
 def _write_data(folder: Path) -> Path:
