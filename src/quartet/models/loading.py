@@ -86,7 +86,9 @@ def load_image_processor(path: str | Path, min_pixels: int = 0, max_pixels: int 
     resized into overridden where given (> 0): Qwen2-VL's `min_pixels` / `max_pixels`."""
     folder = _check_folder(path, "preprocessor_config.json")
     kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v > 0}
-    return AutoImageProcessor.from_pretrained(folder, local_files_only=True, **kwargs)
+    return AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]  # unannotated in transformers
+        folder, local_files_only=True, **kwargs
+    )
 
 
 def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -101,7 +102,7 @@ def _mrope_section(head_dim: int) -> list[int]:
 def build_tiny_vlm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     """A randomly initialised Qwen2-VL (`spec.arch` qwen2_vl) or Qwen2.5-VL (qwen2_5_vl) of `spec`'s text
     shape, with a two-block vision tower whose merger feeds the text width."""
-    ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+    ids = [int(tokenizer.convert_tokens_to_ids(token)) for token in VISION_TOKENS]  # type: ignore[arg-type]
     head_dim = spec.hidden_size // spec.num_attention_heads
     text = dict(
         vocab_size=len(tokenizer),
@@ -124,23 +125,19 @@ def build_tiny_vlm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) ->
     )
     vision: dict[str, object] = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2)
     vision.update(temporal_patch_size=2, in_channels=3)
-    tokens = dict(image_token_id=ids[1], video_token_id=ids[3], vision_start_token_id=ids[0])
-    tokens.update(vision_end_token_id=ids[2])
+    tokens: dict[str, Any] = dict(image_token_id=ids[1], video_token_id=ids[3], vision_start_token_id=ids[0])
+    tokens.update(vision_end_token_id=ids[2], tie_word_embeddings=spec.tie_word_embeddings)
     torch.manual_seed(spec.seed)
     model: PreTrainedModel
     if spec.arch is TinyArch.QWEN2_5_VL:
         vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=spec.hidden_size)
         vision.update(window_size=56, fullatt_block_indexes=[1])
-        config25 = Qwen2_5_VLConfig(  # type: ignore[no-untyped-call]  # transformers' __init__ is unannotated
-            text_config=text, vision_config=vision, tie_word_embeddings=spec.tie_word_embeddings, **tokens
-        )
-        model = Qwen2_5_VLForConditionalGeneration(config25)
+        config25 = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+        model = Qwen2_5_VLForConditionalGeneration(config25)  # type: ignore[no-untyped-call]  # unannotated
     else:
         vision.update(embed_dim=32, hidden_size=spec.hidden_size, mlp_ratio=2)
-        config = Qwen2VLConfig(  # type: ignore[no-untyped-call]  # as above
-            text_config=text, vision_config=vision, tie_word_embeddings=spec.tie_word_embeddings, **tokens
-        )
-        model = Qwen2VLForConditionalGeneration(config)
+        config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
+        model = Qwen2VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]  # as above
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -156,7 +153,7 @@ def save_tiny_vlm(folder: str | Path, spec: TinyModelConfig) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(folder)
     model.save_pretrained(folder)
-    images = Qwen2VLImageProcessorPil(  # type: ignore[no-untyped-call]  # as above
+    images = Qwen2VLImageProcessorPil(
         min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=14, merge_size=2, temporal_patch_size=2
     )
     images.save_pretrained(folder)
