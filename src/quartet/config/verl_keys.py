@@ -212,9 +212,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.path": Rule("model.path", note="must be a local folder: quartet downloads nothing"),
     f"{AR}.model.tokenizer_path": Rule("model.tokenizer_path"),
     f"{AR}.model.enable_gradient_checkpointing": Rule("model.gradient_checkpointing"),
-    f"{AR}.model.use_remove_padding": Rule(
-        "model.remove_padding", note="packed micro-batches (engines/packing)"
-    ),
+    f"{AR}.model.use_remove_padding": Rule("model.remove_padding", note="packed micro-batches"),
     f"{AR}.actor.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="Ulysses sequence parallelism of the policy's passes"
     ),

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,77 +39,15 @@ import torch
 
 from quartet.config.data import DataConfig, OverlongPrompt
 from quartet.core.batch import Batch
-from quartet.data.bad_rows import BadRow
 from quartet.data.errors import DataError, RowProblem
 from quartet.data.images import ImageInputs, expand_image_tokens, row_images
 from quartet.data.reading import RowSource, SourcedRow, read_files
+from quartet.data.report import DatasetReport
 
 __all__ = ["CHAT_ROLES", "DatasetReport", "PromptDataset", "parse_messages", "pad_token_id"]
 
 log = logging.getLogger(__name__)
 _SKIP_HINT = "or set data.skip_bad_rows=true to count and skip such rows"
-
-
-@dataclass
-class DatasetReport:
-    """What loading did with each row."""
-
-    files: tuple[str, ...] = ()
-    rows: int = 0
-    """Rows read."""
-    loaded: int = 0
-    """Rows kept (truncated ones included)."""
-    filtered_overlong: int = 0
-    """Rows dropped for a prompt longer than `max_prompt_length`."""
-    truncated: int = 0
-    """Rows whose prompt was cut to its last `max_prompt_length` tokens."""
-    bad_rows: dict[str, int] = field(default_factory=dict)
-    """Malformed rows skipped, by reason (only with `skip_bad_rows`; otherwise the first one raises)."""
-    first_bad: dict[str, str] = field(default_factory=dict)
-    """The first skipped row's message, by reason."""
-    longest_prompt: int = 0
-    """Longest kept prompt, in tokens (after truncation)."""
-    bad: list[BadRow] = field(default_factory=list)
-    """Every skipped, over-long-filtered or truncated row, named (file, row, field, reason)."""
-    seconds: float = 0.0
-    """Time spent reading, checking and tokenizing."""
-
-    @property
-    def skipped(self) -> int:
-        """Malformed rows skipped, all reasons."""
-        return sum(self.bad_rows.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counts as plain data (for logs and trackers)."""
-        return {
-            "files": list(self.files),
-            "rows": self.rows,
-            "loaded": self.loaded,
-            "filtered_overlong": self.filtered_overlong,
-            "truncated": self.truncated,
-            "bad_rows": dict(self.bad_rows),
-            "longest_prompt": self.longest_prompt,
-            "seconds": round(self.seconds, 3),
-        }
-
-    def summary(self) -> str:
-        """One line of counts."""
-        bad = ", ".join(f"{k} {v}" for k, v in sorted(self.bad_rows.items())) or "none"
-        return (
-            f"{self.rows} rows read, {self.loaded} loaded, {self.filtered_overlong} over-long filtered, "
-            f"{self.truncated} truncated, bad rows skipped: {bad}; longest prompt {self.longest_prompt} "
-            f"tokens; {self.seconds:.2f}s"
-        )
-
-    def _count_bad(self, error: DataError, reason: str) -> None:
-        self.bad_rows[reason] = self.bad_rows.get(reason, 0) + 1
-        self.first_bad.setdefault(reason, str(error))
-        self._name(error, reason)
-
-    def _name(self, error: DataError, reason: str) -> None:
-        self.bad.append(
-            BadRow("load", error.file, error.row, error.column, reason, error.problem, line=error.line)
-        )
 
 
 @dataclass(frozen=True)
@@ -275,6 +213,29 @@ def _render(
     return [int(t) for t in ids]
 
 
+def _prepare(
+    sourced: SourcedRow,
+    cfg: DataConfig,
+    tokenizer: Any,
+    tools: Sequence[Mapping[str, Any]] | None,
+    check_source: Callable[[str], None] | None,
+    images: ImageInputs | None,
+) -> tuple[_Row, list[int]]:
+    """A row checked and its prompt tokens (each image's tokens expanded); raises `RowProblem`."""
+    if isinstance(sourced.value, RowProblem):
+        raise sourced.value
+    row = _check_row(sourced.value, cfg)
+    if check_source is not None:
+        check_source(row.data_source)
+    base = Path(sourced.source.file).parent
+    shown, blobs, counts = row_images(sourced.value, row.messages, images, base, cfg.prompt_key)
+    tokens = _render(tokenizer, shown, cfg.prompt_key, [dict(t) for t in tools or ()] or None)
+    if images is not None and blobs:
+        tokens = expand_image_tokens(tokens, images.image_token_id, counts, cfg.prompt_key)
+        row = dataclasses.replace(row, images=tuple(blobs))
+    return row, tokens
+
+
 def pad_token_id(tokenizer: Any) -> int:
     """The id prompts are padded with: the pad token, else the end-of-sequence token (as verl does)."""
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
@@ -373,18 +334,7 @@ class PromptDataset:
         for sourced in rows:
             report.rows += 1
             try:
-                if isinstance(sourced.value, RowProblem):
-                    raise sourced.value
-                row = _check_row(sourced.value, cfg)
-                if check_source is not None:
-                    check_source(row.data_source)
-                shown, blobs, counts = row_images(
-                    sourced.value, row.messages, images, Path(sourced.source.file).parent, cfg.prompt_key
-                )
-                tokens = _render(tokenizer, shown, cfg.prompt_key, [dict(t) for t in tools or ()] or None)
-                if images is not None and blobs:
-                    tokens = expand_image_tokens(tokens, images.image_token_id, counts, cfg.prompt_key)
-                    row = dataclasses.replace(row, images=tuple(blobs))
+                row, tokens = _prepare(sourced, cfg, tokenizer, tools, check_source, images)
             except RowProblem as problem:
                 if not cfg.skip_bad_rows:
                     raise sourced.source.error(problem, hint=_SKIP_HINT) from None
