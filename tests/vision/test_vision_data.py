@@ -49,13 +49,16 @@ def test_jsonl_paths_and_expanded_prompt_lengths(tmp_path: Path, parts: tuple[An
     ids = data.prompt_ids(0)
     expected = _tokens(images, wide) + _tokens(images, small)
     assert ids.count(images.image_token_id) == expected > 2
-    text_only = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "x then x?"}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
+    parts = [
+        {"type": "image"},
+        {"type": "text", "text": " then "},
+        {"type": "image"},
+        {"type": "text", "text": "?"},
+    ]
+    one_pad_each = tokenizer.apply_chat_template(
+        [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    assert len(ids) == len(text_only) - 2 + 2 * 3 + expected  # each <image>: start + pads + end for "x"
+    assert len(ids) == len(one_pad_each) - 2 + expected  # each image's single pad became its tokens
     batch = data.batch([0])
     assert batch.non_tensors["images"][0] == [wide, small]  # the files' bytes, for the inspector
     mm = batch.non_tensors["multi_modal_inputs"][0]
