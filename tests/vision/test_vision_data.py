@@ -116,9 +116,15 @@ def test_a_text_model_refuses_image_rows(parts: tuple[Any, ImageInputs]) -> None
 
 def test_verl_multimodal_keys() -> None:
     out = translate_overrides(
-        ["data.image_key=pics", "data.return_multi_modal_inputs=true", "data.video_key=videos"]
+        [
+            "data.image_key=pics",
+            "data.return_multi_modal_inputs=true",
+            "data.video_key=videos",
+            "actor_rollout_ref.actor.freeze_vision_tower=false",
+        ]
     )
     assert out.quartet_values["data.image_key"] == "pics"
+    assert out.quartet_values["model.freeze_vision_tower"] is False
     reasons = {u.key: u.reason for u in out.unmapped}
     assert "pixels" in reasons["data.return_multi_modal_inputs"]
     assert "not videos" in reasons["data.video_key"]

@@ -224,6 +224,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),
+    f"{AR}.actor.freeze_vision_tower": Rule("model.freeze_vision_tower", note="docs/vision.md"),
     f"{AR}.model.lora_rank": Rule("model.lora.rank"),
     f"{AR}.model.lora_alpha": Rule("model.lora.alpha"),
     f"{AR}.model.target_modules": Rule("model.lora.target_modules", _lora_targets, "list copied"),

@@ -256,7 +256,7 @@ def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
         num_kv_heads=spec.num_key_value_heads,
         head_dim=spec.hidden_size // spec.num_attention_heads,
         tie_word_embeddings=spec.tie_word_embeddings,
-        qkv_bias=spec.arch is TinyArch.QWEN2,
+        qkv_bias=spec.arch in (TinyArch.QWEN2, TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL),
         max_position_embeddings=spec.max_position_embeddings,
     )
 
