@@ -80,3 +80,24 @@ def test_rollout_rows_carry_their_own_images(rollout: Batch) -> None:
     ]
     assert grids == counts
     assert all(x[:8] == b"\x89PNG\r\n\x1a\n" for row in rollout.non_tensors["images"] for x in row)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_freeze_vision_tower(tiny_vlm_dir: Path, freeze: bool) -> None:
+    from quartet.config.optim import OptimConfig
+
+    spec = EngineSpec(
+        str(tiny_vlm_dir),
+        ModelKind.CAUSAL_LM,
+        Dtype.FLOAT32,
+        optim=OptimConfig(lr=1e-3),
+        freeze_vision_tower=freeze,
+    )
+    engine = TrainingEngine(spec)
+    trainable = {n for n, p in engine.module.named_parameters() if p.requires_grad}
+    visual = {n for n, _ in engine.module.named_parameters() if n.startswith("model.visual.")}
+    assert visual and any(n.startswith("model.language_model.") for n in trainable)
+    assert (visual & trainable) == (set() if freeze else visual)
+    assert engine.optimizer is not None
+    in_optimizer = sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"])
+    assert in_optimizer == sum(p.numel() for n, p in engine.module.named_parameters() if n in trainable)
