@@ -57,7 +57,7 @@ from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
-from quartet.engines.vision_inputs import VisionCall, vision_call
+from quartet.engines.vision_inputs import NO_VISION, VisionCall, vision_call
 from quartet.models.vision import image_token_mask
 
 __all__ = ["EngineStateError", "TrainingEngine"]
@@ -370,10 +370,10 @@ class TrainingEngine:
                     kept.append(rows)
         return outs, kept
 
-    def _model_call(self, inputs: ModelInputs, vision: VisionCall = ({}, None), **extra: Any) -> Any:
+    def _model_call(self, inputs: ModelInputs, vision: VisionCall = NO_VISION, **extra: Any) -> Any:
         """The model on `inputs`; `vision` (`engines.vision_inputs`) adds a VLM's images and positions."""
         kwargs = {"position_ids": inputs.position_ids.to(self.device), **vision[0], **extra}
-        with self._autocast(), image_token_mask(vision[1]):
+        with self._autocast(), image_token_mask(vision[1], vision[2]):
             return self.module(
                 input_ids=inputs.input_ids.to(self.device),
                 attention_mask=inputs.attention_mask.to(self.device),
@@ -392,7 +392,7 @@ class TrainingEngine:
         """Outputs [b, R] of one micro-batch (graph attached when grad is enabled)."""
         width, full = inputs.response_width, mb["responses"].shape[1]
         valid = inputs.response_mask.to(self.device)
-        vision = vision_call(self.module, mb, inputs, self.device)  # ({}, None) without images
+        vision = vision_call(self.module, mb, inputs, self.device, self.ctx.sharded)
 
         def finish(t: torch.Tensor) -> torch.Tensor:
             return pad_responses(torch.where(valid, t, torch.zeros((), device=t.device)), full)

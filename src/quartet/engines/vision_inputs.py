@@ -5,6 +5,10 @@ micro-batching, reordering or split across ranks keeps them together. For the ro
 model gets their images stacked in row order, the M-RoPE positions [3, b, T] of the trimmed inputs from the
 model's own `get_rope_index`, and the mask of the prompt's image tokens (so a sampled `<|image_pad|>` in a
 response is a plain token, as it was for the rollout engine).
+
+Under FSDP every rank must run the same sharded modules in every forward (each runs their all-gathers), so
+a sharded engine gives a micro-batch without images a stand-in image whose features go nowhere
+(`models.vision.stand_in_image`); they stay in the graph, so the tower's gradient collectives run too.
 """
 
 from __future__ import annotations
@@ -16,25 +20,35 @@ from torch import nn
 
 from quartet.core.batch import Batch
 from quartet.engines.inputs import ModelInputs
-from quartet.models.vision import mrope_positions, stack_multi_modal, vision_model
+from quartet.models.vision import mrope_positions, stack_multi_modal, stand_in_image, vision_model
 
 __all__ = ["VisionCall", "vision_call"]
 
-VisionCall = tuple[dict[str, Any], torch.Tensor | None]
-"""Extra keyword arguments of the model's forward, and the prompt's image-token mask [b, T] (or None)."""
+VisionCall = tuple[dict[str, Any], torch.Tensor | None, bool]
+"""Extra keyword arguments of the model's forward, the prompt's image-token mask [b, T] (or None), and
+whether the image is a stand-in."""
+
+NO_VISION: VisionCall = ({}, None, False)
 
 
-def vision_call(module: nn.Module, mb: Batch, inputs: ModelInputs, device: torch.device) -> VisionCall:
+def vision_call(
+    module: nn.Module, mb: Batch, inputs: ModelInputs, device: torch.device, sharded: bool = False
+) -> VisionCall:
     """Forward kwargs (`pixel_values`, `image_grid_thw`, 3-D `position_ids`) of micro-batch `mb` whose
-    trimmed inputs are `inputs`; nothing for a text-only model or a micro-batch without images."""
+    trimmed inputs are `inputs`; nothing for a text-only model, or for a micro-batch without images unless
+    the engine is `sharded` (then a stand-in image)."""
     trunk = vision_model(module)
+    if trunk is None:
+        return NO_VISION
     rows = mb.non_tensors.get("multi_modal_inputs")
-    if trunk is None or rows is None:
-        return {}, None
-    stacked = stack_multi_modal(list(rows))
-    if stacked is None:
-        return {}, None
+    stacked = stack_multi_modal(list(rows)) if rows is not None else None
     ids, mask = inputs.input_ids, inputs.attention_mask
+    if stacked is None:
+        if not sharded:
+            return NO_VISION
+        stand_in = stand_in_image(trunk)
+        kwargs = {k: v.to(device) for k, v in stand_in.items()}
+        return kwargs, torch.zeros(ids.shape, dtype=torch.bool, device=device), True
     prompt_cols = ids.shape[1] - inputs.response_width
     image_mask = (ids == int(trunk.config.image_token_id)) & (mask != 0)
     image_mask[:, prompt_cols:] = False
@@ -45,4 +59,4 @@ def vision_call(module: nn.Module, mb: Batch, inputs: ModelInputs, device: torch
         "image_grid_thw": grid.to(device),
         "position_ids": positions.to(device),
     }
-    return kwargs, image_mask.to(device)
+    return kwargs, image_mask.to(device), False

@@ -32,13 +32,16 @@ __all__ = [
     "is_vision_module",
     "mrope_positions",
     "stack_multi_modal",
+    "stand_in_image",
     "vision_model",
 ]
 
 MultiModalInputs = dict[str, torch.Tensor]
 """One row's processed images: `pixel_values` [patches, C * t * p * p] and `image_grid_thw` [images, 3]."""
 
-_PROMPT_IMAGE_MASK: ContextVar[torch.Tensor | None] = ContextVar("quartet_prompt_image_mask", default=None)
+_PROMPT_IMAGE_MASK: ContextVar[tuple[torch.Tensor, bool] | None] = ContextVar(
+    "quartet_prompt_image_mask", default=None
+)
 
 
 def vision_model(model: nn.Module) -> Any | None:
@@ -55,6 +58,18 @@ def vision_model(model: nn.Module) -> Any | None:
 def is_vision_module(model: nn.Module) -> bool:
     """True for a Qwen2-VL style model (it reads images)."""
     return vision_model(model) is not None
+
+
+def stand_in_image(trunk: Any) -> MultiModalInputs:
+    """The smallest image the vision tower takes (one merged patch of zeros), for a forward without images
+    on a rank whose peers have some: under FSDP every rank must run the same sharded blocks."""
+    vision = trunk.config.vision_config
+    merge = int(vision.spatial_merge_size)
+    width = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    return {
+        "pixel_values": torch.zeros(merge * merge, width),
+        "image_grid_thw": torch.tensor([[1, merge, merge]]),
+    }
 
 
 def stack_multi_modal(rows: Sequence[MultiModalInputs | None]) -> MultiModalInputs | None:
@@ -100,10 +115,13 @@ def mrope_positions(
 
 
 @contextmanager
-def image_token_mask(mask: torch.Tensor | None) -> Iterator[None]:
+def image_token_mask(mask: torch.Tensor | None, stand_in: bool = False) -> Iterator[None]:
     """Inside the block a guarded model (`guard_placeholders`) takes the image tokens of its next forwards
-    from `mask` ([b, T] bool, True on the prompt's image tokens) instead of every `<|image_pad|>`."""
-    token = _PROMPT_IMAGE_MASK.set(mask)
+    from `mask` ([b, T] bool, True on the prompt's image tokens) instead of every `<|image_pad|>`.
+
+    stand_in: the forward's image is a stand-in (`stand_in_image`) whose features go nowhere: `mask` is
+    then all False."""
+    token = _PROMPT_IMAGE_MASK.set(None if mask is None else (mask, stand_in))
     try:
         yield
     finally:
@@ -123,18 +141,19 @@ def guard_placeholders(model: nn.Module) -> None:
         image_features: torch.Tensor | None = None,
         video_features: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = _PROMPT_IMAGE_MASK.get()
-        if mask is None or image_features is None:
+        given = _PROMPT_IMAGE_MASK.get()
+        if given is None or image_features is None:
             result: tuple[torch.Tensor, torch.Tensor] = original(
                 input_ids, inputs_embeds, image_features=image_features, video_features=video_features
             )
             return result
+        mask, stand_in = given
         if mask.shape != inputs_embeds.shape[:2]:
             raise ValueError(
                 f"image token mask {tuple(mask.shape)} for inputs {tuple(inputs_embeds.shape[:2])}"
             )
         count = int(mask.sum())
-        if count != image_features.shape[0]:
+        if count != (0 if stand_in else image_features.shape[0]):
             raise ValueError(f"{count} prompt image tokens for {image_features.shape[0]} image features")
         image = mask.unsqueeze(-1).to(inputs_embeds.device)
         return image, torch.zeros_like(image)
