@@ -3,8 +3,10 @@
 A row's images travel with it in the batch's `multi_modal_inputs` column (one object per row), so any
 micro-batching, reordering or split across ranks keeps them together. For the rows of one micro-batch the
 model gets their images stacked in row order, the M-RoPE positions [3, b, T] of the trimmed inputs from the
-model's own `get_rope_index`, and the mask of the prompt's image tokens (so a sampled `<|image_pad|>` in a
-response is a plain token, as it was for the rollout engine).
+model's own `get_rope_index`, and the mask of the image slots: the image tokens the model did not write,
+those of the prompt and of later turns the environment added (a tool's image, response_mask 0). A sampled
+`<|image_pad|>` (response_mask 1) stays a plain token, as it was for the rollout engine. A row's
+`multi_modal_inputs` then hold all its images in the order they appear.
 
 Under FSDP every rank must run the same sharded modules in every forward (each runs their all-gathers), so
 a sharded engine gives a micro-batch without images a stand-in image whose features go nowhere
@@ -49,9 +51,10 @@ def vision_call(
         stand_in = stand_in_image(trunk)
         kwargs = {k: v.to(device) for k, v in stand_in.items()}
         return kwargs, torch.zeros(ids.shape, dtype=torch.bool, device=device), True
-    prompt_cols = ids.shape[1] - inputs.response_width
+    width = inputs.response_width
     image_mask = (ids == int(trunk.config.image_token_id)) & (mask != 0)
-    image_mask[:, prompt_cols:] = False
+    written = mb["response_mask"][:, :width].to(image_mask.device) != 0  # tokens the model sampled
+    image_mask[:, ids.shape[1] - width :] &= ~written
     grid = stacked["image_grid_thw"]
     positions, _ = mrope_positions(trunk, ids, mask, image_mask, grid)
     kwargs = {

@@ -31,7 +31,9 @@ def vision_prefill(
     none carries images (text prompts keep the plain path, positions 0..P-1).
 
     trunk: the model's multimodal trunk (`models.vision.vision_model`); embed: its token embedding.
-    Raises ValueError when a prompt's image tokens do not match its images.
+    A request's image slots are its prompt's image tokens, or where its `multi_modal["image_mask"]` (one
+    bool per prompt token) says: a multi-turn history whose earlier turns sampled an `<|image_pad|>` marks
+    the environment's image tokens only. Raises ValueError when the slots do not match the images.
     """
     rows = [
         {k: r.multi_modal[k] for k in _PIXEL_KEYS} if r.multi_modal is not None else None for r in requests
@@ -41,6 +43,11 @@ def vision_prefill(
         return None
     valid = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < lengths.unsqueeze(1)
     image_mask = (ids == int(trunk.config.image_token_id)) & valid
+    for i, request in enumerate(requests):
+        given = request.multi_modal.get("image_mask") if request.multi_modal is not None else None
+        if given is not None:
+            slots = torch.as_tensor(given, dtype=torch.bool, device=ids.device)
+            image_mask[i, : slots.shape[0]] &= slots
     h = embed(ids)
     features = image_features(trunk, stacked, h.dtype)
     if features.shape[0] != int(image_mask.sum()):
