@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vision_cases import image_row, png
 
-from conftest import image_row, png
 from quartet.config.data import DataConfig
 from quartet.config.from_verl import translate_overrides
 from quartet.data.errors import DataError

@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from vision_cases import image_row, png
 
-from conftest import image_row, png
 from quartet.config import load_config
 from quartet.models.loading import load_causal_lm
 from quartet.tracking.run_layout import HF_DIR

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from vision_cases import png
 
-from conftest import png
 from quartet.config.model import Dtype
 from quartet.core.batch import Batch
 from quartet.data.images import ImageInputs, expand_image_tokens

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import png
+from vision_cases import png
+
 from quartet.rollout import GenerationRequest
 from quartet.rollout.vllm_images import collapse_image_runs, vllm_prompt
 
