@@ -13,11 +13,24 @@ from quartet.core.batch import Batch
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
 
 
-@pytest.mark.parametrize("micro", [MicroSpec(size=100), MicroSpec(size=1), MicroSpec(max_tokens=60)])
+@pytest.mark.parametrize(
+    ("micro", "packed"),
+    [
+        (MicroSpec(size=100), False),
+        (MicroSpec(size=1), False),
+        (MicroSpec(max_tokens=60), False),
+        (MicroSpec(size=100), True),  # model.remove_padding: rows packed, M-RoPE positions packed too
+        (MicroSpec(max_tokens=60), True),
+    ],
+)
 def test_engine_and_trainer_logprobs_agree_on_image_prompts(
-    tiny_vlm_dir: Path, rollout: Batch, micro: MicroSpec
+    tiny_vlm_dir: Path, rollout: Batch, micro: MicroSpec, packed: bool
 ) -> None:
-    engine = TrainingEngine(EngineSpec(str(tiny_vlm_dir), ModelKind.CAUSAL_LM, Dtype.FLOAT32))
+    spec = EngineSpec(str(tiny_vlm_dir), ModelKind.CAUSAL_LM, Dtype.FLOAT32, remove_padding=packed)
+    engine = TrainingEngine(spec)
+    config: Any = engine.module.config
+    assert engine.spec.packs is packed and config.vision_config._attn_implementation == "sdpa"
+    assert (config.text_config._attn_implementation == "quartet_varlen") is packed
     logprobs, _ = engine.forward_logprobs(rollout, 1.0, micro)
     mask = rollout["response_mask"].bool()
     diff = (logprobs - rollout["rollout_logprobs"]).abs()[mask]

@@ -57,7 +57,7 @@ from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
-from quartet.engines.vision_inputs import NO_VISION, VisionCall, vision_call
+from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision, vision_call
 from quartet.models.vision import image_token_mask
 
 __all__ = ["EngineStateError", "TrainingEngine"]
@@ -406,7 +406,7 @@ class TrainingEngine:
         if self.spec.kind is not ModelKind.CAUSAL_LM:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
         if self.spec.packs:
-            return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
+            return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish, vision)
         # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
         t = inputs.input_ids.shape[1]
         targets = inputs.input_ids[:, t - width :].to(self.device)
@@ -428,14 +428,17 @@ class TrainingEngine:
         with_entropy: bool,
         entropy_grad: bool,
         finish: Callable[[torch.Tensor], torch.Tensor],
+        vision: VisionCall = NO_VISION,
     ) -> ModelOutputs:
         """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
         K real response tokens only, scattered back into the [b, R'] layout."""
         run = PackedRun.of(inputs, self._seq_group, self.device)  # with SP: this rank's token slice
+        extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)  # a VLM's (no SP)
+        kwargs = {**run.model_kwargs(), **extra}
 
         def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
-            with self._autocast():
-                out = self.module(logits_to_keep=run.part.keep.to(self.device), **run.model_kwargs())
+            with self._autocast(), image_token_mask(slots, stand_in):
+                out = self.module(logits_to_keep=run.part.keep.to(self.device), **kwargs)
             return out.logits  # type: ignore[no-any-return]
 
         targets = run.part.targets.to(self.device).unsqueeze(0)

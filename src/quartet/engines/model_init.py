@@ -49,13 +49,13 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         if spec.kind is ModelKind.CAUSAL_LM
         else load_value_model(spec.model_path)
     )
-    if is_vision_module(model):
+    vision = is_vision_module(model)
+    if vision:
         guard_placeholders(model)  # training passes read the prompt's image tokens only (`models.vision`)
-        if spec.packs:
+        if spec.sequence_parallel_size > 1:
             raise ValueError(
-                "packed passes (model.remove_padding, sequence parallelism) do not run vision-language "
-                "models yet (their M-RoPE positions are 3-D): set model.remove_padding: false and "
-                "model.sequence_parallel_size: 1"
+                "sequence parallelism does not split vision-language models yet (the vision tower would "
+                "see a slice of the tokens): set model.sequence_parallel_size: 1"
             )
     if spec.sequence_parallel_size > 1:
         from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
@@ -67,7 +67,9 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         from quartet.engines.packing import VARLEN, register_varlen_attention
 
         register_varlen_attention()
-        model.config._attn_implementation = VARLEN
+        # a VLM packs its language model only: the vision tower keeps its own attention over its patches
+        config = model.config.text_config if vision else model.config
+        config._attn_implementation = VARLEN
     return model
 
 

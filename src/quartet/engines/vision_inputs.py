@@ -24,7 +24,7 @@ from quartet.core.batch import Batch
 from quartet.engines.inputs import ModelInputs
 from quartet.models.vision import mrope_positions, stack_multi_modal, stand_in_image, vision_model
 
-__all__ = ["VisionCall", "vision_call"]
+__all__ = ["NO_VISION", "VisionCall", "packed_vision", "vision_call"]
 
 VisionCall = tuple[dict[str, Any], torch.Tensor | None, bool]
 """Extra keyword arguments of the model's forward, the prompt's image-token mask [b, T] (or None), and
@@ -63,3 +63,16 @@ def vision_call(
         "position_ids": positions.to(device),
     }
     return kwargs, image_mask.to(device), False
+
+
+def packed_vision(vision: VisionCall, attention_mask: torch.Tensor) -> VisionCall:
+    """`vision` of a padded micro-batch for the same rows packed into one sequence (`engines.packing`):
+    positions [3, b, T] -> [3, 1, N] and the image-slot mask [b, T] -> [1, N], real tokens only."""
+    kwargs, mask, stand_in = vision
+    if mask is None:
+        return vision
+    real = attention_mask.to(mask.device) != 0
+    out = dict(kwargs)
+    if "position_ids" in kwargs:
+        out["position_ids"] = kwargs["position_ids"][:, real].unsqueeze(1)
+    return out, mask[real].unsqueeze(0), stand_in
