@@ -128,3 +128,17 @@ def test_verl_multimodal_keys() -> None:
     reasons = {u.key: u.reason for u in out.unmapped}
     assert "pixels" in reasons["data.return_multi_modal_inputs"]
     assert "not videos" in reasons["data.video_key"]
+
+
+def test_pixel_bounds_from_the_config(tiny_vlm_dir: Path) -> None:
+    """data.min_pixels / max_pixels reach the image processor: fewer pixels, fewer prompt tokens."""
+    from quartet.config import load_config
+    from quartet.trainer.rl_data import image_inputs
+
+    tokenizer = load_tokenizer(tiny_vlm_dir)
+    plain = image_inputs(load_config(None, []), str(tiny_vlm_dir), tokenizer)
+    small = image_inputs(load_config(None, ["data.max_pixels=3136"]), str(tiny_vlm_dir), tokenizer)
+    assert plain is not None and small is not None
+    assert plain.tokens_per_image(112, 112) == 16 and small.tokens_per_image(112, 112) == 4
+    blob = png("red", (112, 112))
+    assert int(small.process([blob])["image_grid_thw"].prod()) == 4 * small.merge_size**2
