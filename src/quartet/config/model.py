@@ -87,6 +87,13 @@ class TinyModelConfig:
             "choose a key/value head count that divides num_attention_heads",
         )
         require(self.max_position_embeddings > 0, "max_position_embeddings", "must be > 0")
+        head_dim = self.hidden_size // self.num_attention_heads
+        require(
+            not self.arch.is_vision or head_dim % 16 == 0,
+            "num_attention_heads",
+            f"a {self.arch} tiny model needs a head size divisible by 16 (M-RoPE sections), got {head_dim}",
+            "choose hidden_size / num_attention_heads = 16, 32, 64, ...",
+        )
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,12 @@ class ModelConfig:
             "tensor_parallel_size",
             f"{tp} does not divide the tiny model's {heads} attention and {kv} key/value heads",
             f"pick a common divisor of {heads} and {kv}",
+        )
+        require(
+            not (self.is_tiny and self.tiny.arch.is_vision) or sp == 1,
+            "sequence_parallel_size",
+            f"is {sp}: sequence parallelism does not split vision-language models yet (docs/vision.md)",
+            "set model.sequence_parallel_size: 1",
         )
         require(
             not self.is_tiny or heads % sp == 0,
