@@ -142,3 +142,12 @@ def test_pixel_bounds_from_the_config(tiny_vlm_dir: Path) -> None:
     assert plain.tokens_per_image(112, 112) == 16 and small.tokens_per_image(112, 112) == 4
     blob = png("red", (112, 112))
     assert int(small.process([blob])["image_grid_thw"].prod()) == 4 * small.merge_size**2
+
+
+def test_multi_turn_refuses_a_vision_model(tiny_vlm_dir: Path) -> None:
+    from quartet.config import load_config
+    from quartet.trainer.rl_data import image_inputs
+
+    cfg = load_config(None, ["rollout.multi_turn.enable=true"])
+    with pytest.raises(DataError, match="rollout.multi_turn.enable: false"):
+        image_inputs(cfg, str(tiny_vlm_dir), load_tokenizer(tiny_vlm_dir))

@@ -32,6 +32,15 @@ def image_inputs(cfg: QuartetConfig, model_path: str, tokenizer: Any) -> ImageIn
 
     if not is_vision_model(model_path):
         return None
+    if cfg.rollout.multi_turn.enable:
+        from quartet.data.errors import DataError
+
+        raise DataError(
+            model_path,
+            "rollout.multi_turn does not carry images yet: its turns reach the engine as token ids only, "
+            "which would drop the prompts' images (docs/vision.md)",
+            fix="train a vision-language model single-turn: set rollout.multi_turn.enable: false",
+        )
     processor = load_image_processor(model_path, cfg.data.min_pixels, cfg.data.max_pixels)
     return ImageInputs.of(processor, tokenizer, cfg.data.image_key)
 
