@@ -68,8 +68,11 @@ def test_grpo_trains_a_vlm_on_image_rows(tmp_path: Path) -> None:
             "actor.optim.lr=1e-2",
             "cluster.backend=local",
             "trainer.total_steps=2",
-            "trainer.test_freq=0",
+            f"data.val_files=[{data}]",  # validation generates on image prompts too
+            "data.val_batch_size=4",
+            "trainer.test_freq=2",
             "trainer.val_before_train=false",
+            "trainer.rollout_freq=1",
             "trainer.loggers=[jsonl]",
         ],
     )
@@ -77,12 +80,14 @@ def test_grpo_trains_a_vlm_on_image_rows(tmp_path: Path) -> None:
     assert result.steps == 2
     metrics = result.last_metrics
     assert abs(metrics["rollout/logprob_diff_mean"]) < 1e-5  # engine and trainer agree on image prompts
+    records = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [2]
+    assert (result.run_dir / "rollouts" / "step_2.jsonl").exists()
     bad = [json.loads(x) for x in (result.run_dir / "bad_rows.jsonl").read_text().splitlines()]
-    assert sorted((b["row"], b["reason"]) for b in bad) == [
-        (9, "bad_image"),
-        (10, "bad_image"),
-        (11, "image_count_mismatch"),
-    ]
+    named = sorted((b["row"], b["reason"]) for b in bad if b["stage"] == "load")
+    assert named == sorted(
+        2 * [(9, "bad_image"), (10, "bad_image"), (11, "image_count_mismatch")]
+    )  # train, val
     assert "img/none.png" in next(b["message"] for b in bad if b["row"] == 10)
     before = load_causal_lm(next((tmp_path / "out").rglob("models/*/config.json")).parent).state_dict()
     after = load_causal_lm(result.run_dir / HF_DIR).state_dict()
