@@ -76,8 +76,21 @@ class DataConfig:
     ground_truth_key: str = "reward_model.ground_truth"
     """Dotted path of the reference answer inside a row (verl layout)."""
 
+    image_key: str = "images"
+    """Column holding each row's list of images (vision-language models; docs/vision.md): Image-feature
+    dicts {bytes, path}, encoded bytes, or paths relative to the data file's folder, one per `<image>`
+    placeholder of the prompt. verl's `data.image_key`."""
+
+    min_pixels: int = 0
+    """Vision-language models: the smallest image, in pixels, the image processor resizes to (Qwen2-VL's
+    `min_pixels`). 0: the processor's own (its `preprocessor_config.json`)."""
+
+    max_pixels: int = 0
+    """Vision-language models: the largest image, in pixels, the image processor resizes to (Qwen2-VL's
+    `max_pixels`; an image costs pixels / (14 * 14 * 4) prompt tokens). 0: the processor's own."""
+
     max_prompt_length: int = 64
-    """Longest prompt, in tokens after the chat template."""
+    """Longest prompt, in tokens after the chat template (an image counts its tokens)."""
 
     max_response_length: int = 32
     """Longest response, in tokens, for the whole trajectory (all assistant turns and observations)."""
@@ -121,3 +134,15 @@ class DataConfig:
         )
         require(bool(self.builtin_operations), "builtin_operations", "must not be empty", "e.g. [add]")
         require(bool(self.prompt_key), "prompt_key", "must not be empty", "name the prompt column")
+        require(bool(self.image_key), "image_key", "must not be empty", "name the images column")
+        require(
+            self.min_pixels >= 0, "min_pixels", f"must be >= 0, got {self.min_pixels}", "0: the processor's"
+        )
+        require(
+            self.max_pixels >= 0, "max_pixels", f"must be >= 0, got {self.max_pixels}", "0: the processor's"
+        )
+        require(
+            not (self.min_pixels and self.max_pixels) or self.min_pixels <= self.max_pixels,
+            "min_pixels",
+            f"{self.min_pixels} is larger than max_pixels {self.max_pixels}",
+        )

@@ -26,6 +26,15 @@ class TinyArch(StrEnum):
 
     QWEN2 = "qwen2"
     LLAMA = "llama"
+    QWEN2_VL = "qwen2_vl"
+    """Qwen2-VL: the tiny Qwen2 text model with a two-block vision tower (docs/vision.md)."""
+    QWEN2_5_VL = "qwen2_5_vl"
+    """Qwen2.5-VL: as `qwen2_vl` with Qwen2.5-VL's windowed vision tower."""
+
+    @property
+    def is_vision(self) -> bool:
+        """True for the vision-language architectures (their prompts may hold images)."""
+        return self in (TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,13 @@ class TinyModelConfig:
             "choose a key/value head count that divides num_attention_heads",
         )
         require(self.max_position_embeddings > 0, "max_position_embeddings", "must be > 0")
+        head_dim = self.hidden_size // self.num_attention_heads
+        require(
+            not self.arch.is_vision or head_dim % 16 == 0,
+            "num_attention_heads",
+            f"a {self.arch} tiny model needs a head size divisible by 16 (M-RoPE sections), got {head_dim}",
+            "choose hidden_size / num_attention_heads = 16, 32, 64, ...",
+        )
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,11 @@ class ModelConfig:
 
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+
+    freeze_vision_tower: bool = True
+    """Vision-language models: keep the vision tower (the image encoder and its merger) frozen and train the
+    language model only, as verl's and TRL's Qwen2-VL recipes commonly do (docs/vision.md). false trains it
+    too. No effect on text-only models."""
 
     remove_padding: bool = False
     """Run the policy's training passes (update, old and reference log-probs, SFT) on packed micro-batches:
@@ -190,6 +211,12 @@ class ModelConfig:
             "tensor_parallel_size",
             f"{tp} does not divide the tiny model's {heads} attention and {kv} key/value heads",
             f"pick a common divisor of {heads} and {kv}",
+        )
+        require(
+            not (self.is_tiny and self.tiny.arch.is_vision) or sp == 1,
+            "sequence_parallel_size",
+            f"is {sp}: sequence parallelism does not split vision-language models yet (docs/vision.md)",
+            "set model.sequence_parallel_size: 1",
         )
         require(
             not self.is_tiny or heads % sp == 0,

@@ -202,6 +202,7 @@ RULES: dict[str, Rule] = {
     "data.max_prompt_length": Rule("data.max_prompt_length", note="tokens"),
     "data.max_response_length": Rule("data.max_response_length", note="tokens"),
     "data.prompt_key": Rule("data.prompt_key"),
+    "data.image_key": Rule("data.image_key", note="column of each row's images (docs/vision.md)"),
     "data.reward_fn_key": Rule("data.data_source_key", note="column that selects the scorer"),
     "data.shuffle": Rule("data.shuffle"),
     "data.seed": Rule("data.seed"),
@@ -211,9 +212,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.path": Rule("model.path", note="must be a local folder: quartet downloads nothing"),
     f"{AR}.model.tokenizer_path": Rule("model.tokenizer_path"),
     f"{AR}.model.enable_gradient_checkpointing": Rule("model.gradient_checkpointing"),
-    f"{AR}.model.use_remove_padding": Rule(
-        "model.remove_padding", note="packed micro-batches (engines/packing)"
-    ),
+    f"{AR}.model.use_remove_padding": Rule("model.remove_padding", note="packed micro-batches"),
     f"{AR}.actor.ulysses_sequence_parallel_size": Rule(
         "model.sequence_parallel_size", note="Ulysses sequence parallelism of the policy's passes"
     ),
@@ -225,6 +224,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),
+    f"{AR}.actor.freeze_vision_tower": Rule("model.freeze_vision_tower", note="docs/vision.md"),
     f"{AR}.model.lora_rank": Rule("model.lora.rank"),
     f"{AR}.model.lora_alpha": Rule("model.lora.alpha"),
     f"{AR}.model.target_modules": Rule("model.lora.target_modules", _lora_targets, "list copied"),
@@ -384,7 +384,7 @@ UNMAPPED: dict[str, str] = {
     "data.return_raw_chat": "quartet always keeps the chat messages (it applies the template itself)",
     "data.dataloader_num_workers": "quartet's sampler reads in the driver; no worker processes",
     "data.filter_overlong_prompts_workers": "filtering runs in the driver; no worker processes",
-    "data.image_key": "quartet trains text-only models",
+    "data.return_multi_modal_inputs": "quartet always keeps each row's pixels with the row (no switch)",
     "data.return_full_prompt": _NO_SWITCH,
     "data.custom_cls.path": "quartet has no custom dataset classes (parquet/JSONL, verl layout)",
     "data.custom_cls.name": "quartet has no custom dataset classes",
@@ -436,7 +436,7 @@ UNMAPPED: dict[str, str] = {
     "trainer.rollout_data_dir": "quartet writes rollouts to the run folder (trainer.rollout_freq)",
     "trainer.validation_data_dir": "quartet writes validation generations to the run folder",
     "data.return_raw_input_ids": "quartet re-renders prompts for a reward model itself",
-    "data.video_key": "quartet trains text-only models",
+    "data.video_key": "quartet's vision-language support takes images, not videos",
     f"{AR}.model.return_last_hidden_state": _NO_SWITCH,
     f"{AR}.model.use_fused_loss": _NO_SWITCH,
     f"{AR}.actor.use_torch_compile": _NO_SWITCH,

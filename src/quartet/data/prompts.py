@@ -24,12 +24,14 @@ skipped, dropped or cut row is kept in `DatasetReport.bad` (the trainer writes t
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,76 +39,15 @@ import torch
 
 from quartet.config.data import DataConfig, OverlongPrompt
 from quartet.core.batch import Batch
-from quartet.data.bad_rows import BadRow
 from quartet.data.errors import DataError, RowProblem
+from quartet.data.images import ImageInputs, expand_image_tokens, row_images
 from quartet.data.reading import RowSource, SourcedRow, read_files
+from quartet.data.report import DatasetReport
 
 __all__ = ["CHAT_ROLES", "DatasetReport", "PromptDataset", "parse_messages", "pad_token_id"]
 
 log = logging.getLogger(__name__)
 _SKIP_HINT = "or set data.skip_bad_rows=true to count and skip such rows"
-
-
-@dataclass
-class DatasetReport:
-    """What loading did with each row."""
-
-    files: tuple[str, ...] = ()
-    rows: int = 0
-    """Rows read."""
-    loaded: int = 0
-    """Rows kept (truncated ones included)."""
-    filtered_overlong: int = 0
-    """Rows dropped for a prompt longer than `max_prompt_length`."""
-    truncated: int = 0
-    """Rows whose prompt was cut to its last `max_prompt_length` tokens."""
-    bad_rows: dict[str, int] = field(default_factory=dict)
-    """Malformed rows skipped, by reason (only with `skip_bad_rows`; otherwise the first one raises)."""
-    first_bad: dict[str, str] = field(default_factory=dict)
-    """The first skipped row's message, by reason."""
-    longest_prompt: int = 0
-    """Longest kept prompt, in tokens (after truncation)."""
-    bad: list[BadRow] = field(default_factory=list)
-    """Every skipped, over-long-filtered or truncated row, named (file, row, field, reason)."""
-    seconds: float = 0.0
-    """Time spent reading, checking and tokenizing."""
-
-    @property
-    def skipped(self) -> int:
-        """Malformed rows skipped, all reasons."""
-        return sum(self.bad_rows.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counts as plain data (for logs and trackers)."""
-        return {
-            "files": list(self.files),
-            "rows": self.rows,
-            "loaded": self.loaded,
-            "filtered_overlong": self.filtered_overlong,
-            "truncated": self.truncated,
-            "bad_rows": dict(self.bad_rows),
-            "longest_prompt": self.longest_prompt,
-            "seconds": round(self.seconds, 3),
-        }
-
-    def summary(self) -> str:
-        """One line of counts."""
-        bad = ", ".join(f"{k} {v}" for k, v in sorted(self.bad_rows.items())) or "none"
-        return (
-            f"{self.rows} rows read, {self.loaded} loaded, {self.filtered_overlong} over-long filtered, "
-            f"{self.truncated} truncated, bad rows skipped: {bad}; longest prompt {self.longest_prompt} "
-            f"tokens; {self.seconds:.2f}s"
-        )
-
-    def _count_bad(self, error: DataError, reason: str) -> None:
-        self.bad_rows[reason] = self.bad_rows.get(reason, 0) + 1
-        self.first_bad.setdefault(reason, str(error))
-        self._name(error, reason)
-
-    def _name(self, error: DataError, reason: str) -> None:
-        self.bad.append(
-            BadRow("load", error.file, error.row, error.column, reason, error.problem, line=error.line)
-        )
 
 
 @dataclass(frozen=True)
@@ -118,6 +59,8 @@ class _Row:
     ground_truth: str
     extra_info: dict[str, Any]
     agent_name: str | None
+    images: tuple[bytes, ...] = ()
+    """The row's encoded images (`data.image_key`), in the order of its `<image>` placeholders."""
 
 
 # ---- checking a row --------------------------------------------------------------------------------------
@@ -270,6 +213,29 @@ def _render(
     return [int(t) for t in ids]
 
 
+def _prepare(
+    sourced: SourcedRow,
+    cfg: DataConfig,
+    tokenizer: Any,
+    tools: Sequence[Mapping[str, Any]] | None,
+    check_source: Callable[[str], None] | None,
+    images: ImageInputs | None,
+) -> tuple[_Row, list[int]]:
+    """A row checked and its prompt tokens (each image's tokens expanded); raises `RowProblem`."""
+    if isinstance(sourced.value, RowProblem):
+        raise sourced.value
+    row = _check_row(sourced.value, cfg)
+    if check_source is not None:
+        check_source(row.data_source)
+    base = Path(sourced.source.file).parent
+    shown, blobs, counts = row_images(sourced.value, row.messages, images, base, cfg.prompt_key)
+    tokens = _render(tokenizer, shown, cfg.prompt_key, [dict(t) for t in tools or ()] or None)
+    if images is not None and blobs:
+        tokens = expand_image_tokens(tokens, images.image_token_id, counts, cfg.prompt_key)
+        row = dataclasses.replace(row, images=tuple(blobs))
+    return row, tokens
+
+
 def pad_token_id(tokenizer: Any) -> int:
     """The id prompts are padded with: the pad token, else the end-of-sequence token (as verl does)."""
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
@@ -291,8 +257,11 @@ class PromptDataset:
         sources: Sequence[RowSource],
         pad_id: int,
         report: DatasetReport,
+        images: ImageInputs | None = None,
     ) -> None:
         """Use `from_files` or `from_rows`."""
+        self.images = images
+        """Makes a batch's pixels; None for a text-only model."""
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         # One flat array instead of a list of lists: a million prompts cost 4 bytes a token, not ~36.
@@ -312,6 +281,7 @@ class PromptDataset:
         tokenizer: Any,
         tools: Sequence[Mapping[str, Any]] | None = None,
         check_source: Callable[[str], None] | None = None,
+        images: ImageInputs | None = None,
     ) -> PromptDataset:
         """Load parquet / JSONL files or saved `datasets` folders (concatenated, in order).
 
@@ -319,11 +289,13 @@ class PromptDataset:
         prompt lengths are measured as the model will see them.
         check_source: called with each row's data_source; raises `RowProblem` for one that cannot be
             scored (the row is then refused, or skipped with `data.skip_bad_rows`).
+        images: a vision-language model's image processor and image token: rows may then hold images
+            (`quartet.data.images`); their prompt lengths count each image's tokens.
         """
         if not files:
             raise DataError("(no files)", "no data files were given", fix="set data.train_files=[...]")
         names = tuple(str(f) for f in files)
-        return cls._load(read_files(files), cfg, tokenizer, names, tools, check_source)
+        return cls._load(read_files(files), cfg, tokenizer, names, tools, check_source, images)
 
     @classmethod
     def from_rows(
@@ -334,10 +306,12 @@ class PromptDataset:
         source_name: str,
         tools: Sequence[Mapping[str, Any]] | None = None,
         check_source: Callable[[str], None] | None = None,
+        images: ImageInputs | None = None,
     ) -> PromptDataset:
-        """Load rows already in memory; `source_name` stands in for the file in messages."""
+        """Load rows already in memory; `source_name` stands in for the file in messages (image paths are
+        read relative to its folder)."""
         sourced = (SourcedRow(RowSource(source_name, i), _as_row(r)) for i, r in enumerate(rows))
-        return cls._load(sourced, cfg, tokenizer, (source_name,), tools, check_source)
+        return cls._load(sourced, cfg, tokenizer, (source_name,), tools, check_source, images)
 
     @classmethod
     def _load(
@@ -348,6 +322,7 @@ class PromptDataset:
         files: tuple[str, ...],
         tools: Sequence[Mapping[str, Any]] | None = None,
         check_source: Callable[[str], None] | None = None,
+        images: ImageInputs | None = None,
     ) -> PromptDataset:
         start = time.perf_counter()
         pad_id = pad_token_id(tokenizer)
@@ -359,14 +334,7 @@ class PromptDataset:
         for sourced in rows:
             report.rows += 1
             try:
-                if isinstance(sourced.value, RowProblem):
-                    raise sourced.value
-                row = _check_row(sourced.value, cfg)
-                if check_source is not None:
-                    check_source(row.data_source)
-                tokens = _render(
-                    tokenizer, row.messages, cfg.prompt_key, [dict(t) for t in tools or ()] or None
-                )
+                row, tokens = _prepare(sourced, cfg, tokenizer, tools, check_source, images)
             except RowProblem as problem:
                 if not cfg.skip_bad_rows:
                     raise sourced.source.error(problem, hint=_SKIP_HINT) from None
@@ -376,7 +344,7 @@ class PromptDataset:
                 overlong = sourced.source.error(_overlong(len(tokens), limit, cfg.prompt_key))
                 if cfg.overlong_prompt is OverlongPrompt.ERROR:
                     raise overlong
-                if cfg.overlong_prompt is OverlongPrompt.FILTER:
+                if cfg.overlong_prompt is OverlongPrompt.FILTER or row.images:  # cutting loses image tokens
                     report.filtered_overlong += 1
                     report._name(overlong, "overlong_filtered")
                     continue
@@ -396,7 +364,7 @@ class PromptDataset:
                 f"no usable rows: {report.summary()}",
                 fix=_empty_fix(report, cfg),
             )
-        return cls(kept, ids, sources, pad_id, report)
+        return cls(kept, ids, sources, pad_id, report, images)
 
     # ---- access -----------------------------------------------------------------------------------------
 
@@ -433,7 +401,10 @@ class PromptDataset:
         """Rows `indices` as a Batch: `prompts` [B, P] int64 left-padded with the pad id, `attention_mask`
         [B, P] int64 (1 on prompt tokens), P = longest prompt among them; object columns `data_source`,
         `ground_truth` (str), `extra_info` (dict), `raw_prompt` (messages), `index` (row number in this
-        dataset), and `agent_name` when any row of the dataset has one (None for rows without)."""
+        dataset), and `agent_name` when any row of the dataset has one (None for rows without). With a
+        vision-language model also `images` (each row's encoded images, PNG/JPEG bytes as in the file) and
+        `multi_modal_inputs` (each row's `pixel_values` and `image_grid_thw`, None for a row without
+        images): objects per row, so splitting the batch keeps every row's images with it."""
         rows = [int(i) for i in indices]
         if not rows:
             raise ValueError("batch() needs at least one index")
@@ -457,6 +428,11 @@ class PromptDataset:
         }
         if self.has_agent_name:
             objects["agent_name"] = [r.agent_name for r in picked]
+        if self.images is not None:
+            objects["images"] = [list(r.images) for r in picked]
+            objects["multi_modal_inputs"] = [
+                self.images.process(r.images) if r.images else None for r in picked
+            ]
         return Batch({"prompts": prompts, "attention_mask": mask}, objects)
 
 

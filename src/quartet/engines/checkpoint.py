@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     PreTrainedModel,
@@ -53,6 +54,7 @@ from transformers import (
 from quartet.engines.dist import DistContext
 from quartet.engines.model_init import hf_model
 from quartet.engines.spec import EngineSpec, ModelKind
+from quartet.models.vision import is_vision_module
 
 __all__ = ["TOKENIZER_FILES", "export_hf", "load_checkpoint", "restore_state", "save_checkpoint", "snapshot"]
 
@@ -65,6 +67,8 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "preprocessor_config.json",  # a vision-language model's image processor
+    "processor_config.json",
 )
 
 
@@ -201,7 +205,8 @@ def _consolidated_model(
     """A fresh transformers model holding the gathered weights `full` (LoRA merged)."""
     config = hf_model(module).config
     with torch.device("meta"):
-        fresh: Any = _AUTO_CLASSES[spec.kind].from_config(config)  # type: ignore[no-untyped-call]
+        auto = AutoModelForImageTextToText if is_vision_module(module) else _AUTO_CLASSES[spec.kind]
+        fresh: Any = auto.from_config(config)  # type: ignore[no-untyped-call]
         if spec.uses_lora:
             import peft
 

@@ -57,6 +57,8 @@ from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
+from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision, vision_call
+from quartet.models.vision import image_token_mask
 
 __all__ = ["EngineStateError", "TrainingEngine"]
 
@@ -368,14 +370,15 @@ class TrainingEngine:
                     kept.append(rows)
         return outs, kept
 
-    def _model_call(self, inputs: ModelInputs, **extra: Any) -> Any:
-        with self._autocast():
+    def _model_call(self, inputs: ModelInputs, vision: VisionCall = NO_VISION, **extra: Any) -> Any:
+        """The model on `inputs`; `vision` (`engines.vision_inputs`) adds a VLM's images and positions."""
+        kwargs = {"position_ids": inputs.position_ids.to(self.device), **vision[0], **extra}
+        with self._autocast(), image_token_mask(vision[1], vision[2]):
             return self.module(
                 input_ids=inputs.input_ids.to(self.device),
                 attention_mask=inputs.attention_mask.to(self.device),
-                position_ids=inputs.position_ids.to(self.device),
                 use_cache=False,
-                **extra,
+                **kwargs,
             )
 
     def _run(
@@ -389,6 +392,7 @@ class TrainingEngine:
         """Outputs [b, R] of one micro-batch (graph attached when grad is enabled)."""
         width, full = inputs.response_width, mb["responses"].shape[1]
         valid = inputs.response_mask.to(self.device)
+        vision = vision_call(self.module, mb, inputs, self.device, self.ctx.sharded)
 
         def finish(t: torch.Tensor) -> torch.Tensor:
             return pad_responses(torch.where(valid, t, torch.zeros((), device=t.device)), full)
@@ -397,12 +401,12 @@ class TrainingEngine:
             if self.spec.packs:  # split by tokens under SP (`engines.packed_run`)
                 values = packed_values(self.module, inputs, self._seq_group, self.device, self._autocast)
                 return ModelOutputs(values=finish(values))
-            token_values = self._model_call(inputs).logits.squeeze(-1)
+            token_values = self._model_call(inputs, vision).logits.squeeze(-1)
             return ModelOutputs(values=finish(heads.response_values(token_values, width)))
         if self.spec.kind is not ModelKind.CAUSAL_LM:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
         if self.spec.packs:
-            return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish)
+            return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish, vision)
         # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
         t = inputs.input_ids.shape[1]
         targets = inputs.input_ids[:, t - width :].to(self.device)
@@ -410,8 +414,8 @@ class TrainingEngine:
         def logits(fused: bool) -> torch.Tensor:
             if fused:  # exactly those positions
                 keep = torch.arange(t - width - 1, t - 1, device=self.device)
-                return self._model_call(inputs, logits_to_keep=keep).logits  # type: ignore[no-any-return]
-            return self._model_call(inputs, logits_to_keep=width + 1).logits[:, :-1]  # type: ignore[no-any-return]
+                return self._model_call(inputs, vision, logits_to_keep=keep).logits  # type: ignore[no-any-return]
+            return self._model_call(inputs, vision, logits_to_keep=width + 1).logits[:, :-1]  # type: ignore[no-any-return]
 
         request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
         logprobs, entropy = self._head(logits, targets, request)
@@ -424,14 +428,17 @@ class TrainingEngine:
         with_entropy: bool,
         entropy_grad: bool,
         finish: Callable[[torch.Tensor], torch.Tensor],
+        vision: VisionCall = NO_VISION,
     ) -> ModelOutputs:
         """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
         K real response tokens only, scattered back into the [b, R'] layout."""
         run = PackedRun.of(inputs, self._seq_group, self.device)  # with SP: this rank's token slice
+        extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)  # a VLM's (no SP)
+        kwargs = {**run.model_kwargs(), **extra}
 
         def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
-            with self._autocast():
-                out = self.module(logits_to_keep=run.part.keep.to(self.device), **run.model_kwargs())
+            with self._autocast(), image_token_mask(slots, stand_in):
+                out = self.module(logits_to_keep=run.part.keep.to(self.device), **kwargs)
             return out.logits  # type: ignore[no-any-return]
 
         targets = run.part.targets.to(self.device).unsqueeze(0)

@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 
 from quartet.engines.spec import EngineSpec, ModelKind
 from quartet.models.loading import ModelFolderError, load_causal_lm, load_value_model
+from quartet.models.vision import guard_placeholders, is_vision_module, vision_model
 
 __all__ = ["ScoreCapture", "build_model", "decoder_layers", "hf_model", "load_reward_model"]
 
@@ -48,6 +49,14 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         if spec.kind is ModelKind.CAUSAL_LM
         else load_value_model(spec.model_path)
     )
+    vision = is_vision_module(model)
+    if vision:
+        guard_placeholders(model)  # training passes read the prompt's image tokens only (`models.vision`)
+        if spec.sequence_parallel_size > 1:
+            raise ValueError(
+                "sequence parallelism does not split vision-language models yet (the vision tower would "
+                "see a slice of the tokens): set model.sequence_parallel_size: 1"
+            )
     if spec.sequence_parallel_size > 1:
         from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
 
@@ -58,7 +67,9 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         from quartet.engines.packing import VARLEN, register_varlen_attention
 
         register_varlen_attention()
-        model.config._attn_implementation = VARLEN
+        # a VLM packs its language model only: the vision tower keeps its own attention over its patches
+        config = model.config.text_config if vision else model.config
+        config._attn_implementation = VARLEN
     return model
 
 
@@ -93,6 +104,9 @@ def build_model(spec: EngineSpec) -> nn.Module:
     module: nn.Module = _add_lora(model, spec) if spec.uses_lora else model
     if not spec.trainable:
         module.requires_grad_(False)
+    trunk = vision_model(module)
+    if trunk is not None and spec.freeze_vision_tower:
+        trunk.visual.requires_grad_(False)
     return module
 
 

@@ -88,6 +88,9 @@ class EngineSpec:
     """Causal LM: log-probs and entropy from the hidden states in vocabulary blocks, never the [N, V] logits
     (`engines.fused_head`); None: on when the engine computes on CUDA. Other kinds ignore it."""
 
+    freeze_vision_tower: bool = True
+    """Vision-language models: the vision tower (`model.visual`) gets no gradient and no optimizer state."""
+
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("EngineSpec.model_path is empty; pass a local model folder")

@@ -6,19 +6,30 @@ a `config.json`, so a hub id or a typo fails at once with the path it looked at.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
     AutoConfig,
+    AutoImageProcessor,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForTokenClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
-__all__ = ["ModelFolderError", "load_causal_lm", "load_tokenizer", "load_value_model"]
+__all__ = [
+    "ModelFolderError",
+    "is_vision_model",
+    "load_causal_lm",
+    "load_image_processor",
+    "load_tokenizer",
+    "load_value_model",
+]
 
 
 class ModelFolderError(FileNotFoundError):
@@ -47,10 +58,37 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
+def is_vision_model(path: str | Path) -> bool:
+    """True when the folder's `config.json` describes a vision-language model (it has a `vision_config`)."""
+    config = Path(path).expanduser() / "config.json"
+    if not config.exists():
+        return False
+    try:
+        return "vision_config" in json.loads(config.read_text())
+    except (json.JSONDecodeError, OSError):
+        return False
+
+
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The causal LM saved in `path`, with weights in `dtype`."""
+    """The causal LM saved in `path`, with weights in `dtype`; a vision-language model (Qwen2-VL, ...) is
+    loaded as transformers' image-text-to-text model, which generates text as a causal LM does."""
     folder = _check_folder(path, "config.json")
+    if is_vision_model(folder):
+        vlm: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
+            folder, dtype=dtype, local_files_only=True
+        )
+        return vlm
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+
+
+def load_image_processor(path: str | Path, min_pixels: int = 0, max_pixels: int = 0) -> Any:
+    """The image processor saved in `path` (`preprocessor_config.json`), with the pixel bounds an image is
+    resized into overridden where given (> 0): Qwen2-VL's `min_pixels` / `max_pixels`."""
+    folder = _check_folder(path, "preprocessor_config.json")
+    kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v > 0}
+    return AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]  # unannotated in transformers
+        folder, local_files_only=True, **kwargs
+    )
 
 
 def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -60,6 +98,11 @@ def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Pr
     critic is initialised from the policy).
     """
     folder = _check_folder(path, "config.json")
+    if is_vision_model(folder):
+        raise ModelFolderError(
+            f"'{folder}' is a vision-language model: quartet has no value model (critic) for those yet; "
+            "train it with an estimator that needs no critic (algorithm.adv_estimator: grpo, rloo, ...)"
+        )
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # a value regression target should not be noised
     model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(

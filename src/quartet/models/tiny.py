@@ -16,7 +16,7 @@ import json
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -94,8 +94,14 @@ def _training_text(seed: int, lines: int = 4000) -> Iterator[str]:
         yield f"<|im_start|>user\n{words}<|im_end|>\n<|im_start|>assistant\n{words.capitalize()}.<|im_end|>\n"
 
 
-def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer of `vocab_size` tokens on generated text; it has a chat template."""
+def build_tiny_tokenizer(
+    vocab_size: int = 512, seed: int = 0, extra_special_tokens: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer of `vocab_size` tokens on generated text; it has a chat template.
+
+    `extra_special_tokens` are added after the usual ones (the vision kit's `<|image_pad|>`, ...), never
+    split by the BPE."""
+    specials = [*SPECIAL_TOKENS, *extra_special_tokens]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -103,7 +109,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedToke
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -112,7 +118,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedToke
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        additional_special_tokens=SPECIAL_TOKENS[1:],
+        additional_special_tokens=specials[1:],
         padding_side="left",
         model_max_length=4096,
     )
@@ -151,6 +157,10 @@ def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFa
 def save_tiny_model(folder: str | Path, spec: TinyModelConfig | None = None) -> Path:
     """Build tokenizer and causal LM of `spec` and `save_pretrained` both into `folder`."""
     spec = spec or TinyModelConfig()
+    if spec.arch.is_vision:
+        from quartet.models.tiny_vision import save_tiny_vlm
+
+        return save_tiny_vlm(folder, spec)
     folder = Path(folder)
     tokenizer = build_tiny_tokenizer(spec.vocab_size, spec.seed)
     model = build_tiny_causal_lm(spec, tokenizer)

@@ -152,6 +152,7 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
     policy = shapes.policy
     ref = plan_step(cfg).ref_logprobs
     actor_params = policy.params() + (policy.lora_params(lora) if lora else 0)
+    frozen = policy.vision_params if cfg.model.freeze_vision_tower else 0  # no gradient, no Adam state
     actor_phases = {Phase.OLD_LOG_PROB, Phase.UPDATE_ACTOR} | (
         {Phase.REF} if ref is RefLogprobs.ACTOR else set()
     )
@@ -161,7 +162,7 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
             policy,
             HeadKind.CAUSAL_LM,
             actor_params,
-            policy.lora_params(lora) if lora else actor_params,
+            policy.lora_params(lora) if lora else actor_params - frozen,
             frozenset(actor_phases),
             Phase.UPDATE_ACTOR,
             cfg.actor.param_offload,

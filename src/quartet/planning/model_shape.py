@@ -17,6 +17,11 @@ Biases: qwen2 has them on q/k/v (hard-wired in transformers), llama/qwen3/mistra
 The heads the engines load change the top only: a value model (critic) has no output head but a
 `score` Linear(D, 1) with bias; a reward model a `score` Linear(D, 1) without bias.
 
+Vision-language models (`qwen2_vl`, `qwen2_5_vl`): the language model is sized as above from the config's
+`text_config` (Qwen2's layout), and the vision tower's parameters (`vision_params`) are counted by building
+it on the meta device (no memory). Image tokens are prompt tokens (`data.max_prompt_length` counts them);
+the vision tower's own activations are not sized.
+
 Counting from the config (never from weights) keeps planning free: a 70B config plans in microseconds.
 Any other architecture is refused with `UnknownModelShapeError` rather than sized wrongly.
 """
@@ -24,9 +29,10 @@ Any other architecture is refused with `UnknownModelShapeError` rather than size
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from quartet.config.model import LoraConfig, ModelConfig, TinyArch, TinyModelConfig
@@ -42,7 +48,7 @@ __all__ = [
     "shape_from_tiny",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")
 """transformers `model_type`s whose parameter layout this module knows."""
 
 _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -78,6 +84,8 @@ class ModelShape:
     mlp_bias: bool = False
     qk_norm: bool = False
     max_position_embeddings: int = 0
+    vision_params: int = 0
+    """Parameters of a vision-language model's vision tower (0 for text models)."""
 
     @property
     def q_dim(self) -> int:
@@ -129,8 +137,9 @@ class ModelShape:
 
     @property
     def total_params(self) -> int:
-        """Parameters of the causal LM (tied weights counted once, as `model.parameters()` does)."""
-        return self.embedding_params + self.non_embedding_params
+        """Parameters of the causal LM (tied weights counted once, as `model.parameters()` does), a VLM's
+        vision tower included."""
+        return self.embedding_params + self.non_embedding_params + self.vision_params
 
     def params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
         """Parameters of the model loaded with `head` on the trunk."""
@@ -201,6 +210,9 @@ def shape_from_config(config: Any) -> ModelShape:
     """
     model_type = str(getattr(config, "model_type", "") or "")
     _check_model_type(model_type)
+    if model_type in _VISION_TYPES:
+        text = shape_from_config(_as_qwen2(config.text_config))
+        return replace(text, model_type=model_type, vision_params=_vision_params(config))
     hidden = _field(config, "hidden_size", model_type)
     heads = _field(config, "num_attention_heads", model_type)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -222,6 +234,29 @@ def shape_from_config(config: Any) -> ModelShape:
         qk_norm=model_type == "qwen3",
         max_position_embeddings=int(getattr(config, "max_position_embeddings", 0) or 0),
     )
+
+
+_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
+def _as_qwen2(text_config: Any) -> Any:
+    """A VLM's text config read with Qwen2's layout (biases on q/k/v)."""
+    fields = {k: getattr(text_config, k, None) for k in ("hidden_size", "num_attention_heads", "vocab_size")}
+    fields.update({k: getattr(text_config, k, None) for k in ("intermediate_size", "num_hidden_layers")})
+    fields.update(num_key_value_heads=getattr(text_config, "num_key_value_heads", None), model_type="qwen2")
+    fields.update(tie_word_embeddings=getattr(text_config, "tie_word_embeddings", False))
+    fields.update(max_position_embeddings=getattr(text_config, "max_position_embeddings", 0))
+    return SimpleNamespace(**fields)
+
+
+def _vision_params(config: Any) -> int:
+    """The vision tower's parameters, from the model built on the meta device (no memory, no init)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)  # type: ignore[no-untyped-call]
+    return sum(p.numel() for p in model.model.visual.parameters())
 
 
 def shape_from_path(path: str | Path) -> ModelShape:
@@ -256,7 +291,7 @@ def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
         num_kv_heads=spec.num_key_value_heads,
         head_dim=spec.hidden_size // spec.num_attention_heads,
         tie_word_embeddings=spec.tie_word_embeddings,
-        qkv_bias=spec.arch is TinyArch.QWEN2,
+        qkv_bias=spec.arch in (TinyArch.QWEN2, TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL),
         max_position_embeddings=spec.max_position_embeddings,
     )
 

@@ -82,6 +82,7 @@ class Actor(EngineRole):
                 sequence_parallel_size=run.sequence_parallel_size,
                 tensor_parallel_size=run.tensor_parallel_size,
                 fused_head=run.fused_head,
+                freeze_vision_tower=run.freeze_vision_tower,
             )
         )
         self.clip = ClipParams(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip_c)

@@ -42,5 +42,7 @@ class RunValues:
     """`model.tensor_parallel_size`: devices per tensor group of the policy's engine."""
     fused_head: bool | None = None
     """`model.fused_head`: the policy's log-probs from the hidden states in vocabulary blocks (None: CUDA)."""
+    freeze_vision_tower: bool = True
+    """`model.freeze_vision_tower`: a vision-language policy trains its language model only."""
     custom_module: str = ""
     """`algorithm.custom_module`: a user module whose registered losses the actor's process imports."""

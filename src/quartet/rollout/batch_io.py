@@ -42,10 +42,15 @@ def requests_from_batch(batch: Batch, sampling: SamplingParams) -> list[Generati
             f"attention_mask {tuple(mask.shape)} must cover exactly the prompts {tuple(prompts.shape)}"
         )
     requests = []
+    multi_modal = batch.non_tensors.get("multi_modal_inputs")
+    images = batch.non_tensors.get("images")
     for i in range(len(batch)):
         ids = prompts[i][mask[i] != 0].tolist()
         params = sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + i)
-        requests.append(GenerationRequest(tuple(ids), params))
+        mm = multi_modal[i] if multi_modal is not None else None
+        if mm is not None and images is not None:
+            mm = {**mm, "images": list(images[i])}
+        requests.append(GenerationRequest(tuple(ids), params, multi_modal=mm))
     return requests
 
 

@@ -199,6 +199,11 @@ class GenerationRequest:
     request_id: str = field(default_factory=new_request_id)
     """Caller-chosen id (unique among requests in flight); used by `abort`."""
 
+    multi_modal: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The prompt's processed images for a vision-language model: `pixel_values` and `image_grid_thw`
+    (one row of the batch's `multi_modal_inputs`), and the encoded `images` (for engines that process
+    images themselves, vLLM); None for a text prompt."""
+
     def __post_init__(self) -> None:
         ids = _token_ids("prompt_token_ids", self.prompt_token_ids, self.request_id)
         if not ids:

@@ -55,6 +55,7 @@ from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
+from quartet.rollout.vllm_images import vllm_prompt
 from quartet.rollout.vllm_support import (
     CheckedWeights,
     attention_shape,
@@ -299,11 +300,17 @@ class VLLMRolloutEngine(ThreadedEngine):
             detokenize=bool(p.stop),  # text is only needed to match stop strings
             output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when it is done
         )
-        self.llm.llm_engine.add_request(
-            request.request_id, tokens_input(list(request.prompt_token_ids)), params
-        )
+        image_prompt = vllm_prompt(request, self._image_token_id())
+        prompt = image_prompt if image_prompt is not None else tokens_input(list(request.prompt_token_ids))
+        self.llm.llm_engine.add_request(request.request_id, prompt, params)
         pending.first_step = self._steps + 1
         self._running.add(request.request_id)
+
+    def _image_token_id(self) -> int | None:
+        """The model's image placeholder token (Qwen2-VL style models), None for a text-only model."""
+        config = self.llm.llm_engine.model_config.hf_config
+        token = getattr(config, "image_token_id", None)
+        return int(token) if token is not None else None
 
     def _convert(self, output: RequestOutput) -> list[GenerationOutput]:
         pending = self._pending[output.request_id]

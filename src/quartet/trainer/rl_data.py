@@ -10,10 +10,11 @@ from typing import Any
 
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
+from quartet.data.images import ImageInputs
 from quartet.data.prompts import PromptDataset
 from quartet.tracking.run_layout import DATA_DIR
 
-__all__ = ["RLData", "prepare_rl_data", "prompt_batch", "source_checker"]
+__all__ = ["RLData", "image_inputs", "prepare_rl_data", "prompt_batch", "source_checker"]
 
 
 @dataclass
@@ -24,9 +25,36 @@ class RLData:
     val: PromptDataset | None
 
 
-def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path, rules_score: bool = True) -> RLData:
-    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`.
-    rules_score: False when reward functions passed as callables score (no row needs a rule scorer)."""
+def image_inputs(cfg: QuartetConfig, model_path: str, tokenizer: Any) -> ImageInputs | None:
+    """The image processor and image token of a vision-language model (prompts may hold images), with
+    `data.min_pixels` / `data.max_pixels` applied; None for a text-only model."""
+    from quartet.models.loading import is_vision_model, load_image_processor
+
+    if not is_vision_model(model_path):
+        return None
+    if cfg.rollout.multi_turn.enable:
+        from quartet.data.errors import DataError
+
+        raise DataError(
+            model_path,
+            "rollout.multi_turn does not carry images yet: its turns reach the engine as token ids only, "
+            "which would drop the prompts' images (docs/vision.md)",
+            fix="train a vision-language model single-turn: set rollout.multi_turn.enable: false",
+        )
+    processor = load_image_processor(model_path, cfg.data.min_pixels, cfg.data.max_pixels)
+    return ImageInputs.of(processor, tokenizer, cfg.data.image_key)
+
+
+def prepare_rl_data(
+    cfg: QuartetConfig,
+    tokenizer: Any,
+    run_dir: Path,
+    images: ImageInputs | None = None,
+    rules_score: bool = True,
+) -> RLData:
+    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`;
+    `images` (`image_inputs`) when the model reads images. rules_score: False when reward functions passed
+    as callables score (no row needs a rule scorer)."""
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
     if not train_files:
         from quartet.config.data import BuiltinTask
@@ -46,8 +74,10 @@ def prepare_rl_data(cfg: QuartetConfig, tokenizer: Any, run_dir: Path, rules_sco
         )
         train_files, val_files = [str(train_path)], val_files or [str(val_path)]
     tools, check = _tool_schemas(cfg), source_checker(cfg) if rules_score else None
-    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check)
-    val = PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check) if val_files else None
+    train = PromptDataset.from_files(train_files, cfg.data, tokenizer, tools, check, images)
+    val = (
+        PromptDataset.from_files(val_files, cfg.data, tokenizer, tools, check, images) if val_files else None
+    )
     return RLData(train, val)
 
 

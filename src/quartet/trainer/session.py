@@ -33,7 +33,7 @@ from quartet.trainer.batch_source import BatchSource, SyncGeneration
 from quartet.trainer.checkpoint import TrainerState, find_resume_checkpoint, load_trainer_state
 from quartet.trainer.memory import PlannedRun, plan_run
 from quartet.trainer.replica_recovery import ReplicaKeeper, keep_replicas
-from quartet.trainer.rl_data import RLData, prepare_rl_data, prompt_batch
+from quartet.trainer.rl_data import RLData, image_inputs, prepare_rl_data, prompt_batch
 from quartet.trainer.rollout_feed import RolloutFeed
 from quartet.trainer.run_files import prepare_metrics_file
 from quartet.trainer.scoring import RolloutScorer
@@ -85,7 +85,8 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     (run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
-    data = prepare_rl_data(cfg, tokenizer, run_dir, rules_score)
+    images = image_inputs(cfg, model_path, tokenizer)
+    data = prepare_rl_data(cfg, tokenizer, run_dir, images, rules_score)
     if cfg.rollout.multi_turn.enable:
         check_chat_template(cfg, tokenizer, data, model_path)
     sampler = PromptSampler(len(data.train), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)

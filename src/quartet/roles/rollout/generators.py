@@ -55,6 +55,13 @@ class AgentLoopGenerator(Generator):
         self.runner, self.generate_tokens, self.pad_token_id = runner, generate_tokens, pad_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        images = prompts.non_tensors.get("multi_modal_inputs")
+        if images is not None and any(row is not None for row in images):
+            raise NotImplementedError(
+                "agent loops do not carry images yet: their turns re-render the chat messages as text, which "
+                "would drop the prompt's images (docs/vision.md); train image rows single-turn "
+                "(rollout.multi_turn off, no agent_name column)"
+            )
         out = self.runner.run(prompts, sampling, self.generate_tokens, self.pad_token_id)
         # the temperature the trainer rescales logits by; a greedy batch's log-probs are those of T = 1
         return out.with_meta(temperature=sampling.temperature if sampling.temperature > 0 else 1.0)

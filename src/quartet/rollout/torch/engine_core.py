@@ -47,6 +47,7 @@ from quartet.rollout.torch.scheduler import Scheduler, split_into_groups
 from quartet.rollout.torch.sequence import SequenceGroup, SequenceState
 from quartet.rollout.torch.slot_table import SlotTable
 from quartet.rollout.torch.stopping import StopChecker
+from quartet.rollout.torch.vision_prefill import vision_prefill
 from quartet.rollout.types import FinishReason, GenerationRequest
 from quartet.rollout.validation import InvalidRequestError, RequestLimits, check_request
 
@@ -206,10 +207,13 @@ class EngineCore:
         seqs = self.running[:rows]
         longest = max(s.cached_len for s in seqs) + 1
         tokens, lengths = table.last_token[:rows], table.cached_len[:rows]
-        if self.decoder is not None and rows == len(self.running):  # padded rows must be free slots
-            logits = self.decoder.decode(tokens, lengths, longest, self.cache)
+        deltas = None  # M-RoPE offsets of image prompts: decoded eagerly (the graphs take plain positions)
+        if any(s.rope_delta for s in seqs):
+            deltas = torch.tensor([s.rope_delta for s in seqs], dtype=lengths.dtype, device=lengths.device)
+        if self.decoder is not None and rows == len(self.running) and deltas is None:
+            logits = self.decoder.decode(tokens, lengths, longest, self.cache)  # padded rows: free slots
         else:
-            logits = self.runner.decode(tokens, lengths, longest, self.cache)
+            logits = self.runner.decode(tokens, lengths, longest, self.cache, deltas)
         return self._sample(logits, 0, seqs)
 
     def _isolate(self, rows: int, exc: Exception) -> None:
@@ -257,7 +261,16 @@ class EngineCore:
         if len(seqs) != len(groups):
             expand = torch.tensor([i for i, g in enumerate(groups) for _ in g.sequences], device=device)
         table.assign(start, seqs)
-        logits = self.runner.prefill(ids.to(device), lengths.to(device), self.cache, start, expand)
+        ids, lengths = ids.to(device), lengths.to(device)
+        vision = None
+        if self.runner.vision is not None:
+            trunk, embed = self.runner.vision, self.runner.base.embed_tokens
+            vision = vision_prefill(trunk, embed, ids, lengths, [g.request for g in groups])
+        if vision is not None:
+            for group, delta in zip(groups, vision[1].tolist(), strict=True):
+                for seq in group.sequences:
+                    seq.rope_delta = int(delta)
+        logits = self.runner.prefill(ids, lengths, self.cache, start, expand, vision[0] if vision else None)
         if expand is not None:
             logits = logits.index_select(0, expand)
         tokens, logprobs, tops = self._sample(logits, start, seqs)

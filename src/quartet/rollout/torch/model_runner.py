@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quartet.models.vision import vision_model
 from quartet.rollout.torch.kv_cache import SlotKVCache
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "DecoderRunner", "UnsupportedModelError"]
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"})
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # transformers' RMSNorm of these families: weight * (x in float32 * rsqrt(mean(x^2) + eps)).to(x.dtype)
@@ -72,7 +73,10 @@ class DecoderRunner:
                 "use the vLLM engine for other architectures"
             )
         self.model = model
-        self.base: Any = wrapped.model
+        self.vision: Any | None = vision_model(model)
+        """Qwen2-VL style models: the trunk with the vision tower and `get_rope_index` (`models.vision`)."""
+        self.base: Any = wrapped.model if self.vision is None else self.vision.language_model
+        config = getattr(config, "text_config", config)
         self.lm_head: nn.Module = wrapped.lm_head
         self.layers: list[Any] = list(self.base.layers)
         for part in ("embed_tokens", "norm", "rotary_emb"):
@@ -168,19 +172,23 @@ class DecoderRunner:
         cache: SlotKVCache,
         start: int,
         expand: torch.Tensor | None,
+        vision: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run G right-padded prompts, store their keys/values in slots start.., return next-token logits.
 
         input_ids [G, P] int64 (right-padded), lengths [G] int64 (real lengths), expand [S] int64 or None
         (see `SlotKVCache.write_prefill`). Returns logits [G, V] at each prompt's last real token.
+        vision: a VLM's input embeddings [G, P, D] (image features in place) and M-RoPE positions [3, G, P]
+        (`rollout.torch.vision_prefill`).
         """
         groups, seq = input_ids.shape
         positions = torch.arange(seq, device=input_ids.device)
         causal = positions.unsqueeze(0) <= positions.unsqueeze(1)  # [P(query), P(key)]
         valid_key = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [G, P(key)]
         mask = (causal.unsqueeze(0) & valid_key.unsqueeze(1)).unsqueeze(1)  # [G, 1, P, P]
-        h = self.base.embed_tokens(input_ids)
-        cos, sin = self.base.rotary_emb(h, positions.unsqueeze(0).expand(groups, seq))
+        h = self.base.embed_tokens(input_ids) if vision is None else vision[0]
+        rope_positions = positions.unsqueeze(0).expand(groups, seq) if vision is None else vision[1]
+        cos, sin = self.base.rotary_emb(h, rope_positions)
         cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -195,17 +203,24 @@ class DecoderRunner:
         return self._logits(last)
 
     def decode(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, cache: SlotKVCache
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        cache: SlotKVCache,
+        rope_deltas: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One decoding step for slots 0..A-1: feed `tokens`, append to the cache, return next logits.
 
         tokens [A] int64 (each sequence's newest token, not yet in the cache); lengths [A] int64 (cached
         tokens per sequence = the new token's position); max_length = max(lengths) + 1 (host int).
-        Returns logits [A, V]. The caller increments `lengths`.
+        Returns logits [A, V]. The caller increments `lengths`. rope_deltas [A] (M-RoPE models): each row's
+        position is its length plus its delta.
         """
         rows = tokens.shape[0]
         h = self.base.embed_tokens(tokens.unsqueeze(1))  # [A, 1, D]
-        cos, sin = self.base.rotary_emb(h, lengths.unsqueeze(1))
+        positions = lengths if rope_deltas is None else lengths + rope_deltas
+        cos, sin = self.base.rotary_emb(h, positions.unsqueeze(1))
         cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         row_index = torch.arange(rows, device=tokens.device)
         keys = torch.arange(max_length, device=tokens.device)

@@ -33,6 +33,8 @@ class SequenceState:
     matcher: Any = None
     """The parser state of the request's grammar (an `llguidance.LLMatcher`, see `rollout.torch.grammar`);
     None: unconstrained."""
+    rope_delta: int = 0
+    """M-RoPE models: a generated token at index i sits at position i + rope_delta (0 for text prompts)."""
     error: BaseException | None = None
     """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
