@@ -411,7 +411,7 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.rollout.response_length": "quartet uses data.max_response_length",
     f"{AR}.rollout.ignore_eos": _NO_SWITCH,
     f"{AR}.rollout.calculate_log_probs": "quartet always returns rollout log-probs",
-    f"{AR}.rollout.multi_turn.tokenization_sanity_check_mode": "see rollout.multi_turn.template_mode and check_drift",
+    f"{AR}.rollout.multi_turn.tokenization_sanity_check_mode": "see multi_turn.template_mode, check_drift",
     f"{AR}.ref.strategy": "quartet shards with PyTorch FSDP2 only",
     "critic.strategy": "quartet shards with PyTorch FSDP2 only",
     "critic.model.use_remove_padding": _NO_SWITCH,
