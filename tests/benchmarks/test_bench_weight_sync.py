@@ -13,6 +13,8 @@ import pytest
 from bench_smoke import finite_positive, run_smoke
 
 
+# slow (CI time), like the other benchmark smokes: weight sync is held exact by tests/weight_sync
+@pytest.mark.slow
 def test_weight_sync_smoke(tmp_path: Path) -> None:
     record = run_smoke("weight_sync.py", tmp_path)
     summary, rows = record["summary"], record["raw"]

@@ -293,7 +293,15 @@ def _settled_free_cpus(timeout_s: float = 10.0) -> int:
     return int(last)
 
 
-@pytest.mark.parametrize(("bundles", "separate"), [(1, ()), (2, ()), (2, ("critic",))])
+# (1, ()) is slow (CI time): (2, ()) checks the same even split of the node over bundles
+@pytest.mark.parametrize(
+    ("bundles", "separate"),
+    [
+        pytest.param(1, (), marks=pytest.mark.slow),
+        (2, ()),
+        (2, ("critic",)),
+    ],
+)
 def test_auto_cpus_share_the_node_over_every_pool(
     ray_cluster: None, bundles: int, separate: tuple[str, ...]
 ) -> None:

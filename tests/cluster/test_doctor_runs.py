@@ -72,6 +72,8 @@ def _runs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["prefix"]: r for r in report["runs"] if r["prefix"].startswith(EXPERIMENT)}
 
 
+# slow (CI time): three runs; test_doctor.py keeps a live run found from a fresh process in CI
+@pytest.mark.slow
 def test_doctor_tells_finished_crashed_and_live_runs_apart(ray_cluster: None) -> None:
     finished, crashed, live = (f"{EXPERIMENT}-20260101-00000{i}" for i in range(3))
     started: list[HostSet] = []

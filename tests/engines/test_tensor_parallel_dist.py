@@ -98,6 +98,8 @@ def test_tp2_equals_one_process(tp2: Path, tp2_models: list[str], index: int) ->
     _compare(tp2, tp2_models[index], index, world=2)
 
 
+# slow (CI time): four processes; tp2 alone (test_tp2_equals_one_process) stays in CI
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 1], ids=["qwen2-packed", "llama-padded"])
 def test_dp2_tp2_equals_one_process(dp2_tp2: Path, dp2_tp2_models: list[str], index: int) -> None:
     _compare(dp2_tp2, dp2_tp2_models[index], index, world=4)

@@ -71,6 +71,8 @@ def test_sp2_equals_one_process(sp2: Path, models: list[str], index: int) -> Non
     _compare(sp2, models[index].rpartition(":")[2], index, world=2)
 
 
+# slow (CI time): four processes; sp2 alone (test_sp2_equals_one_process) stays in CI
+@pytest.mark.slow
 def test_dp2_sp2_equals_one_process(dp2_sp2: Path, tiny_model_dir: Path) -> None:
     _compare(dp2_sp2, str(tiny_model_dir), 0, world=4)
 
