@@ -110,3 +110,11 @@ def test_registered_as_a_builtin_task() -> None:
 def test_bad_spec_names_the_field(changes: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         ShapesSpec(**changes)  # type: ignore[arg-type]
+
+
+def test_the_text_sft_trainer_refuses_the_picture_set() -> None:
+    from quartet.config import ConfigError
+    from quartet.config.sft import SFTBuiltinConfig
+
+    with pytest.raises(ConfigError, match="task.*pictures"):
+        SFTBuiltinConfig(task=BuiltinTask.SHAPES)
