@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import random
 import re
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,6 +185,8 @@ def sft(
             optim.step()
             spent += time.perf_counter() - began
             done += 1
+            if done % 50 == 0:
+                print(f"  sft step {done}: loss {loss.item():.4f} {spent:.0f} s", file=sys.stderr, flush=True)
             if (steps > 0 and done >= steps) or (seconds > 0 and spent >= seconds):
                 break
     chat.model.eval()
