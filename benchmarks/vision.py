@@ -212,6 +212,8 @@ def plot_seeds(seeds: list[dict[str, Any]], png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from quartet.tasks.shapes import ShapesSpec
+
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.8 / len(MODELS)
     for k, name in enumerate(MODELS):
@@ -219,6 +221,9 @@ def plot_seeds(seeds: list[dict[str, Any]], png: Path) -> Path:
         errs = [math.sqrt(a * (1 - a) / s["rows"][name]["total"]) for a, s in zip(accs, seeds, strict=True)]
         xs = [i + (k - (len(MODELS) - 1) / 2) * width for i in range(len(seeds))]
         ax.bar(xs, accs, width, yerr=errs, capsize=3, label=name)
+    spec = ShapesSpec()
+    chance = 1 / (spec.max_count - spec.min_count + 1)
+    ax.axhline(chance, ls="--", lw=0.8, color="grey", label=f"always one count ({chance:.0%})")
     ax.set_xticks(range(len(seeds)), [f"seed {s['seed']}" for s in seeds])
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out accuracy (greedy)")
