@@ -59,6 +59,8 @@ class VisionSettings:
     sft_steps: int = 300
     sft_batch: int = 32
     sft_lr: float = 1e-3
+    max_distractors: int = 3
+    """Squares and triangles among the circles (0: count the coloured cells, the easy version)."""
     overrides: tuple[str, ...] = ()
     """Extra `key=value` overrides of the GRPO config."""
 
@@ -83,8 +85,9 @@ def prepare_data(folder: Path, seed: int, s: VisionSettings) -> dict[str, Path]:
     same seed and validation size); their files."""
     from quartet.tasks.shapes import ShapesSpec, write_rl_set, write_sft_set
 
-    sft_train, sft_val = write_sft_set(folder / "sft", ShapesSpec(), s.sft_size, s.val_size, seed)
-    rl_train, rl_val = write_rl_set(folder / "rl", ShapesSpec(), s.rl_size, s.val_size, seed)
+    spec = ShapesSpec(max_distractors=s.max_distractors)
+    sft_train, sft_val = write_sft_set(folder / "sft", spec, s.sft_size, s.val_size, seed)
+    rl_train, rl_val = write_rl_set(folder / "rl", spec, s.rl_size, s.val_size, seed)
     return {"sft_train": sft_train, "sft_val": sft_val, "rl_train": rl_train, "rl_val": rl_val}
 
 
@@ -245,6 +248,9 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny sizes: checks the pipeline, not the margins"
     )
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT start steps (default 300)")
+    parser.add_argument("--sft-lr", type=float, default=None, help="SFT learning rate (default 1e-3)")
+    parser.add_argument("--sft-size", type=int, default=None, help="worked answers in the chat set (256)")
+    parser.add_argument("--max-distractors", type=int, default=None, help="0: no squares or triangles (3)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="GRPO config")
     parser.add_argument("--name", default="vision_shapes", help="the result file's and the plot's name")
     parser.add_argument(
@@ -254,8 +260,9 @@ def main() -> None:
     args = parser.parse_args()
     s = SMOKE if args.smoke else VisionSettings()
     s = dataclasses.replace(s, overrides=(*s.overrides, *args.override))
-    if args.sft_steps is not None:
-        s = dataclasses.replace(s, sft_steps=args.sft_steps)
+    given = {"sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "sft_size": args.sft_size}
+    given["max_distractors"] = args.max_distractors
+    s = dataclasses.replace(s, **{k: v for k, v in given.items() if v is not None})
     results = []
     for seed in map(int, args.seeds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
