@@ -72,6 +72,10 @@ def _tab(driver: Any, view: str) -> None:
     driver.find_element(By.CSS_SELECTOR, f'button.tab[data-view="{view}"]').click()
 
 
+def _view(driver: Any) -> str:
+    return str(driver.find_element(By.TAG_NAME, "body").get_attribute("data-view"))
+
+
 def _table_rows(driver: Any) -> list[Any]:
     return driver.find_elements(By.CSS_SELECTOR, "#sample-table tbody tr")
 
@@ -268,5 +272,45 @@ def test_a_live_runs_new_step_appears_without_a_reload(
             assert steps(driver) == ["1", "2"]
             later.write_bytes(held)  # the trainer records step 3
             _wait(driver, lambda d: steps(d) == ["1", "2", "3"])
+    finally:
+        driver.quit()
+
+
+def test_a_sample_shows_its_images_beside_its_tokens(tmp_path: Path) -> None:
+    """A vision-language run (written without training): the sample with two images shows both, loaded from
+    the run's image endpoint, and a sample without images shows none."""
+    from vision_run import BLUE, RED, write_run
+
+    run = tmp_path / "vision"
+    write_run(run, [[RED, BLUE], []])
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(DRIVER)))
+    try:
+        with InspectServer([run]) as url:
+            driver.get(url)
+            _wait(driver, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+            _tab(driver, "samples")
+            _wait(driver, lambda d: len(_table_rows(d)) == 2)
+            _table_rows(driver)[0].click()
+            _wait(driver, lambda d: _view(d) == "sample")
+            recorded = pq.read_table(run / "rollouts" / "step_1.parquet")["images"].to_pylist()[0]
+
+            def loaded(d: Any) -> list[Any]:
+                imgs = d.find_elements(By.CSS_SELECTOR, "#sample-images img")
+                complete = all(d.execute_script("return arguments[0].naturalWidth", i) == 6 for i in imgs)
+                return imgs if len(imgs) == 2 and complete else []
+
+            imgs = _wait(driver, loaded)
+            assert [img.get_attribute("title") for img in imgs] == recorded
+            assert driver.find_element(By.ID, "sample-images").is_displayed()
+            assert driver.find_elements(By.CSS_SELECTOR, "#sample-turns span.tok")  # the tokens beside them
+            _shot(driver, "sample_images")
+            _tab(driver, "samples")
+            _table_rows(driver)[1].click()
+            _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, "#sample-images img"))
+            assert not driver.find_element(By.ID, "sample-images").is_displayed()
     finally:
         driver.quit()

@@ -7,6 +7,7 @@ stated answer and the demonstration's final turn, held-out splits, and the same 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -15,6 +16,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from shape_pixels import count_kinds
 
 from quartet.config.data import BuiltinTask
 from quartet.tasks import TASKS, builtin_spec
@@ -25,7 +27,8 @@ RL_COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 MULTI_TURN = {BuiltinTask.CALCULATOR: "tool_agent", BuiltinTask.WORD_PROBLEMS: "tool_agent"}
 MULTI_TURN[BuiltinTask.GUESSING] = "user_sim"
 TOOL_TASKS = (BuiltinTask.CALCULATOR, BuiltinTask.WORD_PROBLEMS)
-SINGLE_TURN = (BuiltinTask.ARITHMETIC, BuiltinTask.COUNTDOWN, BuiltinTask.COUNTING)
+SINGLE_TURN = (BuiltinTask.ARITHMETIC, BuiltinTask.COUNTDOWN, BuiltinTask.COUNTING, BuiltinTask.SHAPES)
+IMAGE_TASKS = (BuiltinTask.SHAPES,)
 SFT_NAMES = {task: CHAT_FILES for task in SINGLE_TURN}
 
 
@@ -42,6 +45,8 @@ def _recomputed_answer(task: BuiltinTask, row: dict[str, Any]) -> str | None:
     """The answer worked out from the row's own text, apart from the task's code; None where the prompt
     does not hold it (countdown, guessing)."""
     question = row["prompt"][0]["content"]
+    if task is BuiltinTask.SHAPES:  # counted from the picture's pixels (tests/tasks/shape_pixels.py)
+        return str(count_kinds(row["images"][0]["bytes"])[row["extra_info"]["target"]])
     if task is BuiltinTask.ARITHMETIC:
         a, op, b = re.fullmatch(r"What is (\d+)([+*-])(\d+)\?", question).groups()  # type: ignore[union-attr]
         return str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
@@ -61,7 +66,8 @@ def _recomputed_answer(task: BuiltinTask, row: dict[str, Any]) -> str | None:
 def _problem(row: dict[str, Any]) -> str:
     """What makes a row's problem, apart from its place in the set."""
     extra = {k: v for k, v in row["extra_info"].items() if k not in ("split", "index")}
-    return json.dumps([row["prompt"], extra])
+    pictures = [hashlib.sha256(image["bytes"]).hexdigest() for image in row.get("images") or []]
+    return json.dumps([row["prompt"], extra, pictures])
 
 
 def _stated_answer(task: BuiltinTask, row: dict[str, Any]) -> str:
@@ -80,7 +86,7 @@ def test_rl_set_rows(task: BuiltinTask, tmp_path: Path) -> None:
     paths = entry.write_rl_set(tmp_path, entry.default_spec, 40, 16, 5)
     assert [p.name for p in paths] == list(RL_FILES)
     train, val = _read(paths)
-    extra_columns = ["agent_name"] if task in MULTI_TURN else []
+    extra_columns = ["agent_name"] if task in MULTI_TURN else ["images"] if task in IMAGE_TASKS else []
     assert _columns(paths[0]) == RL_COLUMNS + extra_columns
     assert len(train) == 40 and len(val) >= 16
     for split, rows in (("train", train), ("val", val)):
@@ -109,7 +115,8 @@ def test_sft_set_rows(task: BuiltinTask, tmp_path: Path) -> None:
     train, val = _read(paths)
     assert (len(train), len(val)) == (30, 12)
     tools = ["tools"] if task in TOOL_TASKS else []
-    assert _columns(paths[0]) == ["messages", *tools, "ground_truth", "data_source"]
+    images = ["images"] if task in IMAGE_TASKS else []
+    assert _columns(paths[0]) == ["messages", *tools, *images, "ground_truth", "data_source"]
     for row in train + val:
         assert row["data_source"] == entry.data_source and row["messages"][0]["role"] == "user"
         assert row["messages"][-1]["role"] == "assistant"

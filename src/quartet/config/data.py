@@ -19,6 +19,7 @@ class BuiltinTask(StrEnum):
     WORD_PROBLEMS = "word_problems"  # multi-turn: stories solved by a program run with the python tool
     GUESSING = "guessing"  # multi-turn: guess a number against a simulated user (guessing_game)
     COUNTING = "counting"  # long responses: write out a run of 250-500 integers (examples/long_context)
+    SHAPES = "shapes"  # vision: count the circles in an 84x84 picture (needs a VLM; docs/vision.md)
 
 
 class ArithmeticOp(StrEnum):

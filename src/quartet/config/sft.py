@@ -70,6 +70,13 @@ class SFTBuiltinConfig:
             f"no built-in SFT set for {self.task.value!r}",
             "use arithmetic, calculator, word_problems or guessing, or give sft.train_files",
         )
+        require(
+            self.task is not BuiltinTask.SHAPES,
+            "task",
+            "the shapes chat set holds pictures, which quartet's SFT trainer does not read (it would train "
+            "on the text alone)",
+            "for a vision-language warm start see benchmarks/vision_sft.py (docs/vision.md)",
+        )
         if self.task is not BuiltinTask.ARITHMETIC:
             return
         require(bool(self.operations), "operations", "must not be empty", "e.g. sft.builtin.operations=[add]")

@@ -4,7 +4,9 @@ A run folder (`trainer.run_dir`) holds `metrics.jsonl` (the curves of `quartet p
 `trainer.rollout_freq`, `rollouts/step_<N>.parquet` (the rollout tables; their file names and columns are
 `quartet.tracking.run_layout`'s, shared with the trainer that writes them). Everything is read on demand
 and again when a file changes, so the page of a live run shows new steps as they land. A step's
-sample list reads only the scalar columns; one sample's tokens read one row group's token columns.
+sample list reads only the scalar columns; one sample's tokens read one row group's token columns. A
+vision-language run's samples name their images (`images`: `rollouts/images/<sha256>.<ext>`); `image_file`
+resolves such a name to its file, and to nothing outside the run's images folder.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import pyarrow.parquet as pq
 
 from quartet.tracking.plot import ENTROPY, KL_KEYS, LENGTH, SCORE, STEP_TIME, read_curves
 from quartet.tracking.run_layout import (
+    IMAGE_TYPES,
     METRICS_FILE,
+    ROLLOUT_IMAGES_DIR,
     ROLLOUT_TABLE_GLOB,
     ROLLOUTS_DIR,
     TOKEN_COLUMNS,
     TOKEN_LIST_COLUMNS,
+    rollout_image_name,
     rollout_table_file,
     rollout_table_step,
 )
@@ -263,6 +268,24 @@ class RunData:
         for r in rows:
             r["response"] = responses[r["row"]]
         return [_clean(r) for r in rows]
+
+    def image_file(self, path: str) -> tuple[Path, str]:
+        """(file, content type) of a sample's image named by its record (`rollouts/images/<sha256>.<ext>`).
+
+        ValueError for any other form of path (`..`, absolute, another folder, another name); KeyError when
+        no such file is in the run's images folder, or when the name leads out of it (a symlink).
+        """
+        name = rollout_image_name(path)
+        if name is None:
+            raise ValueError(
+                f"image path must be {ROLLOUTS_DIR}/{ROLLOUT_IMAGES_DIR}/<sha256>.<ext> as a record names "
+                f"it, got {path[:200]!r}"
+            )
+        folder = (self.path / ROLLOUTS_DIR / ROLLOUT_IMAGES_DIR).resolve()
+        file = (folder / name).resolve()
+        if not folder.is_relative_to(self.path) or file.parent != folder or not file.is_file():
+            raise KeyError(f"run {self.name}: no image {name}")
+        return file, IMAGE_TYPES[name.rsplit(".", 1)[1]]
 
     def find_prompt(self, prompt: str, index: int | None = None) -> list[dict[str, Any]]:
         """Every recorded sample of the same prompt (by dataset `index` when both have one, else by text)."""

@@ -11,9 +11,11 @@ assets, so nothing is fetched from the network) and:
     GET /api/run/{run}/step/{step}/sample/{row}     one sample with per-token values
     GET /api/run/{run}/step/{step}/group/{uid}      the samples of one prompt
     GET /api/run/{run}/find?prompt=..&index=..      the same prompt's samples at every step of a run
+    GET /api/run/{run}/image?path=rollouts/images/<sha256>.<ext>   a sample's image (vision-language runs)
 
 Only GET is routed, every path is resolved inside the run folders given on the command line (run names
-are indices, never paths), and bad parameters are 400 with the parameter named.
+are indices, never paths; an image is served only from its run's `rollouts/images/`, by the name its record
+gives), and bad parameters are 400 with the parameter named.
 """
 
 from __future__ import annotations
@@ -161,6 +163,21 @@ async def find(request: web.Request) -> web.Response:
     return await _json(request, run.find_prompt, prompt, index)
 
 
+async def image(request: web.Request) -> web.StreamResponse:
+    """A sample's image file, by the run-relative path its record names; 400 for a path of another form,
+    404 for a file that is not in the run's images folder."""
+    run = _run(request)
+    try:
+        file, kind = run.image_file(request.query.get("path", ""))
+    except ValueError as err:
+        raise web.HTTPBadRequest(text=f"path: {err}") from None
+    except KeyError as err:
+        raise web.HTTPNotFound(text=str(err.args[0] if err.args else err)) from None
+    # named by their content: a file never changes, so the browser may keep it
+    headers = {"Content-Type": kind, "Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"}
+    return web.FileResponse(file, headers=headers)
+
+
 async def page(request: web.Request) -> web.Response:
     return web.Response(text=(_STATIC / "index.html").read_text(encoding="utf-8"), content_type="text/html")
 
@@ -193,6 +210,7 @@ def build_app(run_dirs: list[Path]) -> web.Application:
     app.router.add_get("/api/run/{run}/step/{step}/sample/{row}", sample)
     app.router.add_get("/api/run/{run}/step/{step}/group/{uid}", group)
     app.router.add_get("/api/run/{run}/find", find)
+    app.router.add_get("/api/run/{run}/image", image)
     return app
 
 

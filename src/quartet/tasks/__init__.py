@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from quartet.config.data import BuiltinTask, DataConfig
-from quartet.tasks import arithmetic, calculator, countdown, counting, guessing, word_problems
+from quartet.tasks import arithmetic, calculator, countdown, counting, guessing, shapes, word_problems
 from quartet.tasks.arithmetic import ArithmeticProblem, ArithmeticSpec, verify_answer
 from quartet.tasks.calculator import CalculatorSpec
 from quartet.tasks.countdown import CountdownProblem, CountdownSpec
 from quartet.tasks.counting import CountingSpec
 from quartet.tasks.guessing import GuessingSpec
+from quartet.tasks.shapes import ShapesSpec
 from quartet.tasks.word_problems import WordProblemSpec
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "CountingSpec",
     "GuessingSpec",
     "Scorer",
+    "ShapesSpec",
     "Task",
     "resolve_data_files",
     "task_scorer",
@@ -127,6 +129,15 @@ TASKS: dict[BuiltinTask, Task[Any]] = {
         counting.write_rl_set,
         counting.write_sft_set,
     ),
+    BuiltinTask.SHAPES: Task(
+        BuiltinTask.SHAPES,
+        shapes.DATA_SOURCE,
+        ShapesSpec(),
+        shapes.compute_score,
+        shapes.verify_answer,
+        shapes.write_rl_set,
+        shapes.write_sft_set,
+    ),
 }
 
 
@@ -134,7 +145,7 @@ def builtin_spec(task: BuiltinTask, digits: int, sloppy: float = 0.0) -> Any:
     """The spec of a multi-turn task's problems with operands of `digits` digits (the guessing game's
     range is its default: digits do not apply); `sloppy`: the share of SFT traces from a weaker
     demonstrator (the calculator's and word problems' answers from the head, the guessing game's random
-    players); counting's default spec (its runs' lengths are the point, not digits); None for the other
+    players); counting's and shapes' default specs (digits do not apply to them); None for the other
     single-turn tasks (their callers build them)."""
     if task is BuiltinTask.CALCULATOR:
         return CalculatorSpec(digits=digits, sloppy=sloppy)
@@ -142,7 +153,7 @@ def builtin_spec(task: BuiltinTask, digits: int, sloppy: float = 0.0) -> Any:
         return WordProblemSpec(digits=digits, sloppy=sloppy)
     if task is BuiltinTask.GUESSING:
         return GuessingSpec(sloppy=sloppy)
-    if task is BuiltinTask.COUNTING:
+    if task in (BuiltinTask.COUNTING, BuiltinTask.SHAPES):
         return TASKS[task].default_spec
     return None
 

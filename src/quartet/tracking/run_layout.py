@@ -11,6 +11,7 @@
       data/<task>/                     the built-in task's data sets
       rollouts/step_<N>.jsonl          recorded samples, one line each (val_step_<N>.jsonl: validation)
       rollouts/step_<N>.parquet        the same samples as a table, with per-token columns
+      rollouts/images/<sha256>.<ext>   the recorded samples' images, each once (named by its content)
       checkpoints/latest               the name of the newest complete checkpoint
       checkpoints/global_step_<N>/     trainer_state.json, config.yaml, one folder per role
       hf/                              the exported model
@@ -34,10 +35,12 @@ __all__ = [
     "CONFIG_FILE",
     "DATA_DIR",
     "HF_DIR",
+    "IMAGE_TYPES",
     "LATEST_FILE",
     "METRICS_FILE",
     "PLOTS_FILE",
     "ROLLOUTS_DIR",
+    "ROLLOUT_IMAGES_DIR",
     "ROLLOUT_TABLE_GLOB",
     "RUN_STATE_FILE",
     "SUMMARY_FILE",
@@ -48,6 +51,8 @@ __all__ = [
     "checkpoint_name",
     "checkpoint_step",
     "hang_file",
+    "rollout_image_file",
+    "rollout_image_name",
     "rollout_records_file",
     "rollout_table_file",
     "rollout_table_step",
@@ -82,6 +87,12 @@ TRAINER_STATE_FILE = "trainer_state.json"
 ROLLOUTS_DIR = "rollouts"
 ROLLOUT_TABLE_GLOB = "step_*.parquet"
 _ROLLOUT_TABLE = re.compile(r"^step_(\d+)\.parquet$")
+
+ROLLOUT_IMAGES_DIR = "images"
+"""In `rollouts/`: the images of recorded samples, `<sha256 of the bytes>.<ext>`, written once each."""
+IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
+"""The image files a run keeps (by extension) and the content type each is served with."""
+_ROLLOUT_IMAGE = re.compile(r"^[0-9a-f]{64}\.(png|jpg|gif|webp)$")
 
 TOKEN_COLUMNS = {
     "logprobs": "old_logprobs",
@@ -122,6 +133,23 @@ def rollout_records_file(step: int, val: bool = False) -> str:
 def rollout_table_file(step: int) -> str:
     """The parquet table of a recorded step's samples, in `rollouts/`."""
     return f"step_{step}.parquet"
+
+
+def rollout_image_file(digest: str, ext: str) -> str:
+    """An image's path relative to the run folder (what a record names): `rollouts/images/<digest>.<ext>`."""
+    name = f"{digest}.{ext}"
+    if not _ROLLOUT_IMAGE.fullmatch(name):
+        raise ValueError(f"an image file is <sha256 hex>.<{'|'.join(IMAGE_TYPES)}>, got {name!r}")
+    return f"{ROLLOUTS_DIR}/{ROLLOUT_IMAGES_DIR}/{name}"
+
+
+def rollout_image_name(path: str) -> str | None:
+    """The file name of a record's image path (`rollouts/images/<sha256>.<ext>`, nothing else: no `..`, no
+    absolute path, no other folder); None for any other path."""
+    parts = path.split("/")
+    if len(parts) != 3 or parts[:2] != [ROLLOUTS_DIR, ROLLOUT_IMAGES_DIR]:
+        return None
+    return parts[2] if _ROLLOUT_IMAGE.fullmatch(parts[2]) else None
 
 
 def rollout_table_step(name: str) -> int | None:

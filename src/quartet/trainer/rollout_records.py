@@ -9,13 +9,16 @@
      "ground_truth": ..., "score": float, "reward": float, "advantage": float (first response token),
      "turns": [{"role": "assistant"|"tool"|"user"|"environment", "text": ..., "tokens": int, "mask": 0|1,
                 "turn_reward": float, "advantage": float (model turns)}, ...],
-     "final_message", "num_turns", "env_reward"   (multi-turn only)}
+     "final_message", "num_turns", "env_reward"   (multi-turn only),
+     "images": ["rollouts/images/<sha256>.png", ...]   (vision-language batches only)}
 
 Text is decoded from the token ids the trainer used, padding removed, special tokens kept (they matter when
 reading a chat format). Multi-turn rows get `turns`: the conversation turn by turn with who wrote it (the
 agent loop's `turn_spans`: the model's turns, tool results, simulated-user replies) and the loss mask (1 on
 the model's tokens only); rows without spans but with mask holes are cut into runs of the mask (assistant /
-environment). A model turn shows its turn reward and the advantage of its first token.
+environment). A model turn shows its turn reward and the advantage of its first token. A batch with the
+`images` column (a vision-language model's) has each sample's images written once, by content, under
+`rollouts/images/` (`quartet.trainer.rollout_images`), and its line names them relative to the run folder.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.tracking.run_layout import ROLLOUTS_DIR, rollout_records_file
+from quartet.trainer.rollout_images import ImageStore
 from quartet.trainer.rollout_tables import TokenTableWriter
 
 __all__ = ["RolloutRecorder", "rollout_rows", "write_rollout_records"]
@@ -57,8 +61,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def rollout_rows(batch: Batch, tokenizer: Any, step: int, limit: int = 0) -> list[dict[str, Any]]:
-    """The record of each of the first `limit` rows (0: all) of a generated (and maybe scored) batch."""
+def rollout_rows(
+    batch: Batch, tokenizer: Any, step: int, limit: int = 0, images: list[list[str]] | None = None
+) -> list[dict[str, Any]]:
+    """The record of each of the first `limit` rows (0: all) of a generated (and maybe scored) batch;
+    `images`: each row's stored image paths (`ImageStore.paths`), recorded as the line's `images`."""
     rows = len(batch) if limit <= 0 else min(limit, len(batch))
     prompt_width = batch["prompts"].shape[1]
     records = []
@@ -92,6 +99,8 @@ def rollout_rows(batch: Batch, tokenizer: Any, step: int, limit: int = 0) -> lis
         spans = turn_spans(batch, i, response_mask, length)
         if spans is not None:
             rec["turns"] = [_turn(batch, i, tokenizer, response_ids, span) for span in spans]
+        if images is not None:
+            rec["images"] = images[i]
         records.append(rec)
     return records
 
@@ -143,6 +152,7 @@ class RolloutRecorder:
     def __init__(self, cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> None:
         self.freq, self.limit = cfg.trainer.rollout_freq, cfg.trainer.rollout_samples
         self.tokenizer, self.folder = tokenizer, run_dir / ROLLOUTS_DIR
+        self.images = ImageStore(run_dir)
         self.tables = (
             TokenTableWriter(self.folder, tokenizer, self.limit, cfg.trainer.rollout_budget_mb)
             if cfg.trainer.rollout_tokens
@@ -151,19 +161,20 @@ class RolloutRecorder:
 
     def train(self, batch: Batch, step: int) -> None:
         if self.freq and step % self.freq == 0:
-            rows = rollout_rows(batch, self.tokenizer, step, self.limit)
+            images = self.images.paths(batch, len(batch) if self.limit <= 0 else self.limit)
+            rows = rollout_rows(batch, self.tokenizer, step, self.limit, images)
             path = self.folder / rollout_records_file(step)
             path.unlink(missing_ok=True)  # a resumed run records the step again: no duplicate lines
             write_rollout_records(path, rows)
             if self.tables is not None:
-                self.tables.write(batch, step)
+                self.tables.write(batch, step, images)
 
     def val_writer(self, step: int) -> Callable[[Batch], None] | None:
         if not self.freq:
             return None
 
         def write(batch: Batch) -> None:
-            rows = rollout_rows(batch, self.tokenizer, step)
+            rows = rollout_rows(batch, self.tokenizer, step, images=self.images.paths(batch, len(batch)))
             write_rollout_records(self.folder / rollout_records_file(step, val=True), rows)
 
         return write

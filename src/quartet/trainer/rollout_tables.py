@@ -7,7 +7,8 @@ sample (the same rows as the JSONL), columns:
 - scalars: `step`, `row`, `uid`, `data_source`, `index`, `prompt`, `response`, `prompt_tokens`,
   `response_tokens`, `finish_reason`, `ground_truth` (JSON text), `score`, `reward`, `advantage` (first
   model token), `truncated`, `num_turns`, `tool_calls`, `tool_errors`, `drift` (mean |engine - trainer|
-  log-prob over model tokens; null without engine log-probs), `turns` (JSON text: role, start, stop);
+  log-prob over model tokens; null without engine log-probs), `turns` (JSON text: role, start, stop),
+  `images` (vision-language batches only: the sample's image paths relative to the run folder);
 - per response token (lists, one entry per token up to the response's length): `token_ids`, `token_text`
   (each token decoded alone), `mask` (1: model-written, in the loss), and, where the step computed them,
   `logprobs` (the trainer's old log-probs), `rollout_logprobs` (the engine's), `ref_logprobs`, `entropy`,
@@ -36,6 +37,8 @@ from quartet.tracking.run_layout import ROLLOUT_TABLE_GLOB, TOKEN_COLUMNS, rollo
 __all__ = ["TokenTableWriter", "rollout_table"]
 
 log = logging.getLogger(__name__)
+ImagePaths = list[list[str]] | None
+"""Each row's stored image paths (`quartet.trainer.rollout_images.ImageStore.paths`), or None."""
 
 
 def _plain_json(value: Any) -> str | None:
@@ -62,9 +65,11 @@ def _agent_counter(batch: Batch, row: int, key: str) -> float | None:
     return float(metrics.get(key, 0.0))
 
 
-def rollout_table(batch: Batch, tokenizer: Any, step: int, limit: int = 0, tokens: bool = True) -> pa.Table:
+def rollout_table(
+    batch: Batch, tokenizer: Any, step: int, limit: int = 0, tokens: bool = True, images: ImagePaths = None
+) -> pa.Table:
     """The table of the first `limit` rows (0: all) of a trained batch; `tokens=False` leaves out the
-    per-token columns (`tokens_dropped` then says so)."""
+    per-token columns (`tokens_dropped` then says so); `images`: each row's stored image paths."""
     n = len(batch) if limit <= 0 else min(limit, len(batch))
     width = batch["prompts"].shape[1]
     attention = batch["attention_mask"][:n]
@@ -99,6 +104,8 @@ def rollout_table(batch: Batch, tokenizer: Any, step: int, limit: int = 0, token
         "turns": [json.dumps(_turns(batch, i, masks[i], lengths[i])) for i in range(n)],
         "tokens_dropped": [not tokens] * n,
     }
+    if images is not None:
+        cols["images"] = images[:n]
     reasons = cols["finish_reason"]
     cols["truncated"] = [r in ("length", "max_tokens", "truncated") for r in reasons]
     if tokens:
@@ -127,6 +134,7 @@ def _typed(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
         "response_tokens": pa.int32(),
         "token_ids": pa.list_(pa.int32()),
         "mask": pa.list_(pa.int8()),
+        "images": pa.list_(pa.string()),
         **{name: pa.list_(pa.float32()) for name in TOKEN_COLUMNS},
     }
     return {k: pa.array(v, type=types.get(k)) for k, v in cols.items()}
@@ -171,7 +179,7 @@ class TokenTableWriter:
         self.written = sum(p.stat().st_size for p in tables)
         self.warned = False
 
-    def write(self, batch: Batch, step: int) -> Path:
+    def write(self, batch: Batch, step: int, images: ImagePaths = None) -> Path:
         """Write the step's table (atomically); without per-token columns once the budget is spent."""
         tokens = self.written < self.budget_bytes
         if not tokens and not self.warned:
@@ -182,7 +190,7 @@ class TokenTableWriter:
                 step,
             )
             self.warned = True
-        table = rollout_table(batch, self.tokenizer, step, self.limit, tokens=tokens)
+        table = rollout_table(batch, self.tokenizer, step, self.limit, tokens=tokens, images=images)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / rollout_table_file(step)
         tmp = path.with_suffix(".parquet.tmp")

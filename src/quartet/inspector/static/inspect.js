@@ -227,6 +227,21 @@ function renderTokens() {
   }
 }
 
+// The sample's images (a vision-language run), beside its tokens: served by the run's image endpoint,
+// which sends only files of the run's rollouts/images/ folder.
+function renderImages(paths) {
+  const box = $("sample-images"); box.replaceChildren();
+  box.hidden = !paths.length;
+  paths.forEach((path, i) => {
+    const q = new URLSearchParams({ path });
+    const img = el("img", { class: "sample-image", src: `/api/run/${state.run}/image?${q}`, alt: `image ${i + 1}` });
+    img.title = path;
+    const fig = el("figure");
+    fig.append(img, el("figcaption", {}, `image ${i + 1}`));
+    box.appendChild(fig);
+  });
+}
+
 async function openSample(step, row) {
   const s = await api(`/api/run/${state.run}/step/${step}/sample/${row}`);
   state.sample = s;
@@ -240,6 +255,7 @@ async function openSample(step, row) {
   for (const f of [...s.token_fields, "mask"]) sel.appendChild(el("option", { value: f }, f));
   sel.value = keep && [...s.token_fields, "mask"].includes(keep) ? keep : (s.token_fields.includes("advantages") ? "advantages" : "mask");
   $("sample-prompt").textContent = s.prompt;
+  renderImages(s.images || []);
   renderTokens();
   show("sample");
 }
