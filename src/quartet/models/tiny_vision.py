@@ -28,6 +28,7 @@ from transformers import (
 )
 
 from quartet.config.model import TinyArch, TinyModelConfig
+from quartet.models.tiny import CHAT_TEMPLATE
 
 __all__ = [
     "IMAGE_PAD",
@@ -62,24 +63,7 @@ VISION_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
     "{%- endmacro -%}"
-    "{%- if tools -%}"
-    "{{- '<|im_start|>system\\nYou can call these tools:\\n' -}}"
-    "{%- for tool in tools -%}{%- set f = tool['function'] if 'function' in tool else tool -%}"
-    "{{- f['name'] + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', ')) + ')\\n' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + render(message['content']) -}}"
-    "{%- if message.get('tool_calls') -%}"
-    "{%- for call in message['tool_calls'] -%}"
-    "{{- '<tool_call>' + (call['function'] | tojson) + '</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+) + CHAT_TEMPLATE.replace("(message['content'] or '')", "render(message['content'])")
 
 
 def build_tiny_vision_tokenizer(spec: TinyModelConfig) -> PreTrainedTokenizerFast:
