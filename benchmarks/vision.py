@@ -4,17 +4,21 @@ than more SFT for the same time? (docs/vision.md)
     .venv/bin/python benchmarks/vision.py --seeds 0,1,2      # the table, results/vision_shapes.json, the plot
     .venv/bin/python benchmarks/vision.py --seeds 0 --smoke  # the pipeline in a few minutes (no real margins)
 
-Per seed, in a temporary folder:
+Each seed is exactly `quartet demo --task vision --seed N` (`quartet.demo.vision.run_vision`: the embedded
+`vision.yaml` for GRPO, `VisionSettings` for the SFT start and the control), in a temporary folder:
 
 1. data: the shapes task (`quartet.tasks.shapes`: "How many circles are in the image?") as a small fixed
-   chat set of worked answers (`--sft-size`, the scarce demonstrations) and an RL prompt set of fresh
-   pictures, with `--val-size` held-out pictures in neither;
+   chat set of worked answers (the scarce demonstrations) and an RL prompt set of fresh pictures, with
+   held-out pictures in neither;
 2. model: a tiny Qwen2-VL built by the code (`quartet.models.tiny_vision`), vision tower trained too;
-3. SFT start: `--sft-steps` supervised steps on the chat set (`vision_sft.py`, transformers alone: quartet's
+3. SFT start: supervised steps on the chat set (`quartet.demo.vision_sft`, transformers alone: quartet's
    SFT trainer reads text conversations only);
-4. GRPO from the SFT start: `examples/vision/grpo.yaml` through `RLTrainer`, as `quartet train` runs it;
+4. GRPO from the SFT start through `RLTrainer`, as `quartet train` runs it;
 5. control: the same SFT loop continued from the SFT start for GRPO's training seconds (time-matched);
 6. all three answer the held-out pictures greedily, scored by the task's rule.
+
+`--smoke` is the demo's `--quick`. The flags `--sft-steps`, `--sft-lr`, `--sft-size`, `--max-distractors`
+change `VisionSettings`; `--override KEY=VALUE` changes the GRPO config (after the seed and `--smoke`).
 
 Per seed it reports the three accuracies, GRPO minus control and the standard error of that difference
 (`agentic.difference_se`); GRPO "wins" a seed when the difference exceeds twice it. Writes
@@ -32,131 +36,53 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentic import difference_se
 from common import write_result
 
+from quartet.demo.vision import CONTROL_ROW as CONTROL
+from quartet.demo.vision import GRPO_ROW as GRPO
+from quartet.demo.vision import QUICK_SETTINGS, SETTINGS, VisionSettings
+from quartet.demo.vision import ROWS as MODELS
+from quartet.demo.vision import START_ROW as START
+
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "vision" / "grpo.yaml"
 IMAGES = ROOT / "docs" / "images"
-START, GRPO, CONTROL = "SFT start", "GRPO", "more SFT (control)"
-MODELS = (START, GRPO, CONTROL)
 
 
-@dataclass(frozen=True)
-class VisionSettings:
-    """What one seed runs; `SMOKE` is the few-minute version."""
-
-    sft_size: int = 256
-    """Worked answers in the fixed chat set (the scarce demonstrations)."""
-    rl_size: int = 4096
-    """Fresh pictures GRPO may draw from."""
-    val_size: int = 200
-    """Held-out pictures every model is scored on."""
-    sft_steps: int = 300
-    sft_batch: int = 32
-    sft_lr: float = 1e-3
-    max_distractors: int = 3
-    """Squares and triangles among the circles (0: count the coloured cells, the easy version)."""
-    overrides: tuple[str, ...] = ()
-    """Extra `key=value` overrides of the GRPO config."""
+def _progress(rec: dict[str, Any]) -> None:
+    """The SFT loop's and GRPO's progress on stderr (the table goes to stdout)."""
+    if rec["kind"] == "train":
+        print(f"  sft step {rec['step']}: loss {rec['loss']:.4f} {rec['train_s']:.0f} s", file=sys.stderr)
+    elif rec["kind"] == "step" and rec["step"] % 10 == 0:
+        print(f"  grpo step {rec['step']}", file=sys.stderr, flush=True)
 
 
-SMOKE = VisionSettings(
-    sft_size=64,
-    rl_size=256,
-    val_size=32,
-    sft_steps=10,
-    sft_batch=16,
-    overrides=(
-        "cluster.backend=local",
-        "trainer.total_steps=3",
-        "trainer.test_freq=0",
-        "data.val_batch_size=32",
-    ),
-)
-
-
-def prepare_data(folder: Path, seed: int, s: VisionSettings) -> dict[str, Path]:
-    """The chat set and the RL set of `seed`, with the SAME held-out pictures (both splits drawn with the
-    same seed and validation size); their files."""
-    from quartet.tasks.shapes import ShapesSpec, write_rl_set, write_sft_set
-
-    spec = ShapesSpec(max_distractors=s.max_distractors)
-    sft_train, sft_val = write_sft_set(folder / "sft", spec, s.sft_size, s.val_size, seed)
-    rl_train, rl_val = write_rl_set(folder / "rl", spec, s.rl_size, s.val_size, seed)
-    return {"sft_train": sft_train, "sft_val": sft_val, "rl_train": rl_train, "rl_val": rl_val}
-
-
-def build_model(folder: Path, seed: int) -> Path:
-    """The GRPO config's tiny Qwen2-VL shape, built with `seed` and saved in `folder`."""
-    from quartet.config import load_config
-    from quartet.models import tiny_vision  # the vision kit (issue 40's core)
-
-    tiny = load_config(str(EXAMPLE), [f"model.tiny.seed={seed}"]).model.tiny
-    return Path(tiny_vision.save_tiny_vlm(folder, tiny))
-
-
-def run_grpo(
-    start: Path, files: dict[str, Path], seed: int, out: Path, s: VisionSettings
-) -> tuple[Path, float]:
-    """GRPO from the SFT start on the RL set (validation: the held-out pictures); (exported model, training
-    seconds)."""
-    from quartet.config import load_config
-    from quartet.trainer import RLTrainer
-
-    seeds = [f"{k}={seed}" for k in ("trainer.seed", "data.seed", "rollout.seed")]
-    overrides = [
-        f"model.path={start}",
-        f"data.train_files=[{files['rl_train']}]",
-        f"data.val_files=[{files['rl_val']}]",
-        f"trainer.output_dir={out}",
-        "trainer.loggers=[jsonl]",
-        *seeds,
-        *s.overrides,
-    ]
-    result = RLTrainer(load_config(str(EXAMPLE), overrides)).run()
-    if result.hf_dir is None:
-        raise RuntimeError("the GRPO run exported no model: keep trainer.export_final on")
-    return Path(result.hf_dir), float(result.train_seconds)
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    return list(pq.read_table(path).to_pylist())
-
-
-def run_seed(seed: int, out: Path, s: VisionSettings) -> dict[str, Any]:
-    """One seed: SFT start, GRPO, time-matched control, each scored on the held-out pictures."""
-    from vision_sft import VisionChat, accuracy, sft
+def run_seed(
+    seed: int, out: Path, s: VisionSettings, overrides: list[str], smoke: bool = False
+) -> dict[str, Any]:
+    """One seed of the demo's experiment in `out`: SFT start, GRPO, time-matched control, each scored on
+    the held-out pictures."""
+    from quartet.demo import demo_config
+    from quartet.demo.vision import run_vision
 
     began = time.perf_counter()
-    files = prepare_data(out / "data", seed, s)
-    sft_rows, val_rows = _rows(files["sft_train"]), _rows(files["rl_val"])
-    chat = VisionChat.load(build_model(out / "random", seed))
-    start_s, start_steps = sft(
-        chat, sft_rows, steps=s.sft_steps, batch_size=s.sft_batch, lr=s.sft_lr, seed=seed
-    )
-    start = chat.save(out / "sft_start")
-    grpo_dir, grpo_s = run_grpo(start, files, seed, out / "grpo", s)
-    control = VisionChat.load(start)
-    control_s, control_steps = sft(
-        control, sft_rows, seconds=grpo_s, batch_size=s.sft_batch, lr=s.sft_lr, seed=seed + 1
-    )
-    rows = {}
-    for name, model, train_s in ((START, chat, start_s), (GRPO, VisionChat.load(grpo_dir), grpo_s)):
-        correct, total = accuracy(model, val_rows)
-        rows[name] = {"accuracy": correct / total, "correct": correct, "total": total, "train_s": train_s}
-    correct, total = accuracy(control, val_rows)
-    rows[CONTROL] = {"accuracy": correct / total, "correct": correct, "total": total, "train_s": control_s}
-    return verdict(seed, rows) | {
-        "sft_steps": {"start": start_steps, "control": control_steps},
-        "wall_s": time.perf_counter() - began,
+    base = [f"trainer.output_dir={out}", "trainer.loggers=[jsonl]"]
+    cfg = demo_config([*base, *overrides], seed, smoke, "vision")
+    models, _ = run_vision(cfg, s, f"seed{seed}", _progress)
+    rows = {
+        m.name: {
+            "accuracy": m.correct / m.total,
+            "correct": m.correct,
+            "total": m.total,
+            "train_s": m.train_seconds,
+        }
+        for m in models
     }
+    steps = {"start": models[0].steps, "control": models[2].steps}
+    return verdict(seed, rows) | {"sft_steps": steps, "wall_s": time.perf_counter() - began}
 
 
 def verdict(seed: int, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -247,10 +173,10 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes: checks the pipeline, not the margins"
     )
-    parser.add_argument("--sft-steps", type=int, default=None, help="SFT start steps (default 300)")
-    parser.add_argument("--sft-lr", type=float, default=None, help="SFT learning rate (default 1e-3)")
-    parser.add_argument("--sft-size", type=int, default=None, help="worked answers in the chat set (256)")
-    parser.add_argument("--max-distractors", type=int, default=None, help="0: no squares or triangles (3)")
+    parser.add_argument("--sft-steps", type=int, default=None, help=f"SFT start steps ({SETTINGS.sft_steps})")
+    parser.add_argument("--sft-lr", type=float, default=None, help=f"SFT learning rate ({SETTINGS.sft_lr})")
+    parser.add_argument("--sft-size", type=int, default=None, help=f"chat-set size ({SETTINGS.sft_size})")
+    parser.add_argument("--max-distractors", type=int, default=None, help="0: no squares or triangles")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="GRPO config")
     parser.add_argument("--name", default="vision_shapes", help="the result file's and the plot's name")
     parser.add_argument(
@@ -258,19 +184,19 @@ def main() -> None:
     )
     parser.add_argument("--plot-dir", type=Path, default=IMAGES, help="where the plot goes (docs/images)")
     args = parser.parse_args()
-    s = SMOKE if args.smoke else VisionSettings()
-    s = dataclasses.replace(s, overrides=(*s.overrides, *args.override))
+    s = QUICK_SETTINGS if args.smoke else SETTINGS
     given = {"sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "sft_size": args.sft_size}
     given["max_distractors"] = args.max_distractors
     s = dataclasses.replace(s, **{k: v for k, v in given.items() if v is not None})
     results = []
     for seed in map(int, args.seeds.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
-            results.append(run_seed(seed, Path(tmp), s))
+            results.append(run_seed(seed, Path(tmp), s, args.override, args.smoke))
         print(json.dumps(results[-1]), flush=True)
     print(markdown_table(results))
     plot = plot_seeds(results, args.plot_dir / f"{args.name}.png")
-    settings = {"seeds": args.seeds, "smoke": args.smoke, **dataclasses.asdict(s), "plot": str(plot)}
+    settings = {"seeds": args.seeds, "smoke": args.smoke, **dataclasses.asdict(s), "overrides": args.override}
+    settings["plot"] = str(plot)
     path = write_result(args.name, settings, {"seeds": results}, summarise(results), args.out_dir)
     print(f"wrote {path} and {plot}", file=sys.stderr)
 

@@ -1,10 +1,11 @@
-"""`quartet demo [--quick] [--seed N] [--device cpu|gpu] [key=value ...]`: the main job on the embedded
-default, on CPU (or, with `--device gpu`, at a GPU size on one CUDA device).
+"""`quartet demo [--task T] [--quick] [--seed N] [--device cpu|gpu] [key=value ...]`: the main job on the
+embedded default, on CPU (or, with `--device gpu`, at a GPU size on one CUDA device).
 
 A tiny model built by the code gets an SFT warm start on a few hundred worked 2-digit additions, then GRPO
 on fresh problems scored by the verifier, and a control that spends GRPO's training time on more SFT over
-the same examples. The table compares greedy accuracy on held-out problems. Exit status: 0 done, 1 the
-run failed, 2 the config is invalid or the device is not there.
+the same examples. The table compares greedy accuracy on held-out problems. `--task vision` runs the same
+three rows with a tiny vision-language model counting shapes in pictures. Exit status: 0 done, 1 the run
+failed, 2 the config is invalid or the device is not there.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parser", "run"]
 
+WHAT = {
+    "arithmetic": "2-digit addition",
+    "calculator": "a*b+c with a calculator tool, multi-turn",
+    "vision": "counting circles in pictures",
+}
+"""The title's task, per `--task`."""
+
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("demo", help="SFT warm start, then GRPO vs more SFT, on CPU in minutes")
@@ -32,20 +40,23 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of data, model init and sampling")
     parser.add_argument(
         "--task",
-        choices=["arithmetic", "calculator"],  # quartet.demo.DEMOS, not imported: `--help` stays fast
+        choices=["arithmetic", "calculator", "vision"],  # quartet.demo.DEMOS, not imported: `--help` is fast
         default="arithmetic",
-        help="arithmetic: 2-digit addition, one turn; calculator: multi-turn, the model calls a tool",
+        help="arithmetic: 2-digit addition, one turn; calculator: multi-turn, the model calls a tool; "
+        "vision: a tiny VLM counts the circles in a picture (its SFT side: vision.<name>=<value>, e.g. "
+        "vision.sft_steps=500; see docs/vision.md)",
     )
     parser.add_argument(
         "--filtered-control",
         action="store_true",
-        help="a fourth row: more SFT for GRPO's time on the traces the verifier accepts only",
+        help="a fourth row: more SFT for GRPO's time on the traces the verifier accepts only (text tasks)",
     )
     parser.add_argument(
         "--device",
         choices=["cpu", "gpu"],  # quartet.demo.DEVICES
         default="cpu",
-        help="cpu: the tiny model; gpu: a ~0.1B model on one CUDA device, under 5 minutes on an H100",
+        help="cpu: the tiny model; gpu: a ~0.1B model on one CUDA device, under 5 minutes on an H100 "
+        "(--task arithmetic only)",
     )
     parser.add_argument(
         "overrides", nargs="*", help="dotted overrides of the demo config, e.g. trainer.total_steps=50"
@@ -53,7 +64,9 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _progress(console: Console, source: str) -> Callable[[dict[str, Any]], None]:
+def _progress(console: Console, source: str, sft_every: int = 500) -> Callable[[dict[str, Any]], None]:
+    """The demo's progress lines: GRPO's steps and validations, every `sft_every`-th SFT step, the exports
+    and the held-out scores."""
     from quartet.tracking.console_sink import format_step, format_val
 
     def show(rec: dict[str, Any]) -> None:
@@ -62,7 +75,7 @@ def _progress(console: Console, source: str) -> Callable[[dict[str, Any]], None]
             console.print("  grpo " + format_step(rec))
         elif kind == "val" and f"val-core/{source}/reward/mean@1" in rec:
             console.print("  grpo " + format_val(rec))
-        elif kind == "train" and rec["step"] % 500 == 0:
+        elif kind == "train" and rec["step"] % sft_every == 0:
             console.print(f"  sft  step {rec['step']:>5}  epoch {rec['epoch']:>3}  loss {rec['loss']:.4f}")
         elif kind == "export":
             console.print(f"  sft  exported {rec['hf_dir']}", markup=False)
@@ -74,9 +87,12 @@ def _progress(console: Console, source: str) -> Callable[[dict[str, Any]], None]
 
 def run(args: argparse.Namespace) -> int:
     from quartet.cli.console import command_console
-    from quartet.demo import cuda_problem, demo_config, run_demo
+    from quartet.demo import NO_FILTERED_VISION, cuda_problem, demo_config, run_demo
 
     device = args.device
+    if args.task == "vision" and args.filtered_control:
+        print(f"config error: {NO_FILTERED_VISION}", file=sys.stderr)
+        return 2
     try:
         cfg = demo_config(args.overrides, args.seed, args.quick, args.task, device)
     except (ConfigError, ValueError) as err:
@@ -89,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     logging.basicConfig(level=logging.WARNING)
     console = command_console()
-    what = "2-digit addition" if args.task == "arithmetic" else "a*b+c with a calculator tool, multi-turn"
+    what = WHAT[args.task]
     model = "tiny Qwen2, CPU" if device == "cpu" else "~0.1B Qwen2 shape, GPU"
+    model = "tiny Qwen2-VL, CPU" if args.task == "vision" else model
     console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT ({model}, {what})")
     source = cfg.data.builtin_task.value
     try:
@@ -98,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             args.overrides,
             args.seed,
             args.quick,
-            _progress(console, source),
+            _progress(console, source, 50 if args.task == "vision" else 500),
             args.task,
             filtered_control=args.filtered_control,
             device=device,

@@ -75,7 +75,8 @@ class SFTBuiltinConfig:
             "task",
             "the shapes chat set holds pictures, which quartet's SFT trainer does not read (it would train "
             "on the text alone)",
-            "for a vision-language warm start see benchmarks/vision_sft.py (docs/vision.md)",
+            "for a vision-language warm start see `quartet demo --task vision` (quartet.demo.vision_sft, "
+            "docs/vision.md)",
         )
         if self.task is not BuiltinTask.ARITHMETIC:
             return

@@ -1,10 +1,12 @@
-"""The demo (`quartet demo`): SFT start, GRPO, and a time-matched more-SFT control on held-out problems."""
+"""The demo (`quartet demo`): SFT start, GRPO, and a time-matched more-SFT control on held-out problems
+(text tasks; `quartet.demo.vision` for pictures)."""
 
 from quartet.demo.pipeline import (
     DEMOS,
     DEVICES,
     FILTERED_ROW,
     GPU,
+    NO_FILTERED_VISION,
     DemoResult,
     DemoRow,
     cuda_problem,
@@ -17,6 +19,7 @@ __all__ = [
     "DEVICES",
     "FILTERED_ROW",
     "GPU",
+    "NO_FILTERED_VISION",
     "DemoResult",
     "DemoRow",
     "cuda_problem",

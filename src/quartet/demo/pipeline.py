@@ -27,6 +27,8 @@ from typing import Any
 
 from quartet.config import QuartetConfig, load_config
 from quartet.config.trainer import Logger
+from quartet.demo.vision import QUICK_OVERRIDES as VISION_QUICK
+from quartet.demo.vision import VisionSettings, split_settings
 from quartet.tasks.rows import RL_FILES
 from quartet.tracking.run_layout import DATA_DIR
 
@@ -35,6 +37,7 @@ __all__ = [
     "DEVICES",
     "FILTERED_ROW",
     "GPU",
+    "NO_FILTERED_VISION",
     "DemoResult",
     "DemoRow",
     "cuda_problem",
@@ -62,6 +65,7 @@ QUICK = {
         "data.val_batch_size=50",
         "sft.builtin.val_size=50",
     ],
+    "vision": VISION_QUICK,
 }
 """`--quick`: a smoke of the whole pipeline in a minute or two per task (the margins are not meaningful)."""
 
@@ -136,21 +140,31 @@ class DemoResult:
 FILTERED_ROW = "verified SFT (control)"
 """The row of `run_demo(filtered_control=True)`: more SFT on the traces the verifier accepts only."""
 
-DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml"}
-"""`quartet demo --task T`: the embedded config of each demo (single-turn addition; multi-turn tool use)."""
+DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml", "vision": "vision.yaml"}
+"""`quartet demo --task T`: the embedded config of each demo (single-turn addition; multi-turn tool use;
+counting shapes in pictures, whose SFT side is `quartet.demo.vision.VisionSettings`)."""
+
+NO_FILTERED_VISION = (
+    "--filtered-control has no meaning for --task vision: every worked answer of its chat set is right, so "
+    "the verified traces are all of them and the row would repeat the control. Fix: drop --filtered-control"
+)
 
 
 def demo_config(
     overrides: list[str], seed: int, quick: bool, task: str = "arithmetic", device: str = "cpu"
 ) -> QuartetConfig:
     """The embedded demo config with the `device`'s sizes (`GPU`), the seed applied everywhere, `--quick`
-    settings, then the user's. Builds the config only: nothing checks that the device is there."""
+    settings, then the user's. Builds the config only: nothing checks that the device is there. For
+    `task="vision"` the `vision.<name>=<value>` overrides are the SFT side's (`split_settings`), checked
+    here and left out of the config."""
     if task not in DEMOS:
         raise ValueError(f"unknown demo task {task!r}; the demos are {', '.join(DEMOS)}")
     if device not in DEVICES:
         raise ValueError(f"unknown demo device {device!r}; the devices are {', '.join(DEVICES)}")
     if device == "gpu" and task not in GPU:
         raise ValueError(f"--device gpu runs the {', '.join(GPU)} demo; --task {task} is on CPU only")
+    if task == "vision":
+        overrides = split_settings(overrides, quick)[1]
     path = resources.files("quartet.demo") / DEMOS[task]
     sized = GPU[task] if device == "gpu" else []
     seeds = [f"trainer.seed={seed}", f"data.seed={seed}", f"sft.seed={seed}", f"model.tiny.seed={seed}"]
@@ -236,9 +250,12 @@ def run_demo(
     `filtered_control` adds a fourth row: more SFT from the same start, for the same time, on the traces the
     verifier accepts only (`sft.keep_verified`: rejection-sampled demonstrations), the control a reviewer
     asks for when the traces are of mixed quality. `device="gpu"` runs the GPU sizes (`GPU`); it fails at
-    once (RuntimeError, with the fix) where torch sees no CUDA device.
+    once (RuntimeError, with the fix) where torch sees no CUDA device. `task="vision"` runs the same three
+    rows on pictures (`quartet.demo.vision`); it has no filtered control (ValueError).
     """
     start = time.perf_counter()
+    if task == "vision" and filtered_control:
+        raise ValueError(NO_FILTERED_VISION)
     cfg = demo_config(overrides, seed, quick, task, device)
     problem = cuda_problem() if device == "gpu" else None
     if problem:
@@ -247,10 +264,11 @@ def run_demo(
     base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
     result = DemoResult(run_dir=base)
     emit = on_record or (lambda rec: None)
-    models, rl_run_dir = _train_models(cfg, project, emit, filtered_control)
-    val_file = str(rl_run_dir / DATA_DIR / cfg.data.builtin_task.value / RL_FILES[1])
-    for name, model_dir, seconds in models:
-        correct, total = greedy_accuracy(cfg, model_dir, val_file)
+    if task == "vision":
+        scored, rl_run_dir = _vision_models(cfg, split_settings(overrides, quick)[0], project, emit)
+    else:
+        scored, rl_run_dir = _text_models(cfg, project, emit, filtered_control)
+    for name, model_dir, seconds, correct, total in scored:
         row = DemoRow(name, correct / total, correct, total, seconds, model_dir)
         result.rows.append(row)
         emit({"kind": "demo_row", **dataclasses.asdict(row)})
@@ -258,6 +276,30 @@ def run_demo(
     result.grpo_run = rl_run_dir
     result.seconds = time.perf_counter() - start
     return result
+
+
+Scored = list[tuple[str, str, float, int, int]]
+"""(row name, model folder, training seconds, correct, total) per model of the table."""
+
+
+def _text_models(
+    cfg: QuartetConfig, project: str, emit: Callable[[Record], None], filtered_control: bool
+) -> tuple[Scored, Path]:
+    """The text demo's models, each scored on the GRPO run's held-out problems (`greedy_accuracy`)."""
+    models, rl_run_dir = _train_models(cfg, project, emit, filtered_control)
+    val_file = str(rl_run_dir / DATA_DIR / cfg.data.builtin_task.value / RL_FILES[1])
+    scored = [(name, d, secs, *greedy_accuracy(cfg, d, val_file)) for name, d, secs in models]
+    return scored, rl_run_dir
+
+
+def _vision_models(
+    cfg: QuartetConfig, settings: VisionSettings, project: str, emit: Callable[[Record], None]
+) -> tuple[Scored, Path]:
+    """The vision demo's models (`quartet.demo.vision.run_vision`), scored on its held-out pictures."""
+    from quartet.demo.vision import run_vision
+
+    models, rl_run_dir = run_vision(cfg, settings, project, emit)
+    return [(m.name, str(m.model_dir), m.train_seconds, m.correct, m.total) for m in models], rl_run_dir
 
 
 def _train_models(

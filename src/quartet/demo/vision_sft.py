@@ -1,17 +1,18 @@
 """Supervised steps and greedy answers of a vision-language model on image chat rows, with transformers alone.
 
-The vision benchmark (`vision.py`) needs an SFT warm start and a more-SFT control on image rows, and one
-scoring of every model on the same held-out images. quartet's SFT trainer reads text conversations only, so
-this is a plain loop over the model folder's own tokenizer, chat template and image processor: a row's
-user message (its `<image>` placeholders become image content parts, which the template renders as
-`<|vision_start|><|image_pad|><|vision_end|>`; each `<|image_pad|>` is then repeated once per merged patch,
-as Qwen2-VL's processor does and as quartet's prompt loader does for RL), then the answer and the end of
-turn, the loss on those last tokens only. Greedy answers are transformers' `generate` on the same prompts.
+The vision demo (`quartet demo --task vision`, `benchmarks/vision.py`) needs an SFT warm start and a
+more-SFT control on image rows, and one scoring of every model on the same held-out images. quartet's SFT
+trainer reads text conversations only, so this is a plain loop over the model folder's own tokenizer, chat
+template and image processor: a row's user message (its `<image>` placeholders become image content parts,
+which the template renders as `<|vision_start|><|image_pad|><|vision_end|>`; each `<|image_pad|>` is then
+repeated once per merged patch, as Qwen2-VL's processor does and as quartet's prompt loader does for RL),
+then the answer and the end of turn, the loss on those last tokens only. Greedy answers are transformers'
+`generate` on the same prompts.
 
-    model = VisionChat.load(folder)
-    seconds, steps = sft(model, rows, steps=300)          # or seconds=..., a time budget
-    model.save(out)
-    correct, total = accuracy(model, val_rows)            # scored by the task's rule (data_source)
+    chat = VisionChat.load(folder)
+    seconds, steps = sft(chat, rows, steps=300)           # or seconds=..., a time budget
+    chat.save(out)
+    correct, total = accuracy(chat, val_rows)             # scored by the task's rule (data_source)
 """
 
 from __future__ import annotations
@@ -19,18 +20,31 @@ from __future__ import annotations
 import io
 import random
 import re
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-IMAGE_PLACEHOLDER = "<image>"
-IMAGE_PAD = "<|image_pad|>"
+from quartet.data.images import IMAGE_PLACEHOLDER  # where a row's image goes in its text (verl's layout)
+
+__all__ = [
+    "Example",
+    "VisionChat",
+    "accuracy",
+    "collate",
+    "expand_pads",
+    "greedy_answers",
+    "image_parts",
+    "row_example",
+    "score_answers",
+    "sft",
+]
+
 _SPLIT = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
+Record = dict[str, Any]
 
 
 def image_parts(text: str) -> list[dict[str, str]]:
@@ -47,8 +61,9 @@ def image_parts(text: str) -> list[dict[str, str]]:
 def expand_pads(ids: Sequence[int], pad_id: int, counts: Sequence[int]) -> list[int]:
     """`ids` with the k-th `pad_id` repeated `counts[k]` times; ValueError when the pads are not one per
     image."""
-    if sum(1 for t in ids if t == pad_id) != len(counts):
-        raise ValueError(f"{len(counts)} images but {sum(1 for t in ids if t == pad_id)} image pad tokens")
+    pads = sum(1 for t in ids if t == pad_id)
+    if pads != len(counts):
+        raise ValueError(f"{len(counts)} images but {pads} image pad tokens")
     out: list[int] = []
     k = 0
     for t in ids:
@@ -80,6 +95,7 @@ class VisionChat:
 
     @classmethod
     def load(cls, folder: str | Path) -> VisionChat:
+        """The folder's model in float32 (CPU training), its tokenizer and image processor; no download."""
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
         model = AutoModelForImageTextToText.from_pretrained(
@@ -92,6 +108,8 @@ class VisionChat:
     @property
     def image_id(self) -> int:
         """The `<|image_pad|>` token."""
+        from quartet.models.tiny_vision import IMAGE_PAD
+
         return int(self.tokenizer.convert_tokens_to_ids(IMAGE_PAD))
 
     def save(self, folder: str | Path) -> Path:
@@ -119,13 +137,18 @@ class VisionChat:
         return Example(prompt, target if answer else [], pixels["pixel_values"], pixels["image_grid_thw"])
 
 
+def _truth(row: dict[str, Any]) -> str:
+    """A row's answer: the chat set's `ground_truth`, or the RL layout's `reward_model.ground_truth`."""
+    truth = row.get("ground_truth")
+    return str(truth if truth is not None else row["reward_model"]["ground_truth"])
+
+
 def row_example(chat: VisionChat, row: dict[str, Any], with_answer: bool = True) -> Example:
     """The example of a task row (RL layout: `prompt`, `reward_model.ground_truth`; or the chat set's
     `messages`, `ground_truth`), its images from the `images` column."""
     messages = row.get("messages") or row["prompt"]
-    truth = row.get("ground_truth") or row["reward_model"]["ground_truth"]
     images = [cell["bytes"] if isinstance(cell, dict) else cell for cell in row["images"]]
-    return chat.example(messages[0]["content"], images, str(truth) if with_answer else "")
+    return chat.example(messages[0]["content"], images, _truth(row) if with_answer else "")
 
 
 def collate(examples: Sequence[Example], pad_id: int, image_id: int, left: bool) -> dict[str, torch.Tensor]:
@@ -151,6 +174,15 @@ def collate(examples: Sequence[Example], pad_id: int, image_id: int, left: bool)
     }
 
 
+def _step(chat: VisionChat, optim: torch.optim.Optimizer, picked: list[Example]) -> float:
+    """One AdamW step on `picked`; its loss."""
+    loss = chat.model(**collate(picked, 0, chat.image_id, left=False)).loss
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    optim.step()
+    return float(loss.item())
+
+
 def sft(
     chat: VisionChat,
     rows: Sequence[dict[str, Any]],
@@ -160,33 +192,33 @@ def sft(
     batch_size: int = 32,
     lr: float = 1e-3,
     seed: int = 0,
+    on_record: Callable[[Record], None] | None = None,
+    log_every: int = 50,
 ) -> tuple[float, int]:
     """Train on `rows` (shuffled each pass) for `steps` optimizer steps or `seconds` of training, whichever
-    is given (both: the first reached); (training seconds, steps)."""
+    is given (both: the first reached); (training seconds, steps). Every `log_every` steps `on_record` gets
+    `{"kind": "train", "step", "epoch", "loss", "train_s"}`, the SFT trainer's progress record."""
     if steps <= 0 and seconds <= 0:
         raise ValueError("give sft a number of steps or a time budget in seconds")
     examples = [row_example(chat, r) for r in rows]
     batch_size = min(batch_size, len(examples))
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    params = [p for p in chat.model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    optim = torch.optim.AdamW(
+        [p for p in chat.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0
+    )
     chat.model.train()
-    done, spent, order = 0, 0.0, list(range(len(examples)))
+    done, spent, epoch, order = 0, 0.0, 0, list(range(len(examples)))
     while (steps <= 0 or done < steps) and (seconds <= 0 or spent < seconds):
         rng.shuffle(order)
+        epoch += 1
         for start in range(0, len(order) - batch_size + 1, batch_size):
             began = time.perf_counter()
-            picked = [examples[i] for i in order[start : start + batch_size]]
-            batch = collate(picked, 0, chat.image_id, left=False)
-            loss = chat.model(**batch).loss
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            optim.step()
+            loss = _step(chat, optim, [examples[i] for i in order[start : start + batch_size]])
             spent += time.perf_counter() - began
             done += 1
-            if done % 50 == 0:
-                print(f"  sft step {done}: loss {loss.item():.4f} {spent:.0f} s", file=sys.stderr, flush=True)
+            if on_record is not None and done % log_every == 0:
+                on_record({"kind": "train", "step": done, "epoch": epoch, "loss": loss, "train_s": spent})
             if (steps > 0 and done >= steps) or (seconds > 0 and spent >= seconds):
                 break
     chat.model.eval()
@@ -211,15 +243,19 @@ def greedy_answers(
     return texts
 
 
-def accuracy(chat: VisionChat, rows: Sequence[dict[str, Any]], max_new_tokens: int = 4) -> tuple[int, int]:
-    """(correct, total): greedy answers to `rows`, scored by their task's rule (`task_scorer`)."""
+def score_answers(rows: Sequence[dict[str, Any]], texts: Sequence[str]) -> list[bool]:
+    """Whether each answer is right by its row's task rule (`task_scorer` of `data_source`)."""
     from quartet.tasks import task_scorer
 
-    correct = 0
-    for row, text in zip(rows, greedy_answers(chat, rows, max_new_tokens), strict=True):
+    verdicts = []
+    for row, text in zip(rows, texts, strict=True):
         scorer = task_scorer(row["data_source"])
         if scorer is None:
             raise ValueError(f"no built-in scorer for data_source {row['data_source']!r}")
-        truth = row.get("ground_truth") or row["reward_model"]["ground_truth"]
-        correct += int(scorer(text, truth, None) >= 1.0)
-    return correct, len(rows)
+        verdicts.append(scorer(text, _truth(row), None) >= 1.0)
+    return verdicts
+
+
+def accuracy(chat: VisionChat, rows: Sequence[dict[str, Any]], max_new_tokens: int = 4) -> tuple[int, int]:
+    """(correct, total): greedy answers to `rows`, scored by their task's rule."""
+    return sum(score_answers(rows, greedy_answers(chat, rows, max_new_tokens))), len(rows)
