@@ -1,6 +1,6 @@
-"""The vision benchmark's harness (benchmarks/vision.py, vision_sft.py): the verdict and summary over seeds,
-the table and the plot, the SFT batches; with the vision kit present (quartet.models.tiny_vision), the SFT
-loop's prompts equal the ones GRPO trains on, and its config loads."""
+"""The vision benchmark's harness (benchmarks/vision.py): the verdict and summary over seeds, the table and
+the plot, and that a seed is the vision demo's experiment (its settings and rows are the package's). The
+SFT loop itself is tested in tests/demo/test_vision_sft.py."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+import vision
 from vision import CONTROL, GRPO, START, markdown_table, plot_seeds, summarise, verdict
-from vision_sft import Example, collate, expand_pads, image_parts
 
-ROOT = Path(__file__).resolve().parents[2]
+import quartet.demo.vision as demo_vision
 
 
 def _seed(seed: int, start: int, grpo: int, control: int, total: int = 200) -> dict[str, Any]:
@@ -48,51 +47,27 @@ def test_plot_is_written(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_image_parts_and_pad_expansion() -> None:
-    assert image_parts("<image>How many?") == [{"type": "image"}, {"type": "text", "text": "How many?"}]
-    assert image_parts("a<image>b<image>") == [
-        {"type": "text", "text": "a"},
-        {"type": "image"},
-        {"type": "text", "text": "b"},
-        {"type": "image"},
-    ]
-    assert expand_pads([1, 9, 2, 9], 9, [2, 3]) == [1, 9, 9, 2, 9, 9, 9]
-    with pytest.raises(ValueError, match="2 images but 1"):
-        expand_pads([1, 9], 9, [2, 2])
+def test_a_seed_runs_the_demos_experiment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`run_seed` hands `run_vision` the demo's config for the seed (`--smoke`: the demo's `--quick`, then the
+    user's overrides) and the settings it was given, and tabulates the models it returns."""
+    seen: dict[str, Any] = {}
 
+    def fake_run(cfg: Any, s: Any, project: str, on_record: Any) -> Any:
+        seen.update(cfg=cfg, s=s, project=project)
+        models = [
+            demo_vision.VisionModel(n, tmp_path, 10.0, 5, c, 40)
+            for n, c in zip(demo_vision.ROWS, (8, 30, 20), strict=True)
+        ]
+        return models, tmp_path
 
-def test_collate_pads_and_labels_the_answers_only() -> None:
-    a = Example([5, 9, 9, 6], [7, 2], torch.ones(4, 3), torch.tensor([[1, 2, 2]]))
-    b = Example([5, 9, 6], [8, 2], torch.zeros(4, 3), torch.tensor([[1, 2, 2]]))
-    right = collate([a, b], 0, 9, left=False)
-    assert right["input_ids"].tolist() == [[5, 9, 9, 6, 7, 2], [5, 9, 6, 8, 2, 0]]
-    assert right["labels"].tolist() == [[-100] * 4 + [7, 2], [-100] * 3 + [8, 2, -100]]
-    assert right["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0]]
-    left = collate([a, b], 0, 9, left=True)
-    assert left["input_ids"][1].tolist() == [0, 5, 9, 6, 8, 2] and left["attention_mask"][1, 0] == 0
-    assert left["pixel_values"].shape == (8, 3) and left["image_grid_thw"].shape == (2, 3)
-
-
-def test_sft_prompts_are_the_prompts_grpo_trains_on(tmp_path: Path) -> None:
-    """The SFT loop's prompt tokens (images expanded) equal those of quartet's prompt loader for RL."""
-    pytest.importorskip("quartet.models.tiny_vision")
-    import pyarrow.parquet as pq
-    from vision import build_model
-    from vision_sft import VisionChat, row_example
-
-    from quartet.config import load_config
-    from quartet.data import images as image_inputs  # the vision core's (issue 40)
-    from quartet.data.prompts import PromptDataset
-    from quartet.models.loading import load_image_processor
-    from quartet.tasks.shapes import ShapesSpec, write_rl_set
-
-    train, _ = write_rl_set(tmp_path / "data", ShapesSpec(), 4, 2, seed=0)
-    chat = VisionChat.load(build_model(tmp_path / "model", seed=0))
-    cfg = load_config(str(ROOT / "examples" / "vision" / "grpo.yaml"), [f"data.train_files=[{train}]"])
-    images = image_inputs.ImageInputs.of(load_image_processor(tmp_path / "model"), chat.tokenizer)
-    data = PromptDataset.from_files([str(train)], cfg.data, chat.tokenizer, images=images)
-    batch = data.batch(list(range(4)))
-    for i, row in enumerate(pq.read_table(train).to_pylist()):
-        ids = batch["prompts"][i][batch["attention_mask"][i] != 0].tolist()
-        assert row_example(chat, row, with_answer=False).prompt == ids
-        assert len(ids) <= cfg.data.max_prompt_length
+    monkeypatch.setattr(demo_vision, "run_vision", fake_run)
+    out = vision.run_seed(2, tmp_path, demo_vision.QUICK_SETTINGS, ["trainer.total_steps=7"], smoke=True)
+    cfg = seen["cfg"]
+    assert seen["s"] is demo_vision.QUICK_SETTINGS and seen["project"] == "seed2"
+    assert cfg.data.builtin_task.value == "shapes" and cfg.trainer.total_steps == 7  # the override wins
+    assert cfg.data.seed == cfg.sft.seed == cfg.model.tiny.seed == 2 and cfg.trainer.output_dir == str(
+        tmp_path
+    )
+    assert cfg.data.builtin_val_size == 32  # the demo's --quick
+    assert out["rows"][GRPO]["accuracy"] == 0.75 and out["grpo_minus_control"] == pytest.approx(0.25)
+    assert (vision.START, vision.GRPO, vision.CONTROL) == demo_vision.ROWS == vision.MODELS

@@ -96,13 +96,12 @@ class VisionChat:
     @classmethod
     def load(cls, folder: str | Path) -> VisionChat:
         """The folder's model in float32 (CPU training), its tokenizer and image processor; no download."""
-        from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        model = AutoModelForImageTextToText.from_pretrained(
-            folder, dtype=torch.float32, local_files_only=True
-        )
+        from quartet.models.loading import load_causal_lm, load_image_processor
+
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+        model, processor = load_causal_lm(folder, torch.float32), load_image_processor(folder)
         return cls(model, tokenizer, processor)
 
     @property
