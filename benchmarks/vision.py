@@ -184,6 +184,9 @@ def main() -> None:
     )
     parser.add_argument("--plot-dir", type=Path, default=IMAGES, help="where the plot goes (docs/images)")
     args = parser.parse_args()
+    from quartet.cli.quiet import quiet_transformers
+
+    quiet_transformers()  # no weight-loading bars between the progress lines
     s = QUICK_SETTINGS if args.smoke else SETTINGS
     given = {"sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "sft_size": args.sft_size}
     given["max_distractors"] = args.max_distractors
