@@ -64,9 +64,11 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _progress(console: Console, source: str, sft_every: int = 500) -> Callable[[dict[str, Any]], None]:
+def _progress(
+    console: Console, source: str, sft_every: int = 500, noun: str = "problems"
+) -> Callable[[dict[str, Any]], None]:
     """The demo's progress lines: GRPO's steps and validations, every `sft_every`-th SFT step, the exports
-    and the held-out scores."""
+    and the held-out scores (of `noun`)."""
     from quartet.tracking.console_sink import format_step, format_val
 
     def show(rec: dict[str, Any]) -> None:
@@ -80,7 +82,7 @@ def _progress(console: Console, source: str, sft_every: int = 500) -> Callable[[
         elif kind == "export":
             console.print(f"  sft  exported {rec['hf_dir']}", markup=False)
         elif kind == "demo_row":
-            console.print(f"  eval {rec['name']}: {rec['correct']}/{rec['total']} held-out problems right")
+            console.print(f"  eval {rec['name']}: {rec['correct']}/{rec['total']} held-out {noun} right")
 
     return show
 
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             args.overrides,
             args.seed,
             args.quick,
-            _progress(console, source, 50 if args.task == "vision" else 500),
+            _progress(console, source, 50 if args.task == "vision" else 500, _noun(args.task)),
             args.task,
             filtered_control=args.filtered_control,
             device=device,
@@ -124,15 +126,20 @@ def run(args: argparse.Namespace) -> int:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"demo failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
-    _report(console, result, args.seed)
+    _report(console, result, args.seed, _noun(args.task))
     return 0
 
 
-def _report(console: Console, result: DemoResult, seed: int) -> None:
+def _noun(task: str) -> str:
+    """What the held-out set holds: pictures for `--task vision`, problems otherwise."""
+    return "pictures" if task == "vision" else "problems"
+
+
+def _report(console: Console, result: DemoResult, seed: int, noun: str = "problems") -> None:
     """The accuracy table and where the run's files are (the same on CPU and GPU)."""
     from rich.table import Table
 
-    table = Table(title=f"greedy accuracy on {result.rows[0].total} held-out problems (seed {seed})")
+    table = Table(title=f"greedy accuracy on {result.rows[0].total} held-out {noun} (seed {seed})")
     for column in ("model", "accuracy", "correct", "train time", "folder"):
         table.add_column(column)
     for row in result.rows:
