@@ -1,0 +1,159 @@
+"""Agent loops whose tool returns an image, through the real loop and the built-in engine, in process and
+over HTTP: the response mask is 1 exactly on the engine's tokens (against a reconstruction from the
+engine's outputs and the chat template alone), each row ends holding all its images in order (prompt's,
+then the zooms), and the trainer's fp32 log-probs of the model's tokens equal the engine's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from agent_cases import ZoomEveryTurn, pixels, rows, tool_turn_ids, zoomed
+
+from quartet.agents.runner import AgentRunner, trajectory_seed
+from quartet.agents.tools.zoom import ZoomTool
+from quartet.config.data import DataConfig
+from quartet.config.model import Dtype
+from quartet.config.rollout import MultiTurnConfig
+from quartet.core.batch import Batch
+from quartet.data.images import ImageInputs
+from quartet.data.prompts import PromptDataset
+from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
+from quartet.models.loading import load_causal_lm, load_image_processor, load_tokenizer
+from quartet.rollout import SamplingParams, TorchRolloutEngine
+from quartet.rollout.types import GenerationOutput
+from quartet.serving import HttpReplicaClient, OpenAIServer, ServerThread
+
+TURNS = 3  # model turns per trajectory: zoom, zoom, then the turn limit
+WIDTH = 192
+SEED = 7
+
+
+class Setup:
+    """The tiny VLM's tokenizer, images, a fresh engine behind an in-process server, and the calls it saw."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.tokenizer = load_tokenizer(folder)
+        self.processor = load_image_processor(folder)
+        self.images = ImageInputs.of(self.processor, self.tokenizer)
+        # every odd id ends a turn (and the end-of-turn token): a random model's turns then end by STOP
+        # after a few tokens, as a trained model's would at its end of turn
+        stops = {*range(1, len(self.tokenizer), 2), self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        model = load_causal_lm(folder)
+        self.engine = TorchRolloutEngine(
+            model, self.tokenizer, max_num_seqs=4, num_threads=1, eos_token_ids=stops
+        )
+        self.server = OpenAIServer(self.engine, self.tokenizer, "policy", request_timeout_s=120)
+        self.calls: dict[tuple[tuple[int, ...], int | None], GenerationOutput] = {}
+        self.stopped = False
+
+    def record(
+        self, prompt_ids: Sequence[int], params: SamplingParams, outs: list[GenerationOutput]
+    ) -> list[GenerationOutput]:
+        """Keep each answer by its prompt and seed."""
+        self.calls[tuple(prompt_ids), params.seed] = outs[0]
+        return outs
+
+    def runner(self) -> AgentRunner:
+        mt = MultiTurnConfig(enable=True, tools=("zoom",), max_assistant_turns=TURNS)
+        runner = AgentRunner.from_config(mt, self.tokenizer, WIDTH, image_processor=self.processor)
+        runner.env.parser = ZoomEveryTurn()
+        return runner
+
+    def prompts(self) -> Batch:
+        cfg, tools = DataConfig(max_prompt_length=256), [ZoomTool().schema]
+        data = PromptDataset.from_rows(rows(), cfg, self.tokenizer, "rows.jsonl", tools, images=self.images)
+        return data.batch([0, 1])
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=1.0, n=2, max_new_tokens=WIDTH, seed=SEED)
+
+
+@pytest.fixture
+def setup(tiny_vlm_dir: Path) -> Iterator[Setup]:
+    made = Setup(tiny_vlm_dir)
+    yield made
+    if not made.stopped:
+        asyncio.run(made.server.stop())
+    made.engine.shutdown()
+
+
+def _expected(setup: Setup, prompt: list[int], row: int, sample: int) -> tuple[list[int], list[int]]:
+    """Response and mask rebuilt from the engine's outputs and the chat template: model turn k is what
+    the engine answered to the history so far with the turn's seed; each but the last is followed by a
+    zoom's tool turn."""
+    eot = setup.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    response: list[int] = []
+    mask: list[int] = []
+    for turn in range(TURNS):
+        out = setup.calls[tuple(prompt + response), trajectory_seed(SEED, row, sample, 2, turn)]
+        assert out.finish_reason.value == "stop"
+        response += list(out.token_ids)
+        mask += [1] * len(out.token_ids)
+        if turn < TURNS - 1:
+            env = tool_turn_ids(setup.tokenizer, setup.images, ended=out.token_ids[-1] == eot)
+            response += env
+            mask += [0] * len(env)
+    return response, mask
+
+
+def _check(setup: Setup, prompts: Batch, batch: Batch) -> None:
+    size = int(batch["prompts"].shape[1])
+    assert len(batch) == 4
+    trainer = TrainingEngine(EngineSpec(str(setup.folder), ModelKind.CAUSAL_LM, Dtype.FLOAT32))
+    columns = ("prompts", "responses", "response_mask", "attention_mask")
+    logprobs, _ = trainer.forward_logprobs(
+        batch.select(*columns, "multi_modal_inputs"), 1.0, MicroSpec(size=1)
+    )
+    for row in range(4):
+        source = row // 2
+        given = prompts["prompts"][source][prompts["attention_mask"][source] == 1].tolist()
+        prompt = batch["prompts"][row][batch["attention_mask"][row, :size] == 1].tolist()
+        assert prompt == given  # the loop renders the prompt (tools and images) as the data loader did
+        response, mask = _expected(setup, prompt, source, row % 2)
+        assert batch["responses"][row, : len(response)].tolist() == response
+        assert batch["response_mask"][row].tolist() == mask + [0] * (WIDTH - len(mask))
+        # images: the prompt's, then one zoom per tool turn, each the corner of the first image, doubled
+        blobs = batch.non_tensors["images"][row]
+        first = list(prompts.non_tensors["images"][source])
+        assert blobs[: len(first)] == first and len(blobs) == len(first) + TURNS - 1
+        for blob in blobs[len(first) :]:
+            assert (pixels(blob) == zoomed(first[0])).all()
+        inputs = batch.non_tensors["multi_modal_inputs"][row]
+        reference = setup.images.process(blobs)
+        assert torch.equal(inputs["image_grid_thw"], reference["image_grid_thw"])
+        assert torch.equal(inputs["pixel_values"], reference["pixel_values"])
+        # the trainer's log-probs of the model's tokens are the engine's
+        written = batch["response_mask"][row] == 1
+        diff = (logprobs[row] - batch["rollout_logprobs"][row]).abs()[written]
+        assert int(written.sum()) >= TURNS and float(diff.max()) <= 1e-5
+        assert batch.non_tensors["finish_reason"][row] == "max_turns"
+        assert batch.non_tensors["agent_metrics"][row]["tool/calls"] == TURNS - 1
+
+
+def test_tool_images_in_process(setup: Setup) -> None:
+    async def generate(ids: Sequence[int], params: SamplingParams, multi_modal: Any = None) -> Any:
+        return setup.record(ids, params, await setup.server.generate_tokens(ids, params, multi_modal))
+
+    prompts = setup.prompts()
+    batch = setup.runner().run(prompts, setup.sampling(), generate, setup.tokenizer.pad_token_id)
+    _check(setup, prompts, batch)
+
+
+def test_tool_images_over_http(setup: Setup) -> None:
+    with ServerThread(setup.server) as thread:
+        url = thread.start()
+
+        async def generate(ids: Sequence[int], params: SamplingParams, multi_modal: Any = None) -> Any:
+            async with HttpReplicaClient(url, timeout_s=120) as client:
+                return setup.record(ids, params, await client.generate_tokens(ids, params, multi_modal))
+
+        prompts = setup.prompts()
+        batch = setup.runner().run(prompts, setup.sampling(), generate, setup.tokenizer.pad_token_id)
+    setup.stopped = True
+    _check(setup, prompts, batch)
