@@ -6,10 +6,16 @@ then the zooms), and the trainer's fp32 log-probs of the model's tokens equal th
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from agent_cases import ZoomEveryTurn, pixels, rows, tool_turn_ids, zoomed
@@ -27,6 +33,7 @@ from quartet.models.loading import load_causal_lm, load_image_processor, load_to
 from quartet.rollout import SamplingParams, TorchRolloutEngine
 from quartet.rollout.types import GenerationOutput
 from quartet.serving import HttpReplicaClient, OpenAIServer, ServerThread
+from quartet.serving.images import multi_modal_to_json
 
 TURNS = 3  # model turns per trajectory: zoom, zoom, then the turn limit
 WIDTH = 192
@@ -157,3 +164,75 @@ def test_tool_images_over_http(setup: Setup) -> None:
         batch = setup.runner().run(prompts, setup.sampling(), generate, setup.tokenizer.pad_token_id)
     setup.stopped = True
     _check(setup, prompts, batch)
+
+
+def _post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}/quartet/generate", data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:  # noqa: S310 - our own local server
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _bad_bodies(prompt: list[int], good: dict[str, Any], pad: int) -> dict[str, dict[str, Any]]:
+    """Malformed image payloads for a prompt of one 4-token image, by what is wrong with them."""
+    pixels_json = good["pixel_values"]
+    shape = pixels_json["shape"]
+    nan = base64.b64encode(np.full(shape[0] * shape[1], np.nan, dtype="<f4").tobytes()).decode()
+    text_only = [t for t in prompt if t != pad]
+    return {
+        "not an object": {"multi_modal": "image.png"},
+        "unknown key": {"multi_modal": {**good, "video": 1}},
+        "not base64": {"multi_modal": {**good, "pixel_values": {**pixels_json, "data": "%%%"}}},
+        "short data": {
+            "multi_modal": {**good, "pixel_values": {**pixels_json, "shape": [shape[0] + 1, shape[1]]}}
+        },
+        "NaN pixels": {"multi_modal": {**good, "pixel_values": {**pixels_json, "data": nan}}},
+        "float16": {"multi_modal": {**good, "pixel_values": {**pixels_json, "dtype": "float16"}}},
+        "grid patches": {"multi_modal": {**good, "image_grid_thw": [[1, 4, 8]]}},
+        "grid merge": {"multi_modal": {**good, "image_grid_thw": [[1, 1, 16]]}},
+        "grid huge": {"multi_modal": {**good, "image_grid_thw": [[1, 2**40, 2]]}},
+        "grid text": {"multi_modal": {**good, "image_grid_thw": [["1", 4, 4]]}},
+        "extra slot": {"prompt_token_ids": [*prompt, pad]},
+        "no slots": {"prompt_token_ids": text_only},
+        "mask length": {"multi_modal": {**good, "image_mask": [1, 0]}},
+        "mask on text": {"multi_modal": {**good, "image_mask": [1] * len(prompt)}},
+        "pixel width": {
+            "multi_modal": {
+                **good,
+                "pixel_values": {**pixels_json, "shape": [shape[0] * 2, shape[1] // 2]},
+            }
+        },
+    }
+
+
+def test_malformed_images_get_400_and_others_go_on(setup: Setup) -> None:
+    prompts = setup.prompts()
+    prompt = prompts["prompts"][0][prompts["attention_mask"][0] == 1].tolist()
+    good = multi_modal_to_json(setup.images.process(prompts.non_tensors["images"][0]))
+    sampling = {"max_new_tokens": 4, "seed": 1}
+    base = {"prompt_token_ids": prompt, "sampling": sampling, "multi_modal": good}
+    bodies = _bad_bodies(prompt, good, setup.images.image_token_id)
+    with ServerThread(setup.server) as thread:
+        url = thread.start()
+        for why, change in bodies.items():
+            status, answer = _post(url, {**base, **change})
+            assert status == 400, (why, answer)
+            assert "multi_modal" in answer["error"]["message"] or answer["error"]["param"], why
+        # a good request beside a bad one: the bad one is refused before the engine, the good one answered
+        with ThreadPoolExecutor(2) as pool:
+            ok = pool.submit(_post, url, base)
+            refused = pool.submit(_post, url, {**base, **bodies["extra slot"]})
+            assert refused.result()[0] == 400
+            status, answer = ok.result()
+        assert status == 200 and len(answer["outputs"][0]["token_ids"]) >= 1
+        # in process the same check raises ValueError, and the engine goes on
+        mm = setup.images.process(prompts.non_tensors["images"][0])
+        params = SamplingParams(max_new_tokens=4, seed=1)
+        with pytest.raises(ValueError, match="image slots"):
+            thread.call(setup.server.generate_tokens([*prompt, setup.images.image_token_id], params, mm))
+        outs = thread.call(setup.server.generate_tokens(prompt, params, mm))
+        assert outs[0].token_ids == tuple(answer["outputs"][0]["token_ids"])
+    setup.stopped = True

@@ -11,7 +11,8 @@ the image's own pixels (x0, y0 inclusive, x1, y1 exclusive); the crop is enlarge
 nearest-neighbour sampling (crisp edges, no new colours), its longer side capped at `max_side`.
 
 Bad arguments are answered, never raised: a box outside the image, empty or inverted, an image index the
-prompt does not have, or a row without images give an error result naming the image's size.
+prompt does not have, a row without images or an image Pillow cannot read give an error result (the box's
+naming the image's size).
 """
 
 from __future__ import annotations
@@ -76,8 +77,11 @@ class ZoomTool(Tool):
     def _zoom(self, blob: bytes, index: int, box: tuple[int, ...]) -> ToolResult:
         from PIL import Image
 
-        with Image.open(io.BytesIO(blob)) as opened:
-            image = opened.convert("RGB")
+        try:
+            with Image.open(io.BytesIO(blob)) as opened:
+                image = opened.convert("RGB")
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            return _error(f"image {index} cannot be read ({type(err).__name__})")
         x0, y0, x1, y1 = box
         width, height = image.size
         if not (x0 < x1 <= width and y0 < y1 <= height):
