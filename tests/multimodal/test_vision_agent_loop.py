@@ -32,7 +32,7 @@ from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
 from quartet.models.loading import load_causal_lm, load_image_processor, load_tokenizer
 from quartet.rollout import SamplingParams, TorchRolloutEngine
 from quartet.rollout.types import GenerationOutput
-from quartet.serving import HttpReplicaClient, OpenAIServer, ServerThread
+from quartet.serving import HttpReplicaClient, OpenAIServer, RequestScheduler, ServerThread
 from quartet.serving.images import multi_modal_to_json
 
 TURNS = 3  # model turns per trajectory: zoom, zoom, then the turn limit
@@ -144,8 +144,11 @@ def _check(setup: Setup, prompts: Batch, batch: Batch) -> None:
 
 
 def test_tool_images_in_process(setup: Setup) -> None:
+    scheduler = RequestScheduler([setup.server], max_outstanding_per_replica=8, queue_timeout_s=60.0)
+
     async def generate(ids: Sequence[int], params: SamplingParams, multi_modal: Any = None) -> Any:
-        return setup.record(ids, params, await setup.server.generate_tokens(ids, params, multi_modal))
+        outs = await scheduler.generate_tokens(ids, params, multi_modal=multi_modal)
+        return setup.record(ids, params, outs)
 
     prompts = setup.prompts()
     batch = setup.runner().run(prompts, setup.sampling(), generate, setup.tokenizer.pad_token_id)
@@ -208,6 +211,16 @@ def _bad_bodies(prompt: list[int], good: dict[str, Any], pad: int) -> dict[str, 
     }
 
 
+def _junk(good: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Each field of a good payload replaced by values of the wrong type or range, seeded."""
+    rng = np.random.default_rng(0)
+    values: list[Any] = [None, "", "x", [], {}, -1, 0, 2**70, 1.5, True, [[]], [None], [[1, 2]], {"a": 1}]
+    values += [[[int(v) for v in rng.integers(-3, 3, size=3)]] for _ in range(4)]
+    values += [{**good["pixel_values"], "shape": [int(rng.integers(-2, 5)), 1176]} for _ in range(2)]
+    fields = ("pixel_values", "image_grid_thw", "image_mask")
+    return [(f, v) for f in fields for v in values if not (f == "image_mask" and v is None)]  # mask: optional
+
+
 def test_malformed_images_get_400_and_others_go_on(setup: Setup) -> None:
     prompts = setup.prompts()
     prompt = prompts["prompts"][0][prompts["attention_mask"][0] == 1].tolist()
@@ -221,6 +234,9 @@ def test_malformed_images_get_400_and_others_go_on(setup: Setup) -> None:
             status, answer = _post(url, {**base, **change})
             assert status == 400, (why, answer)
             assert "multi_modal" in answer["error"]["message"] or answer["error"]["param"], why
+        for field, junk in _junk(good):
+            status, answer = _post(url, {**base, "multi_modal": {**good, field: junk}})
+            assert status == 400, (field, junk, answer)
         # a good request beside a bad one: the bad one is refused before the engine, the good one answered
         with ThreadPoolExecutor(2) as pool:
             ok = pool.submit(_post, url, base)
