@@ -12,7 +12,9 @@ The output is the rollout Batch of `quartet.agents.batch` with, per row:
 - `extra_info` gains `final_message` (the last assistant turn, special tokens removed), `num_turns` and
   `env_reward` (the interaction's or the tools' score, or None), for reward functions;
 - `agent_metrics`: the trajectory's loop counters (tool calls, failures, turns, drift, latency);
-- `finish_reason` says why the loop ended.
+- `finish_reason` says why the loop ended;
+- with a vision-language model (`image_processor`), `images` and `multi_modal_inputs` hold each
+  trajectory's images in order, the prompt's and those its tools returned (docs/vision.md).
 
 With `rollout.multi_turn.step_deadline_s`, a generation still running (or asked for) when the deadline
 passes is aborted in the engine and dropped: the trajectory keeps its finished turns, ends with

@@ -21,6 +21,11 @@ messages rendered once as a delta (`ChatRenderer.env_turn_ids`); with `rerender=
 template's rendering of the whole conversation, and model tokens the template changed leave the loss
 (`Trajectory.rebase`, counted in `agent/template_rerender_breaks`).
 
+With a vision-language model (`images`, `quartet.agents.images`) the prompt's `<image>` placeholders become
+image parts, a tool result's `images` are shown as image parts of its tool message, each image token is
+expanded once per merged patch, and every generation call gets the trajectory's images so far and their
+slots (`multi_modal=`); the trajectory keeps them in order (`Trajectory.images`).
+
 Model turns are decoded with special tokens kept (tool-call tags may be special tokens) and without the
 end-of-turn token, which is how the chat template renders an assistant message: the conversation's
 `messages` then re-render to the same ids (the drift check, `quartet.agents.trajectory.token_drift`).

@@ -8,7 +8,7 @@ derives the sampling parameters, hands `prompts` to its generator and pads what 
                           `agent_name`, is the tool loop (`tool_agent`), the interaction loop with a
                           simulated user (`user_sim`) or one chat turn (`single_turn`); all trajectories of
                           the batch run concurrently, their turns batched by the engine through the
-                          replica's server
+                          replica's server; a vision-language model's turns carry their images
 
 Both return the rollout Batch of `quartet.rollout.batch_io` (the agent loop adds its per-row columns,
 `quartet.agents.batch`), not yet padded to the response limit.
