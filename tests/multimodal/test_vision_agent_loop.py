@@ -252,3 +252,18 @@ def test_malformed_images_get_400_and_others_go_on(setup: Setup) -> None:
         outs = thread.call(setup.server.generate_tokens(prompt, params, mm))
         assert outs[0].token_ids == tuple(answer["outputs"][0]["token_ids"])
     setup.stopped = True
+
+
+@pytest.mark.slow  # builds a second tiny tokenizer (~25 s on a loaded 2-core box)
+def test_tool_images_qwen2_5_vl(tmp_path: Path) -> None:
+    """The same loop on Qwen2.5-VL (windowed vision tower, its own rope index)."""
+    from quartet.config import TinyModelConfig
+    from quartet.config.model import TinyArch
+    from quartet.models.tiny import ensure_tiny_model
+
+    setup = Setup(ensure_tiny_model(TinyModelConfig(arch=TinyArch.QWEN2_5_VL), tmp_path))
+    try:
+        test_tool_images_in_process(setup)
+    finally:
+        asyncio.run(setup.server.stop())
+        setup.engine.shutdown()
