@@ -39,16 +39,19 @@ class CallEveryTurn:
         return ParsedTurn(text, [ToolCall("show", {})])
 
 
-def _run(folder: Path, tool: Shower, vision: bool, max_tokens: int = 200) -> Any:
+def _run(folder: Path, tool: Shower, vision: bool, max_tokens: int = 200, turn: Sequence[str] = ()) -> Any:
+    """One trajectory of two model turns, each `turn` (tokens by name; two plain ids by default)."""
     tokenizer = load_tokenizer(folder)
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    written = tuple(tokenizer.convert_tokens_to_ids(list(turn))) if turn else (5, 6)
     seen: list[dict[str, Any] | None] = []
 
     async def generate(
         ids: list[int], budget: int, multi_modal: dict[str, Any] | None = None
     ) -> GenerationOutput:
         seen.append(multi_modal)
-        return GenerationOutput("r", 0, (5, 6, eot), (-1.0, -1.0, -1.0), FinishReason.STOP)
+        logprobs = (-1.0,) * (len(written) + 1)
+        return GenerationOutput("r", 0, (*written, eot), logprobs, FinishReason.STOP)
 
     images = None
     if vision:
@@ -112,3 +115,27 @@ def test_rerender_refuses_images(tiny_vlm_dir: Path) -> None:
                 images=images,
             )  # type: ignore[arg-type]
         )
+
+
+def test_a_sampled_pad_is_no_slot(tiny_vlm_dir: Path) -> None:
+    """The model writes `<|image_pad|>` in each turn: the requests' slots are the images' tokens only, and
+    the server's check (which the engine's prefill relies on) takes them."""
+    from quartet.models.loading import load_causal_lm
+    from quartet.serving.images import check_multi_modal, vision_spec
+
+    turn = ["<|image_pad|>", "<|image_pad|>"]
+    trajectory, seen, tokenizer = _run(tiny_vlm_dir, Shower("look", [png("blue")]), vision=True, turn=turn)
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    ids = trajectory.prompt_ids + trajectory.response_ids
+    prompt = len(trajectory.prompt_ids)
+    assert ids.count(pad) == sum(trajectory.images.counts) + 4  # two sampled pads in each of two turns
+    spec = vision_spec(type("Engine", (), {"model": load_causal_lm(tiny_vlm_dir)})())
+    second = prompt + trajectory.turns[2].start  # the second model turn's prompt: all but its own tokens
+    for request, length in zip(seen, (prompt, second), strict=True):
+        assert request is not None and len(request["image_mask"]) == length
+        written = [prompt + i for i, m in enumerate(trajectory.response_mask) if m and prompt + i < length]
+        assert len(written) == (0 if length == prompt else 3)  # the first turn's 2 pads and end of turn
+        assert not any(request["image_mask"][i] for i in written)
+        shown = int(request["image_grid_thw"].shape[0])
+        assert sum(request["image_mask"]) == sum(trajectory.images.counts[:shown])
+        check_multi_modal(ids[:length], request, spec)  # raises on any mismatch
