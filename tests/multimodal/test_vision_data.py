@@ -144,10 +144,17 @@ def test_pixel_bounds_from_the_config(tiny_vlm_dir: Path) -> None:
     assert int(small.process([blob])["image_grid_thw"].prod()) == 4 * small.merge_size**2
 
 
-def test_multi_turn_refuses_a_vision_model(tiny_vlm_dir: Path) -> None:
+def test_multi_turn_takes_a_vision_model_on_the_built_in_engine(tiny_vlm_dir: Path) -> None:
+    """Agent loops carry images on the built-in engine with history kept as tokens; the vLLM engine and
+    re-rendered histories are refused, naming the key and the fix."""
     from quartet.config import load_config
     from quartet.trainer.rl_data import image_inputs
 
-    cfg = load_config(None, ["rollout.multi_turn.enable=true"])
-    with pytest.raises(DataError, match="rollout.multi_turn.enable: false"):
-        image_inputs(cfg, str(tiny_vlm_dir), load_tokenizer(tiny_vlm_dir))
+    tokenizer = load_tokenizer(tiny_vlm_dir)
+    on = ["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[zoom]"]
+    assert image_inputs(load_config(None, on), str(tiny_vlm_dir), tokenizer) is not None
+    with pytest.raises(DataError, match="(?s)rollout.engine: vllm.*set rollout.engine: torch"):
+        image_inputs(load_config(None, [*on, "rollout.engine=vllm"]), str(tiny_vlm_dir), tokenizer)
+    rerender = [*on, "rollout.multi_turn.template_mode=rerender"]
+    with pytest.raises(DataError, match="(?s)template_mode: rerender.*keep_history_tokens"):
+        image_inputs(load_config(None, rerender), str(tiny_vlm_dir), tokenizer)

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from quartet.agents.tool_loop import Generate, LoopLimits, UserSim, run_tool_loop
+from quartet.agents.images import ImageKit, TrajectoryImages
+from quartet.agents.tool_loop import Generate, LoopLimits, UserSim, run_tool_loop, start_trajectory
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import ToolCallParser
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
@@ -44,6 +45,8 @@ class AgentRow:
     """Per tool name: `{"create_kwargs": {...}}` for the tool's `create` (verl's layout)."""
     interaction_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """`{"name": <interaction>, ...}`: which simulated user, and its `start` arguments."""
+    images: tuple[bytes, ...] = ()
+    """The row's encoded images (its `images` column), one per `<image>` of `messages`."""
 
 
 @dataclass
@@ -60,6 +63,22 @@ class AgentEnv:
     limits: LoopLimits
     template_mode: TemplateMode = TemplateMode.KEEP_HISTORY_TOKENS
     """How prompts after the first are built (`rollout.multi_turn.template_mode`)."""
+    images: ImageKit | None = None
+    """A vision-language model's image processor and token; None for a text model."""
+
+    def trajectory_images(self, row: AgentRow) -> TrajectoryImages | None:
+        """A new trajectory's images, holding the row's; None for a text model (which refuses a row
+        with images: its loops would drop them)."""
+        if self.images is None:
+            if row.images:
+                raise ValueError(
+                    f"the row holds {len(row.images)} images but the model reads none: train a "
+                    "vision-language model (model.path holding one, or model.tiny.arch: qwen2_vl)"
+                )
+            return None
+        images = TrajectoryImages(self.images)
+        images.add(row.images)
+        return images
 
     @property
     def rerender(self) -> bool:
@@ -72,8 +91,13 @@ AgentLoop = Callable[[AgentRow, Generate, AgentEnv], Awaitable[Trajectory]]
 async def single_turn_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Trajectory:
     """One generation: the single-turn rollout as a trajectory."""
     renderer = env.plain_renderer
-    trajectory = Trajectory(renderer.prompt_ids(row.messages), [dict(m) for m in row.messages])
-    out = await generate(trajectory.prompt_ids, env.limits.max_response_tokens)
+    images = env.trajectory_images(row)
+    trajectory = start_trajectory(renderer, row.messages, images)
+    if images is None:
+        out = await generate(trajectory.prompt_ids, env.limits.max_response_tokens)
+    else:
+        request = images.request(trajectory.prompt_ids, [], [])
+        out = await generate(trajectory.prompt_ids, env.limits.max_response_tokens, multi_modal=request)
     ids = list(out.token_ids)
     trajectory.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None, out.versions)
     eot = renderer.encode(renderer.end_of_turn)
@@ -97,6 +121,7 @@ async def tool_agent_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> T
         env.limits,
         row.tools_kwargs,
         rerender=env.rerender,
+        images=env.trajectory_images(row),
     )
 
 
@@ -123,6 +148,7 @@ async def user_sim_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Tra
         row.tools_kwargs,
         user,
         rerender=env.rerender,
+        images=env.trajectory_images(row),
     )
 
 

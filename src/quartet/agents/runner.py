@@ -12,7 +12,9 @@ The output is the rollout Batch of `quartet.agents.batch` with, per row:
 - `extra_info` gains `final_message` (the last assistant turn, special tokens removed), `num_turns` and
   `env_reward` (the interaction's or the tools' score, or None), for reward functions;
 - `agent_metrics`: the trajectory's loop counters (tool calls, failures, turns, drift, latency);
-- `finish_reason` says why the loop ended.
+- `finish_reason` says why the loop ended;
+- with a vision-language model (`image_processor`), `images` and `multi_modal_inputs` hold each
+  trajectory's images in order, the prompt's and those its tools returned (docs/vision.md).
 
 With `rollout.multi_turn.step_deadline_s`, a generation still running (or asked for) when the deadline
 passes is aborted in the engine and dropped: the trajectory keeps its finished turns, ends with
@@ -24,14 +26,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from quartet.agents.batch import trajectories_to_batch
+from quartet.agents.images import ImageKit
 from quartet.agents.loops import AgentEnv, AgentRow, run_agent
 from quartet.agents.template_check import TemplateVerdict
-from quartet.agents.tool_loop import LoopLimits
+from quartet.agents.tool_loop import Generate, LoopLimits
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import get_parser
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory, token_drift
@@ -44,7 +47,20 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentRunner", "GenerateTokens", "build_interactions", "build_tools", "trajectory_seed"]
 
-GenerateTokens = Callable[[Sequence[int], SamplingParams], Awaitable[list[GenerationOutput]]]
+
+class GenerateTokens(Protocol):
+    """The replica's token call (`OpenAIServer.generate_tokens`, a `RequestScheduler`, an
+    `HttpReplicaClient`): `multi_modal=` is passed only for a trajectory that holds images."""
+
+    def __call__(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        /,
+        multi_modal: dict[str, Any] | None = None,
+    ) -> Awaitable[list[GenerationOutput]]: ...
+
+
 _MASK63 = (1 << 63) - 1
 
 
@@ -53,8 +69,13 @@ def build_tools(mt: MultiTurnConfig) -> dict[str, Tool]:
     from quartet.agents.tools.calculator import CalculatorTool
     from quartet.agents.tools.python_runner import PythonTool
     from quartet.agents.tools.registry import load_tools
+    from quartet.agents.tools.zoom import ZoomTool
 
-    builtin: dict[str, Callable[[], Tool]] = {"calculator": CalculatorTool, "python": PythonTool}
+    builtin: dict[str, Callable[[], Tool]] = {
+        "calculator": CalculatorTool,
+        "python": PythonTool,
+        "zoom": ZoomTool,
+    }
     tools: dict[str, Tool] = {}
     for name in mt.tools:
         tool = builtin[name]()
@@ -93,6 +114,14 @@ def build_interactions(mt: MultiTurnConfig) -> dict[str, Interaction]:
     return found
 
 
+def _objects(values: list[Any]) -> np.ndarray:
+    """A one-object-per-row column (lists and dicts kept whole, not turned into array dimensions)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
+
+
 def trajectory_seed(seed: int, row: int, sample: int, n: int, turn: int) -> int:
     """A distinct sampling seed per (request seed, row, sample, turn)."""
     return ((seed * 1_000_003 + row * n + sample) * 1_009 + turn) & _MASK63
@@ -121,7 +150,11 @@ class AgentRunner:
         return verdict
 
     @classmethod
-    def from_config(cls, mt: MultiTurnConfig, tokenizer: Any, max_response_tokens: int) -> AgentRunner:
+    def from_config(
+        cls, mt: MultiTurnConfig, tokenizer: Any, max_response_tokens: int, image_processor: Any = None
+    ) -> AgentRunner:
+        """The runner of a replica; `image_processor`: a vision-language model's (its loops then carry the
+        rows' images and those tools return, `quartet.agents.images`)."""
         tools = build_tools(mt)
         schemas = [tool.schema for tool in tools.values()]
         env = AgentEnv(
@@ -130,6 +163,7 @@ class AgentRunner:
             plain_renderer=ChatRenderer(tokenizer),
             parser=get_parser(mt.tool_call_format),
             tools=tools,
+            images=ImageKit.of(image_processor, tokenizer) if image_processor is not None else None,
             interactions=build_interactions(mt),
             limits=LoopLimits(
                 max_assistant_turns=mt.max_assistant_turns,
@@ -152,8 +186,9 @@ class AgentRunner:
         size = len(prompts)
         names = list(nt["agent_name"]) if "agent_name" in nt else [None] * size
         extras = list(nt["extra_info"]) if "extra_info" in nt else [None] * size
+        images = list(nt["images"]) if "images" in nt else [None] * size
         out = []
-        for messages, name, extra in zip(nt["raw_prompt"], names, extras, strict=True):
+        for messages, name, extra, blobs in zip(nt["raw_prompt"], names, extras, images, strict=True):
             info: Mapping[str, Any] = extra if isinstance(extra, Mapping) else {}
             out.append(
                 AgentRow(
@@ -161,6 +196,7 @@ class AgentRunner:
                     agent_name=str(name) if name else self.mt.default_agent,
                     tools_kwargs=dict(info.get("tools_kwargs") or {}),
                     interaction_kwargs=dict(info.get("interaction_kwargs") or {}),
+                    images=tuple(bytes(b) for b in blobs or ()),
                 )
             )
         return out
@@ -174,21 +210,28 @@ class AgentRunner:
         deadline = loop.time() + self.mt.step_deadline_s if self.mt.step_deadline_s > 0 else None
         cut: set[tuple[int, int]] = set()
 
-        def generator(row: int, sample: int) -> Callable[[list[int], int], Awaitable[GenerationOutput]]:
+        def generator(row: int, sample: int) -> Generate:
             turn = 0
 
-            async def generate(prompt_ids: list[int], budget: int) -> GenerationOutput:
+            async def generate(
+                prompt_ids: list[int], budget: int, /, multi_modal: dict[str, Any] | None = None
+            ) -> GenerationOutput:
                 nonlocal turn
                 seed = None if sampling.seed is None else trajectory_seed(sampling.seed, row, sample, n, turn)
                 params = dataclasses.replace(
                     sampling, n=1, seed=seed, max_new_tokens=min(budget, sampling.max_new_tokens)
                 )
                 turn += 1
+                call = (
+                    generate_tokens(prompt_ids, params)
+                    if multi_modal is None
+                    else generate_tokens(prompt_ids, params, multi_modal=multi_modal)
+                )
                 if deadline is None:
-                    return (await generate_tokens(prompt_ids, params))[0]
+                    return (await call)[0]
                 try:  # past the step's deadline the turn is aborted (the engine frees its slot) and dropped
                     async with asyncio.timeout_at(deadline) as bound:
-                        return (await generate_tokens(prompt_ids, params))[0]
+                        return (await call)[0]
                 except TimeoutError:
                     if not bound.expired():
                         raise  # the engine's own timeout, not the deadline
@@ -220,13 +263,21 @@ class AgentRunner:
         trajectories = asyncio.run(self.trajectories(rows, sampling, generate_tokens))
         if self.mt.check_drift:
             for t in trajectories:
+                if t.images is not None:
+                    continue  # a re-render would not expand the image tokens: not measured
                 renderer = self.env.renderer if self.env.tools else self.env.plain_renderer
                 t.metrics["agent/token_drift"] = float(token_drift(renderer, t))
         batch = trajectories_to_batch(
             prompts, trajectories, sampling.n, pad_token_id, self.env.limits.max_response_tokens
         )
         columns = self._row_columns(batch, trajectories)
-        return batch.drop("extra_info").union(Batch({}, columns, batch_size=len(batch)))
+        if self.env.images is not None:  # every image of each trajectory, in order (docs/vision.md)
+            columns["images"] = _objects([list(t.images.blobs) if t.images else [] for t in trajectories])
+            columns["multi_modal_inputs"] = _objects(
+                [t.images.inputs() if t.images else None for t in trajectories]
+            )
+        replaced = [k for k in ("extra_info", "images", "multi_modal_inputs") if k in batch.non_tensors]
+        return batch.drop(*replaced).union(Batch({}, columns, batch_size=len(batch)))
 
     def _row_columns(self, batch: Batch, trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
         tokenizer = self.env.renderer.tokenizer

@@ -21,6 +21,11 @@ messages rendered once as a delta (`ChatRenderer.env_turn_ids`); with `rerender=
 template's rendering of the whole conversation, and model tokens the template changed leave the loss
 (`Trajectory.rebase`, counted in `agent/template_rerender_breaks`).
 
+With a vision-language model (`images`, `quartet.agents.images`) the prompt's `<image>` placeholders become
+image parts, a tool result's `images` are shown as image parts of its tool message, each image token is
+expanded once per merged patch, and every generation call gets the trajectory's images so far and their
+slots (`multi_modal=`); the trajectory keeps them in order (`Trajectory.images`).
+
 Model turns are decoded with special tokens kept (tool-call tags may be special tokens) and without the
 end-of-turn token, which is how the chat template renders an assistant message: the conversation's
 `messages` then re-render to the same ids (the drift check, `quartet.agents.trajectory.token_drift`).
@@ -29,11 +34,18 @@ end-of-turn token, which is how the chat template renders an assistant message: 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from quartet.agents.tools.base import Tool
+from quartet.agents.images import (
+    Prepared,
+    TrajectoryImages,
+    image_parts,
+    prompt_image_messages,
+    safe_text,
+)
+from quartet.agents.tools.base import Tool, ToolResult
 from quartet.agents.tools.executor import run_tool_calls
 from quartet.agents.tools.parsing import ParsedTurn, ToolCallParser
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
@@ -48,7 +60,14 @@ RERENDER_BREAKS = "agent/template_rerender_breaks"
 """Per trajectory (rerender mode): environment turns whose rendering of the conversation changed tokens
 the trajectory already held (a template that drops reasoning, re-spells tool calls, ...)."""
 
-Generate = Callable[[list[int], int], Awaitable[GenerationOutput]]
+
+class Generate(Protocol):
+    """One generation: `generate(prompt_ids, max_new_tokens)`, plus `multi_modal=` (the images so far and
+    their slots, `TrajectoryImages.request`) only when the trajectory holds images."""
+
+    def __call__(
+        self, prompt_ids: list[int], max_new_tokens: int, /, multi_modal: dict[str, Any] | None = None
+    ) -> Awaitable[GenerationOutput]: ...
 
 
 @dataclass(frozen=True)
@@ -92,20 +111,24 @@ async def run_tool_loop(
     tools_kwargs: Mapping[str, Any] | None = None,
     user: UserSim | None = None,
     rerender: bool = False,
+    images: TrajectoryImages | None = None,
 ) -> Trajectory:
     """One trajectory of the tool loop from a dataset row's `messages` (see the module docstring);
-    `rerender`: the template mode of that name (`quartet.config.rollout.TemplateMode`)."""
+    `rerender`: the template mode of that name (`quartet.config.rollout.TemplateMode`); `images`: a
+    vision-language model's, holding the prompt's (their `<image>` placeholders in `messages`)."""
+    if images is not None and rerender:
+        raise ValueError(
+            "rollout.multi_turn.template_mode: rerender does not carry images (a re-rendered history would "
+            "re-expand them); use keep_history_tokens or strict"
+        )
     eot_ids = frozenset(renderer.encode(renderer.end_of_turn))
-    trajectory = Trajectory(renderer.prompt_ids(messages), [dict(m) for m in messages])
-    kwargs = dict(tools_kwargs or {})
-    instances = {
-        name: await tool.create(**dict(kwargs.get(name, {}).get("create_kwargs", {})))
-        for name, tool in tools.items()
-    }
+    trajectory = start_trajectory(renderer, messages, images)
+    instances = await _create_tools(tools, tools_kwargs, images)
     user_id = await user.interaction.start(**dict(user.kwargs)) if user is not None else ""
     episode = _Episode(
         trajectory, renderer, eot_ids, parser, tools, limits, instances, user, user_id, rerender=rerender
     )
+    episode.images = images
     try:
         await episode.run(generate)
         rewards = [await tools[name].calc_reward(instances[name]) for name in tools]
@@ -121,6 +144,33 @@ async def run_tool_loop(
     trajectory.truncate(limits.max_response_tokens)
     trajectory.metrics = episode.metrics()
     return trajectory
+
+
+def start_trajectory(
+    renderer: ChatRenderer, messages: list[dict[str, Any]], images: TrajectoryImages | None = None
+) -> Trajectory:
+    """The trajectory of a prompt: its rendering, each image's token expanded once per merged patch."""
+    if images is None:
+        return Trajectory(renderer.prompt_ids(messages), [dict(m) for m in messages])
+    shown = prompt_image_messages([dict(m) for m in messages], len(images.blobs))
+    trajectory = Trajectory(images.kit.expand(renderer.prompt_ids(shown), images.counts), shown)
+    trajectory.images = images
+    return trajectory
+
+
+async def _create_tools(
+    tools: Mapping[str, Tool], tools_kwargs: Mapping[str, Any] | None, images: TrajectoryImages | None
+) -> dict[str, str]:
+    """One instance per tool, with the row's `create_kwargs`, and the prompt's images for a tool that
+    `wants_images`."""
+    kwargs = dict(tools_kwargs or {})
+    instances = {}
+    for name, tool in tools.items():
+        create = dict(kwargs.get(name, {}).get("create_kwargs", {}))
+        if tool.wants_images:
+            create["images"] = list(images.blobs) if images is not None else []
+        instances[name] = await tool.create(**create)
+    return instances
 
 
 @dataclass(frozen=True)
@@ -157,6 +207,8 @@ class _Episode:
     user_score: float | None = None
     rerender: bool = False
     """The `rerender` template mode: each prompt is the template's rendering of the messages."""
+    images: TrajectoryImages | None = None
+    """The trajectory's images (a vision-language model), prompt's first."""
 
     def __post_init__(self) -> None:
         if self.rerender:
@@ -180,6 +232,8 @@ class _Episode:
                 self.end(AgentFinishReason.MAX_TURNS)
                 return
             await self.tool_turn(parsed, turn.ended)
+            if self.trajectory.finish_reason:  # the tool turn ended it (an image turn past the budget)
+                return
 
     async def model_turn(self, generate: Generate) -> _ModelTurn | None:
         """Generate within the response's token budget and append the turn; None when the turn ends the
@@ -189,7 +243,12 @@ class _Episode:
         if budget <= 0:
             self.end(AgentFinishReason.MAX_TOKENS)
             return None
-        out = await generate(t.prompt_ids + t.response_ids, budget)
+        ids_so_far = t.prompt_ids + t.response_ids
+        if self.images is None:
+            out = await generate(ids_so_far, budget)
+        else:
+            request = self.images.request(t.prompt_ids, t.response_ids, t.response_mask)
+            out = await generate(ids_so_far, budget, multi_modal=request)
         ids = list(out.token_ids)
         if out.finish_reason is FinishReason.ABORT and not ids:  # cut before it wrote anything
             self.end(AgentFinishReason.ABORT)
@@ -224,39 +283,87 @@ class _Episode:
             self.end(AgentFinishReason.MAX_TURNS)
             return False
         self.user_turns += 1
-        self.add_env_turn("user", [reply.content], ended)
+        self.add_env_turn("user", [self.text(reply.content)], ended)
         return True
 
     async def tool_turn(self, parsed: ParsedTurn, ended: bool) -> None:
         """Run the turn's calls concurrently; their results (and the malformed calls' errors) answer it."""
-        replies: list[str] = [f"Error: {problem}" for problem in parsed.errors]
+        replies: list[Any] = [self.text(f"Error: {problem}") for problem in parsed.errors]
+        shown: list[tuple[bytes, Prepared]] = []
         self.counts["tool/parse_errors"] += len(parsed.errors)
         if parsed.calls:
             timeout_s, max_chars = self.limits.tool_timeout_s, self.limits.max_tool_response_chars
             results, metrics = await run_tool_calls(
                 parsed.calls, self.tools, self.instances, timeout_s, max_chars
             )
-            replies += [r.text for r in results]
+            for result in results:
+                content, images = self.tool_content(result)
+                replies.append(content)
+                shown += images
             rewards = [r.reward for r in results if r.reward is not None]
             self.counts["agent/bad_turn_rewards"] += _reward_turn(self.trajectory, rewards)
             for key, value in metrics.items():
                 if "latency" not in key:  # counters add up over turns
                     self.counts[key] = self.counts.get(key, 0.0) + value
             self.latencies.append(metrics.get("tool/latency_s/max", 0.0))
-        self.add_env_turn("tool", replies, ended)
+        self.add_env_turn("tool", replies, ended, shown)
 
-    def add_env_turn(self, role: str, contents: list[str], ended: bool) -> None:
+    def text(self, text: str) -> str:
+        """Environment text as the turn shows it: with images in play, no image slot smuggled in."""
+        return safe_text(text) if self.images is not None else text
+
+    def tool_content(self, result: ToolResult) -> tuple[Any, list[tuple[bytes, Prepared]]]:
+        """A tool message's content and the images it shows: text and one image part per image that
+        decodes (a vision-language model); an unreadable image makes the call an error, and a text
+        model's loop drops the images, saying so in the text."""
+        blobs = [bytes(b) for b in result.images]
+        if not blobs:
+            return self.text(result.text), []
+        if self.images is None:
+            self.counts["tool/images_dropped"] = self.counts.get("tool/images_dropped", 0.0) + len(blobs)
+            return f"{result.text} [{len(blobs)} image(s) not shown: the model reads no images]", []
+        try:
+            prepared = self.images.prepare(blobs)
+        except ValueError as err:
+            self.counts["tool/bad_images"] = self.counts.get("tool/bad_images", 0.0) + 1
+            return self.text(f"Error: the tool returned an image that cannot be read: {err}"), []
+        return image_parts(self.text(result.text), len(blobs)), list(zip(blobs, prepared, strict=True))
+
+    def add_env_turn(
+        self, role: str, contents: list[Any], ended: bool, shown: list[tuple[bytes, Prepared]] | None = None
+    ) -> None:
         """Messages from the environment (`role`: "tool" or "user"), appended: rendered once as a delta
         after the engine's tokens, or (`rerender`) as the template's rendering of the whole conversation,
-        counting a turn whose rendering changed tokens already there (`Trajectory.rebase`)."""
+        counting a turn whose rendering changed tokens already there (`Trajectory.rebase`). `shown`: the
+        images the contents' image parts show, in order, processed (`add_image_turn`)."""
         env_messages: list[dict[str, Any]] = [{"role": role, "content": c} for c in contents]
         t = self.trajectory
+        if shown and self.images is not None:
+            self.add_image_turn(role, env_messages, ended, shown)
+            return
         if self.rerender:
             before = len(t.prompt_ids) + len(t.response_ids)
             if t.rebase(self.renderer.prompt_ids(t.messages + env_messages), role) < before:
                 self.counts[RERENDER_BREAKS] += 1
         else:
             t.add_env_turn(role, self.renderer.env_turn_ids(env_messages, ended_with_eot=ended))
+        t.messages += env_messages
+
+    def add_image_turn(
+        self, role: str, env_messages: list[dict[str, Any]], ended: bool, shown: list[tuple[bytes, Prepared]]
+    ) -> None:
+        """An environment turn that shows images: its rendering with each image token expanded, appended
+        with the images. A turn that would leave the model no room to answer ends the trajectory
+        (max_tokens) instead: cutting it later could split an image's tokens from its pixels."""
+        assert self.images is not None
+        t = self.trajectory
+        ids = self.renderer.env_turn_ids(env_messages, ended_with_eot=ended)
+        ids = self.images.kit.expand(ids, [n for _, (_, n) in shown])
+        if len(t.response_ids) + len(ids) >= self.limits.max_response_tokens:
+            self.end(AgentFinishReason.MAX_TOKENS)
+            return
+        self.images.add([b for b, _ in shown], [p for _, p in shown])
+        t.add_env_turn(role, ids)
         t.messages += env_messages
 
     def metrics(self) -> dict[str, float]:

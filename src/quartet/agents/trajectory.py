@@ -36,7 +36,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from quartet.agents.images import TrajectoryImages
 
 __all__ = ["AgentFinishReason", "ChatRenderer", "Trajectory", "TurnSpan", "first_difference", "token_drift"]
 
@@ -88,6 +91,9 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     truncated: bool = False
     """The response was cut to the trainer's width (`truncate`): the conversation goes on past its ids."""
+    images: TrajectoryImages | None = None
+    """The trajectory's images (`quartet.agents.images.TrajectoryImages`: prompt's, then the tools'), for
+    a vision-language model; None for text."""
     turn_rewards: list[float] = field(default_factory=list)
     """One per model turn: what the environment rewarded that turn with alone (a tool call's reward, a
     simulated user's `turn_reward`); 0.0 where it gave nothing (quartet.core.turn_credit)."""

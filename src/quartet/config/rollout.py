@@ -27,7 +27,7 @@ __all__ = [
 AGENT_LOOP_NAMES = ("single_turn", "tool_agent", "user_sim")
 """The built-in agent loops (`quartet.agents.loops`): one generation; the tool loop; the tool loop with a
 simulated user answering turns without a tool call."""
-BUILTIN_TOOLS = ("calculator", "python")
+BUILTIN_TOOLS = ("calculator", "python", "zoom")
 BUILTIN_INTERACTIONS = ("guessing_game",)
 
 
@@ -92,7 +92,8 @@ class MultiTurnConfig:
     """Loop of rows without an `agent_name`: single_turn, tool_agent or user_sim."""
 
     tools: tuple[str, ...] = ()
-    """Built-in tools to offer the model, by name: calculator, python."""
+    """Built-in tools to offer the model, by name: calculator, python, zoom (a crop of the prompt's image,
+    enlarged: vision-language models)."""
 
     tool_config_path: str = ""
     """YAML file declaring more tools (`class`, `config`, `schema` per entry; see quartet.agents.tools)."""

@@ -9,7 +9,7 @@ timeout). The aiohttp session is opened on first use, in the running loop, and c
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -17,6 +17,7 @@ import aiohttp
 
 from quartet.rollout.types import GenerationOutput, SamplingParams
 from quartet.serving.errors import ReplicaError
+from quartet.serving.images import multi_modal_to_json
 from quartet.serving.protocol import sampling_to_json
 from quartet.serving.responses import output_from_json
 
@@ -37,13 +38,19 @@ class HttpReplicaClient:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key is not None else {}
 
     async def generate_tokens(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        multi_modal: Mapping[str, Any] | None = None,
     ) -> list[GenerationOutput]:
-        """The `sampling.n` responses of the remote engine to a prompt of token ids."""
+        """The `sampling.n` responses of the remote engine to a prompt of token ids (and its images, for a
+        vision-language model: `quartet.serving.images`)."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         url = f"{self.base_url}/quartet/generate"
-        body = {"prompt_token_ids": list(prompt_ids), "sampling": sampling_to_json(sampling)}
+        body: dict[str, Any] = {"prompt_token_ids": list(prompt_ids), "sampling": sampling_to_json(sampling)}
+        if multi_modal is not None:
+            body["multi_modal"] = multi_modal_to_json(multi_modal)
         async with self._session.post(url, json=body, headers=self._headers()) as response:
             text = await response.text()
         try:

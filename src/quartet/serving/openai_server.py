@@ -10,7 +10,8 @@
 
 Endpoints: `GET /v1/models` and `/v1/models/{id}`, `POST /v1/chat/completions`, `POST /v1/completions`,
 `POST /v1/responses` (the Responses API's text and function-tool subset, `responses_api`), the token-level
-`POST /v1/quartet/generate` (`{"prompt_token_ids", "sampling"}` -> `{"outputs": [...]}`) for agent loops
+`POST /v1/quartet/generate` (`{"prompt_token_ids", "sampling", "multi_modal"?}` -> `{"outputs": [...]}`,
+`multi_modal` a vision-language model's images, `quartet.serving.images`) for agent loops
 that must train on the exact ids the model wrote, and `GET /openapi.json` (`openapi`). Bodies are parsed in
 `protocol` (and `messages`), checked against the server's limits in `limits`, answered in `responses`
 (`tool_calls` for Hermes tool calls, `streaming` for `stream: true`). `response_format` and a forced
@@ -60,7 +61,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import ClientPayloadError, web
@@ -73,6 +74,7 @@ from quartet.serving.address import advertised_host
 from quartet.serving.bridge import EngineBridge, wait_in_loop
 from quartet.serving.errors import ApiError, GenerationTimeoutError, ServerAsleepError, error_body
 from quartet.serving.gate import AdmissionGate
+from quartet.serving.images import check_multi_modal, vision_spec
 from quartet.serving.limits import RequestLimits, check_sampling, check_text_size, check_token_ids
 from quartet.serving.openapi import openapi_schema
 from quartet.serving.streaming import (
@@ -178,6 +180,7 @@ class OpenAIServer:
         self._tool_tags = tag_token_ids(tokenizer, HERMES_TAGS)
         self._gate = AdmissionGate()
         self._bridge = EngineBridge(engine)
+        self._vision = vision_spec(engine)
         self._engine_slept = False
         self._created = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -268,21 +271,29 @@ class OpenAIServer:
     # ---- the one path into the engine ---------------------------------------------------------------------
 
     async def generate_tokens(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        multi_modal: Mapping[str, Any] | None = None,
     ) -> list[GenerationOutput]:
         """The `sampling.n` responses to a prompt of token ids, through the engine's shared batch.
 
-        For agent loops in this process (no HTTP). Raises `ServerAsleepError` while asleep,
+        For agent loops in this process (no HTTP). `multi_modal`: the prompt's images for a vision-language
+        model (`quartet.serving.images`). Raises `ServerAsleepError` while asleep,
         `GenerationTimeoutError` after `request_timeout_s` (the request is aborted in the engine), ValueError
-        for a token id outside the vocabulary (checked here, so it never fails the engine's batch), and the
-        engine's own errors (ValueError for a request it cannot take, `EngineStateError`).
+        for a token id outside the vocabulary or images that do not fit the prompt (checked here, so they
+        never fail the engine's batch), and the engine's own errors (ValueError for a request it cannot
+        take, `EngineStateError`).
         """
         try:
             check_token_ids(list(prompt_ids), self.limits, "prompt_token_ids")
             check_token_ids(sampling.stop_token_ids, self.limits, "stop_token_ids")
         except ApiError as exc:
             raise ValueError(exc.message) from None
-        request = GenerationRequest(tuple(prompt_ids), sampling)
+        images = None
+        if multi_modal is not None:
+            images = await asyncio.to_thread(check_multi_modal, prompt_ids, multi_modal, self._vision)
+        request = GenerationRequest(tuple(prompt_ids), sampling, multi_modal=images)
         self._gate.enter()
         try:
             call = self._bridge.submit(request)
@@ -304,11 +315,14 @@ class OpenAIServer:
             self.engine.abort(request_id)
 
     async def _engine_call(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        multi_modal: Mapping[str, Any] | None = None,
     ) -> list[GenerationOutput]:
         """`generate_tokens` with the engine's errors turned into HTTP answers."""
         try:
-            return await self.generate_tokens(prompt_ids, sampling)
+            return await self.generate_tokens(prompt_ids, sampling, multi_modal)
         except ValueError as exc:
             raise ApiError.bad_request(str(exc)) from None
         except EngineStateError as exc:
@@ -479,6 +493,8 @@ class OpenAIServer:
             check_token_ids, token_request.prompt_token_ids, self.limits, "prompt_token_ids"
         )
         check_sampling(token_request.sampling, len(token_request.prompt_token_ids), self.limits, _TOKEN_NAMES)
-        outputs = await self._engine_call(token_request.prompt_token_ids, token_request.sampling)
+        outputs = await self._engine_call(
+            token_request.prompt_token_ids, token_request.sampling, token_request.multi_modal
+        )
         request_id = outputs[0].request_id if outputs else ""
         return web.json_response(responses.token_response(request_id, outputs))

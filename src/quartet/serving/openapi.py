@@ -322,8 +322,45 @@ def _token_request(limits: RequestLimits) -> dict[str, Any]:
         "properties": {
             "prompt_token_ids": {"type": "array", "minItems": 1, "items": token},
             "sampling": sampling,
+            "multi_modal": _MULTI_MODAL,
         },
     }
+
+
+_MULTI_MODAL: dict[str, Any] = {
+    "type": "object",
+    "description": "the prompt's images for a vision-language model (quartet.serving.images)",
+    "additionalProperties": False,
+    "required": ["pixel_values", "image_grid_thw"],
+    "properties": {
+        "pixel_values": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["dtype", "shape", "data"],
+            "properties": {
+                "dtype": {"type": "string", "enum": ["float32"]},
+                "shape": {
+                    "type": "array",
+                    "minItems": 2,
+                    "maxItems": 2,
+                    "items": {"type": "integer", "minimum": 1},
+                },
+                "data": {"type": "string", "format": "byte"},
+            },
+        },
+        "image_grid_thw": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "array",
+                "minItems": 3,
+                "maxItems": 3,
+                "items": {"type": "integer", "minimum": 1},
+            },
+        },
+        "image_mask": {"type": "array", "items": {"type": "integer", "enum": [0, 1]}},
+    },
+}
 
 
 def _post(summary: str, schema: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from quartet.rollout.types import SamplingParams
 from quartet.serving.constraints import ToolPlan, parse_response_format, parse_tool_choice
 from quartet.serving.errors import ApiError
 from quartet.serving.fields import bad, boolean, build_sampling, integer, number, show, str_list, token_ids
+from quartet.serving.images import multi_modal_from_json
 from quartet.serving.limits import load_json_body
 from quartet.serving.messages import parse_messages, parse_tools, text_chars
 
@@ -155,6 +156,8 @@ class TokenRequest:
 
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
+    multi_modal: dict[str, Any] | None = None
+    """The prompt's images (`quartet.serving.images`), for a vision-language model."""
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -360,7 +363,9 @@ def parse_token_request(body: Mapping[str, Any], default_max_tokens: int) -> Tok
     if "prompt_token_ids" not in body:
         raise bad("'prompt_token_ids' is required", "prompt_token_ids")
     ids = token_ids(body["prompt_token_ids"], "prompt_token_ids")
-    return TokenRequest(ids, parse_sampling(body.get("sampling"), default_max_tokens))
+    images = body.get("multi_modal")
+    multi_modal = multi_modal_from_json(images) if images is not None else None
+    return TokenRequest(ids, parse_sampling(body.get("sampling"), default_max_tokens), multi_modal)
 
 
 def sampling_to_json(params: SamplingParams) -> dict[str, Any]:

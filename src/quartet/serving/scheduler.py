@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from quartet.rollout.types import GenerationOutput, SamplingParams
 from quartet.serving.errors import NoFreeReplicaError, ReplicaTimeoutError
@@ -44,9 +44,12 @@ class ReplicaClient(Protocol):
     """One rollout replica, as the scheduler calls it."""
 
     async def generate_tokens(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        multi_modal: Mapping[str, Any] | None = None,
     ) -> list[GenerationOutput]:
-        """The `sampling.n` responses to a prompt of token ids."""
+        """The `sampling.n` responses to a prompt of token ids (and its images: `quartet.serving.images`)."""
         ...
 
 
@@ -129,12 +132,22 @@ class RequestScheduler:
         self._home.pop(conversation_id, None)
 
     async def generate_tokens(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, conversation_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        conversation_id: str | None = None,
+        multi_modal: Mapping[str, Any] | None = None,
     ) -> list[GenerationOutput]:
-        """The responses of the replica chosen for this request (see the module docstring for the policy)."""
+        """The responses of the replica chosen for this request (see the module docstring for the policy);
+        `multi_modal`: the prompt's images, passed on only when given."""
         index = await self._acquire(conversation_id)
         try:
-            call = self.replicas[index].generate_tokens(prompt_ids, sampling)
+            replica = self.replicas[index]
+            call = (
+                replica.generate_tokens(prompt_ids, sampling)
+                if multi_modal is None
+                else replica.generate_tokens(prompt_ids, sampling, multi_modal=multi_modal)
+            )
             if self.request_timeout_s is None:
                 return await call
             try:

@@ -32,17 +32,34 @@ def image_inputs(cfg: QuartetConfig, model_path: str, tokenizer: Any) -> ImageIn
 
     if not is_vision_model(model_path):
         return None
-    if cfg.rollout.multi_turn.enable:
-        from quartet.data.errors import DataError
-
-        raise DataError(
-            model_path,
-            "rollout.multi_turn does not carry images yet: its turns reach the engine as token ids only, "
-            "which would drop the prompts' images (docs/vision.md)",
-            fix="train a vision-language model single-turn: set rollout.multi_turn.enable: false",
-        )
+    _check_agent_images(cfg, model_path)
     processor = load_image_processor(model_path, cfg.data.min_pixels, cfg.data.max_pixels)
     return ImageInputs.of(processor, tokenizer, cfg.data.image_key)
+
+
+def _check_agent_images(cfg: QuartetConfig, model_path: str) -> None:
+    """Refuse the agent-loop settings that do not carry a vision-language model's images (docs/vision.md,
+    "Image tool turns"): the vLLM engine's token path, and re-rendered histories."""
+    from quartet.config.rollout import RolloutEngineKind, TemplateMode
+    from quartet.data.errors import DataError
+
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return
+    if cfg.rollout.engine is not RolloutEngineKind.TORCH:
+        raise DataError(
+            model_path,
+            f"rollout.multi_turn with a vision-language model needs the built-in engine: the agent loops' "
+            f"image turns do not reach rollout.engine: {cfg.rollout.engine.value} (docs/vision.md)",
+            fix="set rollout.engine: torch, or rollout.multi_turn.enable: false to train single-turn",
+        )
+    if mt.template_mode is TemplateMode.RERENDER:
+        raise DataError(
+            model_path,
+            "rollout.multi_turn.template_mode: rerender does not carry images (a re-rendered history would "
+            "re-expand every image each turn)",
+            fix="set rollout.multi_turn.template_mode: keep_history_tokens (or strict)",
+        )
 
 
 def prepare_rl_data(

@@ -117,6 +117,7 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
         fused_head=cfg.model.fused_head,
         freeze_vision_tower=cfg.model.freeze_vision_tower,
         custom_module=cfg.algorithm.custom_module,
+        image_pixels=(cfg.data.min_pixels, cfg.data.max_pixels),
     )
 
 

@@ -5,8 +5,9 @@
     results, metrics = await run_tool_calls(parsed.calls, tools, instance_ids, timeout_s=10,
                                             max_response_chars=512)
 
-Built-in tools: `calculator.CalculatorTool` (exact arithmetic over `ast`) and `python_runner.PythonTool`
-(a program in a limited child process). Importing this package imports neither Ray nor transformers.
+Built-in tools: `calculator.CalculatorTool` (exact arithmetic over `ast`), `python_runner.PythonTool`
+(a program in a limited child process) and `zoom.ZoomTool` (a crop of the prompt's image, enlarged: a tool
+that returns an image). Importing this package imports neither Ray nor transformers.
 """
 
 from quartet.agents.tools.base import Tool, ToolResult, ToolSchemaError, check_schema

@@ -52,6 +52,10 @@ class ToolResult:
     """Per-call numbers for logging (e.g. a program's CPU seconds)."""
     error: str | None = None
     """Set when the call failed: bad arguments, an exception, a timeout, a limit hit. None on success."""
+    images: tuple[bytes, ...] = ()
+    """Encoded images (PNG, JPEG, ... bytes) the tool shows the model: the tool message becomes `text`
+    followed by one image content part per image (a vision-language model only; a text model's loop
+    drops them and counts `tool/images_dropped`)."""
 
 
 class ToolSchemaError(ValueError):
@@ -125,6 +129,9 @@ class Tool(ABC):
     """The checked OpenAI function-tool schema (a class attribute gives the default)."""
     instances: dict[str, dict[str, Any]]
     """Per-trajectory state by instance id; `create` stores its `tools_kwargs` here."""
+    wants_images: bool = False
+    """True for a tool that works on the prompt's images: the loop passes them to `create` as `images`
+    (a list of encoded images, in prompt order; empty for a row without images)."""
 
     def __init__(self, *, schema: Mapping[str, Any] | None = None) -> None:
         chosen = schema if schema is not None else getattr(type(self), "schema", None)

@@ -8,7 +8,7 @@ derives the sampling parameters, hands `prompts` to its generator and pads what 
                           `agent_name`, is the tool loop (`tool_agent`), the interaction loop with a
                           simulated user (`user_sim`) or one chat turn (`single_turn`); all trajectories of
                           the batch run concurrently, their turns batched by the engine through the
-                          replica's server
+                          replica's server; a vision-language model's turns carry their images
 
 Both return the rollout Batch of `quartet.rollout.batch_io` (the agent loop adds its per-row columns,
 `quartet.agents.batch`), not yet padded to the response limit.
@@ -56,11 +56,11 @@ class AgentLoopGenerator(Generator):
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         images = prompts.non_tensors.get("multi_modal_inputs")
-        if images is not None and any(row is not None for row in images):
+        if images is not None and any(row is not None for row in images) and self.runner.env.images is None:
             raise NotImplementedError(
-                "agent loops do not carry images yet: their turns re-render the chat messages as text, which "
-                "would drop the prompt's images (docs/vision.md); train image rows single-turn "
-                "(rollout.multi_turn off, no agent_name column)"
+                "the agent loops of this replica have no image processor, so they would drop the rows' "
+                "images: build the runner with the model's image processor (AgentRunner.from_config(..., "
+                "image_processor)) or train image rows single-turn (rollout.multi_turn off)"
             )
         out = self.runner.run(prompts, sampling, self.generate_tokens, self.pad_token_id)
         # the temperature the trainer rescales logits by; a greedy batch's log-probs are those of T = 1

@@ -65,6 +65,7 @@ class Rollout:
     def __init__(self, cfg: RolloutConfig, run: RunValues, trainer: Actor | None = None) -> None:
         """`trainer`: the sibling actor whose weights `sync_weights` copies (`Sibling("actor")`)."""
         self.rc, self.max_response_length = cfg, run.max_response_length
+        self.image_pixels = run.image_pixels
         self.sibling = SiblingSync(trainer) if trainer is not None else None
         model_path = run.model_path
         self.engine: RolloutEngine = make_engine(
@@ -95,7 +96,10 @@ class Rollout:
         http = self.rc.mode is RolloutMode.ASYNC
         self.server = ReplicaServer(self.engine, tokenizer, self.rc.server, self.max_response_length, http)
         if self.rc.multi_turn.enable:
-            runner = AgentRunner.from_config(self.rc.multi_turn, tokenizer, self.max_response_length)
+            processor = _image_processor(model_path, self.image_pixels)
+            runner = AgentRunner.from_config(
+                self.rc.multi_turn, tokenizer, self.max_response_length, processor
+            )
             generate_tokens = self.server.server.generate_tokens
             self.generator = AgentLoopGenerator(runner, generate_tokens, self.pad_token_id)
 
@@ -244,3 +248,10 @@ def _pad_token_id(model_path: str) -> int:
     tok: Any = load_tokenizer(model_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return int(pad or 0)
+
+
+def _image_processor(model_path: str, pixels: tuple[int, int]) -> Any:
+    """A vision-language model's image processor (its agent loops carry images); None for a text model."""
+    from quartet.models.loading import is_vision_model, load_image_processor
+
+    return load_image_processor(model_path, *pixels) if is_vision_model(model_path) else None
