@@ -57,19 +57,21 @@ class VisionSettings:
     """The SFT side of the vision experiment: the chat set, the SFT start and the control's loop. (The GRPO
     side, and the RL and held-out set sizes, are the embedded config `vision.yaml`.)"""
 
-    sft_size: int = 256
+    sft_size: int = 32
     """Worked answers in the fixed chat set (the scarce demonstrations)."""
-    sft_steps: int = 300
+    sft_steps: int = 800
     """Optimizer steps of the SFT start."""
     sft_batch: int = 32
     """Rows per SFT step (the start and the control)."""
     sft_lr: float = 1e-3
     """AdamW learning rate of the SFT loop (the start and the control)."""
+    sft_beta2: float = 0.95
+    """AdamW's second-moment decay in the SFT loop (0.999 kept the tiny model at chance for 800+ steps)."""
     max_distractors: int = 3
     """Squares and triangles among the circles, at most (0: count the coloured cells, the easy version)."""
 
     def __post_init__(self) -> None:
-        for name in ("sft_size", "sft_steps", "sft_batch", "sft_lr"):
+        for name in ("sft_size", "sft_steps", "sft_batch", "sft_lr", "sft_beta2"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{PREFIX}{name} must be > 0, got {getattr(self, name)}")
         if self.max_distractors < 0:
@@ -169,7 +171,7 @@ def _sft_stage(
     from quartet.tracking.run_layout import HF_DIR
 
     chat = VisionChat.load(source)
-    seconds, steps = sft(chat, rows, batch_size=s.sft_batch, lr=s.sft_lr, **budget)
+    seconds, steps = sft(chat, rows, batch_size=s.sft_batch, lr=s.sft_lr, beta2=s.sft_beta2, **budget)
     hf = chat.save(folder / HF_DIR)
     if budget.get("on_record") is not None:
         budget["on_record"]({"kind": "export", "hf_dir": str(hf)})
