@@ -205,7 +205,9 @@ def _consolidated_model(
     """A fresh transformers model holding the gathered weights `full` (LoRA merged)."""
     config = hf_model(module).config
     with torch.device("meta"):
-        auto = AutoModelForImageTextToText if is_vision_module(module) else _AUTO_CLASSES[spec.kind]
+        # A VLM critic is a `models.vision_value` class, registered as a token-classification model.
+        vlm = is_vision_module(module) and spec.kind is ModelKind.CAUSAL_LM
+        auto = AutoModelForImageTextToText if vlm else _AUTO_CLASSES[spec.kind]
         fresh: Any = auto.from_config(config)  # type: ignore[no-untyped-call]
         if spec.uses_lora:
             import peft
