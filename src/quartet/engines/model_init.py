@@ -63,7 +63,8 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         if spec.sequence_parallel_size > 1:
             raise ValueError(
                 "sequence parallelism does not split vision-language models yet (the vision tower would "
-                "see a slice of the tokens): set model.sequence_parallel_size: 1"
+                "see a slice of the tokens): set model.sequence_parallel_size: 1 "
+                "(critic.sequence_parallel_size: 1 for a critic)"
             )
     if spec.sequence_parallel_size > 1:
         from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
