@@ -19,8 +19,9 @@ The heads the engines load change the top only: a value model (critic) has no ou
 
 Vision-language models (`qwen2_vl`, `qwen2_5_vl`): the language model is sized as above from the config's
 `text_config` (Qwen2's layout), and the vision tower's parameters (`vision_params`) are counted by building
-it on the meta device (no memory). Image tokens are prompt tokens (`data.max_prompt_length` counts them);
-the vision tower's own activations are not sized.
+it on the meta device (no memory), its block sizes read into `vision` (`planning.vision`, which sizes its
+activations). Image tokens are prompt tokens (`data.max_prompt_length` counts them). A value model on a
+VLM keeps the tower (`models.vision_value`).
 
 Counting from the config (never from weights) keeps planning free: a 70B config plans in microseconds.
 Any other architecture is refused with `UnknownModelShapeError` rather than sized wrongly.
@@ -36,6 +37,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from quartet.config.model import LoraConfig, ModelConfig, TinyArch, TinyModelConfig
+from quartet.planning.vision import VisionShape, vision_shape_of
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -86,6 +88,8 @@ class ModelShape:
     max_position_embeddings: int = 0
     vision_params: int = 0
     """Parameters of a vision-language model's vision tower (0 for text models)."""
+    vision: VisionShape | None = None
+    """A vision-language model's tower sizes (None for text models and the tiny VLM's text-only plan)."""
 
     @property
     def q_dim(self) -> int:
@@ -143,7 +147,7 @@ class ModelShape:
 
     def params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
         """Parameters of the model loaded with `head` on the trunk."""
-        trunk = self.vocab_size * self.hidden_size + self.non_embedding_params
+        trunk = self.vocab_size * self.hidden_size + self.non_embedding_params + self.vision_params
         if head is HeadKind.CAUSAL_LM:
             return self.total_params
         return trunk + self.hidden_size + (1 if head is HeadKind.VALUE else 0)
@@ -212,7 +216,9 @@ def shape_from_config(config: Any) -> ModelShape:
     _check_model_type(model_type)
     if model_type in _VISION_TYPES:
         text = shape_from_config(_as_qwen2(config.text_config))
-        return replace(text, model_type=model_type, vision_params=_vision_params(config))
+        params = _vision_params(config)
+        vision = vision_shape_of(model_type, config.vision_config, params)
+        return replace(text, model_type=model_type, vision_params=params, vision=vision)
     hidden = _field(config, "hidden_size", model_type)
     heads = _field(config, "num_attention_heads", model_type)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
