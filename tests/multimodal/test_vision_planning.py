@@ -3,6 +3,7 @@ the tower's activations (against autograd's saved tensors), for every role that 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,21 @@ def test_the_planner_counts_the_towers_activations(tiny_vlm_dir: Path) -> None:
     assert critic["weights"] == 4 * shape.params(HeadKind.VALUE)
     assert critic["optimizer"] == 8 * (shape.params(HeadKind.VALUE) - shape.vision_params)
     assert trained[(Phase.VALUES, Role.CRITIC)].breakdown["optimizer"] == 8 * shape.params(HeadKind.VALUE)
+
+
+def test_the_fitter_never_proposes_sequence_parallelism_for_a_vlm(tiny_vlm_dir: Path) -> None:
+    """Long rows make activations dominate, where the fitter splits a text model's tokens over a sequence
+    group; a VLM's engines refuse sequence parallelism, so its proposal must not hold it."""
+    from quartet.config import load_config
+    from quartet.planning.estimate import RoleShapes, estimate_memory
+    from quartet.planning.fit import DOMINANT_SHARE, _grow_sp, activation_share
+
+    overrides = ["cluster.backend=ray", "cluster.bundles_per_node=2", "data.max_prompt_length=256"]
+    overrides += ["data.max_response_length=256", "rollout.n=8", "actor.micro_batch_size_per_device=16"]
+    vlm = load_config(None, [*overrides, f"model.path={tiny_vlm_dir}"])
+    shape = shape_from_path(tiny_vlm_dir)
+    text = dataclasses.replace(shape, model_type="qwen2", vision=None, vision_params=0)
+    for policy, splits in ((text, True), (shape, False)):
+        shapes = RoleShapes(policy)
+        assert activation_share(estimate_memory(vlm, device="gpu", shapes=shapes)) >= DOMINANT_SHARE
+        assert bool(_grow_sp("gpu", shapes)(vlm)) is splits

@@ -43,6 +43,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HeadKind",
     "ModelShape",
+    "VISION_MODEL_TYPES",
     "UnknownModelShapeError",
     "policy_shape",
     "shape_from_config",
@@ -52,6 +53,9 @@ __all__ = [
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")
 """transformers `model_type`s whose parameter layout this module knows."""
+
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+"""The vision-language `model_type`s (the tiny VLM's shape carries them too)."""
 
 _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -214,7 +218,7 @@ def shape_from_config(config: Any) -> ModelShape:
     """
     model_type = str(getattr(config, "model_type", "") or "")
     _check_model_type(model_type)
-    if model_type in _VISION_TYPES:
+    if model_type in VISION_MODEL_TYPES:
         text = shape_from_config(_as_qwen2(config.text_config))
         params = _vision_params(config)
         vision = vision_shape_of(model_type, config.vision_config, params)
@@ -240,9 +244,6 @@ def shape_from_config(config: Any) -> ModelShape:
         qk_norm=model_type == "qwen3",
         max_position_embeddings=int(getattr(config, "max_position_embeddings", 0) or 0),
     )
-
-
-_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl")
 
 
 def _as_qwen2(text_config: Any) -> Any:
