@@ -204,9 +204,11 @@ def _consolidated_model(
 ) -> PreTrainedModel:
     """A fresh transformers model holding the gathered weights `full` (LoRA merged)."""
     config = hf_model(module).config
+    vision = is_vision_module(module)
+    if vision and spec.kind is ModelKind.VALUE:  # registers the VLM value classes with the Auto class
+        import quartet.models.vision_value  # noqa: F401
     with torch.device("meta"):
-        # A VLM critic is a `models.vision_value` class, registered as a token-classification model.
-        vlm = is_vision_module(module) and spec.kind is ModelKind.CAUSAL_LM
+        vlm = vision and spec.kind is ModelKind.CAUSAL_LM
         auto = AutoModelForImageTextToText if vlm else _AUTO_CLASSES[spec.kind]
         fresh: Any = auto.from_config(config)  # type: ignore[no-untyped-call]
         if spec.uses_lora:

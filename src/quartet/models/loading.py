@@ -22,8 +22,6 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from quartet.models.vision_value import value_model_class
-
 __all__ = [
     "ModelFolderError",
     "is_vision_model",
@@ -104,6 +102,8 @@ def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Pr
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # a value regression target should not be noised
     if is_vision_model(folder):
+        from quartet.models.vision_value import value_model_class  # loads transformers' VLM modules (~0.3 s)
+
         cls = value_model_class(config.model_type)
         vlm: PreTrainedModel = cls.from_pretrained(folder, config=config, dtype=dtype, local_files_only=True)
         return vlm

@@ -17,7 +17,7 @@ Loading goes through transformers' own `from_pretrained`:
 
 The classes are registered with `AutoModelForTokenClassification` for their config types on import, so
 `AutoModelForTokenClassification.from_pretrained(folder)` loads a saved VLM value model once this module is
-imported (`quartet.models.loading` imports it).
+imported (`quartet.models.loading.load_value_model` imports it for a VLM folder).
 """
 
 from __future__ import annotations
