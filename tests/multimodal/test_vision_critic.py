@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from transformers import AutoModelForTokenClassification
+from vision_cases import plain_values, without_sampled_pads
 
 from quartet.config.model import Dtype
 from quartet.core.batch import Batch
@@ -16,7 +17,6 @@ from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
 from quartet.engines.model_init import load_reward_model
 from quartet.models.loading import ModelFolderError, load_causal_lm, load_value_model
 from quartet.models.tiny import save_value_model
-from quartet.models.vision_value import Qwen2VLValueModel
 
 
 @pytest.fixture(scope="module")
@@ -28,38 +28,8 @@ def value_dir(tiny_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture(scope="module")
 def batch(rollout: Batch, tiny_vlm_dir: Path) -> Batch:
-    """The rollout with every sampled `<|image_pad|>` of a response replaced by a text token, so a plain
-    transformers forward (which reads every image token as an image slot) can be compared with it."""
-    image_id = int(load_causal_lm(tiny_vlm_dir).config.image_token_id)
-    responses = rollout["responses"].clone()
-    responses[responses == image_id] = image_id - 1
-    return Batch({**rollout.tensors, "responses": responses}, dict(rollout.non_tensors), rollout.meta)
-
-
-def _independent_values(folder: Path, batch: Batch) -> list[torch.Tensor]:
-    """Each row's values of its response tokens from the saved folder loaded by plain `from_pretrained`,
-    one unpadded row at a time with its own images; the model computes the M-RoPE positions itself."""
-    model: Any = AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32)
-    model.eval()
-    assert isinstance(model, Qwen2VLValueModel)
-    image_id = int(model.config.image_token_id)
-    p_len = batch["prompts"].shape[1]
-    out = []
-    for i in range(len(batch)):
-        real = batch["attention_mask"][i] != 0
-        ids = torch.cat([batch["prompts"][i], batch["responses"][i]])[real].unsqueeze(0)
-        prompt_len, response_len = int(real[:p_len].sum()), int(real[p_len:].sum())
-        images = batch.non_tensors["multi_modal_inputs"][i] or {}
-        with torch.no_grad():
-            values = model(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                mm_token_type_ids=(ids == image_id).int(),
-                **images,
-            ).logits[0, :, 0]
-        # value[t] is the output at the position whose logits choose response token t
-        out.append(values[prompt_len - 1 : prompt_len - 1 + response_len])
-    return out
+    """The rollout without sampled `<|image_pad|>` tokens (`vision_cases.without_sampled_pads`)."""
+    return without_sampled_pads(rollout, int(load_causal_lm(tiny_vlm_dir).config.image_token_id))
 
 
 @pytest.mark.parametrize(
@@ -77,7 +47,7 @@ def test_critic_values_equal_an_independent_forward(
     engine = TrainingEngine(EngineSpec(str(value_dir), ModelKind.VALUE, Dtype.FLOAT32, remove_padding=packed))
     assert (engine.module.config.text_config._attn_implementation == "quartet_varlen") is packed
     values = engine.forward_values(batch, micro)
-    expected = _independent_values(value_dir, batch)
+    expected = plain_values(value_dir, batch)
     assert sum(len(e) for e in expected) > 20
     for i, want in enumerate(expected):
         assert float((values[i, : len(want)] - want).abs().max()) <= 1e-5
