@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from quartet.config import TinyModelConfig
+from quartet.config.model import TinyArch
 from quartet.models.loading import load_causal_lm, load_value_model
-from quartet.planning.model_shape import HeadKind, shape_from_path
+from quartet.planning.model_shape import HeadKind, shape_from_path, shape_from_tiny
 from quartet.planning.vision import vision_activation_bytes, vision_shape_of
 
 
@@ -22,6 +24,8 @@ def test_planned_parameters_are_the_models(tiny_vlm_dir: Path) -> None:
     assert shape.model_type == "qwen2_vl" and shape.vision_params == visual > 0
     assert shape.params() == sum(p.numel() for p in model.parameters())
     critic = load_value_model(tiny_vlm_dir)  # the VLM critic keeps the tower
+    tiny = shape_from_tiny(TinyModelConfig(arch=TinyArch.QWEN2_VL))  # what `model.tiny` plans
+    assert tiny.vision == shape.vision and tiny.vision_params == shape.vision_params
     assert shape.params(HeadKind.VALUE) == sum(p.numel() for p in critic.parameters())
 
 

@@ -93,7 +93,7 @@ class ModelShape:
     vision_params: int = 0
     """Parameters of a vision-language model's vision tower (0 for text models)."""
     vision: VisionShape | None = None
-    """A vision-language model's tower sizes (None for text models and the tiny VLM's text-only plan)."""
+    """A vision-language model's tower sizes (None for text models)."""
 
     @property
     def q_dim(self) -> int:
@@ -282,12 +282,34 @@ def shape_from_path(path: str | Path) -> ModelShape:
     return shape_from_config(AutoConfig.from_pretrained(config_file, local_files_only=True))
 
 
+def _tiny_vision(spec: TinyModelConfig) -> tuple[int, VisionShape]:
+    """Parameters and shape of the tiny VLM's vision tower (`models.tiny_vision`), built on the meta device
+    under a one-layer text model."""
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+    from quartet.models.tiny_vision import tiny_vision_config
+
+    head_dim = spec.hidden_size // spec.num_attention_heads
+    text: dict[str, Any] = dict(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size)
+    text.update(num_hidden_layers=1, bos_token_id=None, eos_token_id=None)
+    text.update(num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads)
+    sections = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
+    text.update(
+        vocab_size=spec.vocab_size, rope_parameters={"rope_type": "default", "mrope_section": sections}
+    )
+    kind = Qwen2_5_VLConfig if spec.arch is TinyArch.QWEN2_5_VL else Qwen2VLConfig
+    config = kind(text_config=text, vision_config=tiny_vision_config(spec))
+    params = _vision_params(config)
+    return params, vision_shape_of(spec.arch.value, config.vision_config, params)
+
+
 def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
-    """The shape of the tiny model `quartet.models.tiny` builds from `spec`.
+    """The shape of the tiny model `quartet.models.tiny` builds from `spec` (a tiny VLM's with its tower).
 
     Its vocabulary is `len(tokenizer)` of a BPE trained on generated text, which stops short of large
     `vocab_size` targets (about 523 tokens at most); `vocab_size` is used as the upper bound.
     """
+    vision_params, vision = _tiny_vision(spec) if spec.arch.is_vision else (0, None)
     return ModelShape(
         model_type=spec.arch.value,
         vocab_size=spec.vocab_size,
@@ -300,6 +322,8 @@ def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
         tie_word_embeddings=spec.tie_word_embeddings,
         qkv_bias=spec.arch in (TinyArch.QWEN2, TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL),
         max_position_embeddings=spec.max_position_embeddings,
+        vision_params=vision_params,
+        vision=vision,
     )
 
 
