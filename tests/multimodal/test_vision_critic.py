@@ -14,7 +14,9 @@ from vision_cases import plain_values, without_sampled_pads
 from quartet.config.model import Dtype
 from quartet.core.batch import Batch
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
+from quartet.engines.inputs import build_inputs
 from quartet.engines.model_init import load_reward_model
+from quartet.engines.vision_inputs import NO_VISION, vision_call
 from quartet.models.loading import ModelFolderError, load_causal_lm, load_value_model
 from quartet.models.tiny import save_value_model
 
@@ -93,3 +95,13 @@ def test_the_critic_exports_a_loadable_value_model(value_dir: Path, batch: Batch
 def test_a_vlm_reward_model_is_refused_naming_the_key(tiny_vlm_dir: Path) -> None:
     with pytest.raises(ModelFolderError, match=r"reward\.model_path .*reward\.function"):
         load_reward_model(tiny_vlm_dir)
+
+
+def test_a_text_model_refuses_a_micro_batch_with_images(batch: Batch) -> None:
+    """A text critic of a VLM policy would score image rows without their images: refused, naming the key."""
+    text_model = torch.nn.Linear(2, 2)  # no multimodal trunk: what a text critic's engine holds
+    with pytest.raises(ValueError, match=r"critic\.model_path"):
+        vision_call(text_model, batch, build_inputs(batch), torch.device("cpu"))
+    rows = batch.index([6, 7])  # the prompt without images: nothing to lose
+    assert all(m is None for m in rows.non_tensors["multi_modal_inputs"])
+    assert vision_call(text_model, rows, build_inputs(rows), torch.device("cpu")) == NO_VISION
