@@ -133,6 +133,15 @@ def _critic_parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
             )
         ]
     heads = cfg.model.tiny.num_attention_heads
+    if sp > 1 and not cfg.critic.model_path and cfg.model.is_tiny and cfg.model.tiny.arch.is_vision:
+        return [
+            ConfigError(
+                "critic.sequence_parallel_size",
+                f"is {sp}: sequence parallelism does not split vision-language models yet (the critic "
+                "starts from the tiny VLM; docs/vision.md)",
+                "set critic.sequence_parallel_size: 1",
+            )
+        ]
     if not cfg.critic.model_path and cfg.model.is_tiny and heads % sp:
         return [
             ConfigError(

@@ -204,8 +204,12 @@ def _consolidated_model(
 ) -> PreTrainedModel:
     """A fresh transformers model holding the gathered weights `full` (LoRA merged)."""
     config = hf_model(module).config
+    vision = is_vision_module(module)
+    if vision and spec.kind is ModelKind.VALUE:  # registers the VLM value classes with the Auto class
+        import quartet.models.vision_value  # noqa: F401
     with torch.device("meta"):
-        auto = AutoModelForImageTextToText if is_vision_module(module) else _AUTO_CLASSES[spec.kind]
+        vlm = vision and spec.kind is ModelKind.CAUSAL_LM
+        auto = AutoModelForImageTextToText if vlm else _AUTO_CLASSES[spec.kind]
         fresh: Any = auto.from_config(config)  # type: ignore[no-untyped-call]
         if spec.uses_lora:
             import peft

@@ -399,7 +399,9 @@ class TrainingEngine:
 
         if self.spec.kind is ModelKind.VALUE:
             if self.spec.packs:  # split by tokens under SP (`engines.packed_run`)
-                values = packed_values(self.module, inputs, self._seq_group, self.device, self._autocast)
+                values = packed_values(
+                    self.module, inputs, self._seq_group, self.device, self._autocast, vision
+                )
                 return ModelOutputs(values=finish(values))
             token_values = self._model_call(inputs, vision).logits.squeeze(-1)
             return ModelOutputs(values=finish(heads.response_values(token_values, width)))

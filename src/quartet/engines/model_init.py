@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
 from quartet.engines.spec import EngineSpec, ModelKind
-from quartet.models.loading import ModelFolderError, load_causal_lm, load_value_model
+from quartet.models.loading import ModelFolderError, is_vision_model, load_causal_lm, load_value_model
 from quartet.models.vision import guard_placeholders, is_vision_module, vision_model
 
 __all__ = ["ScoreCapture", "build_model", "decoder_layers", "hf_model", "load_reward_model"]
@@ -31,6 +31,14 @@ def load_reward_model(path: str | Path, dtype: torch.dtype = torch.float32) -> P
     folder = Path(path).expanduser()
     if not (folder / "config.json").exists():
         raise ModelFolderError(f"reward model path '{path}' is not a local folder with a config.json")
+    if is_vision_model(folder):
+        # A VLM critic exists (`models.vision_value`); a VLM reward model would also need the images routed
+        # through the reward role's scoring pass, which it does not do.
+        raise ModelFolderError(
+            f"reward.model_path '{folder}' is a vision-language model: quartet has no vision-language reward "
+            "model; score with a rule or a custom function (reward.function), or set reward.model_path to a "
+            "text sequence-classification model"
+        )
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     if config.pad_token_id is None:
         # transformers refuses batches > 1 without a pad id; its pooling is not used (see module doc).
@@ -55,7 +63,8 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
         if spec.sequence_parallel_size > 1:
             raise ValueError(
                 "sequence parallelism does not split vision-language models yet (the vision tower would "
-                "see a slice of the tokens): set model.sequence_parallel_size: 1"
+                "see a slice of the tokens): set model.sequence_parallel_size: 1 "
+                "(critic.sequence_parallel_size: 1 for a critic)"
             )
     if spec.sequence_parallel_size > 1:
         from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention

@@ -26,6 +26,8 @@ from torch import nn
 from quartet.engines.inputs import ModelInputs
 from quartet.engines.packing import PackedInputs, pack_inputs
 from quartet.engines.ulysses import SeqGroup, SeqShard, gather_outputs, local_share
+from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision
+from quartet.models.vision import image_token_mask
 
 __all__ = ["PackedRun", "packed_values"]
 
@@ -76,14 +78,17 @@ def packed_values(
     group: SeqGroup | None,
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[Any]],
+    vision: VisionCall = NO_VISION,
 ) -> torch.Tensor:
     """A value model's [b, R'] float32 values of one micro-batch, computed packed (split by tokens under SP).
 
     The value head runs on every local token (one scalar each, cheap); the values at the kept positions are
     gathered over the sequence group, so every rank of the group holds the micro-batch's values and the value
-    loss aggregates exactly as without SP."""
+    loss aggregates exactly as without SP. `vision`: a VLM's images and positions of the padded micro-batch
+    (`engines.vision_inputs`; vision-language models run without SP), packed here like the tokens."""
     run = PackedRun.of(inputs, group, device)
-    with autocast():
-        token_values = module(**run.model_kwargs()).logits  # [1, local n, 1]
+    extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)
+    with autocast(), image_token_mask(slots, stand_in):
+        token_values = module(**{**run.model_kwargs(), **extra}).logits  # [1, local n, 1]
     local = token_values[0, run.part.keep.to(device), 0].float().unsqueeze(0)  # [1, local K]
     return run.unpack(run.gather(local))

@@ -40,9 +40,15 @@ def vision_call(
     trimmed inputs are `inputs`; nothing for a text-only model, or for a micro-batch without images unless
     the engine is `sharded` (then a stand-in image)."""
     trunk = vision_model(module)
-    if trunk is None:
-        return NO_VISION
     rows = mb.non_tensors.get("multi_modal_inputs")
+    if trunk is None:
+        if rows is not None and any(r is not None for r in rows):
+            raise ValueError(
+                "the micro-batch holds images but this model reads text only, so it would score the rows "
+                "without them: a critic of a vision-language policy must be one too (leave "
+                "critic.model_path empty to start it from the policy, or name a Qwen2-VL / Qwen2.5-VL folder)"
+            )
+        return NO_VISION
     stacked = stack_multi_modal(list(rows)) if rows is not None else None
     ids, mask = inputs.input_ids, inputs.attention_mask
     if stacked is None:

@@ -95,16 +95,18 @@ def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Pr
     """A value model (one scalar per token) from `path`.
 
     `path` may hold a saved value model, or a causal LM whose trunk starts a new value head (the usual way a
-    critic is initialised from the policy).
+    critic is initialised from the policy). A vision-language folder (Qwen2-VL, Qwen2.5-VL) gets the
+    multimodal trunk with the same head (`models.vision_value`).
     """
     folder = _check_folder(path, "config.json")
-    if is_vision_model(folder):
-        raise ModelFolderError(
-            f"'{folder}' is a vision-language model: quartet has no value model (critic) for those yet; "
-            "train it with an estimator that needs no critic (algorithm.adv_estimator: grpo, rloo, ...)"
-        )
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # a value regression target should not be noised
+    if is_vision_model(folder):
+        from quartet.models.vision_value import value_model_class  # loads transformers' VLM modules (~0.3 s)
+
+        cls = value_model_class(config.model_type)
+        vlm: PreTrainedModel = cls.from_pretrained(folder, config=config, dtype=dtype, local_files_only=True)
+        return vlm
     model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(
         folder, config=config, dtype=dtype, local_files_only=True
     )

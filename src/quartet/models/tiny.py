@@ -174,13 +174,22 @@ def save_value_model(causal_lm_folder: str | Path, folder: str | Path) -> Path:
     """Save to `folder` a value model: the causal LM's trunk and a fresh scalar head (one value per token).
 
     It is transformers' token-classification model with one label, the layout verl's critics use, so it
-    loads with `AutoModelForTokenClassification.from_pretrained(folder)` (or `load_value_model`).
+    loads with `AutoModelForTokenClassification.from_pretrained(folder)` (or `load_value_model`). A
+    vision-language folder gives a `models.vision_value` model (the same call loads it once that module is
+    imported) and keeps its image processor's files.
     """
     model = load_value_model(causal_lm_folder)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "preprocessor_config.json",
+        "processor_config.json",
+    ):
         src = Path(causal_lm_folder) / name
         if src.exists():
             shutil.copy(src, folder / name)

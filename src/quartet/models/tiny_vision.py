@@ -38,6 +38,7 @@ __all__ = [
     "VISION_TOKENS",
     "build_tiny_vlm",
     "save_tiny_vlm",
+    "tiny_vision_config",
 ]
 
 VISION_START = "<|vision_start|>"
@@ -83,6 +84,19 @@ def _mrope_section(head_dim: int) -> list[int]:
     return [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
 
 
+def tiny_vision_config(spec: TinyModelConfig) -> dict[str, Any]:
+    """The `vision_config` of `spec`'s tiny VLM: two blocks 32 wide whose merger feeds the text width (the
+    memory planner reads it too)."""
+    vision: dict[str, Any] = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2)
+    vision.update(temporal_patch_size=2, in_channels=3)
+    if spec.arch is TinyArch.QWEN2_5_VL:
+        vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=spec.hidden_size)
+        vision.update(window_size=56, fullatt_block_indexes=[1])
+    else:
+        vision.update(embed_dim=32, hidden_size=spec.hidden_size, mlp_ratio=2)
+    return vision
+
+
 def build_tiny_vlm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     """A randomly initialised Qwen2-VL (`spec.arch` qwen2_vl) or Qwen2.5-VL (qwen2_5_vl) of `spec`'s text
     shape, with a two-block vision tower whose merger feeds the text width."""
@@ -107,19 +121,15 @@ def build_tiny_vlm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) ->
         tie_word_embeddings=spec.tie_word_embeddings,
         rms_norm_eps=1e-6,
     )
-    vision: dict[str, object] = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2)
-    vision.update(temporal_patch_size=2, in_channels=3)
+    vision = tiny_vision_config(spec)
     tokens: dict[str, Any] = dict(image_token_id=ids[1], video_token_id=ids[3], vision_start_token_id=ids[0])
     tokens.update(vision_end_token_id=ids[2], tie_word_embeddings=spec.tie_word_embeddings)
     torch.manual_seed(spec.seed)
     model: PreTrainedModel
     if spec.arch is TinyArch.QWEN2_5_VL:
-        vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=spec.hidden_size)
-        vision.update(window_size=56, fullatt_block_indexes=[1])
         config25 = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
         model = Qwen2_5_VLForConditionalGeneration(config25)  # type: ignore[no-untyped-call]  # unannotated
     else:
-        vision.update(embed_dim=32, hidden_size=spec.hidden_size, mlp_ratio=2)
         config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
         model = Qwen2VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]  # as above
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -80,6 +80,7 @@ __all__ = [
     "fused_head_bytes",
     "kv_cache_bytes",
     "layer_saved_bytes_per_token",
+    "prefill_tokens",
     "rollout_working_bytes",
     "train_working_bytes",
 ]
@@ -263,6 +264,11 @@ def kv_cache_bytes(shape: ModelShape, slots: int, tokens_per_slot: int, dtype_by
     return slots * capacity * shape.kv_bytes_per_token(dtype_bytes)
 
 
+def prefill_tokens(prompts: int, prompt_len: int) -> int:
+    """Prompt tokens the built-in engine prefills together: whole groups up to `max_prefill_tokens`."""
+    return max(1, min(prompts, _PREFILL_TOKENS // max(prompt_len, 1))) * prompt_len
+
+
 def rollout_working_bytes(
     shape: ModelShape, prompts: int, prompt_len: int, samples: int, dtype_bytes: int
 ) -> dict[str, int]:
@@ -272,8 +278,8 @@ def rollout_working_bytes(
     decoded together.
     """
     r, d = dtype_bytes, shape.hidden_size
-    groups = max(1, min(prompts, _PREFILL_TOKENS // max(prompt_len, 1)))
-    tokens = groups * prompt_len
+    tokens = prefill_tokens(prompts, prompt_len)
+    groups = tokens // max(prompt_len, 1)
     prefill = tokens * (4 * r * d + 2 * F32 * d + 3 * r * shape.intermediate_size)
     prefill += groups * prompt_len * prompt_len  # boolean attention mask
     prefill += samples * prompt_len * 2 * shape.kv_dim * r  # one layer's keys/values repeated per sample

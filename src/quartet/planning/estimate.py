@@ -11,7 +11,8 @@ in every phase when it shares the bundle's memory (GPU pools on fractions of one
     rollout     its own copy of the policy in `rollout.dtype`, and the KV cache during generation (freed
                 while training with `rollout.sleep_while_training`)
     reference   float32 weights, frozen (absent with LoRA: the actor serves it with adapters disabled)
-    critic      float32 value model (trunk + score head), AdamW states, gradients during its update
+    critic      float32 value model (trunk + score head), AdamW states, gradients during its update (a
+                vision-language critic keeps the vision tower, frozen or not as `model.freeze_vision_tower`)
     reward      float32 reward model, frozen
 
 On CPU an update also counts the heap space of the previous step's freed gradients, which glibc keeps
@@ -19,7 +20,9 @@ On CPU an update also counts the heap space of the previous step's freed gradien
 
 The engines keep float32 master weights whatever `model.dtype` says and compute under autocast
 (`<role>.mixed_precision`), so there is no separate master copy. Working memory of the phase a role works in
-comes from `activations` (micro-batch of the phase's planned size, every row at its maximum length). The
+comes from `activations` (micro-batch of the phase's planned size, every row at its maximum length), plus
+a vision-language model's tower over the micro-batch's image tokens (`planning.vision`: every prompt token
+counted as one; kept for backward only when the tower trains). The
 update's peak is the larger of the micro-batch's forward/backward and the optimizer step's temporaries
 (AdamW on GPU uses foreach kernels: one float32 temporary per trainable parameter; on CPU it steps one
 tensor at a time: two temporaries of the largest one). Optimizer states are planned in the steady state
@@ -50,8 +53,10 @@ from quartet.config.root import QuartetConfig
 from quartet.engines.precision import resolve_precision
 from quartet.planning.activations import (
     F32,
+    MicroBatch,
     forward_working_bytes,
     kv_cache_bytes,
+    prefill_tokens,
     rollout_working_bytes,
     train_working_bytes,
 )
@@ -67,6 +72,7 @@ from quartet.planning.parallel import (
     tp_linear_params,
 )
 from quartet.planning.plan import MemoryPlan, Phase, PlanRow
+from quartet.planning.vision import vision_activation_bytes
 from quartet.planning.workload import Workload
 
 __all__ = [
@@ -183,13 +189,14 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
         )
     if shapes.critic is not None:
         n = shapes.critic.params(HeadKind.VALUE)
+        critic_frozen = shapes.critic.vision_params if cfg.model.freeze_vision_tower else 0
         out.append(
             _Engine(
                 Role.CRITIC,
                 shapes.critic,
                 HeadKind.VALUE,
                 n,
-                n,
+                n - critic_frozen,
                 frozenset({Phase.VALUES, Phase.UPDATE_CRITIC}),
                 Phase.UPDATE_CRITIC,
                 cfg.critic.param_offload,
@@ -246,52 +253,79 @@ def _split(cfg: QuartetConfig, e: _Engine, device: str) -> _Split:
 
 def _working(cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload) -> dict[str, int]:
     """Working memory of engine `e` computing in `phase` on one rank (excluding its resident state)."""
-    lora = cfg.model.lora.rank > 0
     c = DTYPE_BYTES[resolve_precision((cfg.critic if e.role is Role.CRITIC else cfg.actor).mixed_precision)]
     sp = _split(cfg, e, load.device)
-    tp = sp.layout.tp
     if phase is Phase.UPDATE_ACTOR or phase is Phase.UPDATE_CRITIC:
-        rc: ActorConfig | CriticConfig = cfg.actor if phase is Phase.UPDATE_ACTOR else cfg.critic
-        trainable_linear = 0 if lora and e.role is Role.ACTOR else tp_linear_params(e.shape, e.head, tp)
-        work = train_working_bytes(
-            e.shape,
-            load.update(rc, sp.layout, sp.packed),
-            c,
-            head=e.head,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            trainable_linear_params=trainable_linear if c < F32 else 0,
-            lora_inputs=_lora_inputs(cfg, e.shape) if e.role is Role.ACTOR else 0,
-            entropy=phase is Phase.UPDATE_ACTOR and cfg.actor.entropy_coeff > 0,
-            tp=tp,
-            fused_head=sp.fused,
-        )
-        step = _optimizer_step_bytes(cfg, e, load)
-        if step > sum(work.values()):
-            work = {"optimizer_step": step}
+        work = _update_working(cfg, e, phase, load, c, sp)
     else:
-        micro = {
-            Phase.OLD_LOG_PROB: cfg.actor.logprobs,
-            Phase.REF: cfg.reference.logprobs,
-            Phase.VALUES: cfg.critic.values,
-        }
-        if phase is Phase.REWARD:
-            mb = load.micro(load.rows_per_step, cfg.reward.micro_batch_size_per_device, False, 0)
-        else:
-            mb = load.no_grad(micro[phase], sp.layout, sp.packed)
-        work = forward_working_bytes(
-            e.shape,
-            mb,
-            c,
-            head=e.head,
-            with_entropy=phase is Phase.OLD_LOG_PROB,
-            caches_weights=e.trainable > 0 and not lora,
-            tp=tp,
-            fused_head=sp.fused,
-        )
+        work = _forward_working(cfg, e, phase, load, c, sp)
     gathered = gathered_params(e.shape, e.head, sp.layout)
     if gathered:
         work["fsdp_gather"] = F32 * gathered
     return work
+
+
+def _update_working(
+    cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload, c: int, sp: _Split
+) -> dict[str, int]:
+    """A micro-batch's forward + backward, or the optimizer step's temporaries when those are larger."""
+    lora, tp = cfg.model.lora.rank > 0, sp.layout.tp
+    rc: ActorConfig | CriticConfig = cfg.actor if phase is Phase.UPDATE_ACTOR else cfg.critic
+    trainable_linear = 0 if lora and e.role is Role.ACTOR else tp_linear_params(e.shape, e.head, tp)
+    mb = load.update(rc, sp.layout, sp.packed)
+    work = train_working_bytes(
+        e.shape,
+        mb,
+        c,
+        head=e.head,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        trainable_linear_params=trainable_linear if c < F32 else 0,
+        lora_inputs=_lora_inputs(cfg, e.shape) if e.role is Role.ACTOR else 0,
+        entropy=phase is Phase.UPDATE_ACTOR and cfg.actor.entropy_coeff > 0,
+        tp=tp,
+        fused_head=sp.fused,
+    )
+    trains_tower = not cfg.model.freeze_vision_tower and not (lora and e.role is Role.ACTOR)
+    work.update(_vision_working(cfg, e.shape, mb, c, trains=trains_tower))
+    step = _optimizer_step_bytes(cfg, e, load)
+    return {"optimizer_step": step} if step > sum(work.values()) else work
+
+
+def _forward_working(
+    cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload, c: int, sp: _Split
+) -> dict[str, int]:
+    """A no-grad pass's micro-batch (old log-probs, reference, values, reward scores)."""
+    micro = {
+        Phase.OLD_LOG_PROB: cfg.actor.logprobs,
+        Phase.REF: cfg.reference.logprobs,
+        Phase.VALUES: cfg.critic.values,
+    }
+    if phase is Phase.REWARD:
+        mb = load.micro(load.rows_per_step, cfg.reward.micro_batch_size_per_device, False, 0)
+    else:
+        mb = load.no_grad(micro[phase], sp.layout, sp.packed)
+    work = forward_working_bytes(
+        e.shape,
+        mb,
+        c,
+        head=e.head,
+        with_entropy=phase is Phase.OLD_LOG_PROB,
+        caches_weights=e.trainable > 0 and cfg.model.lora.rank <= 0,
+        tp=sp.layout.tp,
+        fused_head=sp.fused,
+    )
+    return work | _vision_working(cfg, e.shape, mb, c, trains=False)
+
+
+def _vision_working(
+    cfg: QuartetConfig, shape: ModelShape, mb: MicroBatch, c: int, *, trains: bool
+) -> dict[str, int]:
+    """The vision tower's share (`planning.vision`) over the micro-batch's prompt tokens, all counted as
+    image tokens; nothing for a text model."""
+    if shape.vision is None:
+        return {}
+    image_tokens = mb.tokens * min(cfg.data.max_prompt_length, mb.seq_len) // max(mb.seq_len, 1)
+    return {"vision": vision_activation_bytes(shape.vision, image_tokens, c, trains=trains)}
 
 
 def _optimizer_step_bytes(cfg: QuartetConfig, e: _Engine, load: Workload) -> int:
@@ -350,6 +384,9 @@ def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: Wor
         groups = min(load.prompts_per_step, max(1, rc.max_num_seqs // rc.n))
         samples = min(load.rows_per_step, rc.max_num_seqs)
         dev.update(rollout_working_bytes(policy, groups, cfg.data.max_prompt_length, samples, r))
+        if policy.vision is not None:  # the prefill runs the tower over its prompts' image tokens
+            tokens = prefill_tokens(groups, cfg.data.max_prompt_length)
+            dev["vision"] = vision_activation_bytes(policy.vision, tokens, r, trains=False)
         if load.device == "cpu":
             dev["runtime"] = CPU_ROLLOUT_RUNTIME_BYTES
     return PlanRow(phase, Role.ROLLOUT, sum(dev.values()), 0, dev)

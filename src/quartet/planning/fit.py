@@ -45,6 +45,7 @@ from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
+from quartet.planning.model_shape import VISION_MODEL_TYPES
 from quartet.planning.parallel import POLICY_ROLES
 from quartet.planning.plan import MemoryPlan, PlanRow, format_bytes
 
@@ -256,9 +257,12 @@ def activation_share(plan: MemoryPlan, parts: frozenset[str] = ACTIVATION_PARTS)
 
 def _grow_sp(device: str, shapes: RoleShapes) -> _Change:
     """Double `model.sequence_parallel_size` (turning `model.remove_padding` on) while the rows are long and
-    the pool and the attention heads have room for it."""
+    the pool and the attention heads have room for it; never for a vision-language model (SP would give the
+    vision tower a slice of the tokens; the engines refuse it)."""
 
     def change(c: QuartetConfig) -> list[str]:
+        if shapes.policy.model_type in VISION_MODEL_TYPES:
+            return []
         new, tp, world = (
             2 * c.model.sequence_parallel_size,
             c.model.tensor_parallel_size,

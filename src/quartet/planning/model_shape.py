@@ -19,8 +19,9 @@ The heads the engines load change the top only: a value model (critic) has no ou
 
 Vision-language models (`qwen2_vl`, `qwen2_5_vl`): the language model is sized as above from the config's
 `text_config` (Qwen2's layout), and the vision tower's parameters (`vision_params`) are counted by building
-it on the meta device (no memory). Image tokens are prompt tokens (`data.max_prompt_length` counts them);
-the vision tower's own activations are not sized.
+it on the meta device (no memory), its block sizes read into `vision` (`planning.vision`, which sizes its
+activations). Image tokens are prompt tokens (`data.max_prompt_length` counts them). A value model on a
+VLM keeps the tower (`models.vision_value`).
 
 Counting from the config (never from weights) keeps planning free: a 70B config plans in microseconds.
 Any other architecture is refused with `UnknownModelShapeError` rather than sized wrongly.
@@ -36,11 +37,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from quartet.config.model import LoraConfig, ModelConfig, TinyArch, TinyModelConfig
+from quartet.planning.vision import VisionShape, vision_shape_of
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HeadKind",
     "ModelShape",
+    "VISION_MODEL_TYPES",
     "UnknownModelShapeError",
     "policy_shape",
     "shape_from_config",
@@ -50,6 +53,9 @@ __all__ = [
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")
 """transformers `model_type`s whose parameter layout this module knows."""
+
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+"""The vision-language `model_type`s (the tiny VLM's shape carries them too)."""
 
 _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -86,6 +92,8 @@ class ModelShape:
     max_position_embeddings: int = 0
     vision_params: int = 0
     """Parameters of a vision-language model's vision tower (0 for text models)."""
+    vision: VisionShape | None = None
+    """A vision-language model's tower sizes (None for text models)."""
 
     @property
     def q_dim(self) -> int:
@@ -143,7 +151,7 @@ class ModelShape:
 
     def params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
         """Parameters of the model loaded with `head` on the trunk."""
-        trunk = self.vocab_size * self.hidden_size + self.non_embedding_params
+        trunk = self.vocab_size * self.hidden_size + self.non_embedding_params + self.vision_params
         if head is HeadKind.CAUSAL_LM:
             return self.total_params
         return trunk + self.hidden_size + (1 if head is HeadKind.VALUE else 0)
@@ -210,9 +218,11 @@ def shape_from_config(config: Any) -> ModelShape:
     """
     model_type = str(getattr(config, "model_type", "") or "")
     _check_model_type(model_type)
-    if model_type in _VISION_TYPES:
+    if model_type in VISION_MODEL_TYPES:
         text = shape_from_config(_as_qwen2(config.text_config))
-        return replace(text, model_type=model_type, vision_params=_vision_params(config))
+        params = _vision_params(config)
+        vision = vision_shape_of(model_type, config.vision_config, params)
+        return replace(text, model_type=model_type, vision_params=params, vision=vision)
     hidden = _field(config, "hidden_size", model_type)
     heads = _field(config, "num_attention_heads", model_type)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -234,9 +244,6 @@ def shape_from_config(config: Any) -> ModelShape:
         qk_norm=model_type == "qwen3",
         max_position_embeddings=int(getattr(config, "max_position_embeddings", 0) or 0),
     )
-
-
-_VISION_TYPES = ("qwen2_vl", "qwen2_5_vl")
 
 
 def _as_qwen2(text_config: Any) -> Any:
@@ -275,12 +282,34 @@ def shape_from_path(path: str | Path) -> ModelShape:
     return shape_from_config(AutoConfig.from_pretrained(config_file, local_files_only=True))
 
 
+def _tiny_vision(spec: TinyModelConfig) -> tuple[int, VisionShape]:
+    """Parameters and shape of the tiny VLM's vision tower (`models.tiny_vision`), built on the meta device
+    under a one-layer text model."""
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+    from quartet.models.tiny_vision import tiny_vision_config
+
+    head_dim = spec.hidden_size // spec.num_attention_heads
+    text: dict[str, Any] = dict(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size)
+    text.update(num_hidden_layers=1, bos_token_id=None, eos_token_id=None)
+    text.update(num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads)
+    sections = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
+    text.update(
+        vocab_size=spec.vocab_size, rope_parameters={"rope_type": "default", "mrope_section": sections}
+    )
+    kind = Qwen2_5_VLConfig if spec.arch is TinyArch.QWEN2_5_VL else Qwen2VLConfig
+    config = kind(text_config=text, vision_config=tiny_vision_config(spec))
+    params = _vision_params(config)
+    return params, vision_shape_of(spec.arch.value, config.vision_config, params)
+
+
 def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
-    """The shape of the tiny model `quartet.models.tiny` builds from `spec`.
+    """The shape of the tiny model `quartet.models.tiny` builds from `spec` (a tiny VLM's with its tower).
 
     Its vocabulary is `len(tokenizer)` of a BPE trained on generated text, which stops short of large
     `vocab_size` targets (about 523 tokens at most); `vocab_size` is used as the upper bound.
     """
+    vision_params, vision = _tiny_vision(spec) if spec.arch.is_vision else (0, None)
     return ModelShape(
         model_type=spec.arch.value,
         vocab_size=spec.vocab_size,
@@ -293,6 +322,8 @@ def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
         tie_word_embeddings=spec.tie_word_embeddings,
         qkv_bias=spec.arch in (TinyArch.QWEN2, TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL),
         max_position_embeddings=spec.max_position_embeddings,
+        vision_params=vision_params,
+        vision=vision,
     )
 
 

@@ -45,6 +45,7 @@ class Critic(EngineRole):
                 optimizer_offload=cfg.optimizer_offload,
                 seed=run.seed,
                 sequence_parallel_size=cfg.sequence_parallel_size,  # packed and split by tokens when > 1
+                freeze_vision_tower=run.freeze_vision_tower,  # a VLM critic, as the actor
             )
         )
         self.norm_constant = float(run.max_response_length)
