@@ -67,6 +67,9 @@ class VisionSettings:
     """AdamW learning rate of the SFT loop (the start and the control)."""
     sft_beta2: float = 0.95
     """AdamW's second-moment decay in the SFT loop (0.999 kept the tiny model at chance for 800+ steps)."""
+    sft_stop_loss: float = 0.4
+    """The SFT start ends at the first step whose loss is under this (0: run all `sft_steps`): a start that
+    has left chance but not memorised its demonstrations, whose answers GRPO can still sample apart."""
     max_distractors: int = 3
     """Squares and triangles among the circles, at most (0: count the coloured cells, the easy version)."""
 
@@ -238,6 +241,7 @@ def run_vision(
         chat_rows,
         s,
         steps=s.sft_steps,
+        stop_loss=s.sft_stop_loss,
         seed=seed,
         on_record=emit,
     )

@@ -192,11 +192,13 @@ def sft(
     lr: float = 1e-3,
     beta2: float = 0.95,
     seed: int = 0,
+    stop_loss: float = 0.0,
     on_record: Callable[[Record], None] | None = None,
     log_every: int = 50,
 ) -> tuple[float, int]:
     """Train on `rows` (shuffled each pass) for `steps` optimizer steps or `seconds` of training, whichever
-    is given (both: the first reached); (training seconds, steps). Every `log_every` steps `on_record` gets
+    is given (both: the first reached), or until a step's loss is under `stop_loss` (> 0); (training
+    seconds, steps). Every `log_every` steps `on_record` gets
     `{"kind": "train", "step", "epoch", "loss", "train_s"}`, the SFT trainer's progress record."""
     if steps <= 0 and seconds <= 0:
         raise ValueError("give sft a number of steps or a time budget in seconds")
@@ -210,7 +212,8 @@ def sft(
     optim = torch.optim.AdamW(params, lr=lr, betas=(0.9, beta2), weight_decay=0.0)
     chat.model.train()
     done, spent, epoch, order = 0, 0.0, 0, list(range(len(examples)))
-    while (steps <= 0 or done < steps) and (seconds <= 0 or spent < seconds):
+    stopped = False
+    while not stopped and (steps <= 0 or done < steps) and (seconds <= 0 or spent < seconds):
         rng.shuffle(order)
         epoch += 1
         for start in range(0, len(order) - batch_size + 1, batch_size):
@@ -220,7 +223,8 @@ def sft(
             done += 1
             if on_record is not None and done % log_every == 0:
                 on_record({"kind": "train", "step": done, "epoch": epoch, "loss": loss, "train_s": spent})
-            if (steps > 0 and done >= steps) or (seconds > 0 and spent >= seconds):
+            stopped = 0 < loss < stop_loss
+            if stopped or (steps > 0 and done >= steps) or (seconds > 0 and spent >= seconds):
                 break
     chat.model.eval()
     return spent, done
