@@ -125,6 +125,8 @@ class CheckedWeights:
         shapes, name = self._shapes, raw_name
         if shapes is None or name not in shapes:
             name = _strip_wrappers(name)
+        if shapes is not None and name not in shapes:
+            name = _checkpoint_layout(name, shapes)
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         if shapes is not None:
             if name not in shapes:
@@ -133,6 +135,19 @@ class CheckedWeights:
             if tuple(full.shape) != shapes[name]:
                 raise ValueError(f"'{raw_name}' has shape {tuple(full.shape)}, the model's is {shapes[name]}")
         return name, full.detach()
+
+
+# transformers 5 nests a vision-language model's parts (`model.language_model.`, `model.visual.`) where its
+# checkpoints keep the older layout (`model.`, `visual.`); vLLM loads either, the check reads the folder's.
+_NESTED_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
+def _checkpoint_layout(name: str, shapes: dict[str, tuple[int, ...]]) -> str:
+    """`name` as the checkpoint spells it when only the nesting of transformers 5 differs; else `name`."""
+    for nested, flat in _NESTED_PREFIXES:
+        if name.startswith(nested) and flat + name[len(nested) :] in shapes:
+            return flat + name[len(nested) :]
+    return name
 
 
 def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
