@@ -16,13 +16,14 @@ import of torchvision in the process, whoever imports it; torch is imported only
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # `import quartet` runs this module: it imports nothing it need not
+    from collections.abc import Sequence
+    from pathlib import Path
+    from types import ModuleType
 
 __all__ = ["declare_missing_torchvision_ops", "guard_torchvision_import"]
 
@@ -47,6 +48,8 @@ def declare_missing_torchvision_ops() -> bool:
     spec = importlib.machinery.PathFinder.find_spec("torchvision")  # not through the guard below
     if spec is None or not spec.submodule_search_locations:
         return False
+    from pathlib import Path
+
     import torch
 
     compiled = sorted(Path(next(iter(spec.submodule_search_locations))).glob("_C*.so"))
@@ -68,8 +71,9 @@ def _loads(torch: ModuleType, path: Path) -> bool:
     return True
 
 
-class _BeforeTorchvision(importlib.abc.MetaPathFinder):
-    """Runs `declare_missing_torchvision_ops` when torchvision is first looked up, then steps aside."""
+class _BeforeTorchvision:
+    """Runs `declare_missing_torchvision_ops` when torchvision is first looked up, then steps aside (a meta
+    path finder by protocol: `importlib.abc` costs ~0.1 s to import)."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
