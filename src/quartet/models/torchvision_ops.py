@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import sys
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # `import quartet` runs this module: it imports nothing it need not
+TYPE_CHECKING = False  # not typing's: `import quartet` runs this module, which imports only what is loaded
+if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
     from types import ModuleType
@@ -32,7 +32,7 @@ _SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 )
-_LIBRARY: list[Any] = []  # the torch.library.Library, kept alive: a collected Library drops its operators
+_LIBRARY: list[object] = []  # the torch.library.Library, kept alive: a collected Library drops its operators
 
 
 def declare_missing_torchvision_ops() -> bool:
