@@ -107,3 +107,21 @@ def test_sft_prompts_are_the_prompts_grpo_trains_on(chat_dir: Path, tmp_path: Pa
         ids = batch["prompts"][i][batch["attention_mask"][i] != 0].tolist()
         assert row_example(chat, row, with_answer=False).prompt == ids
         assert len(ids) <= cfg.data.max_prompt_length
+
+
+def test_the_start_stops_at_the_first_step_under_its_stopping_loss(chat_dir: Path, tmp_path: Path) -> None:
+    train, _ = write_sft_set(tmp_path, ShapesSpec(), 4, 2, seed=0)
+    rows = _rows(train)
+    records: list[dict[str, Any]] = []
+    chat = VisionChat.load(chat_dir)
+    sft(chat, rows, steps=4, batch_size=4, seed=1, on_record=records.append, log_every=1)
+    losses = [r["loss"] for r in records]
+    # the same start and seed replay the same losses: a threshold just above the third loss (and above
+    # none before it) stops the loop right there; 0 turns the stop off
+    assert len(losses) == 4 and all(x > 0 for x in losses)
+    bar = losses[2] * 1.0001
+    want = next(i + 1 for i, x in enumerate(losses) if x < bar)
+    _, steps = sft(VisionChat.load(chat_dir), rows, steps=4, batch_size=4, seed=1, stop_loss=bar)
+    assert steps == want <= 3
+    _, steps = sft(VisionChat.load(chat_dir), rows, steps=4, batch_size=4, seed=1, stop_loss=0.0)
+    assert steps == 4
