@@ -60,7 +60,7 @@ class VisionSettings:
     sft_size: int = 32
     """Worked answers in the fixed chat set (the scarce demonstrations)."""
     sft_steps: int = 800
-    """Optimizer steps of the SFT start."""
+    """Optimizer steps of the SFT start, at most (it stops earlier at `sft_stop_loss`)."""
     sft_batch: int = 32
     """Rows per SFT step (the start and the control)."""
     sft_lr: float = 1e-3
