@@ -29,6 +29,7 @@ from quartet.config import QuartetConfig, load_config
 from quartet.config.trainer import Logger
 from quartet.demo.vision import QUICK_OVERRIDES as VISION_QUICK
 from quartet.demo.vision import VisionSettings, split_settings
+from quartet.demo.vision import with_section as _with
 from quartet.tasks.rows import RL_FILES
 from quartet.tracking.run_layout import DATA_DIR
 
@@ -230,10 +231,6 @@ def _agent_answers(
     rows = [ids[:n].tolist() for ids, n in zip(batch["responses"], lengths, strict=True)]
     texts = list(tokenizer.batch_decode(rows, skip_special_tokens=True))
     return texts, list(batch.non_tensors["extra_info"]), batch
-
-
-def _with(cfg: QuartetConfig, section: str, **changes: Any) -> QuartetConfig:
-    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
 
 
 def run_demo(

@@ -41,6 +41,7 @@ __all__ = [
     "answers_file",
     "run_vision",
     "split_settings",
+    "with_section",
 ]
 
 Record = dict[str, Any]
@@ -135,7 +136,8 @@ class VisionModel:
     total: int = 0
 
 
-def _with(cfg: QuartetConfig, section: str, **changes: Any) -> QuartetConfig:
+def with_section(cfg: QuartetConfig, section: str, **changes: Any) -> QuartetConfig:
+    """`cfg` with the fields `changes` of its `section` (e.g. "trainer") replaced."""
     return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
 
 
@@ -190,9 +192,10 @@ def _grpo(
 
     # the caller shows progress (on_record): the console logger would say everything twice
     loggers = tuple(x for x in cfg.trainer.loggers if x is not Logger.CONSOLE)
-    rl_cfg = _with(cfg, "trainer", project_name=project, experiment_name="grpo", loggers=loggers)
-    rl_cfg = _with(rl_cfg, "model", path=str(start))
-    rl_cfg = _with(rl_cfg, "data", train_files=(str(files["rl_train"]),), val_files=(str(files["rl_val"]),))
+    rl_cfg = with_section(cfg, "trainer", project_name=project, experiment_name="grpo", loggers=loggers)
+    rl_cfg = with_section(rl_cfg, "model", path=str(start))
+    data = {"train_files": (str(files["rl_train"]),), "val_files": (str(files["rl_val"]),)}
+    rl_cfg = with_section(rl_cfg, "data", **data)
     result = RLTrainer(rl_cfg, on_record=emit).run()
     if result.hf_dir is None:
         raise RuntimeError("the GRPO run exported no model: keep trainer.export_final on")
