@@ -68,7 +68,7 @@ def module_edges(package: Path = PACKAGE) -> dict[str, list[Edge]]:
         out: dict[str, Edge] = {}
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                pairs = [(alias.name, []) for alias in node.names]
+                pairs: list[tuple[str, list[str]]] = [(alias.name, []) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = own_parts[: len(own_parts) - node.level] if node.level else ()
                 dotted = ".".join([*base, node.module] if node.module else base)
