@@ -14,7 +14,8 @@ import pytest
 
 from quartet.config import QuartetConfig, iter_field_docs
 from quartet.config.from_verl import FromVerlError, translate, translate_overrides, translate_tree
-from quartet.config.verl_keys import RULES, UNMAPPED
+from quartet.config.verl_keys import RULES
+from quartet.config.verl_unmapped import UNMAPPED
 
 # verl examples/grpo_trainer/run_qwen2-7b.sh (volcengine/verl @ 3f388066192c), GRPO on GSM8K.
 GRPO_GSM8K = [

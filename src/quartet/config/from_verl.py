@@ -5,9 +5,10 @@
     t.unmapped           # every verl key with no quartet equivalent, with the reason
     cfg = t.build()      # a validated QuartetConfig, or a FromVerlError naming the verl keys at fault
 
-The key table lives in `quartet.config.verl_keys`. verl keys a command line does not set keep verl's
-default where quartet's default would change the algorithm or the batch shape (`VERL_DEFAULTS`: verl's
-`gae` estimator, `rollout.n=1`, its batch sizes and lengths); everything else keeps quartet's default.
+The key table lives in `quartet.config.verl_keys`, the keys with no counterpart in `verl_unmapped`. verl
+keys a command line does not set keep verl's default where quartet's default would change the algorithm
+or the batch shape (`VERL_DEFAULTS`: verl's `gae` estimator, `rollout.n=1`, its batch sizes and lengths);
+everything else keeps quartet's default.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from quartet.config.errors import ConfigError
 from quartet.config.loader import from_dict
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
-from quartet.config.verl_keys import PREFIX_REASONS, RULES, UNMAPPED, VERL_DEFAULTS, Context, Skip
+from quartet.config.verl_keys import RULES, VERL_DEFAULTS, Context, Skip
+from quartet.config.verl_unmapped import PREFIX_REASONS, UNMAPPED
 from quartet.config.yaml_io import parse_scalar
 
 __all__ = [

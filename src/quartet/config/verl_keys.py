@@ -2,7 +2,8 @@
 
 Written from verl's documented config (`ppo_trainer.yaml`, its config explanation page), not copied. Each
 mapped key names its quartet field, a conversion when the meaning differs (`how` says what it does), a note.
-Keys quartet has no equivalent for are listed with the reason: a translation names every key it drops.
+Keys quartet has no equivalent for are listed with the reason in `quartet.config.verl_unmapped`: a
+translation names every key it drops.
 
 Units, checked against both sides' docs:
 - `data.train_batch_size` and `ppo_mini_batch_size` count PROMPTS in verl (verl multiplies the mini-batch by
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PREFIX_REASONS", "RULES", "UNMAPPED", "VERL_DEFAULTS", "Context", "Rule", "Skip"]
+__all__ = ["AR", "RULES", "VERL_DEFAULTS", "Context", "Rule", "Skip"]
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def _lora_targets(value: Any, ctx: Context) -> list[str]:
 
 
 AR = "actor_rollout_ref"
+"""The prefix of verl's actor, rollout and reference keys."""
 _COPY = "copied (same unit)"
 _PER_DEV = "divided by n_gpus_per_node x nnodes (verl's deprecated global count -> per device)"
 
@@ -376,109 +378,6 @@ RULES: dict[str, Rule] = {
     "trainer.n_gpus_per_node": Rule("cluster.bundles_per_node", _gpus, "GPUs per node -> bundles per node"),
     "trainer.device": Rule("cluster.device", _device, "cuda -> gpu"),
     "ray_init.num_cpus": Rule("cluster.num_cpus", _null_zero, "null -> 0 (Ray detects)"),
-}
-
-_NO_SWITCH = "quartet has no switch for it"
-UNMAPPED: dict[str, str] = {
-    "data.tokenizer": "quartet reads the tokenizer from model.tokenizer_path",
-    "data.return_raw_chat": "quartet always keeps the chat messages (it applies the template itself)",
-    "data.dataloader_num_workers": "quartet's sampler reads in the driver; no worker processes",
-    "data.filter_overlong_prompts_workers": "filtering runs in the driver; no worker processes",
-    "data.return_multi_modal_inputs": "quartet always keeps each row's pixels with the row (no switch)",
-    "data.return_full_prompt": _NO_SWITCH,
-    "data.custom_cls.path": "quartet has no custom dataset classes (parquet/JSONL, verl layout)",
-    "data.custom_cls.name": "quartet has no custom dataset classes",
-    f"{AR}.hybrid_engine": "quartet always colocates rollout and actor (verl's hybrid engine)",
-    f"{AR}.model.use_shm": "quartet loads from a local folder; " + _NO_SWITCH,
-    f"{AR}.model.external_lib": "quartet loads transformers models only",
-    f"{AR}.model.trust_remote_code": "quartet does not run model repository code",
-    f"{AR}.model.use_liger": _NO_SWITCH,
-    f"{AR}.actor.strategy": "quartet shards with PyTorch FSDP2 only (no megatron)",
-    f"{AR}.actor.fsdp_config.grad_offload": "removed in verl; quartet offloads params/optimizer only",
-    f"{AR}.actor.fsdp_config.fsdp_size": "quartet shards over the whole data-parallel world",
-    f"{AR}.actor.fsdp_config.offload_policy": _NO_SWITCH,
-    f"{AR}.actor.fsdp_config.reshard_after_forward": _NO_SWITCH,
-    f"{AR}.actor.optim.lr_warmup_steps_ratio": "needs the run's total steps; set actor.optim.warmup_steps",
-    f"{AR}.actor.optim.total_training_steps": "filled in by verl at run time",
-    f"{AR}.actor.checkpoint.save_contents": "quartet always saves model, optimizer and extra state",
-    f"{AR}.actor.checkpoint.load_contents": "quartet always loads model, optimizer and extra state",
-    f"{AR}.rollout.micro_batch_size": "deprecated in verl, no effect",
-    f"{AR}.rollout.max_num_batched_tokens": "vLLM engine tuning quartet does not expose",
-    f"{AR}.rollout.enable_chunked_prefill": "vLLM engine tuning quartet does not expose",
-    f"{AR}.rollout.load_format": "quartet syncs weights itself",
-    f"{AR}.rollout.layered_summon": "quartet syncs weights itself",
-    f"{AR}.rollout.prompt_length": "quartet uses data.max_prompt_length",
-    f"{AR}.rollout.response_length": "quartet uses data.max_response_length",
-    f"{AR}.rollout.ignore_eos": _NO_SWITCH,
-    f"{AR}.rollout.calculate_log_probs": "quartet always returns rollout log-probs",
-    f"{AR}.rollout.multi_turn.tokenization_sanity_check_mode": "see multi_turn.template_mode, check_drift",
-    f"{AR}.ref.strategy": "quartet shards with PyTorch FSDP2 only",
-    "critic.strategy": "quartet shards with PyTorch FSDP2 only",
-    "critic.model.use_remove_padding": _NO_SWITCH,
-    "critic.model.tokenizer_path": "the critic uses the policy's tokenizer",
-    "critic.model.enable_gradient_checkpointing": "one model.gradient_checkpointing covers all roles",
-    "critic.model.fsdp_config.grad_offload": "removed in verl; quartet offloads params/optimizer only",
-    "critic.optim.lr_warmup_steps_ratio": "needs the run's total steps; set critic.optim.warmup_steps",
-    "reward_model.enable": "quartet enables the reward model when reward.model_path is set",
-    "reward_model.reward_manager": "quartet has one reward path (rules, reward.function, or a model)",
-    "reward_model.strategy": "quartet shards with PyTorch FSDP2 only",
-    "custom_reward_function.name": "read with custom_reward_function.path",
-    "algorithm.use_pf_ppo": _NO_SWITCH,
-    "trainer.default_local_dir": "quartet writes to trainer.output_dir/project_name/experiment_name",
-    "trainer.default_hdfs_dir": "quartet has no HDFS upload",
-    "trainer.del_local_ckpt_after_load": _NO_SWITCH,
-    "trainer.resume_from_path": "read with trainer.resume_mode=resume_path",
-    "trainer.balance_batch": "quartet always balances tokens across ranks (verl's default True); no switch",
-    "trainer.log_val_generations": "see trainer.rollout_freq (writes validation generations)",
-    "trainer.use_legacy_worker_impl": "quartet has one worker implementation",
-    "trainer.max_critic_ckpt_to_keep": "quartet keeps actor and critic checkpoints together",
-    "trainer.ray_wait_register_center_timeout": "see cluster.pool_timeout_s",
-    "trainer.rollout_data_dir": "quartet writes rollouts to the run folder (trainer.rollout_freq)",
-    "trainer.validation_data_dir": "quartet writes validation generations to the run folder",
-    "data.return_raw_input_ids": "quartet re-renders prompts for a reward model itself",
-    "data.video_key": "quartet's vision-language support takes images, not videos",
-    f"{AR}.model.return_last_hidden_state": _NO_SWITCH,
-    f"{AR}.model.use_fused_loss": _NO_SWITCH,
-    f"{AR}.actor.use_torch_compile": _NO_SWITCH,
-    f"{AR}.actor.checkpoint.contents": "quartet always saves model, optimizer and extra state",
-    f"{AR}.ref.use_torch_compile": _NO_SWITCH,
-    f"{AR}.rollout.chat_scheduler": "quartet's async mode drives agent loops itself (rollout.mode=async)",
-    f"{AR}.rollout.use_fire_sampling": "quartet has no FIRE sampling",
-    f"{AR}.rollout.max_model_len": "quartet sizes the engine from data.max_*_length",
-    f"{AR}.rollout.disable_log_stats": "vLLM engine tuning quartet does not expose",
-    f"{AR}.rollout.do_sample": "training rollouts always sample (set rollout.temperature)",
-    f"{AR}.rollout.multi_turn.max_turns": "older verl name; quartet has max_assistant_turns / max_user_turns",
-    f"{AR}.rollout.multi_turn.max_parallel_calls": "quartet runs all of a turn's tool calls at once (no cap)",
-    f"{AR}.rollout.multi_turn.tool_response_truncate_side": "quartet keeps the head and marks the cut",
-    f"{AR}.rollout.multi_turn.function_tool_path": "declare tools in rollout.multi_turn.tool_config_path",
-    f"{AR}.rollout.agent.num_workers": "quartet's agent loops run in the rollout workers (no separate pool)",
-    "critic.rollout_n": "quartet reads rollout.n",
-    "critic.shuffle": "quartet's critic always shuffles its mini-batches; no switch",
-    "critic.checkpoint.contents": "quartet always saves model, optimizer and extra state",
-    "reward_model.model.input_tokenizer": "quartet re-renders prompts with the reward model's tokenizer",
-    "reward_model.max_length": _NO_SWITCH,
-    "reward_model.launch_reward_fn_async": "quartet runs rule scorers in reward.num_workers processes",
-    "reward_model.use_dynamic_bsz": _NO_SWITCH,
-    "reward_model.forward_max_token_len_per_gpu": _NO_SWITCH,
-}
-
-# Whole subtrees quartet has no counterpart for.
-PREFIX_REASONS: dict[str, str] = {
-    "hydra.": "Hydra's own runtime settings",
-    f"{AR}.actor.megatron.": "quartet has no Megatron backend",
-    f"{AR}.ref.megatron.": "quartet has no Megatron backend",
-    "critic.megatron.": "quartet has no Megatron backend",
-    f"{AR}.actor.profiler.": "quartet has no profiler settings",
-    f"{AR}.rollout.engine_kwargs.": "engine-specific kwargs quartet does not pass through",
-    f"{AR}.model.override_config.": "quartet does not override the model's config",
-    "reward_model.reward_kwargs.": "reward-manager kwargs quartet does not read",
-    "ray_init.": "quartet starts or joins Ray from its cluster section",
-    "global_profiler.": "quartet has no profiler settings",
-    "data.apply_chat_template_kwargs.": "quartet applies the tokenizer's template without extra kwargs",
-    f"{AR}.actor.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
-    f"{AR}.ref.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
-    "critic.model.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
-    "reward_model.model.fsdp_config.": "an FSDP detail quartet does not expose (FSDP2 over decoder layers)",
 }
 
 # verl's defaults where quartet's differ and the difference changes the algorithm or the batch shape: a verl
