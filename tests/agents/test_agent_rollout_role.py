@@ -1,6 +1,7 @@
-"""The rollout role in multi-turn async mode, on one local rank with the real tiny model: its server answers
-the official OpenAI client, agent-loop trajectories come back as the trainer's rollout rows, and the
-server refuses requests while the role sleeps (a training step) and serves again after it wakes."""
+"""The rollout role in multi-turn with its HTTP server (`rollout.interface=server`), on one local rank with
+the real tiny model: its server answers the official OpenAI client, agent-loop trajectories come back as the
+trainer's rollout rows, and the server refuses requests while the role sleeps (a training step) and serves
+again after it wakes."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ OVERRIDES = [
 ]
 
 
-def config(mode: str) -> QuartetConfig:
-    return load_config(None, [*OVERRIDES, f"rollout.mode={mode}"], check=False)
+def config(interface: str) -> QuartetConfig:
+    return load_config(None, [*OVERRIDES, f"rollout.interface={interface}"], check=False)
 
 
 def prompt_rows(cfg: QuartetConfig, model_dir: Path, role: Rollout) -> Any:
@@ -56,8 +57,8 @@ def prompt_rows(cfg: QuartetConfig, model_dir: Path, role: Rollout) -> Any:
 
 
 @pytest.mark.usefixtures("one_local_rank")
-def test_async_rollout_serves_openai_and_runs_agent_loops(tiny_model_dir: Path) -> None:
-    cfg = config("async")
+def test_server_rollout_serves_openai_and_runs_agent_loops(tiny_model_dir: Path) -> None:
+    cfg = config("server")
     role = Rollout(cfg.rollout, run_values(cfg, str(tiny_model_dir)))
     try:
         url = role.server_url()
@@ -104,8 +105,8 @@ def test_async_rollout_serves_openai_and_runs_agent_loops(tiny_model_dir: Path) 
 
 
 @pytest.mark.usefixtures("one_local_rank")
-def test_sync_mode_runs_agent_loops_without_http(tiny_model_dir: Path) -> None:
-    cfg = config("sync")
+def test_batch_interface_runs_agent_loops_without_http(tiny_model_dir: Path) -> None:
+    cfg = config("batch")
     role = Rollout(cfg.rollout, run_values(cfg, str(tiny_model_dir)))
     try:
         assert role.server_url() is None

@@ -59,7 +59,7 @@ def test_second_process_finds_rollout_servers_or_is_told_why(ray_cluster: None, 
 
     cfg = load_config(
         None,
-        ["rollout.mode=async", "rollout.server.api_key=k", "data.max_response_length=8"],
+        ["rollout.interface=server", "rollout.server.api_key=k", "data.max_response_length=8"],
         check=False,
     )
     names = RunNames("quartet-tests", "async-rollout")

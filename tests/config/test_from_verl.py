@@ -489,6 +489,14 @@ def test_agent_loop_names_translate() -> None:
     assert "my_loop" in u.reason
 
 
+@pytest.mark.parametrize(("verl", "quartet"), [("sync", "batch"), ("async", "server")])
+def test_rollout_mode_maps_to_the_rollout_interface(verl: str, quartet: str) -> None:
+    t = translate_overrides([f"actor_rollout_ref.rollout.mode={verl}", f"{MODEL}=/models/m"])
+    assert t.quartet_values["rollout.interface"] == quartet
+    assert "rollout.mode" not in t.quartet_values
+    assert t.build().rollout.interface.value == quartet
+
+
 def test_megatron_tensor_parallel_size_maps_to_the_engine_tp() -> None:
     key = "actor_rollout_ref.{}.megatron.tensor_model_parallel_size"
     t = translate({key.format("actor"): 2, "trainer.n_gpus_per_node": 4}, verl_defaults=False)

@@ -13,6 +13,7 @@ from quartet.config import (
     Logger,
     QuartetConfig,
     RolloutEngineKind,
+    RolloutInterface,
     iter_field_docs,
     load_config,
     to_yaml,
@@ -121,6 +122,39 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path: Path) -> None:
     assert info.value.field == "trainer.total_step"
     assert "trainer.total_steps" in info.value.fix
     assert str(tmp_path / "run.yaml") in str(info.value)
+
+
+@pytest.mark.parametrize(("old", "new"), [("async", "server"), ("sync", "batch")])
+def test_renamed_key_names_the_new_key_and_value(tmp_path: Path, old: str, new: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"rollout.mode={old}"])
+    from_override = info.value
+    with pytest.raises(ConfigError) as info:
+        _load_text(tmp_path, f"rollout:\n  mode: {old}\n")
+    from_yaml = info.value
+    for err in (from_override, from_yaml):
+        assert err.field == "rollout.mode"
+        assert "renamed to rollout.interface (sync -> batch, async -> server)" in err.problem
+        assert err.fix == f"write rollout.interface={new}"
+    assert str(tmp_path / "run.yaml") in str(from_yaml)
+    assert f"rollout.mode={old}" in str(from_override)
+
+
+def test_renamed_key_in_a_section_override_and_with_an_unknown_value() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.mode: renamed to rollout\.interface") as info:
+        load_config(overrides=["rollout={mode: async, n: 2}"])
+    assert info.value.fix == "write rollout.interface=server"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["rollout.mode=fast"])
+    assert info.value.fix == "write rollout.interface instead (batch, server)"
+
+
+def test_rollout_interface_loads_from_yaml_and_override(tmp_path: Path) -> None:
+    assert load_config().rollout.interface is RolloutInterface.BATCH
+    assert load_config(overrides=["rollout.interface=server"]).rollout.interface is RolloutInterface.SERVER
+    cfg = _load_text(tmp_path, "rollout:\n  interface: server\n")
+    assert cfg.rollout.interface is RolloutInterface.SERVER
+    assert "interface: server" in to_yaml(cfg)
 
 
 @pytest.mark.parametrize(

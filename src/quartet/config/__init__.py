@@ -18,7 +18,7 @@ from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, Refer
 from quartet.config.rollout import (
     RolloutConfig,
     RolloutEngineKind,
-    RolloutMode,
+    RolloutInterface,
     SamplingConfig,
     WeightApply,
     WeightSyncConfig,
@@ -60,7 +60,7 @@ __all__ = [
     "Role",
     "RolloutConfig",
     "RolloutEngineKind",
-    "RolloutMode",
+    "RolloutInterface",
     "StalenessControl",
     "TrainerMode",
     "WeightApply",

@@ -12,6 +12,7 @@ import difflib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,9 +24,26 @@ from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.config.yaml_io import dump_yaml, load_yaml, parse_scalar
 
-__all__ = ["apply_overrides", "from_dict", "load_config", "to_dict", "to_yaml"]
+__all__ = ["RENAMED_KEYS", "RenamedKey", "apply_overrides", "from_dict", "load_config", "to_dict", "to_yaml"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RenamedKey:
+    """A key that was renamed: where it lives now, and how its old values read under the new name."""
+
+    new_path: str
+    values: Mapping[str, str] = field(default_factory=dict)
+    """Old value -> new value, where the values were renamed too."""
+
+
+RENAMED_KEYS: Mapping[str, RenamedKey] = {
+    "rollout.mode": RenamedKey("rollout.interface", {"sync": "batch", "async": "server"}),
+}
+"""Old dotted path -> its new name. An old key fails naming the new one (and the value to write there)
+rather than being read silently: a config that still says `rollout.mode=async` was written for the old
+meaning, and its author should see the new word once."""
 
 
 def load_config(
@@ -57,6 +75,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], source: str = "", prefix: s
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
+        if path in RENAMED_KEYS:
+            raise _renamed_key(path, value, source)
         if key not in fields:
             raise _unknown_key(path, str(key), list(fields), source)
         kwargs[key] = _convert(value, hints[key], path, source)
@@ -77,6 +97,8 @@ def apply_overrides(cfg: QuartetConfig, overrides: Iterable[str]) -> QuartetConf
             raise ConfigError(
                 key or item, "an override must look like key=value", "e.g. actor.optim.lr=1e-5", source
             )
+        if key in RENAMED_KEYS:
+            raise _renamed_key(key, raw.strip(), source)
         target_type = _field_type(key, source)
         node = tree
         *parents, leaf = key.split(".")
@@ -141,6 +163,18 @@ def _unknown_key(path: str, key: str, known: list[str], source: str) -> ConfigEr
     else:
         fix = f"known keys here: {', '.join(sorted(known))}"
     return ConfigError(path, "unknown config key", fix, source)
+
+
+def _renamed_key(path: str, value: Any, source: str) -> ConfigError:
+    """The error for an old key: its new name, the value mapping, and the line to write instead."""
+    renamed = RENAMED_KEYS[path]
+    mapping = ", ".join(f"{old} -> {new}" for old, new in renamed.values.items())
+    problem = f"renamed to {renamed.new_path}" + (f" ({mapping})" if mapping else "")
+    new_value = renamed.values.get(str(value)) if renamed.values else value
+    if new_value is None:
+        choices = ", ".join(renamed.values.values()) or "its value"
+        return ConfigError(path, problem, f"write {renamed.new_path} instead ({choices})", source)
+    return ConfigError(path, problem, f"write {renamed.new_path}={new_value}", source)
 
 
 def _field_type(dotted: str, source: str) -> Any:

@@ -15,7 +15,7 @@ __all__ = [
     "MultiTurnConfig",
     "RolloutConfig",
     "RolloutEngineKind",
-    "RolloutMode",
+    "RolloutInterface",
     "SamplingConfig",
     "ServerConfig",
     "TemplateMode",
@@ -38,11 +38,11 @@ class RolloutEngineKind(StrEnum):
     VLLM = "vllm"  # needs the `vllm` extra
 
 
-class RolloutMode(StrEnum):
-    """How the driver reaches the engine."""
+class RolloutInterface(StrEnum):
+    """How the engine is reached: what it offers, not when generation runs (that is `trainer.mode`)."""
 
-    SYNC = "sync"  # batch calls from the driver (single-turn)
-    ASYNC = "async"  # one OpenAI-compatible server per replica, agent loops drive it
+    BATCH = "batch"  # batch calls on the rollout group from the driver only
+    SERVER = "server"  # also an OpenAI-compatible HTTP server per replica, for agent frameworks
 
 
 class TemplateMode(StrEnum):
@@ -172,7 +172,7 @@ class MultiTurnConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """The OpenAI-compatible server of each rollout replica (`rollout.mode=async`)."""
+    """The OpenAI-compatible server of each rollout replica (`rollout.interface=server`)."""
 
     host: str = "127.0.0.1"
     """Interface to listen on; 0.0.0.0 serves other machines too (set an api_key then), and the URL then
@@ -286,8 +286,10 @@ class RolloutConfig:
     engine: RolloutEngineKind = RolloutEngineKind.TORCH
     """Inference engine."""
 
-    mode: RolloutMode = RolloutMode.SYNC
-    """Batch calls from the driver, or async servers for agent loops."""
+    interface: RolloutInterface = RolloutInterface.BATCH
+    """batch: the driver's batch calls on the rollout group only; server: each replica also serves an
+    OpenAI-compatible HTTP API (agent frameworks, other processes). Not `trainer.mode`, which says when
+    generation and training take turns."""
 
     n: int = 4
     """Responses sampled per training prompt (the group size of GRPO/RLOO)."""
@@ -333,7 +335,7 @@ class RolloutConfig:
     """Agent loops: tools, simulated users, turn limits."""
 
     server: ServerConfig = field(default_factory=ServerConfig)
-    """Each replica's OpenAI-compatible server in async mode."""
+    """Each replica's OpenAI-compatible HTTP server (`interface=server`)."""
 
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     """Cross-process weight sync, used when the rollout has a pool of its own (`cluster.separate_pools`)."""

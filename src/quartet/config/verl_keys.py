@@ -177,6 +177,13 @@ def _tool_format(value: Any, ctx: Context) -> str:
     return "hermes"
 
 
+def _interface(value: Any, ctx: Context) -> str:
+    interfaces = {"sync": "batch", "async": "server"}
+    if str(value) not in interfaces:
+        raise Skip(f"rollout mode '{value}' is unknown (verl has sync and async)")
+    return interfaces[str(value)]
+
+
 def _agent_loop(value: Any, ctx: Context) -> str:
     loops = {"single_turn_agent": "single_turn", "tool_agent": "tool_agent"}
     if str(value) not in loops:
@@ -267,7 +274,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.actor.fsdp_config.optimizer_offload": Rule("actor.optimizer_offload"),
     # rollout
     f"{AR}.rollout.name": Rule("rollout.engine", _engine, "vllm -> vllm, hf -> torch"),
-    f"{AR}.rollout.mode": Rule("rollout.mode"),
+    f"{AR}.rollout.mode": Rule("rollout.interface", _interface, "sync -> batch, async -> server"),
     f"{AR}.rollout.n": Rule("rollout.n", note="responses per prompt"),
     f"{AR}.rollout.temperature": Rule("rollout.temperature"),
     f"{AR}.rollout.top_p": Rule("rollout.top_p"),

@@ -73,7 +73,7 @@ UNMAPPED: dict[str, str] = {
     f"{AR}.actor.use_torch_compile": _NO_SWITCH,
     f"{AR}.actor.checkpoint.contents": "quartet always saves model, optimizer and extra state",
     f"{AR}.ref.use_torch_compile": _NO_SWITCH,
-    f"{AR}.rollout.chat_scheduler": "quartet's async mode drives agent loops itself (rollout.mode=async)",
+    f"{AR}.rollout.chat_scheduler": "quartet's rollout replicas schedule the agent loops' turns themselves",
     f"{AR}.rollout.use_fire_sampling": "quartet has no FIRE sampling",
     f"{AR}.rollout.max_model_len": "quartet sizes the engine from data.max_*_length",
     f"{AR}.rollout.disable_log_stats": "vLLM engine tuning quartet does not expose",

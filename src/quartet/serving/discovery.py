@@ -8,7 +8,7 @@ second driver joins the cluster with the run's explicit address and namespace (`
 folder records them; `RunNames.load(run_dir)`), finds the hosts of the rollout role by name
 (`<prefix>:<label>:<rank>`) and asks each for its server's URL. Short of `expected` hosts within
 `timeout_s` it raises `WorkerDiscoveryError` saying what it looked for and where such actors do exist; a run
-whose rollout has no HTTP server (rollout.mode=sync) is refused with that fix.
+whose rollout has no HTTP server (rollout.interface=batch) is refused with that fix.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def find_rollout_servers(
     if any(url is None for url in urls):
         raise WorkerDiscoveryError(
             f"found {len(hosts)} rollout worker(s) of run '{prefix}' in namespace '{namespace}', but their "
-            "rollout has no HTTP server: the run was started with rollout.mode=sync. Fix: start it with "
-            "rollout.mode=async"
+            "rollout has no HTTP server: the run was started with rollout.interface=batch. Fix: start it "
+            "with rollout.interface=server"
         )
     return [str(url) for url in urls]

@@ -2,7 +2,7 @@
 
     role           Rollout: the driver-facing methods (generate, weight sync, sleep/wake, shutdown)
     generators     Generator: single-turn generation or the agent loops (tool loop, simulated user)
-    server         ReplicaServer: the replica's OpenAI-compatible server (agent loops, rollout.mode=async)
+    server         ReplicaServer: the OpenAI-compatible server (agent loops, rollout.interface=server)
     sibling_sync   SiblingSync: weights from the colocated actor, in-process
     busy           BusyLog: the spans spent generating (the driver's idle and overlap metrics)
 

@@ -18,7 +18,7 @@ a run is reproducible and no two rows of a step share a random stream.
 
 Multi-turn (`rollout.multi_turn.enable`): the generator runs the agent loops (`quartet.agents.runner`) over
 this rank's rows, n trajectories per row, their turns batched together by the engine through the replica's
-`OpenAIServer` (in-process token calls). With `rollout.mode=async` that server also listens on HTTP
+`OpenAIServer` (in-process token calls). With `rollout.interface=server` that server also listens on HTTP
 (`server_url()`), so agent frameworks and other processes can drive the same engine; `sleep`/`wake` close
 and reopen it with the engine (503 while training).
 """
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.config.rollout import RolloutConfig, RolloutMode, SamplingConfig, WeightApply
+from quartet.config.rollout import RolloutConfig, RolloutInterface, SamplingConfig, WeightApply
 from quartet.core.batch import Batch
 from quartet.models.loading import load_tokenizer
 from quartet.roles.rollout.busy import BusyLog
@@ -83,17 +83,17 @@ class Rollout:
         self.subscriber = WeightSubscriber(self._load_version, self._generation, cfg.weight_sync.apply)
         self.server: ReplicaServer | None = None
         self.generator: Generator = SingleTurnGenerator(self.engine, self.pad_token_id)
-        if cfg.multi_turn.enable or cfg.mode is RolloutMode.ASYNC:
+        if cfg.multi_turn.enable or cfg.interface is RolloutInterface.SERVER:
             self._start_server(model_path)
 
     def _start_server(self, model_path: str) -> None:
-        """The replica's OpenAI-compatible server (HTTP in async mode); with multi-turn, the agent loops
-        generate through it."""
+        """The replica's OpenAI-compatible server (also on HTTP with `interface=server`); with multi-turn, the
+        agent loops generate through it."""
         from quartet.agents.runner import AgentRunner
         from quartet.roles.rollout.server import ReplicaServer
 
         tokenizer: Any = load_tokenizer(model_path)
-        http = self.rc.mode is RolloutMode.ASYNC
+        http = self.rc.interface is RolloutInterface.SERVER
         self.server = ReplicaServer(self.engine, tokenizer, self.rc.server, self.max_response_length, http)
         if self.rc.multi_turn.enable:
             processor = _image_processor(model_path, self.image_pixels)
@@ -105,7 +105,7 @@ class Rollout:
 
     @dispatch(Split.BROADCAST)
     def server_url(self) -> str | None:
-        """This replica's base URL (`http://host:port/v1`); None unless rollout.mode=async."""
+        """This replica's base URL (`http://host:port/v1`); None unless rollout.interface=server."""
         return None if self.server is None else self.server.url
 
     # ---- generation --------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Built when the replica runs agent loops (`rollout.multi_turn.enable`: the loops call the server's
 in-process token endpoint, so every trajectory's turns share the engine's batch) or serves other processes
-(`rollout.mode=async`: it also listens on HTTP, on a thread of its own). Sleeping and waking go through it,
-so that while the actor trains it answers 503 instead of queueing work on a sleeping engine.
+(`rollout.interface=server`: it also listens on HTTP, on a thread of its own). Sleeping and waking go
+through it, so that while the actor trains it answers 503 instead of queueing work on a sleeping engine.
 """
 
 from __future__ import annotations
