@@ -1,4 +1,4 @@
-"""The built-in agent loops, chosen per row by name: one dataset row -> one trajectory.
+"""The agent loops, chosen per row by name: one dataset row -> one trajectory. Built in:
 
     single_turn  one generation from the rendered prompt (no tools in the prompt)
     tool_agent   the tool loop (`quartet.agents.tool_loop`): generate, run tool calls, repeat
@@ -8,26 +8,46 @@ A loop is an async function `(row, generate, env) -> Trajectory`. `AgentEnv` hol
 rollout replica share (renderers, the tool-call parser, tool and interaction objects, limits); `AgentRow`
 is what a dataset row gives one trajectory (messages, per-row tool and interaction arguments). Rows choose
 their loop with an `agent_name` column, `rollout.multi_turn.default_agent` otherwise.
+
+Every loop, built-in or a user's, is registered by name with `@register_agent_loop`, as estimators are
+with `@register_estimator`: a user module named by `algorithm.custom_module` defines its loops under the
+decorator, the driver imports it when the config loads and every rollout replica imports it before it
+builds its runner (`quartet.roles.rollout.role`). The built-ins are registered when this module is
+imported, which importing the decorator does, so a user loop can never take a built-in name. The config
+cannot check a loop name (it sits below this package); `AgentRunner.from_config` does, on the driver
+before any worker starts (`check_agent_loop`).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quartet.agents.images import ImageKit, TrajectoryImages
 from quartet.agents.tool_loop import Generate, LoopLimits, UserSim, run_tool_loop, start_trajectory
 from quartet.agents.tools.base import Tool
 from quartet.agents.tools.parsing import ToolCallParser
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
+from quartet.config.errors import ConfigError
 from quartet.config.rollout import TemplateMode
 from quartet.rollout.types import FinishReason
 
 if TYPE_CHECKING:
     from quartet.agents.interaction import Interaction
 
-__all__ = ["AGENT_LOOPS", "AgentEnv", "AgentLoop", "AgentRow", "UnknownAgentError", "run_agent"]
+__all__ = [
+    "AgentEnv",
+    "AgentLoop",
+    "AgentRow",
+    "UnknownAgentError",
+    "check_agent_loop",
+    "register_agent_loop",
+    "registered_agent_loops",
+    "run_agent",
+]
 
 
 class UnknownAgentError(ValueError):
@@ -86,8 +106,55 @@ class AgentEnv:
 
 
 AgentLoop = Callable[[AgentRow, Generate, AgentEnv], Awaitable[Trajectory]]
+"""A loop: (row, generate, env) -> the row's trajectory."""
+
+L = TypeVar("L", bound=AgentLoop)
+
+_LOOPS: dict[str, AgentLoop] = {}
 
 
+def register_agent_loop(name: str) -> Callable[[L], L]:
+    """Decorator: make `fn(row, generate, env) -> Trajectory` the agent loop `name` (a row's `agent_name`,
+    or `rollout.multi_turn.default_agent`). A name is registered once: the built-ins' names are taken."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"an agent loop name must be a non-empty string, got {name!r}")
+    if name in _LOOPS:
+        owner = getattr(_LOOPS[name], "__module__", "?")
+        raise ValueError(
+            f"agent loop {name!r} is already registered (by {owner}); register yours under another name"
+        )
+
+    def decorate(fn: L) -> L:
+        _LOOPS[name] = fn
+        return fn
+
+    return decorate
+
+
+def registered_agent_loops() -> Mapping[str, AgentLoop]:
+    """Every loop of this process by name, the built-ins first (read-only view)."""
+    return MappingProxyType(_LOOPS)
+
+
+def _known_loops(name: str) -> str:
+    close = difflib.get_close_matches(name, list(_LOOPS), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"{hint}known loops: {', '.join(_LOOPS)}"
+
+
+def check_agent_loop(name: str) -> None:
+    """A ConfigError on `rollout.multi_turn.default_agent` unless `name` is a registered loop, naming the
+    closest one and every one, and how to add one."""
+    if name not in _LOOPS:
+        raise ConfigError(
+            "rollout.multi_turn.default_agent",
+            f"unknown agent loop {name!r}",
+            f"{_known_loops(name)}; or register it with @register_agent_loop in the module named by "
+            "algorithm.custom_module",
+        )
+
+
+@register_agent_loop("single_turn")
 async def single_turn_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Trajectory:
     """One generation: the single-turn rollout as a trajectory."""
     renderer = env.plain_renderer
@@ -110,6 +177,7 @@ async def single_turn_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> 
     return trajectory
 
 
+@register_agent_loop("tool_agent")
 async def tool_agent_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Trajectory:
     """The tool loop over the run's tools."""
     return await run_tool_loop(
@@ -125,6 +193,7 @@ async def tool_agent_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> T
     )
 
 
+@register_agent_loop("user_sim")
 async def user_sim_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Trajectory:
     """The tool loop with the row's simulated user (`interaction_kwargs["name"]`)."""
     kwargs = dict(row.interaction_kwargs)
@@ -152,20 +221,13 @@ async def user_sim_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> Tra
     )
 
 
-AGENT_LOOPS: dict[str, AgentLoop] = {
-    "single_turn": single_turn_loop,
-    "tool_agent": tool_agent_loop,
-    "user_sim": user_sim_loop,
-}
-
-
 async def run_agent(row: AgentRow, generate: Generate, env: AgentEnv) -> Trajectory:
     """The trajectory of `row` by its loop; `UnknownAgentError` naming the loops when it has none."""
-    loop = AGENT_LOOPS.get(row.agent_name)
+    loop = _LOOPS.get(row.agent_name)
     if loop is None:
         raise UnknownAgentError(
-            f"unknown agent_name {row.agent_name!r} in a data row; the built-in loops are "
-            f"{', '.join(AGENT_LOOPS)}. Fix: correct the row's agent_name column, or leave it empty to use "
-            "rollout.multi_turn.default_agent"
+            f"unknown agent_name {row.agent_name!r} in a data row; {_known_loops(row.agent_name)}. Fix: "
+            "correct the row's agent_name column, leave it empty to use rollout.multi_turn.default_agent, "
+            "or register the loop with @register_agent_loop in the module named by algorithm.custom_module"
         )
     return await loop(row, generate, env)

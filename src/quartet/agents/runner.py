@@ -32,7 +32,7 @@ import numpy as np
 
 from quartet.agents.batch import trajectories_to_batch
 from quartet.agents.images import ImageKit
-from quartet.agents.loops import AgentEnv, AgentRow, run_agent
+from quartet.agents.loops import AgentEnv, AgentRow, check_agent_loop, run_agent
 from quartet.agents.template_check import TemplateVerdict
 from quartet.agents.tool_loop import Generate, LoopLimits
 from quartet.agents.tools.base import Tool
@@ -154,7 +154,9 @@ class AgentRunner:
         cls, mt: MultiTurnConfig, tokenizer: Any, max_response_tokens: int, image_processor: Any = None
     ) -> AgentRunner:
         """The runner of a replica; `image_processor`: a vision-language model's (its loops then carry the
-        rows' images and those tools return, `quartet.agents.images`)."""
+        rows' images and those tools return, `quartet.agents.images`). A `default_agent` no loop is
+        registered under is a ConfigError here, before any tool is built."""
+        check_agent_loop(mt.default_agent)
         tools = build_tools(mt)
         schemas = [tool.schema for tool in tools.values()]
         env = AgentEnv(

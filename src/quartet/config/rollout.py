@@ -9,7 +9,6 @@ from quartet.config.errors import require
 from quartet.config.model import Dtype
 
 __all__ = [
-    "AGENT_LOOP_NAMES",
     "BUILTIN_INTERACTIONS",
     "BUILTIN_TOOLS",
     "MultiTurnConfig",
@@ -24,9 +23,6 @@ __all__ = [
     "WeightSyncConfig",
 ]
 
-AGENT_LOOP_NAMES = ("single_turn", "tool_agent", "user_sim")
-"""The built-in agent loops (`quartet.agents.loops`): one generation; the tool loop; the tool loop with a
-simulated user answering turns without a tool call."""
 BUILTIN_TOOLS = ("calculator", "python", "zoom")
 BUILTIN_INTERACTIONS = ("guessing_game",)
 
@@ -89,7 +85,9 @@ class MultiTurnConfig:
     """Run every rollout through an agent loop (chosen per row by its `agent_name` column)."""
 
     default_agent: str = "tool_agent"
-    """Loop of rows without an `agent_name`: single_turn, tool_agent or user_sim."""
+    """Loop of rows without an `agent_name`: a built-in one (single_turn, tool_agent, user_sim) or one
+    registered with `@register_agent_loop` in `algorithm.custom_module` (checked when the run starts, by
+    `quartet.agents.loops`, where the loops are)."""
 
     tools: tuple[str, ...] = ()
     """Built-in tools to offer the model, by name: calculator, python, zoom (a crop of the prompt's image,
@@ -142,12 +140,7 @@ class MultiTurnConfig:
     `agent/turns_to_success`."""
 
     def __post_init__(self) -> None:
-        require(
-            self.default_agent in AGENT_LOOP_NAMES,
-            "default_agent",
-            f"unknown agent loop {self.default_agent!r}",
-            f"use one of {', '.join(AGENT_LOOP_NAMES)}",
-        )
+        require(bool(self.default_agent), "default_agent", "must name an agent loop", "e.g. tool_agent")
         for name in self.tools:
             require(
                 name in BUILTIN_TOOLS,

@@ -187,7 +187,10 @@ def _interface(value: Any, ctx: Context) -> str:
 def _agent_loop(value: Any, ctx: Context) -> str:
     loops = {"single_turn_agent": "single_turn", "tool_agent": "tool_agent"}
     if str(value) not in loops:
-        raise Skip(f"agent loop '{value}' is not built in (quartet has single_turn, tool_agent, user_sim)")
+        raise Skip(
+            f"agent loop '{value}' is not built in (quartet has single_turn, tool_agent, user_sim); port it "
+            "with @register_agent_loop (docs/custom_algorithms.md) and set rollout.multi_turn.default_agent"
+        )
     return loops[str(value)]
 
 

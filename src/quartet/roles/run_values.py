@@ -45,7 +45,8 @@ class RunValues:
     freeze_vision_tower: bool = True
     """`model.freeze_vision_tower`: a vision-language policy trains its language model only."""
     custom_module: str = ""
-    """`algorithm.custom_module`: a user module whose registered losses the actor's process imports."""
+    """`algorithm.custom_module`: a user module that the actor's process imports for its registered losses,
+    and the rollout's for its registered agent loops."""
     image_pixels: tuple[int, int] = (0, 0)
     """`data.min_pixels`, `data.max_pixels`: how a vision-language model's agent loops process the images
     tools return, as the prompt loader processed the prompt's (0: the processor's own)."""

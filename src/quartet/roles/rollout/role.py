@@ -37,6 +37,7 @@ import torch
 from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.rollout import RolloutConfig, RolloutInterface, SamplingConfig, WeightApply
 from quartet.core.batch import Batch
+from quartet.core.registry import import_custom_module
 from quartet.models.loading import load_tokenizer
 from quartet.roles.rollout.busy import BusyLog
 from quartet.roles.rollout.generators import AgentLoopGenerator, Generator, SingleTurnGenerator
@@ -64,6 +65,7 @@ class Rollout:
 
     def __init__(self, cfg: RolloutConfig, run: RunValues, trainer: Actor | None = None) -> None:
         """`trainer`: the sibling actor whose weights `sync_weights` copies (`Sibling("actor")`)."""
+        import_custom_module(run.custom_module)  # its registered agent loops, in this process too
         self.rc, self.max_response_length = cfg, run.max_response_length
         self.image_pixels = run.image_pixels
         self.sibling = SiblingSync(trainer) if trainer is not None else None
