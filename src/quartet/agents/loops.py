@@ -47,6 +47,9 @@ __all__ = [
     "register_agent_loop",
     "registered_agent_loops",
     "run_agent",
+    "single_turn_loop",
+    "tool_agent_loop",
+    "user_sim_loop",
 ]
 
 
