@@ -150,7 +150,7 @@ def run_rank(rank: int, sp: int, port: int, model_dir: str, batch: Batch, steps:
     from quartet.config.optim import OptimConfig
     from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
     from quartet.engines.dist import to_local_full
-    from quartet.engines.model_init import hf_model
+    from quartet.engines.hf_modules import hf_model
     from quartet.planning.measure import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     os.environ.update(

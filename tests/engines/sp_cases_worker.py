@@ -37,7 +37,7 @@ from quartet.core.value_loss import compute_value_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine, ulysses
 from quartet.engines import engine as engine_module
 from quartet.engines.dist import to_local_full
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 PROMPTS = [5, 2, 7, 1, 4, 6, 3, 2]
 RESPONSES = [3, 6, 1, 4, 2, 5, 2, 6]

@@ -22,8 +22,8 @@ from quartet.core.batch import Batch
 from quartet.core.loss_agg import count_valid_sequences, count_valid_tokens
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.engines.dist import all_reduce_sum, to_local_full
+from quartet.engines.hf_modules import hf_model
 from quartet.engines.inputs import build_inputs
-from quartet.engines.model_init import hf_model
 from quartet.engines.ulysses import group_rows, heads_to_seq, seq_group, seq_to_heads
 
 # Rows of different lengths; packed micro-batches of 4 rows hold 29 and 30 tokens (odd: padding is used).

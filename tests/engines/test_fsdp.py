@@ -13,7 +13,7 @@ from fsdp_worker import LORA, LOSSES, MICRO, full_batch, make_engine, make_rewar
 from safetensors.torch import load_file
 
 from quartet.engines import MicroSpec
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from quartet.config.model import Dtype, LoraConfig
 from quartet.config.optim import OptimConfig
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 pytest.importorskip("peft")
 

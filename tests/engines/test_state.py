@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from quartet.config.model import Dtype
 from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.engines import EngineSpec, EngineStateError, MicroSpec, ModelKind, TrainingEngine
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 PROMPTS = [4, 2, 6, 3]
 RESPONSES = [3, 5, 1, 4]

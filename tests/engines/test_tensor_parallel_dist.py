@@ -24,7 +24,7 @@ from tp_worker import gradients, make_engine, run_rank
 
 from quartet.config import TinyModelConfig
 from quartet.config.model import TinyArch
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 
 def _free_port() -> int:

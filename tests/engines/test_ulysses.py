@@ -15,6 +15,7 @@ from quartet.config.model import Dtype, ModelConfig
 from quartet.engines import EngineSpec, ModelKind
 from quartet.engines import ulysses as uly
 from quartet.engines.inputs import build_inputs
+from quartet.engines.model_check import check_model_layout
 from quartet.engines.packing import pack_inputs, varlen_attention
 
 
@@ -107,8 +108,8 @@ def test_heads_not_divisible_are_refused() -> None:
         num_key_value_heads = 2
 
     with pytest.raises(ValueError, match="does not divide the model's 6 attention heads"):
-        uly.check_heads(Config(), 4)
-    uly.check_heads(Config(), 3)  # 2 KV heads: replicated
+        check_model_layout(Config(), sp=4)
+    check_model_layout(Config(), sp=3)  # 2 KV heads: replicated
 
 
 def test_model_config_errors_name_the_field() -> None:

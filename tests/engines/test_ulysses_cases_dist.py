@@ -37,7 +37,7 @@ from sp_cases_worker import (
 )
 from sp_cases_worker import policy_loss as policy_loss_fn
 
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 
 def _free_port() -> int:

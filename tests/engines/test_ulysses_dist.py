@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from sp_worker import MICRO, TEMPERATURE, full_batch, gradients, make_engine, pg_entropy_loss, run_rank
 
 from quartet.config import TinyModelConfig
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 
 def _free_port() -> int:

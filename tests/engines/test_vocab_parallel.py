@@ -10,7 +10,8 @@ import torch
 from quartet.config import ConfigError
 from quartet.config.model import LoraConfig, ModelConfig, TinyModelConfig
 from quartet.engines import EngineSpec, ModelKind, heads
-from quartet.engines.tensor_parallel import check_tensor_parallel, layer_plan
+from quartet.engines.model_check import check_model_layout
+from quartet.engines.tensor_parallel import layer_plan
 from quartet.engines.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs, vocab_slice
 
 
@@ -95,21 +96,23 @@ def test_layer_plan_splits_attention_and_mlp() -> None:
 
 class _Config:
     def __init__(self, model_type: str, heads: int, kv: int) -> None:
-        self.model_type, self.num_attention_heads, self.num_key_value_heads = model_type, heads, kv
+        self.model_type = model_type
+        self.num_attention_heads = heads
+        self.num_key_value_heads = kv
 
 
 def test_model_checks_name_the_key() -> None:
-    check_tensor_parallel(_Config("qwen3", 8, 4), 4)
+    check_model_layout(_Config("qwen3", 8, 4), tp=4)
     with pytest.raises(
         ValueError, match="model.tensor_parallel_size=2: no tensor-parallel plan for model type 'gpt2'"
     ):
-        check_tensor_parallel(_Config("gpt2", 8, 8), 2)
+        check_model_layout(_Config("gpt2", 8, 8), tp=2)
     with pytest.raises(ValueError, match="does not divide the model's 8 attention and 2 key/value heads"):
-        check_tensor_parallel(_Config("llama", 8, 2), 4)
+        check_model_layout(_Config("llama", 8, 2), tp=4)
 
 
 def test_spec_refuses_what_tp_does_not_cover(tmp_path: object) -> None:
-    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+    with pytest.raises(ValueError, match="tensor_parallel_size: must be >= 1"):
         EngineSpec("m", ModelKind.CAUSAL_LM, tensor_parallel_size=0)
     with pytest.raises(ValueError, match="policy \\(causal LM\\) only"):
         EngineSpec("m", ModelKind.VALUE, tensor_parallel_size=2)

@@ -22,8 +22,8 @@ from quartet.core.batch import Batch
 from quartet.core.loss_agg import count_valid_sequences, count_valid_tokens
 from quartet.engines import EngineSpec, LossScale, ModelKind, TrainingEngine, vocab_parallel
 from quartet.engines.dist import all_reduce_sum, to_local_full
+from quartet.engines.hf_modules import hf_model
 from quartet.engines.inputs import build_inputs
-from quartet.engines.model_init import hf_model
 from quartet.engines.tensor_parallel import clip_grad_norm, row_group
 from quartet.engines.ulysses import group_rows
 from quartet.engines.weight_export import inference_weights

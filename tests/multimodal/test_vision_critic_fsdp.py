@@ -15,7 +15,7 @@ from fsdp_vlm_critic_worker import MICRO, make_critic, run_rank, value_loss
 from fsdp_vlm_worker import rank_rows
 
 from quartet.core.batch import Batch
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 from quartet.models.loading import load_value_model
 from quartet.models.tiny import save_value_model
 

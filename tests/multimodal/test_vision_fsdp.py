@@ -14,7 +14,7 @@ from fsdp_vlm_worker import MICRO, logprob_loss, make_engine, rank_rows, run_ran
 
 from quartet.core.batch import Batch
 from quartet.engines import MicroSpec
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 from quartet.models.loading import load_causal_lm
 
 pytestmark = pytest.mark.slow  # two processes that each load torch and transformers: ~1 min here

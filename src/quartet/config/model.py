@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from quartet.config.errors import require
+from quartet.config.errors import ConfigError, require
+from quartet.config.parallel import head_problems, layout_problems, vision_problem
 
 __all__ = ["Dtype", "LoraConfig", "ModelConfig", "TinyArch", "TinyModelConfig"]
 
@@ -188,42 +189,25 @@ class ModelConfig:
         require(
             self.dtype is not Dtype.AUTO, "dtype", "auto is for <role>.mixed_precision only", "use float32"
         )
+        problems = layout_problems(self.sequence_parallel_size, self.tensor_parallel_size, self.lora.rank)
+        if not problems and self.is_tiny:  # the sizes are valid on their own: now against the heads
+            problems = self._tiny_problems()
+        if problems:
+            raise problems[0]
+
+    def _tiny_problems(self) -> list[ConfigError]:
+        """The parallel sizes against the tiny model's heads, known before it is built."""
         sp = self.sequence_parallel_size
-        require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")
-        tp = self.tensor_parallel_size
-        require(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}", "use 1 to turn it off")
-        require(
-            tp == 1 or sp == 1,
-            "tensor_parallel_size",
-            f"is {tp} with sequence_parallel_size {sp}: sequence and tensor parallelism are not combined",
-            "set model.sequence_parallel_size: 1 or model.tensor_parallel_size: 1",
+        tiny = self.tiny
+        vision = vision_problem(sp) if tiny.arch.is_vision else None
+        heads = head_problems(
+            tiny.num_attention_heads,
+            tiny.num_key_value_heads,
+            sp,
+            self.tensor_parallel_size,
+            "the tiny model's",
         )
-        require(
-            tp == 1 or self.lora.rank == 0,
-            "tensor_parallel_size",
-            f"is {tp} with LoRA adapters (lora.rank {self.lora.rank}), which are not split",
-            "set model.lora.rank: 0 or model.tensor_parallel_size: 1",
-        )
-        heads = self.tiny.num_attention_heads
-        kv = self.tiny.num_key_value_heads
-        require(
-            not self.is_tiny or (heads % tp == 0 and kv % tp == 0),
-            "tensor_parallel_size",
-            f"{tp} does not divide the tiny model's {heads} attention and {kv} key/value heads",
-            f"pick a common divisor of {heads} and {kv}",
-        )
-        require(
-            not (self.is_tiny and self.tiny.arch.is_vision) or sp == 1,
-            "sequence_parallel_size",
-            f"is {sp}: sequence parallelism does not split vision-language models yet (docs/vision.md)",
-            "set model.sequence_parallel_size: 1",
-        )
-        require(
-            not self.is_tiny or heads % sp == 0,
-            "sequence_parallel_size",
-            f"{sp} does not divide the tiny model's {heads} attention heads",
-            f"pick a divisor of {heads}",
-        )
+        return [vision, *heads] if vision else heads
 
     @property
     def is_tiny(self) -> bool:

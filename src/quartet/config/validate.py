@@ -14,6 +14,7 @@ from __future__ import annotations
 from quartet.config.algorithm import unknown_name_fix
 from quartet.config.cluster import gpu_share_problems
 from quartet.config.errors import ConfigError, raise_problems
+from quartet.config.parallel import divisors, head_problems, pool_problems, vision_problem
 from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
 from quartet.core.registry import policy_loss_names
@@ -39,10 +40,6 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     return cfg
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
     prompts, n, world = cfg.data.train_batch_size, cfg.rollout.n, cfg.cluster.world_size
@@ -51,7 +48,7 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
             ConfigError(
                 f"{role}.mini_batch_size",
                 f"{rc.mini_batch_size} prompts does not divide data.train_batch_size={prompts} prompts",
-                f"set {role}.mini_batch_size to one of {_divisors(prompts)}, or change data.train_batch_size",
+                f"set {role}.mini_batch_size to one of {divisors(prompts)}, or change data.train_batch_size",
             )
         )
         return out
@@ -73,7 +70,7 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
                 f"{role}.micro_batch_size_per_device",
                 f"{rc.micro_batch_size_per_device} responses does not divide the {per_device} responses "
                 f"each device gets per mini-batch ({rc.mini_batch_size} prompts x {n} / {world} devices)",
-                f"set {role}.micro_batch_size_per_device to one of {_divisors(per_device)}, "
+                f"set {role}.micro_batch_size_per_device to one of {divisors(per_device)}, "
                 f"or set {role}.use_dynamic_batch=true",
             )
         )
@@ -91,66 +88,29 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
 
 
 def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
-    sp, tp, world = cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size, cfg.cluster.world_size
-    out: list[ConfigError] = []
-    if world % sp:
-        out.append(
-            ConfigError(
-                "model.sequence_parallel_size",
-                f"{sp} does not divide the {world} devices of the policy's pool (cluster.world_size)",
-                f"set model.sequence_parallel_size to one of {_divisors(world)}",
-            )
-        )
-    if world % tp:
-        out.append(
-            ConfigError(
-                "model.tensor_parallel_size",
-                f"{tp} does not divide the {world} devices of the policy's pool (cluster.world_size)",
-                f"set model.tensor_parallel_size to one of {_divisors(world)}",
-            )
-        )
-    if not out and world % (sp * tp):
-        out.append(
-            ConfigError(
-                "model.tensor_parallel_size",
-                f"sequence x tensor parallel = {sp} x {tp} does not divide the {world} devices of the pool",
-                "pick sizes whose product divides cluster.world_size",
-            )
-        )
-    return out
+    model = cfg.model
+    pool = "the policy's pool (cluster.world_size)"
+    problems = pool_problems(
+        model.sequence_parallel_size, model.tensor_parallel_size, cfg.cluster.world_size, pool
+    )
+    return [p.under("model") for p in problems]
 
 
 def _critic_parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
     """The critic's sequence groups: within its pool (the main pool's shape, `cluster.world_size` devices),
     and over the tiny policy's heads when the critic starts from it."""
-    sp, world = cfg.critic.sequence_parallel_size, cfg.cluster.world_size
-    if world % sp:
-        return [
-            ConfigError(
-                "critic.sequence_parallel_size",
-                f"{sp} does not divide the {world} devices of the critic's pool (cluster.world_size)",
-                f"set critic.sequence_parallel_size to one of {_divisors(world)}",
-            )
-        ]
-    heads = cfg.model.tiny.num_attention_heads
-    if sp > 1 and not cfg.critic.model_path and cfg.model.is_tiny and cfg.model.tiny.arch.is_vision:
-        return [
-            ConfigError(
-                "critic.sequence_parallel_size",
-                f"is {sp}: sequence parallelism does not split vision-language models yet (the critic "
-                "starts from the tiny VLM; docs/vision.md)",
-                "set critic.sequence_parallel_size: 1",
-            )
-        ]
-    if not cfg.critic.model_path and cfg.model.is_tiny and heads % sp:
-        return [
-            ConfigError(
-                "critic.sequence_parallel_size",
-                f"{sp} does not divide the tiny model's {heads} attention heads (the critic starts from it)",
-                f"pick a divisor of {heads}",
-            )
-        ]
-    return []
+    sp = cfg.critic.sequence_parallel_size
+    pool = "the critic's pool (cluster.world_size)"
+    problems = pool_problems(sp, 1, cfg.cluster.world_size, pool, section="critic")
+    if not problems and not cfg.critic.model_path and cfg.model.is_tiny:
+        tiny = cfg.model.tiny
+        note = "the critic starts from the tiny model"
+        vision = vision_problem(sp, "critic", note) if tiny.arch.is_vision else None
+        heads = head_problems(
+            tiny.num_attention_heads, tiny.num_key_value_heads, sp, 1, "the tiny model's", note
+        )
+        problems = [vision] if vision else heads
+    return [p.under("critic") for p in problems[:1]]
 
 
 def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:

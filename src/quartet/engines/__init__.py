@@ -8,8 +8,11 @@
 - `heads`: response log-probs, entropy and values from model outputs (alignment documented there).
 - `packing`, `packed_run`, `ulysses`: packed micro-batches, one packed micro-batch through the model, and
   Ulysses sequence parallelism (the policy's and the critic's passes split by tokens).
-- `model_init`, `dist`, `optim`, `offload`, `checkpoint`: model building, FSDP2, AdamW + schedule,
-  offloading, and state (sharded checkpoints, HF export).
+- `build`: the engine's module in one direction: `model_init` (the model: head, LoRA, checkpointing,
+  freezing), `model_check` (its heads against sp / tp), `ulysses` and `tensor_parallel` (the parallel
+  split), `fsdp` (FSDP2 sharding); `hf_modules` holds the look-ups they share and imports none of them.
+- `dist`, `optim`, `offload`, `checkpoint`: process group and meshes, AdamW + schedule, offloading, and
+  state (sharded checkpoints, HF export).
 """
 
 from quartet.engines.engine import EngineStateError, TrainingEngine

@@ -52,7 +52,7 @@ from transformers import (
 )
 
 from quartet.engines.dist import DistContext
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 from quartet.engines.spec import EngineSpec, ModelKind
 from quartet.models.vision import is_vision_module
 

@@ -1,12 +1,10 @@
-"""Process group, device and FSDP2 sharding of an engine.
+"""Process group, device and meshes of an engine, and the reductions over its ranks.
 
 The role host sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (and LOCAL_RANK on GPU nodes). If the
 default process group is not initialised and WORLD_SIZE > 1, the engine initialises it: gloo on CPU, nccl
 on CUDA. With one rank the model stays a plain module (no DTensors, no collectives).
 
-Sharding follows the FSDP2 recipe: `fully_shard` on each decoder layer, then on the root, so each layer's
-parameters are all-gathered just before it runs and freed after. Weights stay float32; mixed precision is
-done by autocast around the forward (the same on CPU and GPU) rather than by FSDP's MixedPrecisionPolicy.
+FSDP2 shards the model over the mesh made here (`fsdp`, the last step of `build`).
 
 Gradient averaging. FSDP2 reduce-scatters gradients with a MEAN over ranks. The losses handed to backward
 are shares of the global mini-batch loss (divided by global counts), whose gradients must be SUMMED over
@@ -35,19 +33,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from quartet.engines.model_init import decoder_layers
+from quartet.config.parallel import pool_problems
 
 __all__ = [
     "DistContext",
     "all_reduce_max",
     "all_reduce_sum",
     "init_distributed",
-    "shard",
     "sum_over_dp",
     "to_local_full",
 ]
@@ -113,21 +108,15 @@ def init_distributed(timeout_s: float = 600.0, sp: int = 1, tp: int = 1) -> Dist
     """The process group from the environment (initialised here if needed) and the device to compute on.
 
     With `sp` > 1 the ranks also form the ("dp", "sp") mesh of sequence parallelism, with `tp` > 1 the
-    ("dp", "tp") mesh of tensor parallelism."""
+    ("dp", "tp") mesh of tensor parallelism. The sizes were checked on their own by the spec; here they are
+    checked against the ranks (`config.parallel.pool_problems`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
     device = _device(int(os.environ.get("LOCAL_RANK", "0")))
-    if world % sp:
-        raise ValueError(
-            f"model.sequence_parallel_size={sp} does not divide the {world} ranks of the role; "
-            "pick a divisor of the role's GPU count"
-        )
-    if world % tp or (sp > 1 and tp > 1):
-        raise ValueError(
-            f"model.tensor_parallel_size={tp} with sequence_parallel_size={sp} on {world} ranks: tp must "
-            "divide the role's GPU count, and sequence and tensor parallelism are not combined"
-        )
+    problems = pool_problems(sp, tp, world, "this engine's pool (the role's ranks)")
+    if problems:
+        raise problems[0].under("model")
     if world <= 1:
         return DistContext(rank=0, world=1, device=device, mesh=None)
     if not dist.is_initialized():
@@ -142,26 +131,6 @@ def init_distributed(timeout_s: float = 600.0, sp: int = 1, tp: int = 1) -> Dist
         tp_mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
     rank = dist.get_rank()
     return DistContext(rank=rank, world=world, device=device, mesh=mesh, sp_mesh=sp_mesh, tp_mesh=tp_mesh)
-
-
-def shard(module: nn.Module, ctx: DistContext) -> nn.Module:
-    """`module` moved to the device and, with world > 1, sharded by FSDP2 (per decoder layer, then root).
-
-    With tensor parallelism the layers are first split over "tp" (`tensor_parallel.parallelize`), then
-    FSDP2 shards over "dp" only."""
-    module.to(ctx.device)
-    if not ctx.sharded:
-        return module
-    mesh = ctx.mesh
-    if ctx.tp_mesh is not None:
-        from quartet.engines.tensor_parallel import parallelize  # it imports this module
-
-        parallelize(module, ctx.tp_mesh["tp"])
-        mesh = ctx.tp_mesh["dp"]
-    for layer in decoder_layers(module):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(module, mesh=mesh)
-    return module
 
 
 def all_reduce_sum(values: list[int], ctx: DistContext) -> list[int]:

@@ -38,19 +38,19 @@ from quartet.config.model import Dtype
 from quartet.core.batch import Batch
 from quartet.core.loss_agg import count_valid_sequences, count_valid_tokens
 from quartet.engines import checkpoint, heads
+from quartet.engines.build import build_module
 from quartet.engines.dist import (
     DistContext,
     all_reduce_max,
     all_reduce_sum,
     init_distributed,
-    shard,
     sum_over_dp,
     to_local_full,
 )
 from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
 from quartet.engines.inputs import ModelInputs, build_inputs, pad_responses, valid_lengths
 from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
-from quartet.engines.model_init import ScoreCapture, build_model
+from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
 from quartet.engines.packed_run import PackedRun, packed_values
@@ -82,7 +82,7 @@ class TrainingEngine:
         self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size)
         self._seq_group = seq_group(self.ctx)
         self._row_group = self._seq_group or row_group(self.ctx)  # ranks that pool their rows (SP or TP)
-        self.module: nn.Module = shard(build_model(spec), self.ctx)
+        self.module: nn.Module = build_module(spec, self.ctx)  # model, then parallelise, then shard
         self._scores = ScoreCapture(self.module) if spec.kind is ModelKind.REWARD else None
         self._vocab = VocabHead.of(self.module, self.ctx)  # TP: logits sharded by vocabulary
         wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
@@ -312,7 +312,8 @@ class TrainingEngine:
         return {"steps": self.steps, "skipped_steps": self.skipped_steps}
 
     def _set_counters(self, counters: dict[str, int]) -> None:
-        self.steps, self.skipped_steps = counters["steps"], counters["skipped_steps"]
+        self.steps = counters["steps"]
+        self.skipped_steps = counters["skipped_steps"]
 
     # ---- internals --------------------------------------------------------------------------------------
 

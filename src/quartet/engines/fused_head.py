@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,8 @@ class _FusedHead(torch.autograd.Function):
             entropy = torch.zeros_like(lse)
             ctx.mark_non_differentiable(entropy)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, mean_z)
-        ctx.blocks, ctx.token_chunk = blocks, token_chunk
+        ctx.blocks = blocks
+        ctx.token_chunk = token_chunk
         return logprobs, entropy
 
     @staticmethod

@@ -1,4 +1,7 @@
-"""Building the engine's model from an `EngineSpec`: head by kind, LoRA adapters, checkpointing, freezing.
+"""The engine's model from an `EngineSpec`: head by kind, LoRA adapters, checkpointing, freezing.
+
+The first step of the engine's build (`engines.build`): it knows nothing of ranks; the parallel split and
+the sharding come after it.
 
 Reward models are loaded as `AutoModelForSequenceClassification` (one label). Their own pooling picks the
 last token that differs from `pad_token_id`, which is wrong when a real token equals the pad id (a common
@@ -19,11 +22,13 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
+from quartet.engines.hf_modules import hf_model
+from quartet.engines.packing import VARLEN, register_varlen_attention
 from quartet.engines.spec import EngineSpec, ModelKind
 from quartet.models.loading import ModelFolderError, is_vision_model, load_causal_lm, load_value_model
 from quartet.models.vision import guard_placeholders, is_vision_module, vision_model
 
-__all__ = ["ScoreCapture", "build_model", "decoder_layers", "hf_model", "load_reward_model"]
+__all__ = ["ScoreCapture", "build_model", "load_reward_model"]
 
 
 def load_reward_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -60,21 +65,7 @@ def _load(spec: EngineSpec) -> PreTrainedModel:
     vision = is_vision_module(model)
     if vision:
         guard_placeholders(model)  # training passes read the prompt's image tokens only (`models.vision`)
-        if spec.sequence_parallel_size > 1:
-            raise ValueError(
-                "sequence parallelism does not split vision-language models yet (the vision tower would "
-                "see a slice of the tokens): set model.sequence_parallel_size: 1 "
-                "(critic.sequence_parallel_size: 1 for a critic)"
-            )
-    if spec.sequence_parallel_size > 1:
-        from quartet.engines.ulysses import ULYSSES, check_heads, register_ulysses_attention
-
-        check_heads(model.config, spec.sequence_parallel_size)
-        register_ulysses_attention()
-        model.config._attn_implementation = ULYSSES
-    elif spec.packs:
-        from quartet.engines.packing import VARLEN, register_varlen_attention
-
+    if spec.packs:  # sequence parallelism wraps this attention in its all-to-alls (`engines.build`)
         register_varlen_attention()
         # a VLM packs its language model only: the vision tower keeps its own attention over its patches
         config = model.config.text_config if vision else model.config
@@ -117,24 +108,6 @@ def build_model(spec: EngineSpec) -> nn.Module:
     if trunk is not None and spec.freeze_vision_tower:
         trunk.visual.requires_grad_(False)
     return module
-
-
-def hf_model(module: nn.Module) -> PreTrainedModel:
-    """The transformers model inside `module` (the base model of a peft wrapper)."""
-    unwrap = getattr(module, "get_base_model", None)
-    inner = unwrap() if callable(unwrap) else module
-    if not isinstance(inner, PreTrainedModel):
-        raise TypeError(f"expected a transformers model, got {type(inner).__name__}")
-    return inner
-
-
-def decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The repeated blocks FSDP2 shards one by one: modules whose class is in `_no_split_modules`."""
-    names = set(getattr(hf_model(module), "_no_split_modules", None) or ())
-    layers = [m for m in module.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"found no decoder layers ({sorted(names)}) in {type(module).__name__}")
-    return layers
 
 
 class ScoreCapture:

@@ -18,6 +18,7 @@ import torch
 
 from quartet.config.model import Dtype, LoraConfig
 from quartet.config.optim import LrSchedule, OptimConfig
+from quartet.config.parallel import layout_problems
 from quartet.config.roles import MicroBatching
 from quartet.core.batch import Batch
 from quartet.engines.precision import resolve_precision
@@ -102,8 +103,7 @@ class EngineSpec:
             raise ValueError(
                 "float16 mixed precision needs loss scaling, which the engine does not do; use bfloat16"
             )
-        _check_sequence_parallel(self)
-        _check_tensor_parallel(self)
+        _check_parallel(self)
         if self.uses_lora and kind is ModelKind.REWARD:
             raise ValueError("LoRA on a reward model: reward models are frozen in quartet; drop `lora`")
         if (
@@ -135,37 +135,23 @@ class EngineSpec:
         return self.optim is not None
 
 
-def _check_sequence_parallel(spec: EngineSpec) -> None:
+def _check_parallel(spec: EngineSpec) -> None:
+    """The parallel sizes on their own (`config.parallel`), then what each engine kind supports."""
     sp = spec.sequence_parallel_size
-    if sp < 1:
-        raise ValueError(f"model.sequence_parallel_size must be >= 1, got {sp}; use 1 to turn it off")
+    tp = spec.tensor_parallel_size
+    lora_rank = spec.lora.rank if spec.lora is not None else 0
+    problems = layout_problems(sp, tp, lora_rank)
+    if problems:
+        raise problems[0].under("model")
     if sp > 1 and spec.kind is ModelKind.REWARD:
         raise ValueError(
             f"sequence_parallel_size={sp} on a reward model: its one score per row is not built for sequence "
             "parallelism; the reward model runs data parallel only (sequence_parallel_size: 1)"
         )
-
-
-def _check_tensor_parallel(spec: EngineSpec) -> None:
-    tp = spec.tensor_parallel_size
-    if tp < 1:
-        raise ValueError(f"model.tensor_parallel_size must be >= 1, got {tp}; use 1 to turn it off")
-    if tp == 1:
-        return
-    if spec.kind is not ModelKind.CAUSAL_LM:
+    if tp > 1 and spec.kind is not ModelKind.CAUSAL_LM:
         raise ValueError(
             f"model.tensor_parallel_size={tp} is built for the policy (causal LM) only; this engine holds a "
             f"{spec.kind} model: run it with tensor_parallel_size: 1"
-        )
-    if spec.sequence_parallel_size > 1:
-        raise ValueError(
-            f"model.tensor_parallel_size={tp} with sequence_parallel_size={spec.sequence_parallel_size}: "
-            "sequence and tensor parallelism are not combined; set one of them to 1"
-        )
-    if spec.uses_lora:
-        raise ValueError(
-            f"model.tensor_parallel_size={tp} with LoRA adapters: the adapters are not split; set "
-            "model.lora.rank: 0 or model.tensor_parallel_size: 1"
         )
 
 

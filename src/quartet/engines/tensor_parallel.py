@@ -16,7 +16,7 @@ query/key-value ratio (GQA) is unchanged. Qwen3's per-head q_norm/k_norm act on 
 see only this rank's heads, so they get `SequenceParallel` on the heads dimension: replicated DTensor
 weights whose gradients DTensor sums over the group (without it each rank kept its heads' part only).
 The other norms stay replicated over "tp" (each rank sees the full hidden states after every all-reduce
-and computes their full gradient). FSDP2 then shards everything over "dp" (`dist.shard`).
+and computes their full gradient). FSDP2 then shards everything over "dp" (`fsdp.shard`).
 
 A tied embedding/lm_head stays tied: both are split by vocabulary rows the same way, and the lm_head is
 pointed at the embedding's DTensor parameter, so the one parameter collects both gradients.
@@ -53,7 +53,7 @@ from torch.distributed.tensor.parallel import (
 
 from quartet.engines.dist import DistContext
 from quartet.engines.fused_head import HeadRequest
-from quartet.engines.model_init import decoder_layers, hf_model
+from quartet.engines.hf_modules import decoder_layers, hf_model, lm_head, module_name
 from quartet.engines.ulysses import SeqGroup
 from quartet.engines.vocab_parallel import (
     GroupReduce,
@@ -65,7 +65,6 @@ from quartet.engines.vocab_parallel import (
 __all__ = [
     "TP_MODEL_TYPES",
     "VocabHead",
-    "check_tensor_parallel",
     "clip_grad_norm",
     "fused_head_allowed",
     "layer_plan",
@@ -90,30 +89,6 @@ def layer_plan() -> dict[str, ParallelStyle]:
     return plan
 
 
-def check_tensor_parallel(config: Any, tp: int) -> None:
-    """Refuse a model that `tp` cannot split: no plan for its type, or heads that tp does not divide."""
-    kind = getattr(config, "model_type", "?")
-    if kind not in TP_MODEL_TYPES:
-        raise ValueError(
-            f"model.tensor_parallel_size={tp}: no tensor-parallel plan for model type '{kind}' "
-            f"(planned: {', '.join(TP_MODEL_TYPES)}); set model.tensor_parallel_size: 1"
-        )
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
-    if heads % tp or kv % tp:
-        raise ValueError(
-            f"model.tensor_parallel_size={tp} does not divide the model's {heads} attention and {kv} "
-            f"key/value heads; pick a common divisor of {heads} and {kv}"
-        )
-
-
-def _module_name(root: nn.Module, target: nn.Module) -> str:
-    for name, module in root.named_modules():
-        if module is target:
-            return str(name)
-    raise ValueError(f"{type(target).__name__} is not inside {type(root).__name__}")
-
-
 def _has(module: nn.Module, path: str) -> bool:
     try:
         module.get_submodule(path)
@@ -122,32 +97,27 @@ def _has(module: nn.Module, path: str) -> bool:
     return True
 
 
-def _lm_head(model: Any) -> nn.Module:
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Module):
-        raise ValueError(f"{type(model).__name__} has no lm_head to split by vocabulary")
-    return head
-
-
 def parallelize(module: nn.Module, mesh: DeviceMesh) -> None:
-    """Split `module`'s decoder layers, embedding and lm_head over the 1-D "tp" `mesh` (in place)."""
+    """Split `module`'s decoder layers, embedding and lm_head over the 1-D "tp" `mesh` (in place).
+
+    The model's type has a plan and tp divides its heads: the build checked it (`model_check`)."""
     model = hf_model(module)
-    check_tensor_parallel(model.config, mesh.size())
     for layer in decoder_layers(module):
         plan = layer_plan()
         for norm in ("self_attn.q_norm", "self_attn.k_norm"):  # Qwen3: per head, on this rank's heads
             if _has(layer, norm):
                 plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(layer, mesh, plan)
-    embed, head = model.get_input_embeddings(), _lm_head(model)
+    embed = model.get_input_embeddings()
+    head = lm_head(model)
     tied = head.weight is embed.weight
     ends: dict[str, ParallelStyle] = {
-        _module_name(model, embed): RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        _module_name(model, head): ColwiseParallel(output_layouts=Shard(-1), use_local_output=True),
+        module_name(model, embed): RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        module_name(model, head): ColwiseParallel(output_layouts=Shard(-1), use_local_output=True),
     }
     parallelize_module(model, mesh, ends)
     if tied:  # both were split by vocabulary rows the same way: share the embedding's parameter again
-        _lm_head(model).weight = model.get_input_embeddings().weight
+        lm_head(model).weight = model.get_input_embeddings().weight
 
 
 def row_group(ctx: DistContext) -> SeqGroup | None:
@@ -169,7 +139,7 @@ class VocabHead:
         """The vocabulary-parallel head of `module` under tensor parallelism (None without it)."""
         if ctx.tp_mesh is None:
             return None
-        weight = _lm_head(hf_model(module)).weight
+        weight = lm_head(hf_model(module)).weight
         assert isinstance(weight, torch.Tensor)
         vocab = int(weight.shape[0])  # the global (DTensor) shape
         start, _ = vocab_slice(vocab, ctx.tp, ctx.tp_mesh.get_local_rank("tp"))

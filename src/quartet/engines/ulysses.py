@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from transformers import PreTrainedModel
 
 from quartet.core.batch import Batch
 from quartet.engines.dist import DistContext
@@ -38,7 +39,6 @@ __all__ = [
     "ULYSSES",
     "SeqGroup",
     "SeqShard",
-    "check_heads",
     "gather_outputs",
     "group_rows",
     "heads_to_seq",
@@ -50,6 +50,7 @@ __all__ = [
     "shard_packed",
     "slice_bounds",
     "ulysses_attention",
+    "use_ulysses_attention",
 ]
 
 ULYSSES = "quartet_ulysses"
@@ -168,19 +169,6 @@ def shard_packed(packed: PackedInputs, group: SeqGroup) -> SeqShard:
     )
 
 
-def check_heads(config: Any, sp: int) -> None:
-    """Refuse a model whose attention heads sp does not divide (each rank attends with heads / sp)."""
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
-    if heads % sp:
-        raise ValueError(
-            f"model.sequence_parallel_size={sp} does not divide the model's {heads} attention heads; "
-            f"pick a divisor of {heads}"
-        )
-    if kv % sp and heads % kv:
-        raise ValueError(f"{heads} query heads are not a multiple of {kv} key/value heads")
-
-
 def _all_to_all(x: torch.Tensor, group: SeqGroup) -> torch.Tensor:
     """Chunk j of dim 0 goes to rank j; chunk i of the result came from rank i."""
     if group.size == 1:
@@ -280,7 +268,8 @@ def ulysses_attention(
 class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, counts: tuple[int, ...], group: SeqGroup) -> torch.Tensor:
-        ctx.counts, ctx.rank = counts, group.rank
+        ctx.counts = counts
+        ctx.rank = group.rank
         width = max(counts)
         padded = torch.zeros(width, dtype=x.dtype, device=x.device)
         padded[: x.shape[0]] = x
@@ -319,3 +308,10 @@ def register_ulysses_attention() -> None:
 
     AttentionInterface.register(ULYSSES, ulysses_attention)
     AttentionMaskInterface.register(ULYSSES, _no_mask)
+
+
+def use_ulysses_attention(model: PreTrainedModel) -> None:
+    """Run `model`'s attention as `ULYSSES`: the packed attention (`packing`) over the whole sequence of the
+    group, between the two all-to-alls. The engine's parallelise step (`engines.build`)."""
+    register_ulysses_attention()
+    model.config._attn_implementation = ULYSSES

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from quartet.engines.model_init import hf_model
+from quartet.engines.hf_modules import hf_model
 
 __all__ = ["inference_weights"]
 

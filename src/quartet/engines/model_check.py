@@ -1,0 +1,44 @@
+"""The loaded model against the engine's parallel layout: the one check that needs the model itself.
+
+The config checks the parallel sizes as numbers once (`quartet.config.parallel`): on their own, against the
+pool, and against the tiny model's heads when the run builds it. A model from a folder is known only once
+loaded; this module applies the same rules to its real head counts and adds what only the model tells:
+whether tensor parallelism has a plan for its type, and whether it is a vision-language model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quartet.config.parallel import head_problems, vision_problem
+from quartet.engines.tensor_parallel import TP_MODEL_TYPES
+
+__all__ = ["check_model_layout"]
+
+
+def check_model_layout(
+    config: Any, sp: int = 1, tp: int = 1, *, vision: bool = False, section: str = "model"
+) -> None:
+    """Refuse a model that the sequence (`sp`) or tensor (`tp`) parallel size cannot split.
+
+    Args:
+        config: the loaded transformers model's config (`model_type`, `num_attention_heads`,
+            `num_key_value_heads`).
+        vision: the model is a vision-language model.
+        section: the config section whose sizes these are (`model`, or `critic` for the critic's own sp),
+            named by the errors.
+    """
+    problem = vision_problem(sp, section) if vision else None
+    if problem is not None:
+        raise problem.under(section)
+    kind = getattr(config, "model_type", "?")
+    if tp > 1 and kind not in TP_MODEL_TYPES:
+        raise ValueError(
+            f"{section}.tensor_parallel_size={tp}: no tensor-parallel plan for model type '{kind}' "
+            f"(planned: {', '.join(TP_MODEL_TYPES)}); set {section}.tensor_parallel_size: 1"
+        )
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    problems = head_problems(heads, kv, sp, tp)
+    if problems:
+        raise problems[0].under(section)
