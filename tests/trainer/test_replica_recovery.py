@@ -1,4 +1,4 @@
-"""Rollout replicas that recover (`rollout.max_replica_restarts`, `quartet.trainer.replica_recovery`).
+"""Rollout replicas that recover (`rollout.max_replica_restarts`, `quartet.trainer.recovery`).
 
 Fast: the restart accounting (the limit, the named error past it, the per-step metrics), the count of
 samples a replica's share of a split call holds, against the split itself, and the keeper's decisions over
@@ -25,7 +25,7 @@ from quartet.cluster.errors import WorkerError
 from quartet.config import Role, load_config
 from quartet.config.errors import ConfigError
 from quartet.core.batch import Batch
-from quartet.trainer.replica_recovery import RestartBudget, samples_of
+from quartet.trainer.recovery.replica_keeper import RestartBudget, samples_of
 
 
 def _death(rank: int = 0) -> WorkerError:
@@ -166,15 +166,15 @@ def _prompts(rows: int) -> Batch:
 
 
 def _keeper(monkeypatch: pytest.MonkeyPatch, ranks: int, limit: int) -> tuple[Any, _Hosts, _Stream]:
-    from quartet.trainer import replica_recovery
+    from quartet.trainer.recovery import replica_keeper
 
     def replace(hosts: _Hosts, rank: int) -> None:
         hosts.handles[rank] = _Host(rank, hosts.handles[rank].life + 1)
 
-    monkeypatch.setattr(replica_recovery, "replace_host", replace)
-    monkeypatch.setattr(replica_recovery, "_alive", lambda handle: not handle.dead)
+    monkeypatch.setattr(replica_keeper, "replace_host", replace)
+    monkeypatch.setattr(replica_keeper, "_alive", lambda handle: not handle.dead)
     hosts, stream = _Hosts(ranks), _Stream()
-    keeper = replica_recovery.ReplicaKeeper(hosts, stream, limit, per_prompt=4)  # type: ignore[arg-type]
+    keeper = replica_keeper.ReplicaKeeper(hosts, stream, limit, per_prompt=4)  # type: ignore[arg-type]
     return keeper, hosts, stream
 
 
@@ -233,6 +233,33 @@ def test_a_method_that_raised_in_a_living_replica_is_not_restarted(monkeypatch: 
     with pytest.raises(WorkerError, match="bad prompt"):
         keeper.resolve(failing, version=1)
     assert keeper.budget.restarts == 0 and stream.reopened == []
+
+
+def test_the_healing_view_restarts_inside_its_calls_and_sends_the_calls_in_flight_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quartet.config.rollout import WeightApply
+    from quartet.trainer.recovery.healing import HealingRollout, RecoveringSync
+    from quartet.trainer.rollout_calls import RolloutCalls
+
+    keeper, hosts, stream = _keeper(monkeypatch, ranks=2, limit=3)
+    generations: list[_Generation] = []
+
+    class _Group:
+        def submit_batch(self, fn: Any, *args: Any, **kwargs: Any) -> _Generation:
+            generations.append(_Generation(hosts, rows=6))
+            return generations[-1]
+
+    view = HealingRollout(keeper, RolloutCalls(_Group()))  # type: ignore[arg-type]
+    assert RecoveringSync(keeper).sync(4) == {"weight_sync/version": 4.0}  # every sync goes through it
+    queued = view.submit_batch(lambda rollout: rollout)  # type: ignore[arg-type,return-value]
+    hosts.handles[1].dead = True
+    queued.raise_if_failed()  # the sentinel only notes a death the view will heal
+    assert view.call_batch(lambda rollout: rollout) == "batch"  # type: ignore[arg-type,return-value,comparison-overlap]
+    assert stream.reopened == [(4, WeightApply.AFTER_DRAIN)]  # restarted at the weights synced last
+    assert [g.resent for g in generations] == [[1], [1]]  # the queued call was sent again too
+    assert view.step_metrics()["async/replica_restarts"] == 1
+    assert RolloutCalls(_Group()).step_metrics() == {}  # type: ignore[arg-type]  # the plain view has none
 
 
 def test_the_key_is_checked() -> None:

@@ -31,7 +31,7 @@ from quartet.roles.rollout import Rollout
 from quartet.trainer.busy_time import Interval
 from quartet.trainer.dynamic_sampling import fill_informative_groups
 from quartet.trainer.phase_timer import PhaseTimer
-from quartet.trainer.replica_recovery import ReplicaKeeper
+from quartet.trainer.rollout_calls import RolloutCalls
 from quartet.trainer.scoring import RolloutScorer
 from quartet.trainer.workers import Workers
 
@@ -82,23 +82,28 @@ class SyncGeneration(BatchSource):
         draw: PromptDraw,
         sampler_state: Callable[[], dict[str, Any]] = dict,
         pad_id: int = 0,
-        keeper: ReplicaKeeper | None = None,
+        rollout: RolloutCalls | None = None,
     ) -> None:
         """`sampler_state()`: the sampler's state now; `pad_id` pads prompts/responses when dynamic
-        sampling joins rollouts of different widths; `keeper` restarts a rollout replica on a pool of its
-        own that dies and generates its rows again (`quartet.trainer.replica_recovery`)."""
-        self.workers, self.scorer, self.draw, self.sampler_state = workers, scorer, draw, sampler_state
-        self.keeper = keeper
-        self.n, self.max_batches, self.pad_id = cfg.rollout.n, cfg.algorithm.max_num_gen_batches, pad_id
+        sampling joins rollouts of different widths; `rollout`: the calls on the rollout group (the
+        healing view with recovery on, `quartet.trainer.recovery`; None: the plain group of `workers`)."""
+        self.workers = workers
+        self.rollout = rollout if rollout is not None else RolloutCalls(workers.rollout)
+        self.scorer = scorer
+        self.draw = draw
+        self.sampler_state = sampler_state
+        self.n = cfg.rollout.n
+        self.max_batches = cfg.algorithm.max_num_gen_batches
+        self.pad_id = pad_id
 
     def take(self, step: int, version: int, timer: PhaseTimer) -> SourcedBatch:
         waits: list[Interval] = []
         prompts = self.draw(step, 0)
-        batch, metrics = self._rollout(prompts, timer, waits, version)
+        batch, metrics = self._rollout(prompts, timer, waits)
         if self.workers.plan.dynamic_sampling:
 
             def extra(k: int) -> Batch:
-                return self._rollout(self.draw(step, k), timer, waits, version)[0]
+                return self._rollout(self.draw(step, k), timer, waits)[0]
 
             batch, filter_metrics = fill_informative_groups(
                 batch, len(prompts), self.n, extra, self.max_batches, self.pad_id
@@ -107,21 +112,13 @@ class SyncGeneration(BatchSource):
         return SourcedBatch(batch, metrics, self.sampler_state(), waits)
 
     def _rollout(
-        self, prompts: Batch, timer: PhaseTimer, waits: list[Interval], version: int
+        self, prompts: Batch, timer: PhaseTimer, waits: list[Interval]
     ) -> tuple[Batch, dict[str, float]]:
         """Generate `rollout.n` responses per prompt and score them (phases `gen`, `reward`)."""
         with timer("gen"):
             began = time.time()
-            batch = self._generate(prompts, version)
+            batch = self.rollout.call_batch(Rollout.generate, prompts, greedy=False)
             greedy = self.workers.plan.greedy_baseline
-            baseline = self._generate(prompts, version, greedy=True) if greedy else None
+            baseline = self.rollout.call_batch(Rollout.generate, prompts, greedy=True) if greedy else None
             waits.append((began, time.time()))
         return self.scorer.score_rollout(batch, timer, baseline)
-
-    def _generate(self, prompts: Batch, version: int, greedy: bool = False) -> Batch:
-        """The responses to `prompts`; with a keeper, a replica that dies is restarted and its rows
-        generated again (the actor's weights are at `version`)."""
-        rollout = self.workers.rollout
-        if self.keeper is None:
-            return rollout.call_batch(Rollout.generate, prompts, greedy=greedy)
-        return self.keeper.resolve(rollout.submit_batch(Rollout.generate, prompts, greedy=greedy), version)

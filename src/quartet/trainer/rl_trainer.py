@@ -196,7 +196,9 @@ class RLTrainer:
         stack.callback(reward.close)
         clock.lap("reward_pool")
         mark_run(stack, self.run_dir)
-        workers, weights = start_roles(stack, cfg, prep)
+        roles = start_roles(stack, cfg, prep)
+        workers = roles.workers
+        weights = roles.weights
         clock.lap("workers", workers.start_timing())
         boundary = StepBoundary(saved_step=result.steps)  # what a caught failure may still checkpoint
         stack.push(partial(self._save_on_failure, workers, boundary))
@@ -217,9 +219,9 @@ class RLTrainer:
         def on_alarm(alarm: MismatchAlarm) -> None:  # the trackers and `quartet inspect` see it
             self.record("alarm", **alarm.record())
 
-        runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version, on_alarm)
+        runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version, on_alarm, roles.rollout)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
-        source = stack.enter_context(open_batch_source(cfg, workers, reward, prep, weights.keeper))
+        source = stack.enter_context(open_batch_source(cfg, workers, reward, prep, roles.rollout))
         return _Session(prep, workers, reward, runner, source, records, boundary, result)
 
     def _open_tracking(self, stack: ExitStack, prep: Prepared, steps_done: int) -> None:
@@ -285,8 +287,8 @@ class RLTrainer:
 
     def _validate(self, s: _Session, step: int) -> None:
         assert s.prep.data.val is not None
-        writer, keeper, version = s.records.val_writer(step), s.runner.weights.keeper, s.runner.weight_version
-        val = validate(self.cfg, s.workers, s.prep.data.val, s.reward, step, writer, keeper, version)
+        writer = s.records.val_writer(step)
+        val = validate(self.cfg, s.workers, s.prep.data.val, s.reward, step, writer, s.runner.rollout)
         name_reward_failures(self.run_dir, s.reward, s.prep.data.val, step)
         s.result.validations.append(self.record("val", step=step, **val))
 

@@ -26,9 +26,10 @@ replica, in the order submitted; the replicas take new weights while they genera
     token more than `max_staleness` versions behind the trainer is dropped and generated again with the
     current weights (`async/dropped_stale` samples, never silent).
 
-A replica whose process dies is restarted by the run's `ReplicaKeeper` (`rollout.max_replica_restarts`,
-`quartet.trainer.replica_recovery`): the feed's watch only notes the death, and the dead replica's share
-of every batch in the buffer is generated again on the new replica (the same prompt rows).
+The feed calls the rollout through the run's view of it (`quartet.trainer.rollout_calls`). With recovery
+on, that view heals (`quartet.trainer.recovery`): a replica whose process dies is restarted, the feed's
+watch only notes the death, and the dead replica's share of every batch in the buffer is generated again
+on the new replica (the same prompt rows). The feed itself does the same either way.
 
 The prompts are drawn in step order however far ahead, so the sampler state after step k's draw is what a
 checkpoint of step k saves (`FedBatch.sampler_state`): a resumed run draws exactly the prompts the
@@ -47,7 +48,6 @@ from typing import Any
 
 import torch
 
-from quartet.cluster.group import Pending
 from quartet.cluster.hostset import add_sentinel, remove_sentinel
 from quartet.core.batch import Batch
 from quartet.roles.rollout import Rollout
@@ -55,7 +55,7 @@ from quartet.rollout.batch_io import concat_rollouts
 from quartet.trainer.admission import AdmissionGate
 from quartet.trainer.batch_source import BatchSource, PromptDraw, SourcedBatch
 from quartet.trainer.phase_timer import PhaseTimer
-from quartet.trainer.replica_recovery import ReplicaKeeper
+from quartet.trainer.rollout_calls import InFlight, RolloutCalls
 from quartet.trainer.scoring import RolloutScorer
 from quartet.trainer.workers import Workers
 
@@ -69,7 +69,7 @@ class _Ahead:
     step: int
     prompts: Batch
     sampler_state: dict[str, Any]
-    pending: Pending[Batch]
+    pending: InFlight[Batch]
 
 
 @dataclass
@@ -139,18 +139,24 @@ class RolloutFeed(BatchSource):
         last_step: int,
         pad_id: int = 0,
         admission: bool = False,
-        keeper: ReplicaKeeper | None = None,
+        rollout: RolloutCalls | None = None,
     ) -> None:
         """`draw(step, 0)`: that step's prompts (drawn in step order); `sampler_state()`: the sampler's
         state now; `max_staleness` None keeps every sample (one_step_off's staleness is 1 by construction);
-        `admission` keeps it by admission control (else by dropping stale groups); `keeper` restarts a
-        replica that dies and has its share of every batch generated again (None: the death ends the run)."""
+        `admission` keeps it by admission control (else by dropping stale groups); `rollout`: the calls on
+        the rollout group (the healing view with recovery on; None: the plain group of `workers`)."""
         if admission and max_staleness is None:
             raise ValueError("admission control needs a max_staleness to keep")
-        self.workers, self.scorer, self.draw, self.sampler_state = workers, scorer, draw, sampler_state
-        self.depth, self.max_staleness, self.last_step, self.pad_id = depth, max_staleness, last_step, pad_id
+        self.rollout = rollout if rollout is not None else RolloutCalls(workers.rollout)
+        self.scorer = scorer
+        self.draw = draw
+        self.sampler_state = sampler_state
+        self.depth = depth
+        self.max_staleness = max_staleness
+        self.last_step = last_step
+        self.pad_id = pad_id
         self.gate = AdmissionGate(max_staleness if admission else None, depth)
-        self.admission, self.keeper = admission, keeper
+        self.admission = admission
         self.queue: deque[_Ahead] = deque()
         self.next_step: int | None = None
         self.dropped_total = 0
@@ -167,28 +173,12 @@ class RolloutFeed(BatchSource):
 
     def __enter__(self) -> RolloutFeed:
         add_sentinel(self.check)  # a replica failing while the actor trains is reported within a second or so
-        if self.keeper is not None:
-            self.keeper.on_restart.append(self._regenerate)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         remove_sentinel(self.check)
-        if self.keeper is not None and self._regenerate in self.keeper.on_restart:
-            self.keeper.on_restart.remove(self._regenerate)
-
-    def _regenerate(self, ranks: list[int]) -> None:
-        """Replicas `ranks` were restarted: their share of every batch queued ahead is generated again on
-        the new ones now, oldest step first (the same prompt rows: nothing lost or drawn twice)."""
-        assert self.keeper is not None
-        for ahead in self.queue:
-            self.keeper.heal(ahead.pending)
-
-    def _wait(self, pending: Pending[Batch], version: int) -> Batch:
-        """A generation's batch; with a keeper, a replica dying under it is restarted and its share of
-        the rows generated again (by the current weights `version`)."""
-        return pending.get() if self.keeper is None else self.keeper.resolve(pending, version)
 
     def _generated(self, step: int, version: int) -> FedBatch:
         """Step `step`'s generated batch (waiting for it if needed), fresh within `max_staleness` of the
@@ -203,7 +193,7 @@ class RolloutFeed(BatchSource):
             raise RuntimeError(f"the feed holds step {ahead.step}'s prompts, but step {step} asked")
         self._fill(step)
         began = time.time()
-        batch = self._wait(ahead.pending, version)
+        batch = ahead.pending.get()
         metrics: dict[str, float] = {}
         if self.max_staleness is not None:
             if self.admission:
@@ -225,7 +215,7 @@ class RolloutFeed(BatchSource):
         step = self.next_step
         prompts = self.draw(step, 0)
         state = self.sampler_state()
-        pending = self.workers.rollout.submit_batch(Rollout.generate, prompts)
+        pending = self.rollout.submit_batch(Rollout.generate, prompts)
         self._admission_wait += self.gate.start(step, time.time())
         self.queue.append(_Ahead(step, prompts, state, pending))
         self.next_step = step + 1
@@ -251,7 +241,7 @@ class RolloutFeed(BatchSource):
             again = [i for i, uid in enumerate(prompts.non_tensors["uid"]) if str(uid) in stale]
             dropped += len(batch) - len(keep)
             # ahead of the batches queued on the replicas: the trainer waits for this one
-            fresh = self._regenerate_stale(prompts.index(again), version)
+            fresh = self.rollout.call_batch(Rollout.generate, prompts.index(again), first=True)
             batch = concat_rollouts([batch.index(keep), fresh], self.pad_id) if keep else fresh
         stale = stale_groups(batch, version, max_staleness)
         if stale:
@@ -262,19 +252,10 @@ class RolloutFeed(BatchSource):
             )
         return batch, dropped
 
-    def _regenerate_stale(self, prompts: Batch, version: int) -> Batch:
-        """Stale groups generated again, ahead of the batches queued on the replicas (the trainer waits)."""
-        rollout = self.workers.rollout
-        if self.keeper is None:
-            return rollout.call_batch(Rollout.generate, prompts, first=True)
-        return self.keeper.resolve(rollout.submit_batch(Rollout.generate, prompts, first=True), version)
-
     def check(self) -> None:
         """Raise at once if a generation running ahead failed (a replica died): a sentinel of every wait
         on the pools (`quartet.cluster.hostset.add_sentinel`), so the actor's update does not hide it."""
-        for ahead in list(self.queue):
-            if self.keeper is not None and self.keeper.tolerates(ahead.pending):
-                continue  # a replica died: restarted at the driver's next wait, its rows generated again
+        for ahead in list(self.queue):  # a healing view only notes a death it will heal
             ahead.pending.raise_if_failed()
 
     def pending_steps(self) -> list[int]:

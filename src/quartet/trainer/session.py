@@ -2,8 +2,8 @@
 together.
 
     prep = prepare_run(cfg, run_dir, metrics_path)     # no process yet: plan, resume point, data, sampler
-    workers, weights = start_roles(stack, cfg, prep)   # the workers, and the weight stream when separate
-    source = stack.enter_context(open_batch_source(cfg, workers, reward, prep))
+    roles = start_roles(stack, cfg, prep)              # the workers, the rollout's calls, the weight sync
+    source = stack.enter_context(open_batch_source(cfg, roles.workers, reward, prep, roles.rollout))
 
 Each opener enters what it starts into the run's `ExitStack`, so whatever fails later closes it, in reverse
 order: the workers are shut down after the weight stream failed to open, the run folder says how the run
@@ -32,8 +32,9 @@ from quartet.tracking.run_layout import CONFIG_FILE
 from quartet.trainer.batch_source import BatchSource, SyncGeneration
 from quartet.trainer.checkpoint import TrainerState, find_resume_checkpoint, load_trainer_state
 from quartet.trainer.memory import PlannedRun, plan_run
-from quartet.trainer.replica_recovery import ReplicaKeeper, keep_replicas
+from quartet.trainer.recovery.healing import heal_rollout
 from quartet.trainer.rl_data import RLData, image_inputs, prepare_rl_data, prompt_batch
+from quartet.trainer.rollout_calls import RolloutCalls
 from quartet.trainer.rollout_feed import RolloutFeed
 from quartet.trainer.run_files import prepare_metrics_file
 from quartet.trainer.scoring import RolloutScorer
@@ -43,6 +44,7 @@ from quartet.trainer.workers import Workers, start_workers
 
 __all__ = [
     "Prepared",
+    "StartedRoles",
     "check_chat_template",
     "mark_run",
     "open_batch_source",
@@ -134,13 +136,24 @@ def _mark_end(
         mark_failed(run_dir, exc)
 
 
-def start_roles(stack: ExitStack, cfg: QuartetConfig, prep: Prepared) -> tuple[Workers, WeightSync]:
-    """The run's workers (shut down when `stack` closes) and their weight sync."""
+@dataclass
+class StartedRoles:
+    """The run's workers, and how the loop reaches the rollout: its calls and the weight sync to it."""
+
+    workers: Workers
+    rollout: RolloutCalls
+    """The calls on the rollout group: a healing view when recovery is on (`quartet.trainer.recovery`)."""
+    weights: WeightSync
+    """The weight sync, restarting a replica that died under it when recovery is on."""
+
+
+def start_roles(stack: ExitStack, cfg: QuartetConfig, prep: Prepared) -> StartedRoles:
+    """The run's workers (shut down when `stack` closes), the calls on their rollout group and the weight
+    sync (a rollout replica that dies is restarted within both when recovery is on)."""
     workers = start_workers(cfg, plan_step(cfg), prep.model_path, run_names(cfg), prep.total)
     stack.callback(workers.shutdown)
-    weights = open_weight_sync(cfg, workers)
-    keep_replicas(cfg, workers, weights)  # a rollout replica that dies is restarted (weights.keeper)
-    return workers, weights
+    rollout, weights = heal_rollout(cfg, workers, open_weight_sync(cfg, workers))
+    return StartedRoles(workers, rollout, weights)
 
 
 def record_location(cfg: QuartetConfig, run_dir: Path, workers: Workers) -> dict[str, Any] | None:
@@ -153,12 +166,12 @@ def record_location(cfg: QuartetConfig, run_dir: Path, workers: Workers) -> dict
 
 
 def open_batch_source(
-    cfg: QuartetConfig, workers: Workers, reward: Any, prep: Prepared, keeper: ReplicaKeeper | None = None
+    cfg: QuartetConfig, workers: Workers, reward: Any, prep: Prepared, rollout: RolloutCalls | None = None
 ) -> BatchSource:
     """The source of `trainer.mode`: sync generation, or the feed of one_step_off (depth 1, no staleness
     check: it is 1 by construction) or async (up to `async_buffer` ahead, `max_staleness` kept by admission
-    control or by regenerating stale groups: `trainer.staleness_control`); `keeper` restarts rollout
-    replicas that die (`quartet.trainer.replica_recovery`)."""
+    control or by regenerating stale groups: `trainer.staleness_control`); `rollout`: the calls on the
+    rollout group (the healing view with recovery on; None: the plain group of `workers`)."""
     scorer = RolloutScorer(cfg, workers.reward_model, reward)
     dataset, sampler, pad_id = prep.data.train, prep.sampler, prep.data.train.pad_id
 
@@ -167,7 +180,7 @@ def open_batch_source(
 
     mode = cfg.trainer.mode
     if mode is TrainerMode.SYNC:
-        return SyncGeneration(cfg, workers, scorer, draw, sampler.state_dict, pad_id, keeper)
+        return SyncGeneration(cfg, workers, scorer, draw, sampler.state_dict, pad_id, rollout)
     one_step_off = mode is TrainerMode.ONE_STEP_OFF
     return RolloutFeed(
         workers,
@@ -179,5 +192,5 @@ def open_batch_source(
         last_step=prep.total,
         pad_id=pad_id,
         admission=not one_step_off and cfg.trainer.staleness_control is StalenessControl.ADMISSION,
-        keeper=keeper,
+        rollout=rollout,
     )

@@ -39,6 +39,7 @@ from quartet.trainer.busy_time import Interval, busy_outside, pool_metrics
 from quartet.trainer.hang_deadline import PhaseDeadlines
 from quartet.trainer.mismatch_alarm import MismatchAlarm, MismatchAlarmError, MismatchWatch
 from quartet.trainer.phase_timer import PhaseTimer
+from quartet.trainer.rollout_calls import RolloutCalls
 from quartet.trainer.weight_push import WeightSync
 from quartet.trainer.workers import Workers, mean_over_ranks
 
@@ -76,11 +77,19 @@ class StepRunner:
         on_phase: Callable[[str], None] | None = None,
         weight_version: int = 0,
         on_alarm: Callable[[MismatchAlarm], None] | None = None,
+        rollout: RolloutCalls | None = None,
     ) -> None:
         """`on_phase(name)` is told each phase as it starts; `on_alarm(alarm)` each step's tripped log-prob
-        mismatch alarm (`trainer.mismatch_alarm`), before `stop` raises it."""
-        self.cfg, self.workers, self.weights, self.kl_ctrl = cfg, workers, weights, kl_ctrl
-        self.on_phase, self.on_alarm = on_phase, on_alarm
+        mismatch alarm (`trainer.mismatch_alarm`), before `stop` raises it; `rollout`: the calls on the
+        rollout group, with `weights` the run's (the healing pair with recovery on,
+        `quartet.trainer.recovery`; None: the plain group of `workers`)."""
+        self.cfg = cfg
+        self.workers = workers
+        self.weights = weights
+        self.kl_ctrl = kl_ctrl
+        self.on_phase = on_phase
+        self.on_alarm = on_alarm
+        self._rollout = rollout
         self.watch = MismatchWatch.from_config(cfg)
         """The log-prob mismatch checks of each step (`quartet.trainer.mismatch_alarm`)."""
         self.weight_version = weight_version
@@ -100,6 +109,11 @@ class StepRunner:
             whiten=cfg.algorithm.whiten_advantages,
         )
 
+    @property
+    def rollout(self) -> RolloutCalls:
+        """The calls on the rollout group this runner makes (see `__init__`)."""
+        return self._rollout if self._rollout is not None else RolloutCalls(self.workers.rollout)
+
     def run(self, source: BatchSource, step: int) -> TrainedStep:
         """Step `step`: its scored batch from `source` (phases `gen`, `reward`), then log-probs, advantages,
         updates and weight sync; with the rollout on its own pool, the pools' idle and overlap times."""
@@ -109,8 +123,7 @@ class StepRunner:
         batch, metrics = self._train(got.batch, step, got.metrics, timer, start)
         if self.workers.rollout_separate:
             metrics |= self._pool_metrics((window_start, time.time()), got.gen_waits)
-        if self.weights.keeper is not None:
-            metrics |= self.weights.keeper.step_metrics()
+        metrics |= self.rollout.step_metrics()
         return TrainedStep(batch, metrics, got.sampler_state)
 
     def _train(
@@ -120,7 +133,7 @@ class StepRunner:
         the step's `time.perf_counter()` start (its wall time is `timing_s/step`)."""
         plan, w = self.workers.plan, self.workers
         if plan.sleep_rollout and not w.rollout_separate:
-            w.rollout.call(Rollout.sleep)
+            self.rollout.call(Rollout.sleep)
         batch = self._balance(batch)
         self.watch.check_drift(batch)
         if plan.old_logprobs is OldLogprobs.ACTOR_PASS:  # else the update's own log-probs (and metrics)
@@ -192,10 +205,8 @@ class StepRunner:
         """The pools' idle times and overlap over the step's `window`: the rollout replicas report their
         busy spans; the trainer is busy whenever it was not waiting for generation."""
         rollout_busy: list[Interval] = []
-        pending = self.workers.rollout.submit(Rollout.busy_intervals, window[0])
-        keeper = self.weights.keeper  # a replica that died since is restarted (its spans are lost)
-        for spans in pending.get() if keeper is None else keeper.resolve(pending, self.weight_version):
-            rollout_busy.extend(spans)
+        for spans in self.rollout.call(Rollout.busy_intervals, window[0]):  # a replica restarted since
+            rollout_busy.extend(spans)  # has lost its spans
         return pool_metrics(busy_outside(gen_waits, window), rollout_busy, window)
 
     def _balance(self, batch: Batch) -> Batch:

@@ -23,7 +23,7 @@ from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
 from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
-from quartet.trainer.replica_recovery import ReplicaKeeper
+from quartet.trainer.rollout_calls import RolloutCalls
 from quartet.trainer.workers import Workers
 
 __all__ = ["validate"]
@@ -36,23 +36,20 @@ def validate(
     reward: Any,
     step: int,
     on_scored: Callable[[Batch], None] | None = None,
-    keeper: ReplicaKeeper | None = None,
-    version: int = 0,
+    rollout: RolloutCalls | None = None,
 ) -> dict[str, float]:
     """Validation metrics of the current policy over the whole of `dataset` (a `PromptDataset`);
-    `on_scored` sees each scored batch of generations (for rollout records); `keeper` restarts a rollout
-    replica that dies meanwhile (the actor's weights are at `version`) and has its rows generated again."""
+    `on_scored` sees each scored batch of generations (for rollout records); `rollout`: the calls on the
+    rollout group (the healing view with recovery on; None: the plain group of `workers`)."""
     n = cfg.rollout.val.n
+    calls = rollout if rollout is not None else RolloutCalls(workers.rollout)
     per_prompt: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     total = len(dataset)
     agent_rows: list[Batch] = []
     for start in range(0, total, cfg.data.val_batch_size):
         indices = list(range(start, min(start + cfg.data.val_batch_size, total)))
         prompts = dataset.batch(indices).with_meta(validation=True, global_step=step)
-        if keeper is None:
-            generated = workers.rollout.call_batch(Rollout.generate, prompts)
-        else:
-            generated = keeper.resolve(workers.rollout.submit_batch(Rollout.generate, prompts), version)
+        generated = calls.call_batch(Rollout.generate, prompts)
         if workers.reward_model is not None:
             rm_scores = workers.reward_model.call_batch(RewardModel.score, generated).select("rm_scores")
             generated = generated.union(rm_scores)

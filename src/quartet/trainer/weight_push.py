@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from quartet.cluster.colocate import HostSet
 from quartet.cluster.errors import WorkerError
@@ -31,9 +30,6 @@ from quartet.roles.actor import Actor
 from quartet.roles.rollout import Rollout
 from quartet.trainer.workers import Workers, mean_over_ranks
 
-if TYPE_CHECKING:
-    from quartet.trainer.replica_recovery import ReplicaKeeper
-
 __all__ = ["InProcessSync", "StreamSync", "WeightSync", "open_weight_sync"]
 
 log = logging.getLogger(__name__)
@@ -44,10 +40,6 @@ _RECEIVE_GRACE_S = 10.0
 
 class WeightSync(ABC):
     """Brings every rollout replica to the actor's current weights."""
-
-    keeper: ReplicaKeeper | None = None
-    """Restarts rollout replicas that die (`rollout.max_replica_restarts` > 0 with the rollout on a pool of
-    its own, `quartet.trainer.replica_recovery`); None: a dead replica ends the run."""
 
     @abstractmethod
     def sync(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
@@ -128,9 +120,7 @@ class StreamSync(WeightSync):
         return self._sync_once(version, apply)
 
     def sync(self, version: int, apply: WeightApply | None = None) -> dict[str, float]:
-        if self.keeper is None:
-            return self._sync_once(version, apply)
-        return self.keeper.sync(version, apply)
+        return self._sync_once(version, apply)
 
     def _sync_once(
         self,

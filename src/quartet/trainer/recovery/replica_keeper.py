@@ -1,9 +1,12 @@
 """Rollout replicas that recover: a replica whose process dies is restarted, given the current weights, and
 the generations it owed are generated again (`rollout.max_replica_restarts`).
 
-    keeper = keep_replicas(cfg, workers, weights)  # after open_weight_sync; None when off
-    batch = keeper.resolve(pending, version)       # a generation, healed if its replica died
-    metrics |= keeper.step_metrics()               # async/replica_restarts, .../regenerated_after_failure
+    keeper = ReplicaKeeper(hosts, stream, limit, per_prompt)  # `quartet.trainer.recovery.healing` makes one
+    batch = keeper.resolve(pending, keeper.version)            # a generation, healed if its replica died
+    metrics |= keeper.step_metrics()           # async/replica_restarts, .../regenerated_after_failure
+
+The loop never sees the keeper: it calls the rollout through the healing view and syncs through the
+recovering weight sync (`quartet.trainer.recovery.healing`), which bring every call here.
 
 With the rollout on a pool of its own, a replica is a host process on a placement-group bundle, joined to
 the actor in ONE weight-sync group (actor rank 0 + every replica, `quartet.roles.weight_stream`). When a
@@ -22,7 +25,8 @@ that raised in a living process, which stays the named error it is):
    staleness bound and admission rule still hold (`quartet.trainer.admission`).
 
 `rollout.max_replica_restarts` bounds the restarts over the run (counted in this driver process); past it
-the death is the named WorkerError it is without recovery. 0 keeps no keeper at all.
+the death is the named WorkerError it is without recovery. 0 keeps no keeper at all: the loop gets the
+plain rollout group and weight sync.
 """
 
 from __future__ import annotations
@@ -31,23 +35,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 from quartet.cluster.errors import WorkerError
 from quartet.cluster.group import Pending
 from quartet.cluster.hostset import HostSet
 from quartet.cluster.replace import replace_host
-from quartet.cluster.run_record import record_hosts
-from quartet.config import QuartetConfig, Role
+from quartet.config import Role
 from quartet.config.rollout import WeightApply
 from quartet.core.batch import Batch
 from quartet.roles.actor import Actor
-from quartet.trainer.weight_push import StreamSync, WeightSync
-from quartet.trainer.workers import Workers
+from quartet.trainer.weight_push import StreamSync
 
-__all__ = ["ReplicaKeeper", "RestartBudget", "keep_replicas"]
+__all__ = ["ReplicaKeeper", "RestartBudget", "samples_of"]
 
 log = logging.getLogger(__name__)
 J = TypeVar("J")
@@ -123,15 +123,20 @@ class ReplicaKeeper:
         """`hosts`: the rollout pool's; `stream`: the weight sync to it; `limit`:
         `rollout.max_replica_restarts`; `per_prompt`: responses per training prompt (`rollout.n`), and
         per validation prompt (`rollout.val.n`)."""
-        self.hosts, self.stream = hosts, stream
-        self.per_prompt, self.val_per_prompt = per_prompt, val_per_prompt
+        self.hosts = hosts
+        self.stream = stream
+        self.per_prompt = per_prompt
+        self.val_per_prompt = val_per_prompt
+        self.version = 0
+        """The weights every replica holds or is being brought to: the last sync's version (0: the initial
+        model), what a replica restarted while a call waits is given."""
         self.budget = RestartBudget(limit)
         self.noticed: set[int] = set()
         """Ranks seen dead by a sentinel, restarted at the driver's next sync or wait."""
         self.restarting = False
         self.on_restart: list[Callable[[list[int]], None]] = []
-        """Told the ranks restarted, once each has its new host and the current weights (the feed sends
-        the generations queued ahead again; the run folder's cluster.json is rewritten)."""
+        """Told the ranks restarted, once each has its new host and the current weights (the healing view
+        sends the calls still in flight again; the run folder's cluster.json is rewritten)."""
 
     # ---- noticing a death ------------------------------------------------------------------------------
 
@@ -182,6 +187,7 @@ class ReplicaKeeper:
     def sync(self, version: int, apply: WeightApply | None) -> dict[str, float]:
         """The weight sync of `version` to every replica, restarting those that died before or during it
         (the restart's own sync brings every replica to `version`)."""
+        self.version = version
         noticed = [r for r in sorted(self.noticed) if not _alive(self.hosts.handles[r])]
         self.noticed.clear()
         if noticed:
@@ -218,7 +224,8 @@ class ReplicaKeeper:
                 self.budget.restarts,
                 self.budget.limit,
             )
-        self.restarting, began = True, time.perf_counter()
+        self.restarting = True
+        began = time.perf_counter()
         try:
             self.stream.actor.call(Actor.close_weight_stream)  # survivors' receives waiting on it end now
             if received is not None:
@@ -275,21 +282,3 @@ def _settle(pending: Pending[Any], timeout_s: float) -> None:
     import ray
 
     ray.wait(pending.refs, num_returns=len(pending.refs), timeout=timeout_s, fetch_local=False)
-
-
-def keep_replicas(cfg: QuartetConfig, workers: Workers, weights: WeightSync) -> ReplicaKeeper | None:
-    """The run's replica keeper (set as `weights.keeper`), when the rollout is on a pool of its own and
-    `rollout.max_replica_restarts` > 0; each restart rewrites the run folder's cluster.json."""
-    limit = cfg.rollout.max_replica_restarts
-    if limit <= 0 or not isinstance(weights, StreamSync):
-        return None
-    hosts = workers.separate[Role.ROLLOUT]
-    keeper = ReplicaKeeper(hosts, weights, limit, cfg.rollout.n, cfg.rollout.val.n)
-    keeper.on_restart.append(partial(_record, cfg.trainer.run_dir, workers))
-    weights.keeper = keeper
-    return keeper
-
-
-def _record(run_dir: Path, workers: Workers, ranks: list[int]) -> None:
-    """cluster.json names the new hosts' pids (tools find a run's processes there)."""
-    record_hosts(run_dir, workers.hosts.names, workers.host_sets)

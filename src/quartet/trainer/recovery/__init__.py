@@ -1,0 +1,5 @@
+"""Recovery: rollout replicas restarted when their process dies (`rollout.max_replica_restarts`).
+
+`replica_keeper` restarts a replica and brings it to the current weights; `healing` hands the loop the
+rollout view and the weight sync that go through the keeper, so the loop itself holds no recovery branch.
+"""
