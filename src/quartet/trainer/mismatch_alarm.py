@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from quartet.config import AlarmMode, Backend, DeviceKind, Dtype, QuartetConfig, TrainerMode
+from quartet.config import AlarmMode, Backend, DeviceKind, Dtype, QuartetConfig, plan_step
 from quartet.core.batch import Batch
 from quartet.engines.precision import resolve_precision
 
@@ -193,6 +193,8 @@ class MismatchWatch:
     max_drift: float
     trainer_dtype: Dtype
     pending: list[Finding] = field(default_factory=list)
+    generation_ahead: bool = False
+    """The rollout generates ahead of training (`StepPlan.generation_ahead`): tokens may lag the trainer."""
 
     @classmethod
     def from_config(cls, cfg: QuartetConfig) -> MismatchWatch:
@@ -200,17 +202,20 @@ class MismatchWatch:
         dtype = trainer_compute_dtype(cfg)
         derived = FP32_MAX_ABS_DIFF if dtype is Dtype.FLOAT32 else LOW_PRECISION_MAX_ABS_DIFF
         limit = t.mismatch_alarm_max_abs_diff or derived
-        return cls(cfg, t.mismatch_alarm, limit, t.mismatch_alarm_max_drift_share, dtype)
+        ahead = plan_step(cfg).generation_ahead
+        return cls(
+            cfg, t.mismatch_alarm, limit, t.mismatch_alarm_max_drift_share, dtype, generation_ahead=ahead
+        )
 
     def check_logprobs(self, batch: Batch, version: int, phase: str = "recompute") -> None:
         """Engine (`rollout_logprobs`) against trainer (`old_logprobs`) log-probs of the batch's tokens; the
-        trainer holds weights `version`. With generation ahead of training (`trainer.mode` other than sync)
+        trainer holds weights `version`. With generation ahead of training (`StepPlan.generation_ahead`)
         only rows the engine sampled wholly with that version count: the others differ by design."""
         if self.mode is AlarmMode.OFF or "rollout_logprobs" not in batch or "old_logprobs" not in batch:
             return
         mask = batch["response_mask"].bool()
         versions = batch.get("rollout_versions", None)
-        if versions is not None and self.cfg.trainer.mode is not TrainerMode.SYNC:
+        if versions is not None and self.generation_ahead:
             # rows sampled wholly with the trainer's weights: a row whose weights changed mid-generation
             # keeps the older prefix in its KV cache, so even its newest tokens differ by design
             current = ((versions == version) | ~mask).all(-1, keepdim=True)

@@ -22,7 +22,7 @@ from typing import Any
 from quartet.cluster.naming import RunNames
 from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.cluster.runtime import connection
-from quartet.config import QuartetConfig, StalenessControl, TrainerMode, plan_step, to_yaml
+from quartet.config import QuartetConfig, plan_step, to_yaml
 from quartet.core.batch import Batch
 from quartet.core.kl import KLController
 from quartet.data.sampler import PromptSampler
@@ -178,19 +178,18 @@ def open_batch_source(
     def draw(step: int, k: int) -> Batch:  # k > 0: dynamic sampling's extra draws
         return prompt_batch(dataset, sampler.next_indices(), step, draw=k)
 
-    mode = cfg.trainer.mode
-    if mode is TrainerMode.SYNC:
+    plan = workers.plan
+    if not plan.generation_ahead:
         return SyncGeneration(cfg, workers, scorer, draw, sampler.state_dict, pad_id, rollout)
-    one_step_off = mode is TrainerMode.ONE_STEP_OFF
     return RolloutFeed(
         workers,
         scorer,
         draw,
         sampler.state_dict,
-        depth=1 if one_step_off else cfg.trainer.async_buffer,
-        max_staleness=None if one_step_off else cfg.trainer.max_staleness,
+        depth=plan.batches_ahead,
+        max_staleness=plan.max_staleness,
         last_step=prep.total,
         pad_id=pad_id,
-        admission=not one_step_off and cfg.trainer.staleness_control is StalenessControl.ADMISSION,
+        admission=plan.admission,
         rollout=rollout,
     )

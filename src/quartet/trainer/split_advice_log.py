@@ -19,10 +19,9 @@ import logging
 import os
 from dataclasses import dataclass
 
-from quartet.config import QuartetConfig
+from quartet.config import QuartetConfig, plan_step
 from quartet.config.cluster import MAIN_POOL, ClusterConfig, DeviceKind
 from quartet.config.roles import Role
-from quartet.config.trainer import StalenessControl, TrainerMode
 from quartet.trainer.callbacks import Record, RunCallbacks
 from quartet.trainer.split_advice import SplitAdvice, StepTimes, advise, busy_times
 
@@ -91,12 +90,12 @@ def _oversubscribed(c: ClusterConfig, declared: float) -> str:
 
 def _buffers(cfg: QuartetConfig) -> tuple[tuple[int, ...], int]:
     """The buffers to consider and the current depth: one_step_off is one batch ahead, fixed."""
-    t = cfg.trainer
-    if t.mode is TrainerMode.ONE_STEP_OFF:
+    plan = plan_step(cfg)
+    if not plan.tunable_depth:
         return (1,), 1
-    depth = t.async_buffer
-    if t.staleness_control is StalenessControl.ADMISSION:
-        depth = max(1, min(t.async_buffer, t.max_staleness))
+    depth = plan.batches_ahead
+    if plan.admission and plan.max_staleness is not None:
+        depth = max(1, min(depth, plan.max_staleness))
     return (1, 2, 3, 4), depth
 
 
@@ -125,7 +124,7 @@ def advice_overrides(cfg: QuartetConfig, advice: SplitAdvice, space: SplitSpace)
             f"cluster.pool_cpus.main={b.trainer_share:g}",
             f"cluster.pool_cpus.rollout={b.rollout_share:g}",
         ]
-    if cfg.trainer.mode is TrainerMode.ASYNC and b.async_buffer != advice.current.async_buffer:
+    if plan_step(cfg).tunable_depth and b.async_buffer != advice.current.async_buffer:
         out.append(f"trainer.async_buffer={b.async_buffer}")
         if cfg.trainer.max_staleness < b.async_buffer:
             out.append(f"trainer.max_staleness={b.async_buffer}")  # admission caps the depth at the bound
@@ -134,7 +133,7 @@ def advice_overrides(cfg: QuartetConfig, advice: SplitAdvice, space: SplitSpace)
 
 def render_advice(cfg: QuartetConfig, advice: SplitAdvice, space: SplitSpace) -> str:
     """The advice line, its note and the overrides that apply it."""
-    line = advice.render(space.unit, buffer=cfg.trainer.mode is TrainerMode.ASYNC)
+    line = advice.render(space.unit, buffer=plan_step(cfg).tunable_depth)
     fix = advice_overrides(cfg, advice, space)
     note = f"; {space.note}" if space.note else ""
     return line + note + (f"; apply: {' '.join(fix)}" if fix else "; keep the current settings")
@@ -170,8 +169,7 @@ class SplitAdviceLog(RunCallbacks):
 def split_advice_callbacks(cfg: QuartetConfig) -> list[RunCallbacks]:
     """The advice callback when `trainer.split_advice_after_steps` asks for it in an overlapped mode."""
     t = cfg.trainer
-    overlapped = t.mode in (TrainerMode.ONE_STEP_OFF, TrainerMode.ASYNC)
-    if t.split_advice_after_steps <= 0 or not overlapped:
+    if t.split_advice_after_steps <= 0 or not plan_step(cfg).generation_ahead:
         return []
     return [SplitAdviceLog(cfg, t.split_advice_after_steps)]
 
@@ -181,8 +179,7 @@ def plan_advice(cfg: QuartetConfig, device: str, step_times: str | None) -> str 
     busy seconds per step of the rollout pool and of the trainer's at the config's split, e.g. read off a
     short run's `timing_s/*_idle`), or how to get them (the memory planner estimates no speeds). None for
     a sync or colocated config."""
-    overlapped = cfg.trainer.mode in (TrainerMode.ONE_STEP_OFF, TrainerMode.ASYNC)
-    if not overlapped or split_space(cfg, device) is None:
+    if not plan_step(cfg).generation_ahead or split_space(cfg, device) is None:
         return None
     if not step_times:
         return (

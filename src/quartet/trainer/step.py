@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quartet.config import AlarmMode, QuartetConfig, TrainerMode, WeightApply
-from quartet.config.plan import OldLogprobs, RefLogprobs
+from quartet.config import AlarmMode, QuartetConfig
+from quartet.config.plan import OldLogprobs, RefLogprobs, plan_step
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
 from quartet.core.balance import balanced_order
 from quartet.core.batch import Batch
@@ -94,9 +94,9 @@ class StepRunner:
         """The log-prob mismatch checks of each step (`quartet.trainer.mismatch_alarm`)."""
         self.weight_version = weight_version
         """Actor updates so far: the version of the weights the last sync sent (0: the initial model)."""
-        one_step_off = cfg.trainer.mode is TrainerMode.ONE_STEP_OFF
-        self.apply = WeightApply.AFTER_DRAIN if one_step_off else None
-        """one_step_off: the batch generating during the update keeps the weights it started with."""
+        self.apply = plan_step(cfg).weight_apply
+        """When the replicas apply each sync's weights (one_step_off: after draining, so the batch generating
+        during the update keeps the weights it started with)."""
         self.deadlines = PhaseDeadlines(
             cfg.trainer.hang_timeout_s, cfg.cluster.call_timeout_s, cfg.trainer.run_dir
         )
@@ -158,7 +158,7 @@ class StepRunner:
                 self.weight_version += 1
                 metrics |= self.weights.sync(self.weight_version, self.apply)
         if plan.old_logprobs is OldLogprobs.UPDATE:
-            if "rollout/logprob_diff_mean" in metrics and self.cfg.trainer.mode is TrainerMode.SYNC:
+            if "rollout/logprob_diff_mean" in metrics and not plan.generation_ahead:
                 self.watch.check_update_mean(metrics["rollout/logprob_diff_mean"])
             self._sound(step, metrics)
         timer.seconds["timing_s/step"] = time.perf_counter() - start
