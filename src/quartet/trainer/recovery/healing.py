@@ -6,7 +6,7 @@
 
 With recovery on (the rollout on a pool of its own, `rollout.max_replica_restarts` > 0), the batch sources,
 the step and validation get a `HealingRollout`: the same calls as the plain view
-(`quartet.trainer.rollout_calls`), each one restarting a replica that dies under it through the run's
+(`quartet.trainer.workers.rollout_calls`), each one restarting a replica that dies under it through the run's
 `ReplicaKeeper` and sending the dead replica's share again; the weight sync they get is a `RecoveringSync`
 whose every sync goes through the keeper. Without recovery they get the plain group and weight sync, and a
 dead replica ends the run. Either way the loop holds no keeper and no recovery branch.
@@ -29,9 +29,9 @@ from quartet.config.rollout import WeightApply
 from quartet.core.batch import Batch
 from quartet.roles.rollout import Rollout
 from quartet.trainer.recovery.replica_keeper import ReplicaKeeper
-from quartet.trainer.rollout_calls import InFlight, RolloutCalls
-from quartet.trainer.weight_push import StreamSync, WeightSync
-from quartet.trainer.workers import Workers
+from quartet.trainer.workers.rollout_calls import InFlight, RolloutCalls
+from quartet.trainer.workers.start import Workers
+from quartet.trainer.workers.weight_sync import StreamSync, WeightSync
 
 __all__ = ["HealingCall", "HealingRollout", "RecoveringSync", "heal_rollout"]
 
