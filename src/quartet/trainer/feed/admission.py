@@ -54,7 +54,8 @@ class AdmissionGate:
             raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
         if buffer < 1:
             raise ValueError(f"buffer must be >= 1, got {buffer}")
-        self.max_staleness, self.buffer = max_staleness, buffer
+        self.max_staleness = max_staleness
+        self.buffer = buffer
         self._held_since: dict[int, float] = {}
 
     @property

@@ -24,7 +24,8 @@ class RolloutScorer:
     def __init__(
         self, cfg: QuartetConfig, reward_model: RoleGroup[RewardModel] | None, reward: RewardComputer
     ) -> None:
-        self.reward_model, self.reward = reward_model, reward
+        self.reward_model = reward_model
+        self.reward = reward
         self.n = cfg.rollout.n
         self.success_score = cfg.rollout.multi_turn.success_score
 

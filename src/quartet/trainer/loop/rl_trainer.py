@@ -132,7 +132,8 @@ class RLTrainer:
         listed = [callbacks] if isinstance(callbacks, RunCallbacks) else list(callbacks)
         advice = split_advice_callbacks(cfg)  # the run log's split advice, after a few overlapped steps
         self.callbacks = CallbackList(([OnRecord(on_record)] if on_record else []) + listed + advice)
-        self.cfg, self.console = cfg, console
+        self.cfg = cfg
+        self.console = console
         self.tracking: Tracking | None = None
         self.run_dir = cfg.trainer.run_dir
         self.metrics_path = self.run_dir / METRICS_FILE
@@ -180,7 +181,8 @@ class RLTrainer:
         prep = clock.timed("prepare", self._prepare)
         cfg, result = self.cfg, RLResult(self.run_dir)
         if prep.resumed is not None:
-            result.steps, result.train_seconds = prep.resumed.step, prep.resumed.train_seconds
+            result.steps = prep.resumed.step
+            result.train_seconds = prep.resumed.train_seconds
         clock.mark()
         self._open_tracking(stack, prep, result.steps)
         clock.lap("trackers")
@@ -281,7 +283,8 @@ class RLTrainer:
         )
         s.records.train(trained.batch, step)
         self.record("step", step=step, **metrics)
-        s.result.steps, s.result.last_metrics = step, metrics
+        s.result.steps = step
+        s.result.last_metrics = metrics
         if not self.startup.reported:  # the first step of this process: where the time before it went
             self.record("startup", step=step, **self.startup.report(metrics["timing_s/step"]))
 

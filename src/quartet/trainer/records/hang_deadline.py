@@ -39,7 +39,9 @@ class PhaseDeadlines:
     """Each phase's deadline from the override or the phase's longest earlier time; remembers times."""
 
     def __init__(self, override_s: float, cap_s: float, run_dir: Path) -> None:
-        self.override_s, self.cap_s, self.run_dir = override_s, cap_s, run_dir
+        self.override_s = override_s
+        self.cap_s = cap_s
+        self.run_dir = run_dir
         self.longest: dict[str, float] = {}
         """Longest completed time of each phase so far in this process (one entry of it, in seconds)."""
 

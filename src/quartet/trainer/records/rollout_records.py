@@ -128,8 +128,10 @@ class RolloutRecorder:
     """Writes rollout records (`quartet.trainer.records.rollout_records`) as `trainer.rollout_freq` says."""
 
     def __init__(self, cfg: QuartetConfig, tokenizer: Any, run_dir: Path) -> None:
-        self.freq, self.limit = cfg.trainer.rollout_freq, cfg.trainer.rollout_samples
-        self.tokenizer, self.folder = tokenizer, run_dir / ROLLOUTS_DIR
+        self.freq = cfg.trainer.rollout_freq
+        self.limit = cfg.trainer.rollout_samples
+        self.tokenizer = tokenizer
+        self.folder = run_dir / ROLLOUTS_DIR
         self.images = ImageStore(run_dir)
         self.tables = (
             TokenTableWriter(self.folder, tokenizer, self.limit, cfg.trainer.rollout_budget_mb)

@@ -194,7 +194,9 @@ class TokenTableWriter:
     """Writes `rollouts/step_<N>.parquet` for recorded steps within a total size budget."""
 
     def __init__(self, folder: Path, tokenizer: Any, limit: int, budget_mb: float) -> None:
-        self.folder, self.tokenizer, self.limit = folder, tokenizer, limit
+        self.folder = folder
+        self.tokenizer = tokenizer
+        self.limit = limit
         self.budget_bytes = int(budget_mb * 2**20)
         tables = folder.glob(ROLLOUT_TABLE_GLOB) if folder.is_dir() else ()
         self.written = sum(p.stat().st_size for p in tables)

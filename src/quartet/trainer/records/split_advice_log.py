@@ -144,7 +144,8 @@ class SplitAdviceLog(RunCallbacks):
     for a cold pipeline, is left out when there are more); keeps it in `self.line`."""
 
     def __init__(self, cfg: QuartetConfig, after_steps: int) -> None:
-        self.cfg, self.after_steps = cfg, after_steps
+        self.cfg = cfg
+        self.after_steps = after_steps
         self.steps: list[Record] = []
         self.line: str | None = None
 

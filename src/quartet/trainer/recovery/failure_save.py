@@ -53,7 +53,9 @@ class StepBoundary:
 
     def completed(self, state: TrainerState) -> None:
         """The step of `state` returned: roles and driver agree on it."""
-        self.last, self.updating, self.phase_name = state, False, ""
+        self.last = state
+        self.updating = False
+        self.phase_name = ""
 
     def to_save(self) -> tuple[TrainerState | None, str]:
         """The state a failure now may checkpoint, or None and why not."""

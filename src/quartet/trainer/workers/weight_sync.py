@@ -71,7 +71,9 @@ class StreamSync(WeightSync):
         timeout_s: float,
         transport: WeightTransport = WeightTransport.AUTO,
     ) -> None:
-        self.actor, self.rollout, self.rollout_hosts = actor, rollout, rollout_hosts
+        self.actor = actor
+        self.rollout = rollout
+        self.rollout_hosts = rollout_hosts
         self.timeout_s = timeout_s
         """`rollout.weight_sync.timeout_s`: the bound on one sync."""
         self.transport = WeightTransport(transport)
