@@ -29,9 +29,8 @@ from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
 from quartet.roles.actor import Actor
 from quartet.roles.rollout import Rollout
-from quartet.trainer.feed.batch_source import BatchSource, SyncGeneration
+from quartet.trainer.feed.batch_source import BatchSource, RolloutScorer, SyncGeneration
 from quartet.trainer.feed.rl_data import prepare_rl_data, prompt_batch
-from quartet.trainer.feed.scoring import RolloutScorer
 from quartet.trainer.loop.rl_trainer import RLTrainer
 from quartet.trainer.loop.step import StepRunner, TrainedStep, kl_controller
 from quartet.trainer.records.callbacks import RunCallbacks, StopAfter

@@ -20,9 +20,8 @@ from quartet.config import ConfigError, Dtype, QuartetConfig, WeightApply, load_
 from quartet.core.batch import Batch
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
-from quartet.trainer.feed.batch_source import SyncGeneration
+from quartet.trainer.feed.batch_source import RolloutScorer, SyncGeneration
 from quartet.trainer.feed.rl_data import prepare_rl_data, prompt_batch
-from quartet.trainer.feed.scoring import RolloutScorer
 from quartet.trainer.loop.mismatch_alarm import (
     FP32_MAX_ABS_DIFF,
     LOW_PRECISION_MAX_ABS_DIFF,

@@ -20,9 +20,8 @@ from quartet.config import QuartetConfig, load_config, plan_step
 from quartet.core.choices import AdvantageEstimator
 from quartet.models.loading import load_tokenizer
 from quartet.rewards.compute import RewardComputer
-from quartet.trainer.feed.batch_source import SyncGeneration
+from quartet.trainer.feed.batch_source import RolloutScorer, SyncGeneration
 from quartet.trainer.feed.rl_data import prepare_rl_data, prompt_batch
-from quartet.trainer.feed.scoring import RolloutScorer
 from quartet.trainer.loop.rl_trainer import RLTrainer
 from quartet.trainer.loop.step import StepRunner, kl_controller
 from quartet.trainer.workers.start import Workers, start_workers

@@ -9,8 +9,13 @@ import pytest
 from quartet.cluster.watchdog import active_deadline
 from quartet.config import load_config
 from quartet.trainer.loop.step import StepRunner
-from quartet.trainer.records.hang_deadline import HANG_FACTOR, HANG_FIRST_S, HANG_FLOOR_S, PhaseDeadlines
-from quartet.trainer.records.phase_timer import PhaseTimer
+from quartet.trainer.records.phase_timer import (
+    HANG_FACTOR,
+    HANG_FIRST_S,
+    HANG_FLOOR_S,
+    PhaseDeadlines,
+    PhaseTimer,
+)
 
 
 def test_constants_are_the_documented_ones() -> None:

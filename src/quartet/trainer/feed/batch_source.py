@@ -13,7 +13,9 @@ Two sources exist:
 
 Either one hands the step the sampler state to checkpoint with it (the sampler right after the step's
 draws) and the wall-clock spans the driver waited for generation (the pools' idle and overlap times,
-`quartet.trainer.records.busy_time`). A source is a context manager: the run enters it for as long as it runs.
+`quartet.trainer.records.busy_time`). A source is a context manager: the run enters it for as long as it
+runs. Both score their rollouts with a `RolloutScorer`: the reward model first when the run has one, then
+the rule scorers or the user's function (`quartet.rewards`), as phase `reward`.
 """
 
 from __future__ import annotations
@@ -23,19 +25,24 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from quartet.agents.batch import agent_batch_metrics
+from quartet.cluster.group import RoleGroup
 from quartet.config import QuartetConfig
 from quartet.core.batch import Batch
+from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
 from quartet.trainer.feed.dynamic_sampling import fill_informative_groups
-from quartet.trainer.feed.scoring import RolloutScorer
 from quartet.trainer.records.busy_time import Interval
 from quartet.trainer.records.phase_timer import PhaseTimer
 from quartet.trainer.workers.rollout_calls import RolloutCalls
 from quartet.trainer.workers.start import Workers
 
-__all__ = ["BatchSource", "PromptDraw", "SourcedBatch", "SyncGeneration"]
+if TYPE_CHECKING:
+    from quartet.rewards.compute import RewardComputer
+
+__all__ = ["BatchSource", "PromptDraw", "RolloutScorer", "SourcedBatch", "SyncGeneration"]
 
 PromptDraw = Callable[[int, int], Batch]
 """`draw(step, k)`: the step's k-th prompt batch (k = 0 first; 1, 2, ... dynamic sampling's extra draws,
@@ -69,6 +76,39 @@ class BatchSource(ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         return None
+
+
+class RolloutScorer:
+    """`token_level_scores` (and `scores`) of generated responses, with the agent loops' metrics."""
+
+    def __init__(
+        self, cfg: QuartetConfig, reward_model: RoleGroup[RewardModel] | None, reward: RewardComputer
+    ) -> None:
+        self.reward_model = reward_model
+        self.reward = reward
+        self.n = cfg.rollout.n
+        self.success_score = cfg.rollout.multi_turn.success_score
+
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """`batch` with its scores: the reward model's `rm_scores` first, then the rule scorers'."""
+        if self.reward_model is not None:
+            scored = self.reward_model.call_batch(RewardModel.score, batch)
+            batch = batch.union(scored.select("rm_scores"))
+        scored, metrics = self.reward.score(batch)
+        return batch.union(scored), dict(metrics)
+
+    def score_rollout(
+        self, batch: Batch, timer: PhaseTimer, baseline: Batch | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """Phase `reward`: scores, agent metrics and (ReMax) the scored greedy baseline of a rollout."""
+        with timer("reward"):
+            batch, metrics = self.score(batch)
+            metrics |= agent_batch_metrics(batch, self.success_score)
+            if baseline is not None:
+                scored_baseline, _ = self.score(baseline)
+                baseline_scores = scored_baseline["token_level_scores"].sum(-1)
+                batch = batch.union(Batch({"reward_baselines": baseline_scores.repeat_interleave(self.n)}))
+        return batch, metrics
 
 
 class SyncGeneration(BatchSource):

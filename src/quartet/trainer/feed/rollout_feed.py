@@ -53,8 +53,7 @@ from quartet.core.batch import Batch
 from quartet.roles.rollout import Rollout
 from quartet.rollout.batch_io import concat_rollouts
 from quartet.trainer.feed.admission import AdmissionGate
-from quartet.trainer.feed.batch_source import BatchSource, PromptDraw, SourcedBatch
-from quartet.trainer.feed.scoring import RolloutScorer
+from quartet.trainer.feed.batch_source import BatchSource, PromptDraw, RolloutScorer, SourcedBatch
 from quartet.trainer.records.phase_timer import PhaseTimer
 from quartet.trainer.workers.rollout_calls import InFlight, RolloutCalls
 from quartet.trainer.workers.start import Workers

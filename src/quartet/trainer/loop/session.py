@@ -29,11 +29,10 @@ from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
 from quartet.models.resolve import resolve_model
 from quartet.tracking.run_layout import CONFIG_FILE
-from quartet.trainer.feed.batch_source import BatchSource, SyncGeneration
+from quartet.trainer.feed.batch_source import BatchSource, RolloutScorer, SyncGeneration
 from quartet.trainer.feed.rl_data import RLData, image_inputs, prepare_rl_data, prompt_batch
 from quartet.trainer.feed.rollout_feed import RolloutFeed
 from quartet.trainer.feed.run_files import prepare_metrics_file
-from quartet.trainer.feed.scoring import RolloutScorer
 from quartet.trainer.loop.step import kl_controller
 from quartet.trainer.records.memory import PlannedRun, plan_run
 from quartet.trainer.recovery.checkpoint import TrainerState, find_resume_checkpoint, load_trainer_state

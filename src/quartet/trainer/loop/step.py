@@ -37,8 +37,7 @@ from quartet.roles.rollout import Rollout
 from quartet.trainer.feed.batch_source import BatchSource
 from quartet.trainer.loop.mismatch_alarm import MismatchAlarm, MismatchAlarmError, MismatchWatch
 from quartet.trainer.records.busy_time import Interval, busy_outside, pool_metrics
-from quartet.trainer.records.hang_deadline import PhaseDeadlines
-from quartet.trainer.records.phase_timer import PhaseTimer
+from quartet.trainer.records.phase_timer import PhaseDeadlines, PhaseTimer
 from quartet.trainer.workers.rollout_calls import RolloutCalls
 from quartet.trainer.workers.start import Workers, mean_over_ranks
 from quartet.trainer.workers.weight_sync import WeightSync
