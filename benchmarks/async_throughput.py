@@ -30,7 +30,7 @@ score is the partial credit, the share of the run counted right, not an exact-an
 async. Each row
 records the generation share of its step (the rollout's busy time over the step; in sync_separate the
 ceiling of any overlap is step / max(generation, training)), the samples dropped for staleness, and the
-split advisor's line (`quartet.trainer.split_advice`) from its steps.
+split advisor's line (`quartet.trainer.records.split_advice`) from its steps.
 `--splits R:T,...` (async only) runs the async mode at each rollout:trainer split of CPUs
 (`cluster.pool_cpus`), to check the advisor's recommendation against other splits.
 """
@@ -46,7 +46,7 @@ from typing import Any
 
 from common import table, write_result
 
-from quartet.trainer.callbacks import RunCallbacks
+from quartet.trainer.records.callbacks import RunCallbacks
 
 MODES: dict[str, list[str]] = {
     "sync_colocated": ["trainer.mode=sync"],
@@ -134,8 +134,8 @@ def _mean(records: list[dict[str, Any]], key: str) -> float | None:
 def _pools(cfg: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Each pool's busy seconds per step, the generation share of the step, the ceiling of overlap
     (step / max(generation, training)) and the split advisor's line, from the steps after the first."""
-    from quartet.trainer.split_advice import busy_times
-    from quartet.trainer.split_advice_log import advice_for, render_advice
+    from quartet.trainer.records.split_advice import busy_times
+    from quartet.trainer.records.split_advice_log import advice_for, render_advice
 
     gen, train = busy_times(records[1:] or records)
     if not gen:
@@ -190,8 +190,8 @@ def run_mode(
     score: the counting task's partial credit)."""
     from quartet.demo.pipeline import demo_config, greedy_accuracy
     from quartet.trainer import RLTrainer
-    from quartet.trainer.checkpoint import list_checkpoints
-    from quartet.trainer.export import export_checkpoint
+    from quartet.trainer.recovery.checkpoint import list_checkpoints
+    from quartet.trainer.recovery.export import export_checkpoint
 
     pool = [f"cluster.cpus_per_bundle={cpus if name == 'sync_colocated' else cpus // 2}"]
     mode = MODES[name] if mode_overrides is None else mode_overrides

@@ -26,7 +26,7 @@ import torch
 
 from quartet.core.batch import Batch
 from quartet.inspector.server import InspectServer
-from quartet.trainer.rollout_tables import TokenTableWriter
+from quartet.trainer.records.rollout_tables import TokenTableWriter
 
 RESULTS = Path(__file__).parent / "results" / "inspect_speed.json"
 

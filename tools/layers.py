@@ -53,7 +53,7 @@ ROLES: dict[str, str] = {
     "rewards": "rule scorers, custom functions and callables, the scoring process pool, the LLM judge",
     "roles": "actor, critic, reference, reward model, rollout: one engine each",
     "sft": "supervised fine-tuning on conversations",
-    "trainer": "the driver: the step, the loop, checkpoints, async feed",
+    "trainer": "the driver, in rooms: workers, recovery, records, feed, loop (one way, low to high)",
     "inspector": "`quartet inspect`: a run's curves and rollouts in a local page",
     "demo": "`quartet demo`: SFT start, GRPO, the time-matched control",
     "cli": "`quartet ...` entry points, one module per subcommand",

@@ -300,7 +300,7 @@ def weight_sync(ctx: Context) -> Result:
 def grpo_steps(ctx: Context) -> Result:
     """Two GRPO steps of the whole loop on the local backend (no Ray), with the phases' times."""
     from quartet.config import load_config
-    from quartet.trainer.rl_trainer import RLTrainer
+    from quartet.trainer.loop.rl_trainer import RLTrainer
 
     size = (["data.train_batch_size=2", "rollout.n=2", "data.max_response_length=8",
              "actor.micro_batch_size_per_device=4"] if ctx.dry_run

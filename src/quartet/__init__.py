@@ -8,7 +8,8 @@ import time as _time
 from quartet.models.torchvision_ops import guard_torchvision_import as _guard_torchvision_import
 
 IMPORTED_AT = _time.time()
-"""When this process first imported quartet (the start-up record's clock: `quartet.trainer.startup`)."""
+"""When this process first imported quartet (the start-up record's clock:
+`quartet.trainer.records.startup`)."""
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ from quartet.roles.rollout import Rollout
 from quartet.roles.rollout.generators import AgentLoopGenerator
 from quartet.rollout.types import GenerationRequest
 from quartet.tasks.rows import rl_row
-from quartet.trainer.workers import run_values
+from quartet.trainer.workers.start import run_values
 
 API_KEY = "test-key"
 OVERRIDES = [

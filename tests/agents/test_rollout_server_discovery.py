@@ -17,7 +17,7 @@ from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.config import load_config
 from quartet.roles.rollout import Rollout
-from quartet.trainer.workers import run_values
+from quartet.trainer.workers.start import run_values
 
 pytestmark = pytest.mark.ray
 

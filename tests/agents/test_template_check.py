@@ -160,8 +160,8 @@ def test_the_run_checks_its_first_rows_before_any_worker(folders: dict[str, Path
     """`prepare_run`'s step: the training rows, the run's tools and interactions, the configured mode."""
     from quartet.config import load_config
     from quartet.data.prompts import PromptDataset
-    from quartet.trainer.rl_data import RLData
-    from quartet.trainer.session import check_chat_template
+    from quartet.trainer.feed.rl_data import RLData
+    from quartet.trainer.loop.session import check_chat_template
 
     keys = ["rollout.multi_turn.enable=true", "rollout.multi_turn.interactions=[guessing_game]"]
     row = {

@@ -21,8 +21,7 @@ from quartet.cluster.colocate import RoleSpec, colocate
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.cluster.watchdog import HangError, collect_stacks
-from quartet.trainer.hang_deadline import PhaseDeadlines
-from quartet.trainer.phase_timer import PhaseTimer
+from quartet.trainer.records.phase_timer import PhaseDeadlines, PhaseTimer
 
 # The role classes live in the test folder, which Ray workers cannot import: ship them by value.
 cloudpickle.register_pickle_by_value(roles_for_tests)

@@ -79,6 +79,50 @@ def test_switches_copied_from_their_sections() -> None:
     assert [plan.updates_actor(s) for s in (1, 3, 4)] == [False, False, True]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "ahead", "depth", "tunable", "staleness", "admission", "apply"),
+    [
+        (["trainer.mode=sync", "trainer.async_buffer=3"], False, 0, False, None, False, None),
+        (["trainer.mode=one_step_off", "trainer.async_buffer=3"], True, 1, False, None, False, "after_drain"),
+        (
+            ["trainer.mode=async", "trainer.async_buffer=3", "trainer.max_staleness=2"],
+            True,
+            3,
+            True,
+            2,
+            True,
+            None,
+        ),
+        (
+            [
+                "trainer.mode=async",
+                "trainer.async_buffer=3",
+                "trainer.staleness_control=drop",
+                "trainer.max_staleness=1",
+            ],
+            True,
+            3,
+            True,
+            1,
+            False,
+            None,
+        ),
+    ],
+)
+def test_what_the_trainer_mode_implies(
+    overrides: list[str],
+    ahead: bool,
+    depth: int,
+    tunable: bool,
+    staleness: int | None,
+    admission: bool,
+    apply: str | None,
+) -> None:
+    plan = _plan(*overrides)
+    assert (plan.generation_ahead, plan.batches_ahead, plan.tunable_depth) == (ahead, depth, tunable)
+    assert (plan.max_staleness, plan.admission, plan.weight_apply) == (staleness, admission, apply)
+
+
 def test_default_config_is_plain_grpo_and_the_plan_is_frozen() -> None:
     plan = plan_step(QuartetConfig())
     expected = StepPlan(
@@ -92,6 +136,12 @@ def test_default_config_is_plain_grpo_and_the_plan_is_frozen() -> None:
         greedy_baseline=False,
         sleep_rollout=True,
         critic_warmup=0,
+        generation_ahead=False,  # trainer.mode=sync
+        batches_ahead=0,
+        tunable_depth=False,
+        max_staleness=None,
+        admission=False,
+        weight_apply=None,
     )
     assert QuartetConfig().data.train_batch_size != QuartetConfig().actor.mini_batch_size
     assert plan == expected

@@ -15,7 +15,7 @@ from quartet.config import load_config
 from quartet.core.advantages import compute_grpo
 from quartet.core.batch import Batch
 from quartet.core.turn_credit import turn_index, turn_level_advantages, turn_returns
-from quartet.trainer.step import StepRunner
+from quartet.trainer.loop.step import StepRunner
 
 
 def _hand_turns(mask: list[int]) -> list[tuple[int, int]]:

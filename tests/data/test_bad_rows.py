@@ -19,7 +19,7 @@ from quartet.data.bad_rows import BadRow, replace_load_rows
 from quartet.data.errors import DataError
 from quartet.data.prompts import PromptDataset
 from quartet.tracking.run_layout import BAD_ROWS_FILE
-from quartet.trainer.rl_data import source_checker
+from quartet.trainer.feed.rl_data import source_checker
 
 
 def _row(i: int, source: str = "arithmetic", question: str = "What is 3+4?") -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from quartet.config import load_config
-from quartet.trainer.rl_trainer import RLTrainer
+from quartet.trainer.loop.rl_trainer import RLTrainer
 
 RANK_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "0", "MASTER_PORT": "0"}
 

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from quartet.core.batch import Batch
 from quartet.inspector import RunData, RunNotFoundError, SampleFilter
-from quartet.trainer.rollout_tables import TokenTableWriter, rollout_table
+from quartet.trainer.records.rollout_tables import TokenTableWriter, rollout_table
 
 
 def _table(run: Path, step: int) -> list[dict[str, Any]]:

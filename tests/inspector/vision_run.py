@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from quartet.core.batch import Batch
-from quartet.trainer.rollout_images import ImageStore
-from quartet.trainer.rollout_tables import TokenTableWriter
+from quartet.trainer.records.rollout_images import ImageStore
+from quartet.trainer.records.rollout_tables import TokenTableWriter
 
 
 class _Chars:

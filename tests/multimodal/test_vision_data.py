@@ -133,7 +133,7 @@ def test_verl_multimodal_keys() -> None:
 def test_pixel_bounds_from_the_config(tiny_vlm_dir: Path) -> None:
     """data.min_pixels / max_pixels reach the image processor: fewer pixels, fewer prompt tokens."""
     from quartet.config import load_config
-    from quartet.trainer.rl_data import image_inputs
+    from quartet.trainer.feed.rl_data import image_inputs
 
     tokenizer = load_tokenizer(tiny_vlm_dir)
     plain = image_inputs(load_config(None, []), str(tiny_vlm_dir), tokenizer)
@@ -148,7 +148,7 @@ def test_multi_turn_takes_a_vision_model_on_the_built_in_engine(tiny_vlm_dir: Pa
     """Agent loops carry images on the built-in engine with history kept as tokens; the vLLM engine and
     re-rendered histories are refused, naming the key and the fix."""
     from quartet.config import load_config
-    from quartet.trainer.rl_data import image_inputs
+    from quartet.trainer.feed.rl_data import image_inputs
 
     tokenizer = load_tokenizer(tiny_vlm_dir)
     on = ["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[zoom]"]

@@ -13,7 +13,7 @@ from quartet.config import load_config
 from quartet.config.errors import ConfigError
 from quartet.config.rollout import WeightTransport
 from quartet.roles.weight_stream import choose_transport
-from quartet.trainer.weight_push import StreamSync
+from quartet.trainer.workers.weight_sync import StreamSync
 from quartet.weight_sync import SyncTransport
 
 A, G, C, S = WeightTransport.AUTO, WeightTransport.GLOO, WeightTransport.CUDA_IPC, WeightTransport.SHM

@@ -11,8 +11,8 @@ import pytest
 
 from quartet.config import load_config
 from quartet.tracking.jsonl_sink import JsonlSink, MetricsFileError, drop_torn_tail, read_records
-from quartet.trainer.rl_trainer import RLTrainer
-from quartet.trainer.run_files import prepare_metrics_file
+from quartet.trainer.feed.run_files import prepare_metrics_file
+from quartet.trainer.loop.rl_trainer import RLTrainer
 
 GOOD = [{"kind": "step", "step": s, "time": 1.0, "loss": 0.5} for s in (1, 2, 3)]
 TORN = '{"kind": "step", "step": 4, "time": 1.0, "lo'

@@ -29,8 +29,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quartet.trainer.checkpoint import CheckpointError
-    from quartet.trainer.export import export_checkpoint
+    from quartet.trainer.recovery.checkpoint import CheckpointError
+    from quartet.trainer.recovery.export import export_checkpoint
 
     quiet_transformers()
     try:

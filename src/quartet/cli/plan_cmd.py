@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from quartet.planning.estimate import resolve_device
     from quartet.planning.fit import detect_capacity, fit_config
     from quartet.planning.model_shape import UnknownModelShapeError
-    from quartet.trainer.split_advice_log import plan_advice
+    from quartet.trainer.records.split_advice_log import plan_advice
 
     path, overrides = split_config_args(args)
     try:

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if cfg.trainer.sft_warm_start:
-            from quartet.trainer.warm_start import sft_warm_start
+            from quartet.trainer.loop.warm_start import sft_warm_start
 
             console.print("sft warm start (trainer.sft_warm_start): the sft section first", markup=False)
             cfg, start, trained = sft_warm_start(cfg)

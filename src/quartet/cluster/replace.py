@@ -5,7 +5,7 @@
 The rank keeps its bundle (so its devices and node), its actor name (Ray frees the name of a dead actor;
 tools find a run's actors by name), its torch.distributed master and its roles, each built from the
 `RoleSpec` it was started with. What the roles held in memory (weights loaded since, caches) is gone: the
-caller brings the new one up to date (`quartet.trainer.replica_recovery` gives a rollout replica the
+caller brings the new one up to date (`quartet.trainer.recovery` gives a rollout replica the
 current weights). Every wait is bounded by the pool's start timeout.
 """
 

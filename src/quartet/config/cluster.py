@@ -99,8 +99,8 @@ class PoolCpus:
 
     The one way to give the rollout pool and the trainer's pool unequal shares of a node's CPUs, e.g.
     `main: 3, rollout: 1` on a 4-core box whose training takes longer than its generation (the split
-    advisor, `quartet.trainer.split_advice`, recommends these). Each bundle's workers get as many torch
-    threads (whole CPUs)."""
+    advisor, `quartet.trainer.records.split_advice`, recommends these). Each bundle's workers get as many
+    torch threads (whole CPUs)."""
 
     main: float = 0.0
     """The main pool (actor, and every role not in `separate_pools`)."""

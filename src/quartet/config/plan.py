@@ -3,11 +3,15 @@
     plan = plan_step(cfg)                  # frozen; the driver's step and start_workers read it
     plan.roles                             # ('actor', 'rollout', 'reference', ...): the roles to start
     plan.old_logprobs                      # OldLogprobs.ACTOR_PASS or OldLogprobs.UPDATE
+    plan.generation_ahead                  # the rollout generates ahead while the actor trains
 
 Every rule that combines sections to decide a phase lives here and nowhere else (the config sections hold
 settings, not decisions), so the driver reads "does this phase run" from one object that a unit test checks
-against a truth table. It sits in `config/` (not `trainer/`) because the memory planner, which the trainer
-imports, needs the same decisions.
+against a truth table. What `trainer.mode` implies (whether generation overlaps training, how many batches
+are buffered ahead, how staleness is kept, when a replica applies new weights) is decided here too: no
+module outside `config/` branches on the mode. It sits in `config/` (not `trainer/`) because the memory
+planner, which the trainer imports, needs the same decisions.
+
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from quartet.config.roles import Role
+from quartet.config.rollout import WeightApply
 from quartet.config.root import QuartetConfig
+from quartet.config.trainer import StalenessControl, TrainerMode
 from quartet.core.choices import AdvantageEstimator
 
 __all__ = ["OldLogprobs", "RefLogprobs", "StepPlan", "plan_step"]
@@ -65,6 +71,27 @@ class StepPlan:
     """The rollout engine frees its KV cache after generation (`rollout.sleep_while_training`)."""
     critic_warmup: int
     """Steps that update only the critic; the actor update and weight sync start after them."""
+    generation_ahead: bool
+    """The rollout generates the next batches on its own pool while the actor trains on this one
+    (`trainer.mode=one_step_off|async`): the batch source is the feed, and a batch's tokens may come from
+    weights older than the trainer's (so the engine-trainer checks count only rows of the trainer's
+    version). False: each step's batch is generated when the step asks, by the current weights."""
+    batches_ahead: int
+    """How many batches the feed keeps generating ahead of the one the trainer takes: 0 in sync mode, 1 for
+    one_step_off, `trainer.async_buffer` for async."""
+    tunable_depth: bool
+    """`trainer.async_buffer` sets `batches_ahead` (async), so advice may propose another depth;
+    one_step_off is one batch ahead by construction."""
+    max_staleness: int | None
+    """The staleness bound the feed keeps (async: `trainer.max_staleness`); None: nothing to keep (sync is
+    on-policy, one_step_off's staleness is 1 by construction)."""
+    admission: bool
+    """The bound is kept by admission control, not by dropping stale groups (async with
+    `trainer.staleness_control=admission`)."""
+    weight_apply: WeightApply | None
+    """When a replica applies new weights, for every sync: one_step_off applies after the replica drained the
+    batch it generates (so that batch keeps the weights it started with); None: as
+    `rollout.weight_sync.apply` says."""
 
     @property
     def roles(self) -> tuple[Role, ...]:
@@ -93,6 +120,9 @@ def plan_step(cfg: QuartetConfig) -> StepPlan:
     # one generated (dynamic sampling's filtered batch may hold groups of other draws).
     one_step = actor.epochs == 1 and actor.mini_batch_size == cfg.data.train_batch_size
     reuse = actor.reuse_update_logprobs and one_step and not alg.use_kl_in_reward and not alg.filter_groups
+    t = cfg.trainer
+    ahead = t.mode is not TrainerMode.SYNC  # one_step_off and async generate on the rollout's own pool
+    is_async = t.mode is TrainerMode.ASYNC
     return StepPlan(
         old_logprobs=OldLogprobs.UPDATE if reuse else OldLogprobs.ACTOR_PASS,
         ref_logprobs=(
@@ -105,5 +135,11 @@ def plan_step(cfg: QuartetConfig) -> StepPlan:
         dynamic_sampling=alg.filter_groups,
         greedy_baseline=alg.adv_estimator is AdvantageEstimator.REMAX,
         sleep_rollout=cfg.rollout.sleep_while_training,
-        critic_warmup=cfg.trainer.critic_warmup,
+        critic_warmup=t.critic_warmup,
+        generation_ahead=ahead,
+        batches_ahead=t.async_buffer if is_async else int(ahead),
+        tunable_depth=is_async,
+        max_staleness=t.max_staleness if is_async else None,
+        admission=is_async and t.staleness_control is StalenessControl.ADMISSION,
+        weight_apply=WeightApply.AFTER_DRAIN if t.mode is TrainerMode.ONE_STEP_OFF else None,
     )

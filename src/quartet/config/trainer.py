@@ -22,7 +22,7 @@ class Logger(StrEnum):
 
 
 class TrainerMode(StrEnum):
-    """How generation and training take turns (`quartet.trainer.batch_source`)."""
+    """How generation and training take turns (`quartet.trainer.feed.batch_source`)."""
 
     SYNC = "sync"
     """Generate a batch, train on it, sync the weights, repeat: every token is on-policy."""
@@ -37,7 +37,7 @@ class TrainerMode(StrEnum):
 
 class StalenessControl(StrEnum):
     """How `mode=async` keeps every trained token within `max_staleness` versions
-    (`quartet.trainer.admission`)."""
+    (`quartet.trainer.feed.admission`)."""
 
     ADMISSION = "admission"
     """Start a step's prompts only while no token of theirs can end up older than the bound: at most
@@ -90,7 +90,8 @@ class TrainerConfig:
     TRL's every 500 of its much shorter steps). On top of it, a failure the driver catches (a raising reward
     function, a role error, a bug) checkpoints the last completed step if every rank still answers a ping,
     then re-raises: only a step no update has touched yet, never a half-updated one (a failure during
-    `update_critic`/`update_actor`/`update_weights` saves nothing; see `quartet.trainer.failure_save`)."""
+    `update_critic`/`update_actor`/`update_weights` saves nothing; see
+    `quartet.trainer.recovery.failure_save`)."""
 
     max_checkpoints_to_keep: int = 2
     """Keep this many most recent checkpoints; 0 keeps all."""
@@ -173,7 +174,7 @@ class TrainerConfig:
 
     mismatch_alarm: AlarmMode = AlarmMode.WARN
     """Check every step that the rollout engine samples from the policy the trainer trains
-    (`quartet.trainer.mismatch_alarm`): `warn` logs and records a tripped check, `stop` ends the run with
+    (`quartet.trainer.loop.mismatch_alarm`): `warn` logs and records a tripped check, `stop` ends the run with
     it, `off` skips it. The message names the step, the phase (`recompute`: the trainer's old-log-prob pass,
     `update`: the on-policy update's forward, `drift`: the chat template's re-render), the worst samples
     and the likely causes (dtypes differ, stale or failed weight sync, template re-rendering)."""

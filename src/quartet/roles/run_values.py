@@ -4,7 +4,7 @@
 
 A role is built from its own section (`ActorConfig`, `CriticConfig`, ...) and this object, never from the
 whole `QuartetConfig`: what a role depends on is visible in its constructor, and a test builds a role
-without a full config. The trainer slices both out of its config (`quartet.trainer.workers.role_specs`).
+without a full config. The trainer slices both out of its config (`quartet.trainer.workers.start.role_specs`).
 """
 
 from __future__ import annotations
