@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from quartet.cluster.dispatch import DataRank
 from quartet.cluster.errors import WorkerError
 from quartet.cluster.failures import failure_report
+from quartet.cluster.group import RoleGroup
 from quartet.cluster.host import LocalRef
 from quartet.cluster.naming import RunNames
 from quartet.cluster.watchdog import active_deadline, hang_error
 
 if TYPE_CHECKING:
-    from quartet.cluster.group import RoleGroup
     from quartet.cluster.pool import ResourcePool
 
 __all__ = ["HostSet", "live_runs"]
