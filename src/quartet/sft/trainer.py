@@ -36,7 +36,7 @@ from quartet.cluster.run_record import mark_failed, mark_finished, mark_running,
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
 from quartet.config.data import BuiltinTask
-from quartet.models.resolve import resolve_model
+from quartet.models.tiny import resolve_model
 from quartet.sft.data import LoadReport, SFTExample, collate, load_sft_files
 from quartet.sft.evaluate import ExactMatch, Verifier, eval_samples, exact_text_match, greedy_exact_match
 from quartet.sft.worker import SFTWorker

@@ -27,7 +27,7 @@ from quartet.core.batch import Batch
 from quartet.core.kl import KLController
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
-from quartet.models.resolve import resolve_model
+from quartet.models.tiny import resolve_model
 from quartet.tracking.run_layout import CONFIG_FILE
 from quartet.trainer.batch_source import BatchSource, SyncGeneration
 from quartet.trainer.checkpoint import TrainerState, find_resume_checkpoint, load_trainer_state
