@@ -144,7 +144,9 @@ class _BoundDispatch:
     """`group.method`: calls the declared method on the ranks as its spec says; the result untyped."""
 
     def __init__(self, group: RoleGroup[Any], name: str, spec: DispatchSpec) -> None:
-        self.group, self.name, self.spec = group, name, spec
+        self.group = group
+        self.name = name
+        self.spec = spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         split = self.spec.split
@@ -161,7 +163,9 @@ class RoleGroup(Generic[T]):
     """One role on every host of a `HostSet`; calls are split over ranks and joined as declared."""
 
     def __init__(self, role: str, cls: type[T], hosts: RoleHosts) -> None:
-        self.role, self.cls, self.hosts = role, cls, hosts
+        self.role = role
+        self.cls = cls
+        self.hosts = hosts
         self.methods = driver_methods(role, cls)
 
     @property

@@ -65,7 +65,10 @@ class HostSet:
     """The host actors of one pool (or the one local host): handles, nodes, role groups, waits."""
 
     def __init__(self, pool: ResourcePool | None, names: RunNames, label: str, call_timeout_s: float) -> None:
-        self.pool, self.names, self.label, self.call_timeout_s = pool, names, label, call_timeout_s
+        self.pool = pool
+        self.names = names
+        self.label = label
+        self.call_timeout_s = call_timeout_s
         self.timing: dict[str, float] = {}
         """Seconds of the start's phases (`connect`, `pool`, `hosts`, `role/<name>`): the startup record."""
         self.handles: list[Any] = []

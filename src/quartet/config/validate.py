@@ -46,7 +46,9 @@ def _divisors(n: int) -> list[int]:
 
 def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
-    prompts, n, world = cfg.data.train_batch_size, cfg.rollout.n, cfg.cluster.world_size
+    prompts = cfg.data.train_batch_size
+    n = cfg.rollout.n
+    world = cfg.cluster.world_size
     if prompts % rc.mini_batch_size:
         out.append(
             ConfigError(
@@ -92,7 +94,9 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
 
 
 def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
-    sp, tp, world = cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size, cfg.cluster.world_size
+    sp = cfg.model.sequence_parallel_size
+    tp = cfg.model.tensor_parallel_size
+    world = cfg.cluster.world_size
     out: list[ConfigError] = []
     if world % sp:
         out.append(

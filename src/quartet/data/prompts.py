@@ -101,7 +101,9 @@ def _message(message: Any, name: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         got = type(message).__name__
         raise RowProblem("bad_prompt", name, f"expected a {{role, content}} message, got {got}")
-    role, content, calls = message.get("role"), message.get("content"), message.get("tool_calls")
+    role = message.get("role")
+    content = message.get("content")
+    calls = message.get("tool_calls")
     if not isinstance(role, str) or not role:
         raise RowProblem("bad_prompt", f"{name}.role", f"expected a non-empty string, got {role!r}")
     if role not in CHAT_ROLES:

@@ -58,7 +58,9 @@ class EpochSampler:
     def __init__(self, rows: int, batch_size: int, seed: int) -> None:
         if rows < 1 or batch_size < 1:
             raise ValueError(f"need rows >= 1 and batch_size >= 1, got {rows} and {batch_size}")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.rows = rows
+        self.batch_size = batch_size
+        self.seed = seed
 
     @property
     def batches_per_epoch(self) -> int:
@@ -159,7 +161,8 @@ class SFTTrainer:
     """Supervised fine-tuning of `cfg.model` on `cfg.sft`'s data; `run()` does the whole run."""
 
     def __init__(self, cfg: QuartetConfig, on_record: Callable[[Record], None] | None = None) -> None:
-        self.cfg, self.sft = cfg, cfg.sft
+        self.cfg = cfg
+        self.sft = cfg.sft
         self.on_record = on_record
         self.run_dir = cfg.trainer.run_dir
         self.metrics_path = self.run_dir / METRICS_FILE
