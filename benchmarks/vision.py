@@ -184,7 +184,7 @@ def main() -> None:
     )
     parser.add_argument("--plot-dir", type=Path, default=IMAGES, help="where the plot goes (docs/images)")
     args = parser.parse_args()
-    from quartet.cli.quiet import quiet_transformers
+    from quartet.cli.console import quiet_transformers
 
     quiet_transformers()  # no weight-loading bars between the progress lines
     s = QUICK_SETTINGS if args.smoke else SETTINGS

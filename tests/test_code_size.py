@@ -45,3 +45,39 @@ def test_no_module_is_longer_than_the_budget() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     ]
     assert not found, f"modules over {MAX_MODULE_LINES} lines (split by concept):\n" + "\n".join(found)
+
+
+def _is_swap(targets: list[ast.expr], values: list[ast.expr]) -> bool:
+    """`a, b = b, a`: the same places on both sides, reordered; one line is the clearest way to write it."""
+    return sorted(map(ast.unparse, targets)) == sorted(map(ast.unparse, values))
+
+
+def chained_attribute_assignments(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every assignment that packs separate assignments into one tuple to save lines:
+    2+ attributes (`self.a, self.b = x, y`) or 3+ names (`a, b, c = 1, 2, 3`) set from a tuple or list
+    literal of the same length. Unpacking a call's result (`a, b = f()`) and swaps (`a, b = b, a`) pass."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if not isinstance(target, ast.Tuple | ast.List) or not isinstance(
+                node.value, ast.Tuple | ast.List
+            ):
+                continue
+            if len(target.elts) != len(node.value.elts):
+                continue
+            attributes = sum(isinstance(t, ast.Attribute) for t in target.elts)
+            names = sum(isinstance(t, ast.Name) for t in target.elts)
+            if (attributes >= 2 or names >= 3) and not _is_swap(target.elts, node.value.elts):
+                found.append((node.lineno, lines[node.lineno - 1].strip()))
+    return found
+
+
+def test_the_finder_sees_chained_assignments_and_passes_unpacking_and_swaps() -> None:
+    source = (
+        "self.a, self.b = 1, 2\na, b, c = 1, 2, 3\na, b = f()\na, b = b, a\nself.a, self.b = self.b, self.a\n"
+    )
+    assert chained_attribute_assignments(source) == [(1, "self.a, self.b = 1, 2"), (2, "a, b, c = 1, 2, 3")]
+    assert chained_attribute_assignments("x, y = 1, 2\nfor i, j in pairs:\n    pass\n") == []

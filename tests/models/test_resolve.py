@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quartet.config import load_config
-from quartet.models.resolve import resolve_model
+from quartet.models.tiny import resolve_model
 
 
 def test_a_configured_path_is_returned_as_is(tmp_path: Path) -> None:

@@ -131,7 +131,8 @@ class AgentRunner:
     """Agent loops of one replica (see the module docstring)."""
 
     def __init__(self, mt: MultiTurnConfig, env: AgentEnv) -> None:
-        self.mt, self.env = mt, env
+        self.mt = mt
+        self.env = env
         self.template_verdict: TemplateVerdict | None = None
         """The chat-template check on the first rows this runner was given (`preflight`)."""
 

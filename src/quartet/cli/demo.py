@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from quartet.cli.quiet import quiet_transformers
+from quartet.cli.console import command_console, quiet_transformers
 from quartet.config import ConfigError
 
 if TYPE_CHECKING:
@@ -88,7 +88,6 @@ def _progress(
 
 
 def run(args: argparse.Namespace) -> int:
-    from quartet.cli.console import command_console
     from quartet.demo import NO_FILTERED_VISION, cuda_problem, demo_config, run_demo
 
     device = args.device

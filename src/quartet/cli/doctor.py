@@ -155,7 +155,9 @@ def _reach_cluster(address: str, only: tuple[str, str] | None) -> tuple[ClusterS
         try:
             facts = survey(address, only)
         except ClusterAuthError as err:
-            problem, refused, auth_fix = str(err), True, err.fix or AUTH_FIX
+            problem = str(err)
+            refused = True
+            auth_fix = err.fix or AUTH_FIX
         except (ConnectionError, RuntimeError) as err:
             problem = str(err).strip().splitlines()[0]
     return facts, problem or "unknown error", refused, auth_fix
@@ -254,7 +256,9 @@ def _render_versions(console: Any) -> None:
 def _render_devices(console: Any, report: dict[str, Any]) -> None:
     from rich.markup import escape
 
-    host, cuda, gib = report["host"], report["cuda"], 1024**3
+    host = report["host"]
+    cuda = report["cuda"]
+    gib = 1024**3
     console.print(
         f"[bold]Host[/] {host['usable_cpus']}/{host['cpus']} CPUs usable, RAM "
         f"{host['mem_available_bytes'] / gib:.1f} of {host['mem_total_bytes'] / gib:.1f} GiB available",

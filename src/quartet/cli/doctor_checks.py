@@ -239,7 +239,9 @@ def smoke_test(device: str, timeout_s: float = 10.0, new_tokens: int = 4) -> Smo
     elif "error" in state:
         result.error = state["error"]
     else:
-        result.ok, result.loss, result.generated_tokens = True, state["loss"], state["generated"]
+        result.ok = True
+        result.loss = state["loss"]
+        result.generated_tokens = state["generated"]
     return result
 
 

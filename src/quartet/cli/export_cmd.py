@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from quartet.cli.quiet import quiet_transformers
+from quartet.cli.console import quiet_transformers
 
 __all__ = ["add_parser", "run"]
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from quartet.cli.quiet import quiet_transformers
+from quartet.cli.console import command_console, quiet_transformers
 from quartet.config import ConfigError, QuartetConfig, load_config, sft_rules
 from quartet.config.errors import raise_problems
 
@@ -76,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    from quartet.cli.console import command_console
     from quartet.sft import SFTTrainer
 
     quiet_transformers()

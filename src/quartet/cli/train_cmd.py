@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from quartet.cli.quiet import quiet_transformers
+from quartet.cli.console import command_console, quiet_transformers
 from quartet.config import Backend, ConfigError, QuartetConfig, load_config
 
 __all__ = ["add_parser", "run", "split_config_args"]
@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     except (ConnectionError, RuntimeError, ValueError) as err:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
-    from quartet.cli.console import command_console
     from quartet.tracking import TrackerUnavailableError
     from quartet.trainer import RLTrainer
 

@@ -132,7 +132,8 @@ def colocate(
 
     check_roles(roles)
     hosts = HostSet(pool, names, label or "-".join(roles), call_timeout_s)
-    hosts.max_concurrency, hosts.start_timeout_s = max_concurrency, start_timeout_s
+    hosts.max_concurrency = max_concurrency
+    hosts.start_timeout_s = start_timeout_s
     remote_host = ray.remote(RoleHost)
     local_ranks: dict[str, int] = {}
     for slot in pool.slots:

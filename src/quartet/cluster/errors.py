@@ -21,5 +21,8 @@ class WorkerError(RuntimeError):
     """A call on a worker failed: the actor died, raised, or did not answer in time."""
 
     def __init__(self, role: str, rank: int, node: str, cause: str) -> None:
-        self.role, self.rank, self.node, self.cause = role, rank, node, cause
+        self.role = role
+        self.rank = rank
+        self.node = node
+        self.cause = cause
         super().__init__(f"role '{role}' rank {rank} on node {node}: {cause}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from quartet.cluster.dispatch import (
     DISPATCH_ATTR,
@@ -40,16 +40,25 @@ from quartet.cluster.errors import DispatchError
 from quartet.cluster.host import LocalRef
 from quartet.core.batch import Batch
 
-if TYPE_CHECKING:
-    from quartet.cluster.hostset import HostSet
-
-__all__ = ["Pending", "RoleGroup", "driver_methods"]
+__all__ = ["Pending", "RoleGroup", "RoleHosts", "driver_methods"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 J = TypeVar("J")
+
+
+class RoleHosts(Protocol):
+    """What a group calls through: the host handles in rank order, each role's data layout, and a wait that
+    names a failed rank. A `quartet.cluster.hostset.HostSet` is one; it also holds the groups started on it,
+    so it sits above this module and the group names only the part it uses."""
+
+    handles: list[Any]
+
+    def layout(self, role: str) -> list[DataRank]: ...
+
+    def wait(self, role: str, method: str, refs: list[Any], timeout_s: float | None) -> list[Any]: ...
 
 
 @dataclass
@@ -135,7 +144,9 @@ class _BoundDispatch:
     """`group.method`: calls the declared method on the ranks as its spec says; the result untyped."""
 
     def __init__(self, group: RoleGroup[Any], name: str, spec: DispatchSpec) -> None:
-        self.group, self.name, self.spec = group, name, spec
+        self.group = group
+        self.name = name
+        self.spec = spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         split = self.spec.split
@@ -151,8 +162,10 @@ class _BoundDispatch:
 class RoleGroup(Generic[T]):
     """One role on every host of a `HostSet`; calls are split over ranks and joined as declared."""
 
-    def __init__(self, role: str, cls: type[T], hosts: HostSet) -> None:
-        self.role, self.cls, self.hosts = role, cls, hosts
+    def __init__(self, role: str, cls: type[T], hosts: RoleHosts) -> None:
+        self.role = role
+        self.cls = cls
+        self.hosts = hosts
         self.methods = driver_methods(role, cls)
 
     @property

@@ -62,7 +62,10 @@ class RoleHost:
     def __init__(
         self, rank: int, world_size: int, local_rank: int, name: str, in_process: bool = False
     ) -> None:
-        self.rank, self.world_size, self.local_rank, self.name = rank, world_size, local_rank, name
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.name = name
         self.in_process = in_process  # the local backend: the driver's own process, never a Ray worker
         self.roles: dict[str, Any] = {}
         self.stacks_file = None if in_process else install_stack_dump(name)

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from quartet.cluster.dispatch import DataRank
 from quartet.cluster.errors import WorkerError
 from quartet.cluster.failures import failure_report
+from quartet.cluster.group import RoleGroup
 from quartet.cluster.host import LocalRef
 from quartet.cluster.naming import RunNames
 from quartet.cluster.watchdog import active_deadline, hang_error
 
 if TYPE_CHECKING:
-    from quartet.cluster.group import RoleGroup
     from quartet.cluster.pool import ResourcePool
 
 __all__ = ["HostSet", "live_runs"]
@@ -65,7 +65,10 @@ class HostSet:
     """The host actors of one pool (or the one local host): handles, nodes, role groups, waits."""
 
     def __init__(self, pool: ResourcePool | None, names: RunNames, label: str, call_timeout_s: float) -> None:
-        self.pool, self.names, self.label, self.call_timeout_s = pool, names, label, call_timeout_s
+        self.pool = pool
+        self.names = names
+        self.label = label
+        self.call_timeout_s = call_timeout_s
         self.timing: dict[str, float] = {}
         """Seconds of the start's phases (`connect`, `pool`, `hosts`, `role/<name>`): the startup record."""
         self.handles: list[Any] = []

@@ -95,7 +95,9 @@ class HangError(WorkerError):
     def __init__(
         self, role: str, watch: PhaseDeadline, method: str, silent: dict[int, str], node: str
     ) -> None:
-        self.phase, self.step, self.silent = watch.phase, watch.step, sorted(silent)
+        self.phase = watch.phase
+        self.step = watch.step
+        self.silent = sorted(silent)
         self.stacks_file = watch.stacks_file
         frames = "; ".join(f"rank {rank}: {frame}" for rank, frame in sorted(silent.items()))
         cause = (
@@ -150,7 +152,9 @@ def collect_stacks(nodes: list[dict[str, Any]], here: str | None) -> dict[int, s
     is signalled from this process, one elsewhere by a Ray task pinned to its node. Bounded in time."""
     jobs: dict[int, Callable[[], str]] = {}
     for rank, info in enumerate(nodes):
-        pid, path, node_id = info.get("pid"), info.get("stacks_file"), info.get("node_id")
+        pid = info.get("pid")
+        path = info.get("stacks_file")
+        node_id = info.get("node_id")
         if not path or pid is None:
             continue
         jobs[rank] = _job(int(pid), str(path), str(node_id), here)

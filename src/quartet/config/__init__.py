@@ -25,9 +25,9 @@ from quartet.config.rollout import (
     WeightTransport,
 )
 from quartet.config.root import QuartetConfig
-from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig, sft_rules
+from quartet.config.sft import ArithmeticOp, SFTBuiltinConfig, SFTConfig
 from quartet.config.trainer import AlarmMode, Logger, StalenessControl, TrainerConfig, TrainerMode
-from quartet.config.validate import validate
+from quartet.config.validate import sft_rules, validate
 
 __all__ = [
     "ActorConfig",

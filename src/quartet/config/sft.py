@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from quartet.config.data import ArithmeticOp, BuiltinTask
-from quartet.config.errors import ConfigError, require
+from quartet.config.errors import require
 from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
 
-if TYPE_CHECKING:
-    from quartet.config.root import QuartetConfig
-
-__all__ = ["ArithmeticOp", "SFTBuiltinConfig", "SFTConfig", "sft_rules"]
+__all__ = ["ArithmeticOp", "SFTBuiltinConfig", "SFTConfig"]
 
 
 _SLOPPY_TASKS = (BuiltinTask.CALCULATOR, BuiltinTask.WORD_PROBLEMS, BuiltinTask.GUESSING)
@@ -180,38 +176,3 @@ class SFTConfig:
             "is set while train_files is empty (the built-in set brings its own validation split)",
             "set sft.train_files too, or clear sft.val_files",
         )
-
-
-def sft_rules(cfg: QuartetConfig) -> list[ConfigError]:
-    """Cross-field rules of an SFT run (batch split over devices, lengths vs. the tiny model)."""
-    sft, world = cfg.sft, cfg.cluster.world_size
-    out: list[ConfigError] = []
-    if sft.batch_size % world:
-        out.append(
-            ConfigError(
-                "sft.batch_size",
-                f"{sft.batch_size} sequences cannot be split evenly over cluster.world_size={world} devices",
-                f"make sft.batch_size a multiple of {world}",
-            )
-        )
-    elif (sft.batch_size // world) % sft.micro_batch_size_per_device:
-        per_device = sft.batch_size // world
-        out.append(
-            ConfigError(
-                "sft.micro_batch_size_per_device",
-                f"{sft.micro_batch_size_per_device} sequences does not divide the {per_device} sequences "
-                f"each device gets per step ({sft.batch_size} / {world} devices)",
-                f"set sft.micro_batch_size_per_device to one of "
-                f"{[d for d in range(1, per_device + 1) if per_device % d == 0]}",
-            )
-        )
-    if cfg.model.is_tiny and sft.max_length > cfg.model.tiny.max_position_embeddings:
-        out.append(
-            ConfigError(
-                "sft.max_length",
-                f"{sft.max_length} tokens exceeds the tiny model's "
-                f"model.tiny.max_position_embeddings={cfg.model.tiny.max_position_embeddings}",
-                f"raise model.tiny.max_position_embeddings to >= {sft.max_length} or lower sft.max_length",
-            )
-        )
-    return out

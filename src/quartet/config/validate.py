@@ -1,7 +1,8 @@
 """Cross-field rules, checked once on the driver before any worker starts.
 
 Local rules (a value's own range) live in each dataclass's `__post_init__`; here are the rules that tie
-components together, mostly batch sizes that must divide across the data-parallel world:
+components together, mostly batch sizes that must divide across the data-parallel world (`validate` for
+an RL run, `sft_rules` for `quartet sft`, which reads the `sft` section instead of the roles'):
 
     responses per step         = data.train_batch_size x rollout.n
     responses per mini-batch   = <role>.mini_batch_size x rollout.n          (global)
@@ -19,7 +20,7 @@ from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
 from quartet.core.registry import policy_loss_names
 
-__all__ = ["validate"]
+__all__ = ["sft_rules", "validate"]
 
 
 def validate(cfg: QuartetConfig) -> QuartetConfig:
@@ -42,7 +43,9 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
 
 def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
-    prompts, n, world = cfg.data.train_batch_size, cfg.rollout.n, cfg.cluster.world_size
+    prompts = cfg.data.train_batch_size
+    n = cfg.rollout.n
+    world = cfg.cluster.world_size
     if prompts % rc.mini_batch_size:
         out.append(
             ConfigError(
@@ -217,6 +220,41 @@ def _mode_rules(cfg: QuartetConfig) -> list[ConfigError]:
                 f"remax generates a greedy baseline with the current weights, which trainer.mode={mode} "
                 "does not keep in step with the sampled responses",
                 "use trainer.mode=sync with remax, or a group estimator (grpo, rloo)",
+            )
+        )
+    return out
+
+
+def sft_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    """Cross-field rules of an SFT run (batch split over devices, lengths vs. the tiny model)."""
+    sft, world = cfg.sft, cfg.cluster.world_size
+    out: list[ConfigError] = []
+    if sft.batch_size % world:
+        out.append(
+            ConfigError(
+                "sft.batch_size",
+                f"{sft.batch_size} sequences cannot be split evenly over cluster.world_size={world} devices",
+                f"make sft.batch_size a multiple of {world}",
+            )
+        )
+    elif (sft.batch_size // world) % sft.micro_batch_size_per_device:
+        per_device = sft.batch_size // world
+        out.append(
+            ConfigError(
+                "sft.micro_batch_size_per_device",
+                f"{sft.micro_batch_size_per_device} sequences does not divide the {per_device} sequences "
+                f"each device gets per step ({sft.batch_size} / {world} devices)",
+                f"set sft.micro_batch_size_per_device to one of "
+                f"{[d for d in range(1, per_device + 1) if per_device % d == 0]}",
+            )
+        )
+    if cfg.model.is_tiny and sft.max_length > cfg.model.tiny.max_position_embeddings:
+        out.append(
+            ConfigError(
+                "sft.max_length",
+                f"{sft.max_length} tokens exceeds the tiny model's "
+                f"model.tiny.max_position_embeddings={cfg.model.tiny.max_position_embeddings}",
+                f"raise model.tiny.max_position_embeddings to >= {sft.max_length} or lower sft.max_length",
             )
         )
     return out

@@ -12,6 +12,7 @@ No Ray, no models: functions on torch tensors, each module opening with its equa
 - `value_loss`: clipped value loss.
 - `kl`: KL estimators (every verl name: kl/k1, abs, mse/k2, low_var_kl/k3 with verl's clamps, and the
   straight-through `+` variants), KL loss term, in-reward KL penalty, fixed and adaptive controllers.
+- `contracts`: what an estimator or a policy loss receives and returns (built in or registered).
 - `registry`: `@register_estimator` / `@register_policy_loss` for user modules (`algorithm.custom_module`).
 - `entropy`: chunked, stable entropy from logits and the entropy bonus.
 - `reward_shaping`: outcome-score placement, DAPO overlong penalty, DAPO dynamic-sampling filter.

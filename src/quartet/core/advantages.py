@@ -48,14 +48,14 @@ user module (`quartet.core.registry`) adds one under a new name; `compute_advant
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
-import numpy as np
 import torch
 
 from quartet.core.choices import AdvantageEstimator
+from quartet.core.contracts import AdvantageInputs, AdvantageOutput, AdvantageParams, GroupIndex
 from quartet.core.metrics import ADV_SINGLETON_GROUPS, Metrics, masked_mean, masked_var
 from quartet.core.registry import get_estimator
 
@@ -78,51 +78,7 @@ __all__ = [
     "masked_whiten",
 ]
 
-GroupIndex = Sequence[Hashable] | np.ndarray | torch.Tensor
-"""One prompt id (`uid`) per response: a list, a numpy array (object or numeric) or a 1-d tensor."""
-
 WHITEN_EPS = 1e-8
-
-
-@dataclass(frozen=True)
-class AdvantageOutput:
-    """Advantages and returns, both [B, T] and 0 on masked tokens, and the estimator's metrics."""
-
-    advantages: torch.Tensor
-    returns: torch.Tensor
-    metrics: Metrics = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class AdvantageInputs:
-    """What the estimators read from a batch; each estimator checks that its own inputs are present."""
-
-    token_level_rewards: torch.Tensor
-    """[B, T] rewards (outcome score on the last valid token, minus any in-reward KL penalty)."""
-    response_mask: torch.Tensor
-    """[B, T] bool or 0/1: 1 on tokens written by the model."""
-    values: torch.Tensor | None = None
-    """[B, T] critic values V(s_t) (GAE)."""
-    index: GroupIndex | None = None
-    """[B] prompt ids grouping the responses (GRPO, Dr.GRPO, RLOO, OPO, REINFORCE++-baseline)."""
-    reward_baselines: torch.Tensor | None = None
-    """[B] reward of the greedy response to the same prompt (ReMax)."""
-
-
-@dataclass(frozen=True)
-class AdvantageParams:
-    """Hyper-parameters; defaults match `quartet.config.algorithm.AlgorithmConfig`."""
-
-    gamma: float = 1.0
-    """Discount (GAE, REINFORCE++), per valid token."""
-    lam: float = 1.0
-    """GAE lambda."""
-    norm_adv_by_std: bool = True
-    """GRPO: divide by the group std; False gives Dr.GRPO."""
-    whiten: bool = False
-    """GAE: whiten the advantages over the valid tokens of the batch."""
-    epsilon: float = 1e-6
-    """GRPO: added to the group std."""
 
 
 def _valid(mask: torch.Tensor) -> torch.Tensor:

@@ -33,12 +33,13 @@ policy `actor/ppo_kl` = mean(logp_old - logp) (verl's, ratio-based k1) and its n
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
 
 from quartet.core.choices import LossAggMode, PolicyLoss
+from quartet.core.contracts import ClipParams, TokenLosses
 from quartet.core.loss_agg import aggregate_loss
 from quartet.core.metrics import (
     PG_CLIPFRAC,
@@ -70,32 +71,6 @@ __all__ = [
 
 LOG_RATIO_CLAMP = 20.0  # verl's bound on logp - logp_old before exp (PPO)
 GSPO_LOG_RATIO_MAX = 10.0  # verl's upper bound on the GSPO log-ratio
-
-
-@dataclass(frozen=True)
-class ClipParams:
-    """Ratio clipping; defaults match `quartet.config.roles.ActorConfig`."""
-
-    clip_ratio_low: float = 0.2
-    """r >= 1 - clip_ratio_low."""
-    clip_ratio_high: float = 0.2
-    """r <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)."""
-    dual_clip_c: float = 0.0
-    """Dual-clip constant c > 1 for A < 0; 0 disables (PPO only)."""
-
-    def __post_init__(self) -> None:
-        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
-            raise ValueError(f"clip ratios must be >= 0, got {self.clip_ratio_low}, {self.clip_ratio_high}")
-        if not (self.dual_clip_c == 0.0 or self.dual_clip_c > 1.0):
-            raise ValueError(f"dual_clip_c must be 0 (off) or > 1, got {self.dual_clip_c}")
-
-
-@dataclass(frozen=True)
-class TokenLosses:
-    """Per-token losses [B, T] (graph attached; masked positions hold garbage-free values) and metrics."""
-
-    losses: torch.Tensor
-    metrics: TensorMetrics = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

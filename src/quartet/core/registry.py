@@ -46,11 +46,8 @@ from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from quartet.core.choices import AdvantageEstimator, PolicyLoss
+from quartet.core.contracts import AdvantageInputs, AdvantageOutput, AdvantageParams, ClipParams, TokenLosses
 from quartet.core.module_files import load_module_file
-
-if TYPE_CHECKING:
-    from quartet.core.advantages import AdvantageInputs, AdvantageOutput, AdvantageParams
-    from quartet.core.policy_loss import ClipParams, TokenLosses
 
 __all__ = [
     "CUSTOM_MODULES_ENV",

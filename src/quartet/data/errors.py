@@ -22,8 +22,12 @@ class DataError(ValueError):
         fix: str = "",
         line: int | None = None,
     ) -> None:
-        self.file, self.problem, self.row, self.column = file, problem, row, column
-        self.fix, self.line = fix, line
+        self.file = file
+        self.problem = problem
+        self.row = row
+        self.column = column
+        self.fix = fix
+        self.line = line
         super().__init__(self._render())
 
     @property
@@ -52,7 +56,10 @@ class RowProblem(ValueError):
     """
 
     def __init__(self, reason: str, column: str, problem: str, fix: str = "") -> None:
-        self.reason, self.column, self.problem, self.fix = reason, column, problem, fix
+        self.reason = reason
+        self.column = column
+        self.problem = problem
+        self.fix = fix
         super().__init__(f"{column}: {problem}")
 
     def at(self, file: str, row: int, line: int | None = None, hint: str = "") -> DataError:

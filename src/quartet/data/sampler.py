@@ -41,8 +41,11 @@ class PromptSampler:
             )
         if dataset_size < 1:
             raise ValueError("the dataset is empty")
-        self.dataset_size, self.batch_size = dataset_size, batch_size
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.dataset_size = dataset_size
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
         self._epoch = 0
         self._position = 0
         self._order_epoch = -1
@@ -78,12 +81,14 @@ class PromptSampler:
     def next_indices(self) -> list[int]:
         """The next batch of row indices (moving on to the next epoch after its last batch)."""
         if self._order_epoch != self._epoch:
-            self._order, self._order_epoch = self.order(self._epoch), self._epoch
+            self._order = self.order(self._epoch)
+            self._order_epoch = self._epoch
         stop = min(self._position + self.batch_size, self._epoch_rows)
         indices = [int(i) for i in self._order[self._position : stop]]
         self._position = stop
         if self._position >= self._epoch_rows:
-            self._epoch, self._position = self._epoch + 1, 0
+            self._epoch = self._epoch + 1
+            self._position = 0
         return indices
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -120,4 +125,5 @@ class PromptSampler:
             raise SamplerStateError(f"invalid saved data position: epoch {epoch}, position {position}")
         if position == self._epoch_rows:  # a state saved at the very end of an epoch
             epoch, position = epoch + 1, 0
-        self._epoch, self._position = epoch, position
+        self._epoch = epoch
+        self._position = position

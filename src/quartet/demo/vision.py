@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 Record = dict[str, Any]
-START_ROW, GRPO_ROW, CONTROL_ROW = "SFT start", "GRPO", "more SFT (control)"
+START_ROW = "SFT start"
+GRPO_ROW = "GRPO"
+CONTROL_ROW = "more SFT (control)"
 ROWS = (START_ROW, GRPO_ROW, CONTROL_ROW)
 """The table's rows, in order (the text demos' names)."""
 ANSWERS_FILE = "answers.jsonl"
@@ -146,7 +148,9 @@ def prepare_data(folder: Path, cfg: QuartetConfig, s: VisionSettings) -> dict[st
     the same seed and validation size); their files."""
     from quartet.tasks.shapes import ShapesSpec, write_rl_set, write_sft_set
 
-    spec, seed, val = ShapesSpec(max_distractors=s.max_distractors), cfg.data.seed, cfg.data.builtin_val_size
+    spec = ShapesSpec(max_distractors=s.max_distractors)
+    seed = cfg.data.seed
+    val = cfg.data.builtin_val_size
     sft_train, sft_val = write_sft_set(folder / "sft", spec, s.sft_size, val, seed)
     rl_train, rl_val = write_rl_set(folder / "rl", spec, cfg.data.builtin_train_size, val, seed)
     return {"sft_train": sft_train, "sft_val": sft_val, "rl_train": rl_train, "rl_val": rl_val}
@@ -219,7 +223,8 @@ def _score(model: VisionModel, rows: list[dict[str, Any]], stage_dir: Path, max_
         for i, (r, t, v) in enumerate(zip(rows, texts, verdicts, strict=True))
     ]
     answers_file(stage_dir).write_text("".join(line + "\n" for line in lines))
-    model.correct, model.total = sum(verdicts), len(rows)
+    model.correct = sum(verdicts)
+    model.total = len(rows)
 
 
 def run_vision(

@@ -211,7 +211,10 @@ def sft(
     params = [p for p in chat.model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=lr, betas=(0.9, beta2), weight_decay=0.0)
     chat.model.train()
-    done, spent, epoch, order = 0, 0.0, 0, list(range(len(examples)))
+    done = 0
+    spent = 0.0
+    epoch = 0
+    order = list(range(len(examples)))
     stopped = False
     while not stopped and (steps <= 0 or done < steps) and (seconds <= 0 or spent < seconds):
         rng.shuffle(order)

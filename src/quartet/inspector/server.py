@@ -224,7 +224,10 @@ class InspectServer:
     as url: ...`; port 0 picks a free port. Start and stop are bounded by `timeout_s`."""
 
     def __init__(self, run_dirs: list[Path], host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0):
-        self.app, self.host, self.port, self.timeout_s = build_app(run_dirs), host, port, timeout_s
+        self.app = build_app(run_dirs)
+        self.host = host
+        self.port = port
+        self.timeout_s = timeout_s
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="quartet-inspect", daemon=True)
         self.runner: web.AppRunner | None = None

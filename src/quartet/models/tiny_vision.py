@@ -28,7 +28,7 @@ from transformers import (
 )
 
 from quartet.config.model import TinyArch, TinyModelConfig
-from quartet.models.tiny import CHAT_TEMPLATE
+from quartet.models.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer
 
 __all__ = [
     "IMAGE_PAD",
@@ -51,9 +51,9 @@ MIN_PIXELS = 56 * 56
 MAX_PIXELS = 112 * 112
 """Largest image after resizing: 8 x 8 patches, 16 tokens."""
 
-# The tiny ChatML template (quartet.models.tiny) with Qwen2-VL's rendering of content parts: a message's
-# content is a string, or a list of parts where an image part becomes the three vision tokens (the
-# processor later repeats <|image_pad|> once per merged patch) and a text part its text.
+# The tiny ChatML template (quartet.models.tiny_tokenizer) with Qwen2-VL's rendering of content parts: a
+# message's content is a string, or a list of parts where an image part becomes the three vision tokens
+# (the processor later repeats <|image_pad|> once per merged patch) and a text part its text.
 VISION_CHAT_TEMPLATE = (
     "{%- macro render(content) -%}"
     "{%- if content is string -%}{{- content -}}"
@@ -69,8 +69,6 @@ VISION_CHAT_TEMPLATE = (
 
 def build_tiny_vision_tokenizer(spec: TinyModelConfig) -> PreTrainedTokenizerFast:
     """The tiny tokenizer with the vision tokens and the vision chat template."""
-    from quartet.models.tiny import build_tiny_tokenizer
-
     tokenizer = build_tiny_tokenizer(spec.vocab_size, spec.seed, VISION_TOKENS)
     tokenizer.chat_template = VISION_CHAT_TEMPLATE
     return tokenizer

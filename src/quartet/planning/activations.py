@@ -157,7 +157,9 @@ def fused_head_bytes(
     the compute dtype, one [chunk, block] block's temporaries and weight cast, and in backward the float32
     gradient of the hidden states twice (its pieces, then their concatenation). Under tensor parallelism the
     block is one of this rank's V / tp entries."""
-    d, c, n = shape.hidden_size, compute_bytes, logit_positions
+    d = shape.hidden_size
+    c = compute_bytes
+    n = logit_positions
     chunk = min(n, FUSED_TOKEN_CHUNK)
     block = min(-(-shape.vocab_size // tp), FUSED_VOCAB_BLOCK)
     temporaries = chunk * block * (c + F32 * (4 + (1 if entropy else 0)))
@@ -232,7 +234,9 @@ def forward_working_bytes(
     of every linear weight (this rank's tensor-parallel shard) for the whole pass; a frozen model casts one
     weight at a time.
     """
-    d, i, c = shape.hidden_size, shape.intermediate_size, compute_bytes
+    d = shape.hidden_size
+    i = shape.intermediate_size
+    c = compute_bytes
     attention = c * d + c * 4 * shape.q_dim // tp
     mlp = c * d + c * 3 * i // tp
     per_token = 2 * F32 * d + max(attention, mlp) + F32 * d  # residual, norm output, widest block; final norm

@@ -263,11 +263,9 @@ def _grow_sp(device: str, shapes: RoleShapes) -> _Change:
     def change(c: QuartetConfig) -> list[str]:
         if shapes.policy.model_type in VISION_MODEL_TYPES:
             return []
-        new, tp, world = (
-            2 * c.model.sequence_parallel_size,
-            c.model.tensor_parallel_size,
-            c.cluster.world_size,
-        )
+        new = 2 * c.model.sequence_parallel_size
+        tp = c.model.tensor_parallel_size
+        world = c.cluster.world_size
         if world % (new * tp) or shapes.policy.num_heads % new:
             return []
         plan = estimate_memory(c, device=device, shapes=shapes)
@@ -284,11 +282,9 @@ def _grow_tp(device: str, shapes: RoleShapes) -> _Change:
     and the vocabulary have room for it."""
 
     def change(c: QuartetConfig) -> list[str]:
-        new, sp, world = (
-            2 * c.model.tensor_parallel_size,
-            c.model.sequence_parallel_size,
-            c.cluster.world_size,
-        )
+        new = 2 * c.model.tensor_parallel_size
+        sp = c.model.sequence_parallel_size
+        world = c.cluster.world_size
         p = shapes.policy
         if world % (new * sp) or p.num_heads % new or p.num_kv_heads % new or p.vocab_size % new:
             return []
@@ -359,7 +355,9 @@ def fit_config(
     if _fits(plan, capacity):
         return FitReport(plan, capacity)
     candidates = list(_candidates(cfg, kind, shapes))
-    current, current_plan, changes = cfg, plan, []
+    current = cfg
+    current_plan = plan
+    changes = []
     while not _fits(current_plan, capacity):  # each round applies the cheapest change that helps
         for change, reason in candidates:
             overrides = change(current)

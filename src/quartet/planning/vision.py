@@ -85,7 +85,10 @@ def vision_shape_of(model_type: str, vision: Any, params: int) -> VisionShape:
 
 def vision_saved_bytes_per_patch(v: VisionShape, compute_bytes: int) -> int:
     """Bytes autograd keeps per patch through the whole trained tower (module doc's table)."""
-    e, i, h, c = v.width, v.intermediate, v.num_heads, compute_bytes
+    e = v.width
+    i = v.intermediate
+    h = v.num_heads
+    c = compute_bytes
     hd = e // h
     if v.gated:
         block = F32 * (2 * e + 2 + h) + c * (11 * e + 4 * i) + (c * e if c < F32 else 0)
@@ -97,7 +100,9 @@ def vision_saved_bytes_per_patch(v: VisionShape, compute_bytes: int) -> int:
 
 
 def _working_bytes_per_patch(v: VisionShape, compute_bytes: int) -> int:
-    e, i, c = v.width, v.intermediate, compute_bytes
+    e = v.width
+    i = v.intermediate
+    c = compute_bytes
     widest = c * max(7 * e, e + 3 * i)
     return c * v.patch_inputs + 2 * F32 * (e // v.num_heads) + F32 * e + widest
 

@@ -96,7 +96,8 @@ class InlineScorer:
     def __init__(self, function: str | ScoreFn = "") -> None:
         """function: a spec as for `ScorePool`, or the callable itself (called as is, not pickled)."""
         if callable(function):
-            self.spec, self._fn = repr(function), function
+            self.spec = repr(function)
+            self._fn = function
         else:
             self.spec = resolve_spec(function) if function else DEFAULT_FUNCTION
             self._fn = load_function(self.spec)

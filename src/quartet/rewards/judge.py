@@ -80,7 +80,9 @@ class JudgeScorer:
             from quartet.rewards.judge_local import LocalJudge
 
             self._local = LocalJudge(cfg)
-            url, model, api_key = self._local.url, self._local.model, self._local.api_key
+            url = self._local.url
+            model = self._local.model
+            api_key = self._local.api_key
         cache = None
         if cfg.cache is not JudgeCache.OFF:
             disk = cfg.cache is JudgeCache.DISK and run_dir is not None

@@ -137,7 +137,8 @@ class ScorePool:
             )
         self._payload: bytes | None = None
         if callable(function):
-            self.spec, self._payload = PICKLED, _pickled(function)
+            self.spec = PICKLED
+            self._payload = _pickled(function)
         else:
             self.spec = resolve_spec(function) if function else DEFAULT_FUNCTION
             load_function(self.spec)
@@ -194,7 +195,8 @@ class ScorePool:
                 self._on_message(next(w for w in starting if w.outbox is conn), None)
             for worker in starting:
                 if worker.state == "starting" and time.monotonic() >= worker.deadline:
-                    worker.state, worker.failure = "dead", f"not ready after {self.startup_timeout_s:.0f} s"
+                    worker.state = "dead"
+                    worker.failure = f"not ready after {self.startup_timeout_s:.0f} s"
             failed = [w for w in self._workers if w.state == "dead"]
             if failed:
                 self._closed = True
@@ -296,7 +298,8 @@ class ScorePool:
                     pending.appendleft(index)
                     self._replace(worker)
                     break
-                worker.state, worker.item = "busy", index
+                worker.state = "busy"
+                worker.item = index
                 worker.deadline = time.monotonic() + self.timeout_s
 
     def _on_message(self, worker: _Worker, result: PoolResult | None) -> None:
@@ -309,7 +312,8 @@ class ScorePool:
             if message[0] == "ready":
                 worker.state = "idle"
             else:
-                worker.state, worker.failure = "dead", str(message[1])
+                worker.state = "dead"
+                worker.failure = str(message[1])
                 if result is not None:
                     logger.error("a replacement scoring worker failed to start:\n%s", worker.failure)
             return
@@ -326,7 +330,8 @@ class ScorePool:
             lines = str(message[2]).strip().splitlines()
             result.reasons[index] = lines[-1] if lines else "the score function raised"
             self._log("errors", "reward function raised on item %d (%r):\n%s", index, source, message[2])
-        worker.state, worker.item = "idle", -1
+        worker.state = "idle"
+        worker.item = -1
 
     def _on_death(self, worker: _Worker, result: PoolResult | None) -> None:
         code = worker.proc.poll()
@@ -336,7 +341,8 @@ class ScorePool:
             message = "scoring worker pid %d exited with code %s while scoring item %d"
             self._log("crashes", message, worker.proc.pid, code, worker.item)
         if worker.state == "starting":
-            worker.state, worker.failure = "dead", f"exited with code {code} before it was ready"
+            worker.state = "dead"
+            worker.failure = f"exited with code {code} before it was ready"
             if result is not None:
                 logger.error("a replacement scoring worker %s", worker.failure)
             _kill(worker)
@@ -349,7 +355,8 @@ class ScorePool:
             if worker.deadline > now or worker.state not in ("busy", "starting"):
                 continue
             if worker.state == "starting":
-                worker.state, worker.failure = "dead", f"not ready after {self.startup_timeout_s:.0f} s"
+                worker.state = "dead"
+                worker.failure = f"not ready after {self.startup_timeout_s:.0f} s"
                 logger.error("a replacement scoring worker was %s", worker.failure)
                 _kill(worker)
                 continue

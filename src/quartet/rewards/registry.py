@@ -42,10 +42,7 @@ def register_reward(data_source: str) -> Callable[[F], F]:
         raise ValueError(f"a reward for data source {data_source!r} is already registered")
 
     def decorate(fn: F) -> F:
-        from quartet.rewards.rules.registry import select_scorer  # lazy: that module imports this one
-
         _REWARDS[data_source] = fn
-        select_scorer.cache_clear()  # a built-in rule cached for this source is replaced
         return fn
 
     return decorate

@@ -113,7 +113,10 @@ def read_score(value: Any) -> ScoreValue:
                 extras[str(key)] = number
         raw = value["score"]
     else:
-        score, extras, ignored, raw = _number(value), {}, [], value
+        score = _number(value)
+        extras = {}
+        ignored = []
+        raw = value
     if score is None:
         raise TypeError(
             f"a score must be a number (or a dict with a numeric 'score'), not {type(raw).__name__}"

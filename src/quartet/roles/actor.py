@@ -64,7 +64,8 @@ class Actor(EngineRole):
         """`lora` (model.lora; rank 0 is none) adapts the policy; `ref_logprobs` (reference.logprobs) is the
         micro-batching of `compute_ref_logprobs`, which only a LoRA actor serves."""
         import_custom_module(run.custom_module)  # its registered losses, in this process too
-        self.ac, self.run = cfg, run
+        self.ac = cfg
+        self.run = run
         self.ref_micro = ref_logprobs or MicroBatching()
         self.engine = TrainingEngine(
             EngineSpec(

@@ -32,7 +32,8 @@ class Critic(EngineRole):
     """The value model on one rank."""
 
     def __init__(self, cfg: CriticConfig, run: RunValues) -> None:
-        self.cc, self.run = cfg, run
+        self.cc = cfg
+        self.run = run
         self.engine = TrainingEngine(
             EngineSpec(
                 cfg.model_path or run.model_path,

@@ -145,11 +145,13 @@ class WeightPublisher:
         self.listener: GroupListener | None = None
         self.sender: WeightSender | None = None
         self.timeout_s = 300.0
-        self.transport, self.same_node = WeightTransport.GLOO, False
+        self.transport = WeightTransport.GLOO
+        self.same_node = False
 
     def open(self, receivers: int, bucket_bytes: int, timeout_s: float) -> tuple[str, int] | None:
         """Rank 0 binds the group's store (a free port) and returns (address, port); other ranks None."""
-        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_bytes
         if _rank() != 0:
             return None
         config = GroupConfig(host=node_address(), port=0, world_size=receivers + 1, timeout_s=timeout_s)
@@ -159,7 +161,8 @@ class WeightPublisher:
     def accept(self, transport: WeightTransport = WeightTransport.GLOO, same_node: bool = False) -> None:
         """Rank 0 waits (at most the timeout) until every receiver joined; `transport` is the configured
         setting, `same_node` whether every receiver is on this node (checked now for explicit settings)."""
-        self.transport, self.same_node = WeightTransport(transport), same_node
+        self.transport = WeightTransport(transport)
+        self.same_node = same_node
         if self.listener is None:
             return
         choose_transport(self.transport, same_node, on_cuda=False)  # refuse a bad setting before any sync
@@ -191,7 +194,9 @@ class WeightPublisher:
 
     def close(self) -> None:
         """Leave the group (its receivers' waits then fail at once); `open` may form a new one."""
-        sender, self.sender, self.listener = self.sender, None, None
+        sender = self.sender
+        self.sender = None
+        self.listener = None
         if sender is not None:
             sender.group.close()
 
@@ -210,7 +215,9 @@ class WeightSubscriber:
         generation_lock: GenerationLock,
         apply: WeightApply,
     ) -> None:
-        self.load, self.generation_lock, self.apply = load, generation_lock, apply
+        self.load = load
+        self.generation_lock = generation_lock
+        self.apply = apply
         self.receiver: WeightReceiver | None = None
         self.timeout_s = 300.0
         self._pending: tuple[int, NamedTensors] | None = None

@@ -11,10 +11,10 @@ from __future__ import annotations
 from quartet.rollout.base import EngineStateError, RolloutEngine
 from quartet.rollout.batch_io import generate_batch, outputs_to_batch, requests_from_batch
 from quartet.rollout.factory import make_engine
+from quartet.rollout.invalid_request import InvalidRequestError
 from quartet.rollout.torch.engine import TorchRolloutEngine
 from quartet.rollout.torch.model_runner import UnsupportedModelError
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, SamplingParams
-from quartet.rollout.validation import InvalidRequestError
 from quartet.rollout.vllm_engine import VLLMRolloutEngine
 
 __all__ = [

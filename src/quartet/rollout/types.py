@@ -31,15 +31,17 @@ from enum import StrEnum
 from typing import Any
 
 from quartet.config.rollout import SamplingConfig
-from quartet.rollout.validation import InvalidRequestError, check_sampling
+from quartet.rollout.invalid_request import InvalidRequestError, is_int, require_finite, require_integer
 
 __all__ = [
+    "MAX_TOP_LOGPROBS",
     "FinishReason",
     "GenerationOutput",
     "GenerationRequest",
     "InvalidRequestError",
     "SamplingParams",
     "TopLogprobs",
+    "check_sampling",
     "new_request_id",
 ]
 
@@ -47,6 +49,13 @@ TopLogprobs = tuple[tuple[int, float], ...]
 """The most likely tokens at one position as (token id, log-prob) pairs, most likely first."""
 
 _request_ids = itertools.count()
+
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token in `top_logprobs` (OpenAI's limit, vLLM's default `max_logprobs`)."""
+
+_INT64_MAX = (1 << 63) - 1
+_SEED_MIN = -(1 << 63)  # any signed or unsigned 64-bit seed
+_SEED_MAX = (1 << 64) - 1
 
 
 def _token_ids(field_name: str, values: Iterable[Any], request_id: str | None = None) -> tuple[int, ...]:
@@ -184,6 +193,41 @@ class SamplingParams:
     def uses_filter(self) -> bool:
         """True when top-k or top-p truncates the distribution."""
         return self.top_k > 0 or self.top_p < 1.0
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """Raise `InvalidRequestError` when a sampling value is out of range (independent of the engine)."""
+    temperature = require_finite("temperature", params.temperature)
+    if temperature < 0:
+        raise InvalidRequestError("temperature", f"must be >= 0 (0 = greedy), got {temperature}")
+    top_p = require_finite("top_p", params.top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequestError("top_p", f"must lie in (0, 1], got {top_p}")
+    if not is_int(params.top_k) or params.top_k < 0:
+        raise InvalidRequestError("top_k", f"must be >= 0 (0 disables), got {params.top_k!r}")
+    require_integer("top_k", params.top_k, 0, _INT64_MAX)
+    if not is_int(params.max_new_tokens) or params.max_new_tokens < 1:
+        raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {params.max_new_tokens!r}")
+    require_integer("max_new_tokens", params.max_new_tokens, 1, _INT64_MAX)
+    if not is_int(params.n) or params.n < 1:
+        raise InvalidRequestError("n", f"n must be >= 1, got {params.n!r}")
+    if params.seed is not None:
+        require_integer("seed", params.seed, _SEED_MIN, _SEED_MAX)
+    for token in params.stop_token_ids:
+        require_integer("stop_token_ids", token, 0, _INT64_MAX)
+    if any(not isinstance(s, str) or not s for s in params.stop):
+        raise InvalidRequestError("stop", "stop strings must not be empty")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = require_finite(name, getattr(params, name))
+        if not -2.0 <= value <= 2.0:
+            raise InvalidRequestError(name, f"must lie in [-2, 2], got {value}")
+    repetition = require_finite("repetition_penalty", params.repetition_penalty)
+    if repetition <= 0:
+        raise InvalidRequestError("repetition_penalty", f"must be > 0 (1 disables), got {repetition}")
+    require_integer("min_tokens", params.min_tokens, 0, params.max_new_tokens)
+    require_integer("top_logprobs", params.top_logprobs, 0, MAX_TOP_LOGPROBS)
+    if params.grammar is not None and (not isinstance(params.grammar, str) or not params.grammar.strip()):
+        raise InvalidRequestError("grammar", "must be a non-empty llguidance grammar string, or None")
 
 
 @dataclass(frozen=True)

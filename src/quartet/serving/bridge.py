@@ -49,7 +49,8 @@ class EngineBridge:
         """Stop the loop thread (calls still running never deliver; wait for them first). Idempotent."""
         with self._lock:
             loop, thread = self._loop, self._thread
-            self._loop, self._thread = None, None
+            self._loop = None
+            self._thread = None
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)

@@ -29,7 +29,7 @@ Design:
   Chat rendering, encoding and decoding run on the tokenizer's own thread (`text.TokenizerWorker`), each
   call bounded in time; text longer than the limits allow is refused before it is tokenized. Prompts over
   `LARGE_TEXT_CHARS` characters take a second lane (thread) with its own copy of the tokenizer, so large
-  prompts queue behind each other, never in front of ordinary ones.
+  prompts queue behind each other, never in front of ordinary ones (`tokenizer_lanes`).
 - **Every wait is bounded.** A request the engine has not finished within `request_timeout_s` is aborted
   in the engine (`engine.abort`, which frees its slot at the next step) and answered 504. Engine calls run
   on a private loop (`bridge`), so no caller's cancellation ever reaches the engine's futures.
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import logging
 import secrets
@@ -85,13 +84,10 @@ from quartet.serving.streaming import (
     send_typed_events,
 )
 from quartet.serving.text import (
-    LARGE_TEXT_CHARS,
     TokenizerLike,
-    TokenizerWorker,
-    encode_prompt,
-    render_chat,
     tag_token_ids,
 )
+from quartet.serving.tokenizer_lanes import TokenizerLanes
 from quartet.serving.tool_calls import HERMES_TAGS
 
 __all__ = ["OpenAIServer", "vocab_size_of"]
@@ -174,9 +170,7 @@ class OpenAIServer:
             max_request_tokens,
             max_body_bytes,
         )
-        self._worker = TokenizerWorker(tokenize_timeout_s)
-        self._bulk = TokenizerWorker(tokenize_timeout_s)  # prompts over LARGE_TEXT_CHARS, own tokenizer copy
-        self._bulk_tokenizer: TokenizerLike | None = None
+        self._lanes = TokenizerLanes(tokenizer, tokenize_timeout_s)
         self._tool_tags = tag_token_ids(tokenizer, HERMES_TAGS)
         self._gate = AdmissionGate()
         self._bridge = EngineBridge(engine)
@@ -232,8 +226,7 @@ class OpenAIServer:
         with contextlib.suppress(TimeoutError):
             await self._gate.wait_idle(drain_timeout_s)
         await asyncio.to_thread(self._bridge.close)
-        self._worker.close()
-        self._bulk.close()
+        self._lanes.close()
 
     @property
     def asleep(self) -> bool:
@@ -376,45 +369,16 @@ class OpenAIServer:
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_schema(self.limits, self.model_name))
 
-    def _lane(self, chars: int) -> TokenizerWorker:
-        """The bulk lane for large texts, so that they only ever wait for each other."""
-        return self._bulk if chars > LARGE_TEXT_CHARS else self._worker
-
-    def _tokenizer_of(self, lane: TokenizerWorker) -> TokenizerLike:
-        """The tokenizer of a lane, called on its thread (a fast tokenizer must be entered by one thread)."""
-        if lane is not self._bulk:
-            return self.tokenizer
-        if self._bulk_tokenizer is None:
-            self._bulk_tokenizer = copy.deepcopy(self.tokenizer)
-        return self._bulk_tokenizer
-
-    def _render(self, chat: protocol.ChatRequest, lane: TokenizerWorker) -> list[int]:
-        try:
-            return render_chat(self._tokenizer_of(lane), chat.messages, chat.tools)
-        except Exception as exc:  # a template error is about the caller's messages
-            raise ApiError.bad_request(
-                f"the chat template cannot render these messages: {type(exc).__name__}: {exc}", "messages"
-            ) from None
-
-    def _encode(self, prompt: str, lane: TokenizerWorker) -> list[int]:
-        try:
-            return encode_prompt(self._tokenizer_of(lane), prompt)
-        except Exception as exc:
-            raise ApiError.bad_request(
-                f"the prompt cannot be tokenized: {type(exc).__name__}: {exc}", "prompt"
-            ) from None
-
     async def _chat_answer(self, chat: protocol.ChatRequest) -> dict[str, Any]:
         """The `chat.completion` object of a parsed chat request (limits checked, engine called)."""
         check_text_size(chat.text_chars, self.limits, "messages")
         check_sampling(chat.sampling, 0, self.limits, _OPENAI_NAMES)  # before the cost of rendering
-        lane = self._lane(chat.text_chars)
-        prompt = await lane.run(self._render, chat, lane)
+        prompt = await self._lanes.render(chat)
         check_sampling(chat.sampling, len(prompt), self.limits, _OPENAI_NAMES | {"prompt": "messages"})
         sampling = await asyncio.to_thread(self._constrain, chat)
         outputs = await self._engine_call(prompt, sampling)
         tags = self._tool_tags if chat.parse_tool_calls else None
-        answer: dict[str, Any] = await self._worker.run(
+        answer: dict[str, Any] = await self._lanes.ordinary.run(
             responses.chat_response,
             self.model_name,
             len(prompt),
@@ -462,8 +426,7 @@ class OpenAIServer:
         check_sampling(completion.sampling, 0, self.limits, _OPENAI_NAMES)
         if isinstance(completion.prompt, str):
             check_text_size(len(completion.prompt), self.limits, "prompt")
-            lane = self._lane(len(completion.prompt))
-            prompt = await lane.run(self._encode, completion.prompt, lane)
+            prompt = await self._lanes.encode(completion.prompt)
         else:
             await asyncio.to_thread(check_token_ids, completion.prompt, self.limits, "prompt")
             prompt = list(completion.prompt)
@@ -471,7 +434,7 @@ class OpenAIServer:
             raise ApiError.bad_request("the prompt encodes to no tokens", "prompt")
         check_sampling(completion.sampling, len(prompt), self.limits, _OPENAI_NAMES)
         outputs = await self._engine_call(prompt, completion.sampling)
-        answer = await self._worker.run(
+        answer = await self._lanes.ordinary.run(
             responses.completion_response,
             self.model_name,
             len(prompt),

@@ -77,7 +77,8 @@ class ServerThread:
 
     def _close_loop(self) -> None:
         loop, thread = self._loop, self._thread
-        self._loop, self._thread = None, None
+        self._loop = None
+        self._thread = None
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)

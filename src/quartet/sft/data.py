@@ -54,7 +54,11 @@ class SFTDataError(ValueError):
     """A malformed row: which file, which row (0-based data row; JSONL also gives the line), which field."""
 
     def __init__(self, file: str, row: int, field: str, problem: str, line: int | None = None) -> None:
-        self.file, self.row, self.field, self.problem, self.line = file, row, field, problem, line
+        self.file = file
+        self.row = row
+        self.field = field
+        self.problem = problem
+        self.line = line
         where = f"row {row}" + (f" (line {line})" if line is not None else "")
         super().__init__(f"{file}, {where}, field '{field}': {problem}")
 
@@ -63,7 +67,8 @@ class _RowProblem(ValueError):
     """What is wrong with one row, before the file and row are known."""
 
     def __init__(self, field: str, problem: str) -> None:
-        self.field, self.problem = field, problem
+        self.field = field
+        self.problem = problem
         super().__init__(f"{field}: {problem}")
 
 

@@ -36,7 +36,7 @@ from quartet.cluster.run_record import mark_failed, mark_finished, mark_running,
 from quartet.cluster.runtime import launch
 from quartet.config import QuartetConfig, to_yaml
 from quartet.config.data import BuiltinTask
-from quartet.models.resolve import resolve_model
+from quartet.models.tiny import resolve_model
 from quartet.sft.data import LoadReport, SFTExample, collate, load_sft_files
 from quartet.sft.evaluate import ExactMatch, Verifier, eval_samples, exact_text_match, greedy_exact_match
 from quartet.sft.worker import SFTWorker
@@ -58,7 +58,9 @@ class EpochSampler:
     def __init__(self, rows: int, batch_size: int, seed: int) -> None:
         if rows < 1 or batch_size < 1:
             raise ValueError(f"need rows >= 1 and batch_size >= 1, got {rows} and {batch_size}")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.rows = rows
+        self.batch_size = batch_size
+        self.seed = seed
 
     @property
     def batches_per_epoch(self) -> int:
@@ -159,7 +161,8 @@ class SFTTrainer:
     """Supervised fine-tuning of `cfg.model` on `cfg.sft`'s data; `run()` does the whole run."""
 
     def __init__(self, cfg: QuartetConfig, on_record: Callable[[Record], None] | None = None) -> None:
-        self.cfg, self.sft = cfg, cfg.sft
+        self.cfg = cfg
+        self.sft = cfg.sft
         self.on_record = on_record
         self.run_dir = cfg.trainer.run_dir
         self.metrics_path = self.run_dir / METRICS_FILE

@@ -271,7 +271,9 @@ def _value(node: ast.expr) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return Fraction(node.value)
     assert isinstance(node, ast.BinOp)  # _literals has checked the tree
-    a, b, op = _value(node.left), _value(node.right), _BINOPS[type(node.op)]
+    a = _value(node.left)
+    b = _value(node.right)
+    op = _BINOPS[type(node.op)]
     if op == "/":
         if b == 0:
             raise ExpressionError("division by zero")

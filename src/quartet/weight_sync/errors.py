@@ -17,7 +17,10 @@ class GroupJoinError(RuntimeError):
     """
 
     def __init__(self, address: str, world_size: int, joined: int, problem: str) -> None:
-        self.address, self.world_size, self.joined, self.problem = address, world_size, joined, problem
+        self.address = address
+        self.world_size = world_size
+        self.joined = joined
+        self.problem = problem
         count = f"{joined} of {world_size} ranks joined" if joined >= 0 else f"world size {world_size}"
         super().__init__(f"weight-sync group at {address} ({count}): {problem}")
 
@@ -35,7 +38,10 @@ class WeightSyncError(RuntimeError):
     """
 
     def __init__(self, version: int | None, stage: str, bytes_done: int, problem: str) -> None:
-        self.version, self.stage, self.bytes_done, self.problem = version, stage, bytes_done, problem
+        self.version = version
+        self.stage = stage
+        self.bytes_done = bytes_done
+        self.problem = problem
         which = f"version {version}" if version is not None else "an unknown version (none arrived yet)"
         super().__init__(
             f"weight sync of {which} failed at {stage} after {bytes_done} payload bytes: {problem}"

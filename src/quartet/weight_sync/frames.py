@@ -66,7 +66,8 @@ class SyncProgress:
     """Deadline and counters of one sync on one rank; every transport step runs through it."""
 
     def __init__(self, group: WeightSyncGroup, version: int | None, timeout_s: float | None) -> None:
-        self.group, self.version = group, version
+        self.group = group
+        self.version = version
         self.timeout_s = group.config.timeout_s if timeout_s is None else timeout_s
         if self.timeout_s <= 0:
             raise ValueError(f"a sync's timeout_s must be > 0, got {self.timeout_s}")

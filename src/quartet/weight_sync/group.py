@@ -120,7 +120,9 @@ class WeightSyncGroup:
     def __init__(
         self, config: GroupConfig, rank: int, store: Store, backend: _Collectives, device: torch.device
     ) -> None:
-        self.config, self.rank, self.device = config, rank, device
+        self.config = config
+        self.rank = rank
+        self.device = device
         # kept alive until close: the sender's store object is the server the other ranks talk to, and
         # gloo's lazy-init mode (TORCH_GLOO_LAZY_INIT) connects through it on first use
         self._store: Store | None = store
@@ -148,7 +150,8 @@ class WeightSyncGroup:
         if self.broken is not None:
             raise RuntimeError(f"weight-sync group is broken ({self.broken}); rebuild it")
         opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
+        opts.rootRank = 0
+        opts.rootTensor = 0
         opts.timeout = timedelta(seconds=max(timeout_s, 0.001))
         return self._backend.broadcast([tensor], opts)
 
@@ -201,7 +204,9 @@ class WeightSyncGroup:
 
     def close(self) -> None:
         """Shut the backend down and release the store; safe to call twice."""
-        backend, self._backend, self._store = self._backend, None, None
+        backend = self._backend
+        self._backend = None
+        self._store = None
         if backend is not None:
             # shutting down after a peer died may itself report the dead peer
             with contextlib.suppress(RuntimeError):
@@ -269,7 +274,8 @@ class GroupListener:
     """The sender's half of a group being formed: the store listens (the port is known), peers may join."""
 
     def __init__(self, config: GroupConfig, store: TCPStore) -> None:
-        self.config, self._store = config, store
+        self.config = config
+        self._store = store
 
     @property
     def port(self) -> int:

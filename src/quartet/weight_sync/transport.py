@@ -115,7 +115,8 @@ class _HeldBuffers:
     KEEP_FREE = 2
 
     def __init__(self, progress: SyncProgress, bucket_bytes: int) -> None:
-        self.progress, self.bucket_bytes = progress, bucket_bytes
+        self.progress = progress
+        self.bucket_bytes = bucket_bytes
         self.held: deque[tuple[int, torch.Tensor]] = deque()
         self.free: list[torch.Tensor] = []
         self._bases: dict[int, torch.Tensor] = {}
@@ -177,7 +178,8 @@ class WeightSender:
             )
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        self.group, self.bucket_bytes = group, bucket_bytes
+        self.group = group
+        self.bucket_bytes = bucket_bytes
         self.transport = SyncTransport(transport)
         """How buckets travel (`SyncTransport`); may be changed between syncs."""
         self.last_version: int | None = None

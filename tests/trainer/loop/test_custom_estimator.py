@@ -116,10 +116,8 @@ def test_custom_estimator_trains_two_steps(tiny_model_dir: Path, tmp_path: Path)
 
 def _forget_reward(data_source: str) -> None:
     from quartet.rewards import registry
-    from quartet.rewards.rules.registry import select_scorer
 
     registry._REWARDS.pop(data_source, None)
-    select_scorer.cache_clear()
 
 
 LOSS_MODULE = """

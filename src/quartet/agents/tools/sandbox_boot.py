@@ -249,13 +249,11 @@ def _seccomp_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
     if machine not in _SYSCALLS:
         return None
     arch, execve, execveat, sock, clone, unshare, setns, ptrace = _SYSCALLS[machine]
-    ld, jeq, jge, ret, and_ = (
-        0x20,
-        0x15,
-        0x35,
-        0x06,
-        0x54,
-    )  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K, ALU|AND|K
+    ld = 0x20  # BPF_LD|W|ABS
+    jeq = 0x15  # BPF_JMP|JEQ|K
+    jge = 0x35  # BPF_JMP|JGE|K
+    ret = 0x06  # BPF_RET|K
+    and_ = 0x54  # BPF_ALU|AND|K
     returns = {"allow": 0x7FFF0000, "refuse": 0x00050000 | errno.EPERM, "nosys": 0x00050000 | errno.ENOSYS}
     code: list[tuple[int, str | int, str | int, int] | str] = [
         (ld, 0, 0, 4),  # the syscall's architecture

@@ -62,7 +62,8 @@ class ZoomTool(Tool):
         if max_side < 28:
             raise ValueError(f"max_side must be >= 28 pixels, got {max_side}")
         super().__init__(schema=schema)
-        self.scale, self.max_side = scale, max_side
+        self.scale = scale
+        self.max_side = max_side
 
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
         images = list(self.instances.get(instance_id, {}).get("images") or [])

@@ -83,7 +83,9 @@ def _brace_fracs(s: str) -> str:
             continue
         if len(piece) < 2:
             return s  # `\frac` with fewer than two characters after it: left as it was
-        a, b, tail = piece[0], piece[1], piece[2:]
+        a = piece[0]
+        b = piece[1]
+        tail = piece[2:]
         out.append("\\frac{" + a + "}" + (b + tail if b == "{" else "{" + b + "}" + tail))
     return "".join(out)
 

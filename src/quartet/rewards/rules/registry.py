@@ -116,15 +116,22 @@ def known_data_sources() -> list[str]:
     ]
 
 
-@functools.lru_cache(maxsize=256)
 def select_scorer(data_source: str, mode: str = "verl") -> ScoreFn:
     """The rule scorer of `data_source` (verl's signature) in `mode` (`verl` or `lenient`, see the module
-    docstring); `UnknownDataSourceError` when there is none."""
+    docstring); `UnknownDataSourceError` when there is none.
+
+    A scorer registered with `@register_reward` in algorithm.custom_module comes first and is looked up on
+    every call (a registration takes effect at once); only the built-in choice is cached."""
     if mode not in RULE_FUNCTIONS:
         raise ValueError(f"rule mode must be one of {sorted(RULE_FUNCTIONS)}, got {mode!r}")
-    custom = registered_rewards().get(data_source)  # @register_reward in algorithm.custom_module
+    custom = registered_rewards().get(data_source)
     if custom is not None:
         return custom
+    return _builtin_scorer(data_source, mode)
+
+
+@functools.lru_cache(maxsize=256)
+def _builtin_scorer(data_source: str, mode: str) -> ScoreFn:
     if data_source in GSM8K_SOURCES:
         return gsm8k.compute_score_verl if mode == "verl" else gsm8k.compute_score
     if data_source in VERL_MATH_SOURCES and mode == "verl":

@@ -42,7 +42,8 @@ class SingleTurnGenerator(Generator):
     """Each row's prompt ids go to the engine as they are; one generation per sample."""
 
     def __init__(self, engine: RolloutEngine, pad_token_id: int) -> None:
-        self.engine, self.pad_token_id = engine, pad_token_id
+        self.engine = engine
+        self.pad_token_id = pad_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         return generate_batch(self.engine, prompts, sampling, self.pad_token_id)
@@ -52,7 +53,9 @@ class AgentLoopGenerator(Generator):
     """Each row's chat messages go through its agent loop; turns reach the engine via `generate_tokens`."""
 
     def __init__(self, runner: AgentRunner, generate_tokens: GenerateTokens, pad_token_id: int) -> None:
-        self.runner, self.generate_tokens, self.pad_token_id = runner, generate_tokens, pad_token_id
+        self.runner = runner
+        self.generate_tokens = generate_tokens
+        self.pad_token_id = pad_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         images = prompts.non_tensors.get("multi_modal_inputs")

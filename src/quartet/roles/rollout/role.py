@@ -66,7 +66,8 @@ class Rollout:
     def __init__(self, cfg: RolloutConfig, run: RunValues, trainer: Actor | None = None) -> None:
         """`trainer`: the sibling actor whose weights `sync_weights` copies (`Sibling("actor")`)."""
         import_custom_module(run.custom_module)  # its registered agent loops, in this process too
-        self.rc, self.max_response_length = cfg, run.max_response_length
+        self.rc = cfg
+        self.max_response_length = run.max_response_length
         self.image_pixels = run.image_pixels
         self.sibling = SiblingSync(trainer) if trainer is not None else None
         model_path = run.model_path

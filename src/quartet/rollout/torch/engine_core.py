@@ -218,7 +218,9 @@ class EngineCore:
 
     def _isolate(self, rows: int, exc: Exception) -> None:
         """Fail the row that makes decoding slots 0..rows-1 raise: the last of the first failing prefix."""
-        lo, hi, error = 1, rows, exc
+        lo = 1
+        hi = rows
+        error = exc
         while lo < hi:
             mid = (lo + hi) // 2
             try:

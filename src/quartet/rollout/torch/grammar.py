@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from quartet.rollout.invalid_request import InvalidRequestError
 from quartet.rollout.torch.sequence import SequenceState
-from quartet.rollout.validation import InvalidRequestError
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer

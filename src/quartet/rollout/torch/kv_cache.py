@@ -69,11 +69,15 @@ class SlotKVCache:
                 new[..., :used].copy_(old[..., :used])
             for new, old in zip(values, self.values, strict=True):
                 new[:, :, :used].copy_(old[:, :, :used])
-        self.keys, self.values, self.capacity = keys, values, new_cap
+        self.keys = keys
+        self.values = values
+        self.capacity = new_cap
 
     def free(self) -> None:
         """Drop the buffers (sleep); the next `ensure_capacity` allocates them again."""
-        self.keys, self.values, self.capacity = [], [], 0
+        self.keys = []
+        self.values = []
+        self.capacity = 0
 
     def write_prefill(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, start: int, expand: torch.Tensor | None

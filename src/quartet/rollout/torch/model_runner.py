@@ -131,7 +131,9 @@ class DecoderRunner:
         v = attn.v_proj(h).view(batch, seq, -1, self.head_dim)
         if self.has_qk_norm:  # Qwen3: RMSNorm per head before the rotation
             q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
+        v = v.transpose(1, 2)
         return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
 
     def _decode_attention(

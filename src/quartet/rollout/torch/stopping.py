@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from quartet.rollout.invalid_request import InvalidRequestError
 from quartet.rollout.torch.sequence import SequenceState
 from quartet.rollout.types import FinishReason, SamplingParams
-from quartet.rollout.validation import InvalidRequestError
 
 if TYPE_CHECKING:  # importing quartet.rollout stays free of transformers until a model is loaded
     from transformers import PreTrainedTokenizerBase

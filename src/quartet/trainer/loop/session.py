@@ -27,7 +27,7 @@ from quartet.core.batch import Batch
 from quartet.core.kl import KLController
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
-from quartet.models.resolve import resolve_model
+from quartet.models.tiny import resolve_model
 from quartet.tracking.run_layout import CONFIG_FILE
 from quartet.trainer.feed.batch_source import BatchSource, RolloutScorer, SyncGeneration
 from quartet.trainer.feed.rl_data import RLData, image_inputs, prepare_rl_data, prompt_batch
