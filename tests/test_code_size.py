@@ -81,3 +81,12 @@ def test_the_finder_sees_chained_assignments_and_passes_unpacking_and_swaps() ->
     )
     assert chained_attribute_assignments(source) == [(1, "self.a, self.b = 1, 2"), (2, "a, b, c = 1, 2, 3")]
     assert chained_attribute_assignments("x, y = 1, 2\nfor i, j in pairs:\n    pass\n") == []
+
+
+def test_no_line_chains_assignments_to_save_lines() -> None:
+    found = [
+        f"{path.relative_to(SRC.parent)}:{line} {text}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, text in chained_attribute_assignments(path.read_text())
+    ]
+    assert not found, "lines that pack separate assignments into one (write one a line):\n" + "\n".join(found)

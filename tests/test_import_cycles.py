@@ -33,6 +33,12 @@ def _package(root: Path, files: dict[str, str]) -> Path:
     return package
 
 
+def test_no_package_holds_a_circle_of_imports() -> None:
+    found = import_cycles.cycles()
+    report = "\n".join("circle: " + "; ".join(str(edge) for edge in circle) for circle in found)
+    assert not found, "modules that import each other (cut one edge of each circle):\n" + report
+
+
 def test_the_check_sees_a_circle_closed_by_a_lazy_and_a_type_only_import(tmp_path: Path) -> None:
     """a -> b at the top, b -> c inside a function, c -> a under TYPE_CHECKING: one circle of three."""
     package = _package(

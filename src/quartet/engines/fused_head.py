@@ -107,7 +107,9 @@ def _chunk_forward(
     Rows whose logits are all -inf get logsumexp -inf (as `torch.logsumexp`) and E_p[z] 0."""
     n = h.shape[0]
     m = torch.full((n,), -torch.inf, dtype=torch.float32, device=h.device)
-    s, u, z_target = torch.zeros_like(m), torch.zeros_like(m), torch.full_like(m, -torch.inf)
+    s = torch.zeros_like(m)
+    u = torch.zeros_like(m)
+    z_target = torch.full_like(m, -torch.inf)
     for start, stop in blocks.ranges():
         z = blocks.logits(h, start, stop)
         m_new = torch.maximum(m, z.amax(dim=-1))

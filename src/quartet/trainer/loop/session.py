@@ -172,7 +172,9 @@ def open_batch_source(
     control or by regenerating stale groups: `trainer.staleness_control`); `rollout`: the calls on the
     rollout group (the healing view with recovery on; None: the plain group of `workers`)."""
     scorer = RolloutScorer(cfg, workers.reward_model, reward)
-    dataset, sampler, pad_id = prep.data.train, prep.sampler, prep.data.train.pad_id
+    dataset = prep.data.train
+    sampler = prep.sampler
+    pad_id = prep.data.train.pad_id
 
     def draw(step: int, k: int) -> Batch:  # k > 0: dynamic sampling's extra draws
         return prompt_batch(dataset, sampler.next_indices(), step, draw=k)

@@ -40,7 +40,9 @@ def busy_seconds(intervals: Iterable[Interval], window: Interval) -> float:
 def overlap_seconds(first: Iterable[Interval], second: Iterable[Interval], window: Interval) -> float:
     """Seconds of `window` during which both `first` and `second` had an interval running."""
     a_list, b_list = merged(clip(first, window)), merged(clip(second, window))
-    total, i, j = 0.0, 0, 0
+    total = 0.0
+    i = 0
+    j = 0
     while i < len(a_list) and j < len(b_list):
         lo = max(a_list[i][0], b_list[j][0])
         hi = min(a_list[i][1], b_list[j][1])

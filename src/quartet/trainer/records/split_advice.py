@@ -139,7 +139,9 @@ def replay_idle(generation_s: Sequence[float], training_s: Sequence[float], buff
     n = len(generation_s)
     steps = max(64, 8 * n) + buffer + 1
     take: list[float] = []
-    done_prev, free, idle = 0.0, 0.0, []
+    done_prev = 0.0
+    free = 0.0
+    idle: list[float] = []
     for k in range(steps):
         submit = take[k - buffer] if k - buffer >= 1 else 0.0
         done = max(submit, done_prev) + generation_s[k % n]
