@@ -29,7 +29,7 @@ from quartet.data.prompts import PromptDataset
 from quartet.models.loading import load_tokenizer
 from quartet.roles.rollout import Rollout
 from quartet.tasks.rows import rl_row
-from quartet.trainer.workers import run_values
+from quartet.trainer.workers.start import run_values
 
 USER_LOOP = textwrap.dedent(
     """
