@@ -1,6 +1,6 @@
 """The actor's weights to rollout replicas in other processes: the two ends of one weight-sync group.
 
-    # driver (quartet.trainer.weight_link), once at start:
+    # driver (quartet.trainer.workers.weight_sync), once at start:
     address = actor.call(Actor.open_weight_stream, receivers, bucket_bytes, timeout_s)[0]   # rank 0 listens
     joins = rollout.submit(Rollout.join_weight_stream, *address, receivers + 1)           # replicas connect
     actor.call(Actor.accept_weight_stream); joins.get()
