@@ -23,7 +23,7 @@ def check_model_layout(
 
     Args:
         config: the loaded transformers model's config (`model_type`, `num_attention_heads`,
-            `num_key_value_heads`).
+            `num_key_value_heads`; a vision-language model's under `text_config`).
         vision: the model is a vision-language model.
         section: the config section whose sizes these are (`model`, or `critic` for the critic's own sp),
             named by the errors.
@@ -37,8 +37,9 @@ def check_model_layout(
             f"{section}.tensor_parallel_size={tp}: no tensor-parallel plan for model type '{kind}' "
             f"(planned: {', '.join(TP_MODEL_TYPES)}); set {section}.tensor_parallel_size: 1"
         )
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    text = config.text_config if vision else config  # a VLM's heads are its language model's
+    heads = int(text.num_attention_heads)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
     problems = head_problems(heads, kv, sp, tp)
     if problems:
         raise problems[0].under(section)
