@@ -18,6 +18,7 @@ from quartet.config import (
     load_config,
     to_yaml,
 )
+from quartet.config.loader import load_saved_config, upgrade_renamed_keys
 from quartet.config.yaml_io import load_yaml
 from quartet.core.choices import AdvantageEstimator
 
@@ -251,3 +252,26 @@ def test_override_that_is_not_yaml_names_the_field_and_the_fix() -> None:
     with pytest.raises(ConfigError, match="rollout.n") as info:
         load_config(None, ["rollout.n=[+,-,*]"])
     assert "not valid YAML" in str(info.value) and "override #1" in str(info.value)
+
+
+@pytest.mark.parametrize(("old", "new"), [("async", "server"), ("sync", "batch")])
+def test_a_saved_config_reads_a_renamed_key_under_its_new_name(tmp_path: Path, old: str, new: str) -> None:
+    """A checkpoint's own config.yaml written before the rename stays loadable (`quartet export`)."""
+    saved = tmp_path / "config.yaml"
+    text = to_yaml(load_config(overrides=["rollout.n=2"])).replace("interface: batch", f"mode: {old}")
+    assert f"mode: {old}" in text and "interface:" not in text  # the file an older quartet wrote
+    saved.write_text(text)
+    cfg = load_saved_config(saved)
+    assert cfg.rollout.interface == RolloutInterface(new)
+    assert cfg.rollout.n == 2
+    with pytest.raises(ConfigError, match="renamed to rollout.interface"):
+        load_config(str(saved))  # a user's config with the old key still fails
+
+
+def test_upgrading_leaves_a_tree_without_old_keys_alone() -> None:
+    tree = {"rollout": {"interface": "server", "n": 2}, "trainer": {"mode": "async"}}
+    assert upgrade_renamed_keys(tree) == []
+    assert tree == {"rollout": {"interface": "server", "n": 2}, "trainer": {"mode": "async"}}
+    odd = {"rollout": {"mode": "fast"}}
+    assert upgrade_renamed_keys(odd) == [("rollout.mode", "rollout.interface")]
+    assert odd == {"rollout": {"interface": "fast"}}  # an unknown value is left for validation to refuse

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,9 +25,20 @@ from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.config.yaml_io import dump_yaml, load_yaml, parse_scalar
 
-__all__ = ["RENAMED_KEYS", "RenamedKey", "apply_overrides", "from_dict", "load_config", "to_dict", "to_yaml"]
+__all__ = [
+    "RENAMED_KEYS",
+    "RenamedKey",
+    "apply_overrides",
+    "from_dict",
+    "load_config",
+    "load_saved_config",
+    "to_dict",
+    "to_yaml",
+    "upgrade_renamed_keys",
+]
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,51 @@ def load_config(
     cfg = from_dict(QuartetConfig, tree, source=source)
     cfg = apply_overrides(cfg, overrides)
     return validate(cfg) if check else cfg
+
+
+def load_saved_config(path: str | Path) -> QuartetConfig:
+    """The config a run or checkpoint folder saved (`config.yaml`), read as a config a user wrote, except
+    that keys renamed since it was saved are read under their new names (a checkpoint written by an
+    older quartet stays exportable; a user's own config still fails on an old key, see `RENAMED_KEYS`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("", f"saved config {p} does not exist", "pass a run or checkpoint folder")
+    tree = load_yaml(p.read_text()) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError("", f"{p} holds a {type(tree).__name__}, not a mapping of sections")
+    for old, new in upgrade_renamed_keys(tree):
+        _log.info("%s: read the saved key %s as %s (renamed since the file was written)", p, old, new)
+    return validate(from_dict(QuartetConfig, tree, source=str(p)))
+
+
+def upgrade_renamed_keys(tree: dict[str, Any]) -> list[tuple[str, str]]:
+    """Move every renamed key of the nested `tree` to its new path, in place, with its value mapped;
+    the (old, new) paths moved. A value the rename table does not know is left for validation to refuse."""
+    moved = []
+    for old_path, renamed in RENAMED_KEYS.items():
+        *old_sections, old_key = old_path.split(".")
+        parent = _section(tree, old_sections, create=False)
+        if parent is None or old_key not in parent:
+            continue
+        value = parent.pop(old_key)
+        *new_sections, new_key = renamed.new_path.split(".")
+        target = _section(tree, new_sections, create=True)
+        assert target is not None  # created on the way
+        target[new_key] = renamed.values.get(str(value), value)
+        moved.append((old_path, renamed.new_path))
+    return moved
+
+
+def _section(tree: dict[str, Any], names: list[str], create: bool) -> dict[str, Any] | None:
+    """The nested mapping at `names` under `tree` (made on the way when `create`); None where it is absent."""
+    node: Any = tree
+    for name in names:
+        if create and name not in node:
+            node[name] = {}
+        node = node.get(name)
+        if not isinstance(node, dict):
+            return None
+    return node  # type: ignore[no-any-return]
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], source: str = "", prefix: str = "") -> T:

@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from quartet.config import Role, load_config
+from quartet.config import Role
+from quartet.config.loader import load_saved_config
 from quartet.engines.checkpoint import TOKENIZER_FILES
 from quartet.tracking.run_layout import CONFIG_FILE, TRAINER_STATE_FILE
 from quartet.trainer.recovery.checkpoint import CheckpointError, find_resume_checkpoint
@@ -43,7 +44,7 @@ def export_checkpoint(checkpoint: Path, out: Path, lora: LoraExport = "merge") -
     """Write the policy of `checkpoint` (a `global_step_N` folder or a run folder) to `out`; returns `out`."""
     checkpoint = resolve_checkpoint(checkpoint)
     state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
-    cfg = load_config(str(checkpoint / CONFIG_FILE))
+    cfg = load_saved_config(checkpoint / CONFIG_FILE)
     has_lora = cfg.model.lora.rank > 0
     if lora == "adapter" and not has_lora:
         raise ValueError(f"{checkpoint} was trained without LoRA (model.lora.rank=0): no adapter to export")
