@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
     def _render(self) -> str:
         where = f" (from {self.source})" if self.source else ""
-        text = f"{self.field}: {self.problem}{where}"
+        text = f"{self.field}: {self.problem}{where}" if self.field else f"{self.problem}{where}"
         if self.fix:
             text += f"\n  fix: {self.fix}"
         return text

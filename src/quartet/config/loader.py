@@ -66,8 +66,7 @@ def load_config(
     source = "defaults"
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError("", f"config file {p} does not exist", "pass the path of a YAML config file")
+        check_config_file(p)
         loaded = load_yaml(p.read_text())
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError("", f"{p} holds a {type(loaded).__name__}, not a mapping of sections")
@@ -76,6 +75,17 @@ def load_config(
     cfg = from_dict(QuartetConfig, tree, source=source)
     cfg = apply_overrides(cfg, overrides)
     return validate(cfg) if check else cfg
+
+
+def check_config_file(p: Path) -> None:
+    """Raise a ConfigError that says what `p` is when it is not a readable config file: missing, or a
+    folder (naming the YAML files in it, which are likely what was meant)."""
+    if p.is_dir():
+        found = sorted(str(f) for f in p.glob("*.y*ml"))[:5]
+        fix = f"pass one of: {', '.join(found)}" if found else "pass the path of a YAML config file"
+        raise ConfigError("", f"config file {p} is a folder, not a file", fix)
+    if not p.is_file():
+        raise ConfigError("", f"config file {p} does not exist", "pass the path of a YAML config file")
 
 
 def load_saved_config(path: str | Path) -> QuartetConfig:
