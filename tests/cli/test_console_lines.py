@@ -38,7 +38,7 @@ sink.log({STEP!r})
 sink.close()
 console = command_console()  # the commands' console: the demo's and sft's progress lines
 demo._progress(console, "arithmetic")({STEP!r})
-sft_cmd._progress(console, every=1)({TRAIN!r})
+sft_cmd.sft_progress(console, every=1)({TRAIN!r})
 """
 
 

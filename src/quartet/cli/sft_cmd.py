@@ -19,7 +19,7 @@ from quartet.config.errors import raise_problems
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["add_parser", "load_sft_config", "run"]
+__all__ = ["add_parser", "load_sft_config", "run", "sft_progress"]
 
 
 def add_parser(sub: Any) -> None:
@@ -40,7 +40,7 @@ def load_sft_config(path: str | None, overrides: list[str]) -> QuartetConfig:
     return cfg
 
 
-def _progress(console: Console, every: int) -> Callable[[dict[str, Any]], None]:
+def sft_progress(console: Console, every: int) -> Callable[[dict[str, Any]], None]:
     """The sft progress printer: every `every`-th train step (and the first), validation, data, eval and
     export records, one line each."""
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     console = command_console()
     console.rule("[bold]quartet sft")
     try:
-        result = SFTTrainer(cfg, on_record=_progress(console, max(1, args.log_every))).run()
+        result = SFTTrainer(cfg, on_record=sft_progress(console, max(1, args.log_every))).run()
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         console.print(f"sft failed: {err}", style="bold red", markup=False, soft_wrap=True)
         return 1

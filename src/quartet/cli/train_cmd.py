@@ -9,19 +9,49 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quartet.cli.console import command_console, quiet_transformers
 from quartet.config import Backend, ConfigError, QuartetConfig, load_config
 
-__all__ = ["add_parser", "run", "split_config_args"]
+if TYPE_CHECKING:
+    from quartet.trainer import RLResult
+
+__all__ = ["FIRST_CONFIGS", "add_parser", "finished_text", "no_config_text", "run", "split_config_args"]
+
+
+FIRST_CONFIGS = (
+    ("examples/grpo_arithmetic/config.yaml", "GRPO on 2-digit addition, tiny model, SFT warm start first"),
+    ("examples/ppo_arithmetic/config.yaml", "PPO with a critic, same task"),
+    ("examples/single_cpu/config.yaml", "every role on one CPU bundle, memory planned"),
+    ("examples/single_gpu/config.yaml", "one GPU, bring a model folder: model.path=DIR"),
+)
+"""The example configs `quartet train` names when it is given none (paths from the repository root)."""
+
+EPILOG = """examples:
+  quartet train examples/grpo_arithmetic/config.yaml
+  quartet train examples/grpo_arithmetic/config.yaml trainer.total_steps=20 rollout.n=4
+  quartet train cfg.yaml cluster.backend=local      # no Ray: one process, breakpoints work
+
+every key, its default and what it does:  quartet config show --doc
+the example configs:                      examples/README.md
+"""
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("train", help="RL training (PPO, GRPO, RLOO, ...) as the config says")
-    parser.add_argument("config", nargs="?", help="YAML config file (default: the built-in demo config)")
+    parser = sub.add_parser(
+        "train",
+        help="RL training (PPO, GRPO, RLOO, ...) as the config says",
+        description="RL training as a YAML config (and dotted key=value overrides) says.\nWith overrides "
+        "only, the built-in defaults are trained: a tiny random model that gets no reward.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "config", nargs="?", help="YAML config file, e.g. examples/grpo_arithmetic/config.yaml"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.adv_estimator=gae")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, usage=parser.format_usage)
 
 
 _TRAINER_MODULES = ("quartet.trainer", "rich.console")
@@ -47,7 +77,36 @@ def split_config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     return args.config, list(args.overrides)
 
 
+def no_config_text(usage: str) -> str:
+    """What `quartet train` says when given nothing: its usage, the example configs, where the keys are."""
+    lines = [usage.rstrip(), "", "quartet train needs a config: nothing was started. Examples:"]
+    lines += [f"  quartet train {path:<40} # {what}" for path, what in FIRST_CONFIGS]
+    lines += ["", "every key and its default: quartet config show --doc; more configs: examples/README.md"]
+    return "\n".join(lines)
+
+
+def finished_text(result: RLResult) -> str:
+    """The closing line: what this call trained, and of how many steps, without claiming a resumed run's
+    earlier steps or a finished run's nothing."""
+    took = f"in {result.seconds:.1f} s; run folder {result.run_dir}"
+    if result.resumed_at is None:
+        return f"done: {result.steps} steps {took}"
+    if result.steps_this_run == 0:
+        return (
+            f"nothing trained: {result.run_dir} already holds {result.resumed_at} of {result.total_steps} "
+            "steps (trainer.resume=auto). Raise trainer.total_steps to go on, or set trainer.resume=off "
+            "to start over"
+        )
+    return (
+        f"done: steps {result.resumed_at + 1}-{result.steps} of {result.total_steps} trained now "
+        f"(resumed after step {result.resumed_at}) {took}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.config is None and not args.overrides:
+        print(no_config_text(args.usage()), file=sys.stderr)
+        return 2
     path, overrides = split_config_args(args)
     try:
         cfg: QuartetConfig = load_config(path, overrides)
@@ -71,10 +130,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if cfg.trainer.sft_warm_start:
+            from quartet.cli.sft_cmd import sft_progress
             from quartet.trainer.loop.warm_start import sft_warm_start
 
             console.print("sft warm start (trainer.sft_warm_start): the sft section first", markup=False)
-            cfg, start, trained = sft_warm_start(cfg)
+            cfg, start, trained = sft_warm_start(cfg, on_record=sft_progress(console, 200))
             what = "trained" if trained else "found, reused"
             console.print(f"sft warm start {what}: RL starts from {start}", markup=False)
         result = RLTrainer(cfg, console=console).run()
@@ -82,7 +142,5 @@ def run(args: argparse.Namespace) -> int:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"run failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
-    console.print(
-        f"done: {result.steps} steps in {result.seconds:.1f} s; run folder {result.run_dir}", markup=False
-    )
+    console.print(finished_text(result), markup=False, soft_wrap=True)
     return 0

@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from quartet.cli.train_cmd import finished_text
 from quartet.config import QuartetConfig, load_config
 from quartet.trainer.loop.rl_trainer import RLTrainer
 from quartet.trainer.records.callbacks import StopAfter
@@ -154,6 +155,10 @@ def test_sigkill_while_writing_a_checkpoint_leaves_latest_complete(
     assert again.steps == STEPS and not [r for r in records if r["kind"] == "step"]
     (note,) = [str(r["note"]) for r in records if r["kind"] == "resume"]
     assert "nothing left to train" in note and "trainer.total_steps" in note
+    assert (again.resumed_at, again.steps_this_run, again.total_steps) == (STEPS, 0, STEPS)
+    assert finished_text(again).startswith(f"nothing trained: {again.run_dir} already holds {STEPS} of {STEPS}")
+    assert (resumed.resumed_at, resumed.steps_this_run) == (2, STEPS - 2)
+    assert finished_text(resumed).startswith(f"done: steps 3-{STEPS} of {STEPS} trained now")
 
 
 def test_resume_refuses_another_world_size_and_a_missing_checkpoint(

@@ -29,7 +29,6 @@ short loop; every mode runs the same step (`StepRunner.run` over a `BatchSource`
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -69,8 +68,6 @@ from quartet.trainer.workers.weight_sync import WeightSync
 
 __all__ = ["RLResult", "RLTrainer"]
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class RLResult:
@@ -86,6 +83,15 @@ class RLResult:
     """Time spent in training steps (validation and start-up excluded)."""
     hf_dir: Path | None = None
     """The exported final policy (`trainer.export_final`)."""
+    resumed_at: int | None = None
+    """The step the run resumed after (`trainer.resume`), None for a fresh start."""
+    total_steps: int = 0
+    """The steps the run was asked for (`trainer.total_steps`, or the epochs' worth)."""
+
+    @property
+    def steps_this_run(self) -> int:
+        """Steps trained by this call (a resumed run's earlier steps excluded)."""
+        return self.steps - (self.resumed_at or 0)
 
 
 @dataclass
@@ -179,8 +185,10 @@ class RLTrainer:
         """Prepare, then start trackers, reward pool and workers, each closed by `stack` in reverse order."""
         clock = self.startup
         prep = clock.timed("prepare", self._prepare)
-        cfg, result = self.cfg, RLResult(self.run_dir)
+        cfg = self.cfg
+        result = RLResult(self.run_dir, total_steps=prep.total)
         if prep.resumed is not None:
+            result.resumed_at = prep.resumed.step
             result.steps = prep.resumed.step
             result.train_seconds = prep.resumed.train_seconds
         clock.mark()
@@ -333,7 +341,6 @@ class RLTrainer:
                 ": nothing left to train. Raise trainer.total_steps to go on, or set trainer.resume=off to "
                 "start over"
             )
-            log.warning(note)
         self.record("resume", step=step, checkpoint=str(checkpoint), note=note)
 
 
