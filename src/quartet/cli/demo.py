@@ -36,7 +36,11 @@ WHAT = {
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("demo", help="SFT warm start, then GRPO vs more SFT, on CPU in minutes")
-    parser.add_argument("--quick", action="store_true", help="a smoke of the pipeline in a minute or two")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke of the pipeline: every stage runs, too small for the rows to mean anything",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of data, model init and sampling")
     parser.add_argument(
         "--task",
@@ -89,6 +93,7 @@ def _progress(
 
 def run(args: argparse.Namespace) -> int:
     from quartet.demo import NO_FILTERED_VISION, cuda_problem, demo_config, run_demo
+    from quartet.demo.expectations import closing_note, opening_note
 
     device = args.device
     if args.task == "vision" and args.filtered_control:
@@ -110,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     model = "tiny Qwen2, CPU" if device == "cpu" else "~0.1B Qwen2 shape, GPU"
     model = "tiny Qwen2-VL, CPU" if args.task == "vision" else model
     console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT ({model}, {what})")
+    console.print(opening_note(args.task, args.quick, device), markup=False)
     source = cfg.data.builtin_task.value
     try:
         result = run_demo(
@@ -126,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"demo failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
     _report(console, result, args.seed, _noun(args.task))
+    closing = closing_note(args.task, args.quick, device)
+    if closing:
+        console.print(closing, style="yellow", markup=False)
     return 0
 
 
@@ -135,21 +144,20 @@ def _noun(task: str) -> str:
 
 
 def _report(console: Console, result: DemoResult, seed: int, noun: str = "problems") -> None:
-    """The accuracy table and where the run's files are (the same on CPU and GPU)."""
+    """The accuracy table and where the run's files are (the same on CPU and GPU). The table is narrow
+    enough for the 80 columns of a log file; the model folders, long paths, follow it one per line."""
     from rich.table import Table
 
     table = Table(title=f"greedy accuracy on {result.rows[0].total} held-out {noun} (seed {seed})")
-    for column in ("model", "accuracy", "correct", "train time", "folder"):
-        table.add_column(column)
+    for column in ("model", "accuracy", "correct", "train time"):
+        table.add_column(column, no_wrap=True)
     for row in result.rows:
         table.add_row(
-            row.name,
-            f"{row.accuracy:.1%}",
-            f"{row.correct}/{row.total}",
-            f"{row.train_seconds:.0f} s",
-            row.model_dir,
+            row.name, f"{row.accuracy:.1%}", f"{row.correct}/{row.total}", f"{row.train_seconds:.0f} s"
         )
     console.print(table, soft_wrap=False)  # a table keeps its layout, in a log file too
+    for row in result.rows:
+        console.print(f"{row.name + ' model:':<26}{row.model_dir}", markup=False, soft_wrap=True)
     console.print(f"whole demo: {result.seconds:.0f} s; run files under {result.run_dir}", markup=False)
     if result.plot is not None:
         console.print(

@@ -1,0 +1,92 @@
+"""What each demo is expected to take and to show, printed before it starts (and, for `--quick`, after its
+table): a newcomer should know whether to wait two minutes or twenty, and whether a table of a smoke run
+means anything.
+
+The times were measured on a 2-core CPU (Intel Xeon, 24 GiB) with nothing else running, by
+`benchmarks/demo_times.py` (`benchmarks/results/demo_times.json`), except where `measured` says otherwise;
+a busy or slower machine takes longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EXPECTATIONS", "DemoExpectation", "closing_note", "expectation", "opening_note"]
+
+
+@dataclass(frozen=True)
+class DemoExpectation:
+    """One demo's wall time on a 2-core CPU and what its table can and cannot tell."""
+
+    seconds: float
+    """The whole command, models built to table printed (the install of `make demo` not included)."""
+    shows: str
+    cannot_show: str = ""
+    """Empty when the table is the real comparison."""
+    measured: str = "benchmarks/demo_times.py"
+
+    def duration(self) -> str:
+        """`~N min` (or `~N s` under two minutes)."""
+        return f"~{self.seconds:.0f} s" if self.seconds < 120 else f"~{self.seconds / 60:.0f} min"
+
+
+SMOKE = "a smoke of the pipeline: every stage runs (SFT start, GRPO, the control, the scoring, the table)"
+
+EXPECTATIONS: dict[tuple[str, bool], DemoExpectation] = {
+    ("arithmetic", False): DemoExpectation(
+        690, "what GRPO adds over the same training time of more SFT, on 200 held-out problems"
+    ),
+    ("arithmetic", True): DemoExpectation(
+        75,
+        SMOKE,
+        "which row is better: 40 SFT epochs and 20 GRPO steps are too few, the margins are noise",
+    ),
+    ("calculator", False): DemoExpectation(
+        420,
+        "GRPO over whole conversations learning when to call the tool, against more SFT",
+        measured="docs/agentic.md (seed 0, under 7 minutes)",
+    ),
+    ("calculator", True): DemoExpectation(
+        90, SMOKE, "which row is better: 8 SFT epochs and 4 GRPO steps are too few, the margins are noise"
+    ),
+    ("vision", False): DemoExpectation(
+        2160,
+        "GRPO against more SFT on counting circles; one seed is noisy (docs/vision.md: 3 seeds, GRPO won 1)",
+        measured="docs/vision.md (36 min each with three seeds sharing the 2 cores; not timed alone)",
+    ),
+    ("vision", True): DemoExpectation(
+        30,
+        SMOKE,
+        "anything about accuracy: 10 SFT steps and 3 GRPO steps leave the model guessing, the rows are noise",
+    ),
+}
+"""(task, quick) -> expectation, on CPU. The GPU demo has its own estimate (`quartet.demo.GPU`)."""
+
+
+def expectation(task: str, quick: bool, device: str = "cpu") -> DemoExpectation | None:
+    """The expectation of a CPU demo; None on a GPU (sized, not yet timed there)."""
+    return EXPECTATIONS.get((task, quick)) if device == "cpu" else None
+
+
+def opening_note(task: str, quick: bool, device: str = "cpu") -> str:
+    """The line printed before a demo starts."""
+    found = expectation(task, quick, device)
+    if found is None:
+        return "expected: under 5 minutes on one H100 (an estimate: not yet timed on a GPU)"
+    text = f"expected: {found.duration()} on a 2-core CPU ({found.measured}); shows {found.shows}"
+    if found.cannot_show:
+        text += f"; cannot show {found.cannot_show}"
+    return text
+
+
+def closing_note(task: str, quick: bool, device: str = "cpu") -> str | None:
+    """The line printed under the table of a run whose table is not the comparison (`--quick`), else None."""
+    found = expectation(task, quick, device)
+    if found is None or not found.cannot_show:
+        return None
+    full = EXPECTATIONS.get((task, False))
+    command = "quartet demo" + ("" if task == "arithmetic" else f" --task {task}")
+    took = f" ({full.duration()})" if full is not None else ""
+    return (
+        f"--quick is {SMOKE}; the table above says nothing about which row is better. {command}{took} does."
+    )
