@@ -2,8 +2,10 @@
 
 Capacity is what the device has free now: on CPU the host's `MemAvailable` (device and host are one memory),
 on GPU `torch.cuda.mem_get_info` of the first visible device plus the host's `MemAvailable` for offloaded
-state. A plan fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context,
-Python objects the planner does not count).
+state. A given figure (`quartet plan --memory-gib`) or a named card's nominal memory (`planning.gpus`,
+`--gpu h100`) replaces the device's; neither subtracts a reserve, as the measured figure does not. A plan
+fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects
+the planner does not count).
 
 When it does not fit, candidate changes are tried in order of expected slowdown, cheapest first (the
 figures are rough, from what each change costs per step: extra host<->device copies, more kernel launches,
