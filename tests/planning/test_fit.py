@@ -86,5 +86,5 @@ def test_plan_for_a_gpu_without_cuda_names_the_problem_and_the_fix(
     err = capsys.readouterr().err
     assert code == 2
     assert "TypeError" not in err
-    assert "torch sees no CUDA device" in err
-    assert "--device cpu" in err and "--memory-gib" in err
+    assert "no CUDA device here" in err
+    assert "--device cpu" in err and "--memory-gib" in err and "--gpu h100" in err

@@ -2,8 +2,10 @@
 
 Capacity is what the device has free now: on CPU the host's `MemAvailable` (device and host are one memory),
 on GPU `torch.cuda.mem_get_info` of the first visible device plus the host's `MemAvailable` for offloaded
-state. A plan fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context,
-Python objects the planner does not count).
+state. A given figure (`quartet plan --memory-gib`) or a named card's nominal memory (`planning.gpus`,
+`--gpu h100`) replaces the device's; neither subtracts a reserve, as the measured figure does not. A plan
+fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects
+the planner does not count).
 
 When it does not fit, candidate changes are tried in order of expected slowdown, cheapest first (the
 figures are rough, from what each change costs per step: extra host<->device copies, more kernel launches,
@@ -45,6 +47,7 @@ from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
+from quartet.planning.gpus import gpu_memory_bytes
 from quartet.planning.model_shape import VISION_MODEL_TYPES
 from quartet.planning.parallel import POLICY_ROLES
 from quartet.planning.plan import MemoryPlan, PlanRow, format_bytes
@@ -57,6 +60,7 @@ __all__ = [
     "Capacity",
     "Change",
     "FitReport",
+    "NoCudaDeviceError",
     "activation_share",
     "detect_capacity",
     "fit_config",
@@ -92,6 +96,10 @@ class Capacity:
     """Where the figures came from, in words."""
 
 
+class NoCudaDeviceError(ConfigError):
+    """A GPU plan on a machine where torch sees no CUDA device, with no memory figure given for it."""
+
+
 def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     """`MemAvailable` of /proc/meminfo (Linux), else total physical memory from `os.sysconf`."""
     if meminfo.exists():
@@ -103,10 +111,18 @@ def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def detect_capacity(device: str, memory_bytes: int | None = None) -> Capacity:
+def detect_capacity(device: str, memory_bytes: int | None = None, gpu: str | None = None) -> Capacity:
     """Free memory of this machine for a `device` plan; `memory_bytes` overrides the device's figure (to
-    plan for a device other than this machine's, e.g. `quartet plan --memory-gib 24`)."""
+    plan for a device other than this machine's, e.g. `quartet plan --memory-gib 24`), and `gpu` names a
+    card whose nominal memory to plan for instead (`planning.gpus`, e.g. `quartet plan --gpu h100`; a `gpu`
+    plan then). Host memory is this machine's either way. Raises `NoCudaDeviceError` for a GPU plan on a
+    machine without CUDA when neither is given."""
     host = host_available_bytes()
+    if gpu is not None:
+        nominal = gpu_memory_bytes(gpu)
+        name = gpu.strip().lower()
+        source = f"named GPU {name}, nominal {nominal // 2**30} GiB; host MemAvailable of this machine"
+        return Capacity("gpu", nominal, host, source)
     if memory_bytes is not None:
         return Capacity(device, memory_bytes, memory_bytes if device == "cpu" else host, "given")
     if device == "cpu":
@@ -114,10 +130,10 @@ def detect_capacity(device: str, memory_bytes: int | None = None) -> Capacity:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError(
+        raise NoCudaDeviceError(
             "device",
             "the plan is for a GPU but torch sees no CUDA device on this machine",
-            "plan with --device cpu, or give the GPU's free memory with --memory-gib",
+            "give the GPU's memory (quartet plan --gpu NAME or --memory-gib N), or plan with --device cpu",
         )
     free, _total = torch.cuda.mem_get_info(0)
     name = torch.cuda.get_device_name(0)

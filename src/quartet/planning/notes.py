@@ -1,13 +1,17 @@
-"""The notes under a memory plan: what its figures assume, in words (`MemoryPlan.notes`)."""
+"""The notes under a memory plan: what its figures assume, in words (`MemoryPlan.notes`), and which model
+they are for (`planned_model`, `unnamed_model_note`: what `quartet plan` prints around the plan)."""
 
 from __future__ import annotations
 
+from quartet.config.cluster import DeviceKind
+from quartet.config.model import TinyModelConfig
 from quartet.config.roles import Role
 from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
+from quartet.planning.model_shape import ModelShape
 from quartet.planning.parallel import fused_head_on, layout_of
 
-__all__ = ["plan_notes", "shares_memory"]
+__all__ = ["plan_notes", "planned_model", "shares_memory", "unnamed_model_note"]
 
 
 def plan_notes(cfg: QuartetConfig, device: str) -> tuple[str, ...]:
@@ -78,3 +82,32 @@ def shares_memory(cfg: QuartetConfig, device: str, role: Role) -> bool:
     if device == "cpu":
         return cfg.cluster.nodes == 1
     return cfg.cluster.shares_gpu(role) and cfg.cluster.shares_gpu("main")
+
+
+def planned_model(cfg: QuartetConfig, policy: ModelShape) -> str:
+    """The policy a plan is for, in words: `model.path`'s folder, or the built-in tiny model of `model.tiny`
+    (its parameters counted at `model.tiny.vocab_size`, as the plan counts them)."""
+    if cfg.model.path:
+        return f"{cfg.model.path} ({policy.model_type}, {policy.total_params:,} parameters)"
+    tiny = cfg.model.tiny
+    return (
+        f"the built-in tiny model (model.tiny: {tiny.arch}, hidden {tiny.hidden_size}, "
+        f"{tiny.num_hidden_layers} layers, {policy.total_params:,} parameters)"
+    )
+
+
+def unnamed_model_note(cfg: QuartetConfig, device: str) -> str | None:
+    """A warning for a GPU config that names no model (None otherwise): no `model.path` and `model.tiny` at
+    its defaults, with `cluster.device: gpu` or planned for a GPU. Such a preset (examples/single_gpu) expects
+    a model folder; its plan is the default tiny model's, which says nothing about a real one. A config that
+    sets `model.tiny` chose its tiny model (a GPU demo), and on CPU the default tiny model is the normal case:
+    no note for either."""
+    if cfg.model.path or cfg.model.tiny != TinyModelConfig():
+        return None
+    if cfg.cluster.device is not DeviceKind.GPU and device != "gpu":
+        return None
+    return (
+        "this GPU config names no model: it expects a model folder (pass model.path=DIR, a Hugging Face "
+        "causal LM's folder); this plan's figures are for the built-in tiny model and say nothing about "
+        "the memory of a real one"
+    )
