@@ -121,6 +121,8 @@ def test_both_streaks_in_one_alarm(tmp_path: Path) -> None:
     assert standing == [0, 1, 1]
     (alarm,) = alarms
     assert alarm.phases == ("rewards", "gradients") and alarm.record()["phase"] == "rewards,gradients"
+    assert "nothing is learned; actor/grad_norm was 0 too" in alarm.message()
+    assert "no trainable parameter" not in alarm.message()  # the zero advantages explain the zero gradient
 
 
 def test_zero_turns_it_off(tmp_path: Path) -> None:

@@ -15,15 +15,18 @@ Two streaks are counted, each over consecutive steps:
 - `rewards`: steps without a reward signal: every prompt group's rewards are equal (group estimators; the
   groups DAPO's `algorithm.filter_groups` would drop), or the whole batch's rewards are equal (any
   estimator), or every response token's advantage is 0 (|A| < `ZERO_ADVANTAGE`). Some equal groups among
-  others are normal and break the streak. With turn rewards in play (`algorithm.turn_reward_coef`) equal
-  outcome rewards do not count: only zero advantages do;
+  others are normal: the step has a signal (with `filter_groups` the batch is all equal groups only when
+  every draw was, and padded). Equal rewards count even when the KL penalty in the reward makes the
+  advantages nonzero (it teaches no task); with turn rewards in play (`algorithm.turn_reward_coef`) they do
+  not: only zero advantages do;
 - `gradients`: actor updates whose `actor/grad_norm` is 0 (below `ZERO_GRAD_NORM`); a step without an
   actor update (`trainer.critic_warmup`) neither counts nor breaks it.
 
 When a streak reaches `trainer.no_signal_steps` the alarm trips: one warning that says what was seen, for
 how many steps, the likely causes and the fix, and one `alarm` record. It then stands (`alarm/no_signal`
-1) and says nothing more while the signal stays away; when the signal comes back (the streak breaks) it
-stands down, and a new streak of the same length trips it again. A resumed run counts afresh.
+1) and says nothing more while the signal stays away; when the signal comes back (no streak at the length
+any more) it stands down, and a new streak of the same length trips it again: a run that flickers says so
+at most once per `no_signal_steps + 1` steps. A resumed run counts afresh.
 """
 
 from __future__ import annotations
@@ -193,7 +196,7 @@ def _causes(cfg: QuartetConfig, signal: StepSignal | None, phases: tuple[str, ..
         else:
             easy = "prompts too easy for the model (every response gets the same reward): harder data"
             causes += [constant, easy, _FORMAT]
-    if "gradients" in phases:
+    if phases == ("gradients",):  # with zero advantages a zero gradient needs no other cause
         causes += _GRADIENTS
     return tuple(causes)
 
@@ -258,9 +261,8 @@ class NoSignalWatch:
             for name, streak in (("rewards", self.reward_streak), ("gradients", self.grad_streak))
             if streak >= self.steps
         )
-        seen = []
-        if "rewards" in phases and self.last is not None:
-            seen.append(self.last.describe())
-        if "gradients" in phases:
-            seen.append("the actor's gradient norm (actor/grad_norm) was 0: no update changes the policy")
-        return NoSignalAlarm(step, self.steps, phases, "; ".join(seen), _causes(self.cfg, self.last, phases))
+        if "rewards" not in phases or self.last is None:
+            seen = "the actor's gradient norm (actor/grad_norm) was 0: no update changes the policy"
+        else:
+            seen = self.last.describe() + ("; actor/grad_norm was 0 too" if "gradients" in phases else "")
+        return NoSignalAlarm(step, self.steps, phases, seen, _causes(self.cfg, self.last, phases))
