@@ -98,6 +98,15 @@ def test_run_data_lists_steps_and_opens_one_sample(inspect_runs: tuple[Path, Pat
         data.sample(2, 16)
 
 
+def test_a_no_signal_alarm_is_listed_without_the_mismatch_figures(tmp_path: Path) -> None:
+    message = "no-signal alarm at step 5: for 5 steps all 2 groups had equal rewards (mean reward 0.000)"
+    alarm = {"kind": "alarm", "step": 5, "alarm": "no_signal", "phase": "rewards", "message": message}
+    lines = [{"kind": "step", "step": 5, "alarm/no_signal": 1.0}, alarm | {"alarm/no_signal_steps": 5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    expected = {"step": 5, "alarm": "no_signal", "phase": "rewards", "message": message}
+    assert RunData(tmp_path).alarms() == [expected | {"value": None, "threshold": None}]
+
+
 def test_alarm_records_mark_their_steps(inspect_runs: tuple[Path, Path]) -> None:
     a, b = inspect_runs
     assert RunData(a).alarms() == [] and RunData(a).steps()[0]["alarm"] is None

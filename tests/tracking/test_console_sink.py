@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from quartet.tracking import Tracking
-from quartet.tracking.console_sink import ConsoleSink, format_data, format_step, format_val
+from quartet.tracking.console_sink import ConsoleSink, format_data, format_record, format_step, format_val
 
 STEP = {
     "kind": "step",
@@ -44,6 +44,15 @@ def test_data_line_counts_rows() -> None:
         "val": None,
     }
     assert format_data(rec) == "data  train 10 rows (8 loaded, 2 overlong)  val none"
+
+
+def test_alarm_lines_of_both_alarms() -> None:
+    mismatch = {"kind": "alarm", "step": 2, "alarm": "mismatch", "phase": "recompute"}
+    mismatch |= {"alarm/mismatch_value": 0.0118, "alarm/mismatch_threshold": 0.0003}
+    assert format_record(mismatch) == "alarm  step 2  mismatch (recompute)  0.0118 > 0.0003"
+    silent = {"kind": "alarm", "step": 5, "alarm": "no_signal", "phase": "rewards"}
+    silent["alarm/no_signal_steps"] = 5
+    assert format_record(silent) == "alarm  step 5  no_signal (rewards)  for 5 steps"
 
 
 def test_lines_only_when_not_a_terminal(tmp_path: Path) -> None:

@@ -195,6 +195,12 @@ class TrainerConfig:
     untrained 97-100% (its random tokens do not re-tokenize the same); a template that reformats earlier turns
     makes every multi-turn trajectory drift."""
 
+    no_signal_steps: int = 5
+    """Consecutive steps without a learning signal before the no-signal alarm logs a warning and records an
+    `alarm` (`quartet.trainer.loop.no_signal_alarm`; step metric `alarm/no_signal`): every prompt group's
+    rewards equal (group estimators) or the whole batch's, every advantage 0, or the actor's
+    `actor/grad_norm` 0. It says so once, and again only after the signal came back; 0 turns it off."""
+
     @property
     def run_dir(self) -> Path:
         """`output_dir/project_name/experiment_name`: everything the run writes."""
@@ -236,4 +242,10 @@ class TrainerConfig:
             "mismatch_alarm_max_drift_share",
             f"must lie in [0, 1], got {self.mismatch_alarm_max_drift_share}",
             "use 0 to trip on any drift, 1 never to trip on drift",
+        )
+        require(
+            self.no_signal_steps >= 0,
+            "no_signal_steps",
+            f"must be >= 0, got {self.no_signal_steps}",
+            "use 0 to turn the no-signal alarm off",
         )

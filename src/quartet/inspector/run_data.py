@@ -146,8 +146,9 @@ class RunData:
     # ---- steps and samples ------------------------------------------------------------------------------
 
     def alarms(self) -> list[dict[str, Any]]:
-        """The run's alarm records (`trainer.mismatch_alarm` tripped), in the order written: step, alarm,
-        phase, value, threshold, message. A line being written is skipped until it is complete."""
+        """The run's alarm records (`trainer.mismatch_alarm` or `trainer.no_signal_steps` tripped), in the
+        order written: step, alarm (`mismatch`, `no_signal`), phase, value, threshold (the mismatch alarm's;
+        None for the no-signal alarm), message. A line being written is skipped until it is complete."""
         file = self.path / METRICS_FILE
         out: list[dict[str, Any]] = []
         for line in file.read_text().splitlines() if file.is_file() else []:

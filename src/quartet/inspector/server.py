@@ -6,7 +6,7 @@ assets, so nothing is fetched from the network) and:
     GET /api/runs                                   the runs shown (the first, then `--compare` ones)
     GET /api/run/{run}/curves                       panels of `quartet plot` and every metric, as points
     GET /api/run/{run}/steps                        recorded steps (each with its alarm's phase, if any)
-    GET /api/run/{run}/alarms                       the run's alarm records (`trainer.mismatch_alarm`)
+    GET /api/run/{run}/alarms                       the run's alarm records (mismatch, no signal)
     GET /api/run/{run}/step/{step}/samples?...      one page of samples after filters (`SampleFilter`)
     GET /api/run/{run}/step/{step}/sample/{row}     one sample with per-token values
     GET /api/run/{run}/step/{step}/group/{uid}      the samples of one prompt

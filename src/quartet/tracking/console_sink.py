@@ -111,7 +111,12 @@ def format_record(rec: Mapping[str, Any]) -> str:
         return str(rec["note"])
     if kind in ("memory_plan", "memory") and rec.get("checked"):
         return format_memory(rec)
-    if kind == "alarm" and "phase" in rec:  # the message itself is the run log's warning
+    if kind == "alarm" and rec.get("alarm") == "no_signal":  # the message itself is the run log's warning
+        return (
+            f"alarm  step {rec.get('step')}  no_signal ({rec.get('phase')})  "
+            f"for {rec.get('alarm/no_signal_steps')} steps"
+        )
+    if kind == "alarm" and "phase" in rec:
         return (
             f"alarm  step {rec.get('step')}  {rec.get('alarm')} ({rec['phase']})  "
             f"{float(rec.get('alarm/mismatch_value', 0.0)):.3g} > "

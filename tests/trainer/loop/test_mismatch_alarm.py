@@ -29,6 +29,7 @@ from quartet.trainer.loop.mismatch_alarm import (
     MismatchAlarmError,
     MismatchWatch,
 )
+from quartet.trainer.loop.no_signal_alarm import NoSignalAlarm
 from quartet.trainer.loop.step import StepRunner, kl_controller
 from quartet.trainer.workers.start import start_workers
 from quartet.trainer.workers.weight_sync import WeightSync, open_weight_sync
@@ -69,7 +70,7 @@ def _run(cfg: QuartetConfig, steps: int, out: Path, skip_push: bool = False) -> 
     reward = RewardComputer(cfg.reward, tokenizer, cfg.data.max_response_length)
     workers = start_workers(cfg, plan_step(cfg), cfg.model.path, RunNames.new("t", "alarm"), steps)
     metrics: list[dict[str, float]] = []
-    alarms: list[MismatchAlarm] = []
+    alarms: list[MismatchAlarm | NoSignalAlarm] = []  # 2 steps: under trainer.no_signal_steps
 
     def draw(step: int, k: int) -> Batch:
         return prompt_batch(data.train, list(range((step - 1) * 4, step * 4)), step, draw=k)

@@ -116,12 +116,13 @@ function drawExtra() {
 async function loadSteps() {
   const [steps, alarms] = await Promise.all([api(`/api/run/${state.run}/steps`), api(`/api/run/${state.run}/alarms`)]);
   showAlarms(alarms);
+  const kinds = Object.fromEntries(alarms.map((a) => [a.step, alarmName(a.alarm)]));
   const known = state.steps.map((s) => `${s.step}:${s.alarm}`).join(",");
   state.steps = steps;
   if (steps.map((s) => `${s.step}:${s.alarm}`).join(",") === known) return false;
   const sel = $("step"); sel.replaceChildren();
   for (const s of steps) {
-    const label = `${s.step} (${s.samples})${s.tokens ? "" : " no tokens"}${s.alarm ? ` \u26a0 mismatch (${s.alarm})` : ""}`;
+    const label = `${s.step} (${s.samples})${s.tokens ? "" : " no tokens"}${s.alarm ? ` \u26a0 ${kinds[s.step] || "mismatch"} (${s.alarm})` : ""}`;
     sel.appendChild(el("option", s.alarm ? { value: s.step, class: "alarm", "data-alarm": s.alarm } : { value: s.step }, label));
   }
   if (state.step === null || !steps.some((s) => s.step === state.step)) state.step = steps.length ? steps[steps.length - 1].step : null;
@@ -130,12 +131,24 @@ async function loadSteps() {
   return true;
 }
 
-// the header's badge: which steps tripped the log-prob mismatch alarm (trainer.mismatch_alarm), hover for why
+// an alarm record's kind as the step list names it: `mismatch` (trainer.mismatch_alarm), `no signal`
+// (trainer.no_signal_steps)
+function alarmName(kind) {
+  return kind === "no_signal" ? "no signal" : "mismatch";
+}
+
+// the header's badge: which steps tripped the log-prob mismatch alarm (trainer.mismatch_alarm) or the
+// no-signal alarm (trainer.no_signal_steps), hover for why
 function showAlarms(alarms) {
   const badge = $("alarms");
   const steps = [...new Set(alarms.map((a) => a.step))];
+  const titles = { mismatch: "log-prob mismatch", "no signal": "no-signal" };
+  const parts = [...new Set(alarms.map((a) => alarmName(a.alarm)))].map((kind) => {
+    const at = [...new Set(alarms.filter((a) => alarmName(a.alarm) === kind).map((a) => a.step))];
+    return `${titles[kind]} alarm at step ${at.join(", ")}`;
+  });
   badge.hidden = steps.length === 0;
-  badge.textContent = steps.length ? `\u26a0 log-prob mismatch alarm at step ${steps.join(", ")}` : "";
+  badge.textContent = steps.length ? `\u26a0 ${parts.join("; ")}` : "";
   badge.title = alarms.map((a) => a.message).join("\n\n");
   badge.dataset.steps = steps.join(",");
 }

@@ -45,6 +45,7 @@ from quartet.tracking.run_layout import HF_DIR, METRICS_FILE
 from quartet.trainer.feed.batch_source import BatchSource
 from quartet.trainer.feed.run_files import name_bad_rows, name_reward_failures
 from quartet.trainer.loop.mismatch_alarm import MismatchAlarm
+from quartet.trainer.loop.no_signal_alarm import NoSignalAlarm
 from quartet.trainer.loop.session import (
     Prepared,
     mark_run,
@@ -226,7 +227,7 @@ class RLTrainer:
 
         version = prep.resumed.weight_version if prep.resumed is not None else 0
 
-        def on_alarm(alarm: MismatchAlarm) -> None:  # the trackers and `quartet inspect` see it
+        def on_alarm(alarm: MismatchAlarm | NoSignalAlarm) -> None:  # trackers and `quartet inspect` see it
             self.record("alarm", **alarm.record())
 
         runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version, on_alarm, roles.rollout)

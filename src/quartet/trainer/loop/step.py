@@ -36,6 +36,7 @@ from quartet.roles.reference import Reference
 from quartet.roles.rollout import Rollout
 from quartet.trainer.feed.batch_source import BatchSource
 from quartet.trainer.loop.mismatch_alarm import MismatchAlarm, MismatchAlarmError, MismatchWatch
+from quartet.trainer.loop.no_signal_alarm import NO_SIGNAL_METRIC, NoSignalAlarm, NoSignalWatch
 from quartet.trainer.records.busy_time import Interval, busy_outside, pool_metrics
 from quartet.trainer.records.phase_timer import PhaseDeadlines, PhaseTimer
 from quartet.trainer.workers.rollout_calls import RolloutCalls
@@ -75,11 +76,12 @@ class StepRunner:
         kl_ctrl: KLController,
         on_phase: Callable[[str], None] | None = None,
         weight_version: int = 0,
-        on_alarm: Callable[[MismatchAlarm], None] | None = None,
+        on_alarm: Callable[[MismatchAlarm | NoSignalAlarm], None] | None = None,
         rollout: RolloutCalls | None = None,
     ) -> None:
         """`on_phase(name)` is told each phase as it starts; `on_alarm(alarm)` each step's tripped log-prob
-        mismatch alarm (`trainer.mismatch_alarm`), before `stop` raises it; `rollout`: the calls on the
+        mismatch alarm (`trainer.mismatch_alarm`), before `stop` raises it, and the no-signal alarm on the
+        step it trips (`trainer.no_signal_steps`); `rollout`: the calls on the
         rollout group, with `weights` the run's (the healing pair with recovery on,
         `quartet.trainer.recovery`; None: the plain group of `workers`)."""
         self.cfg = cfg
@@ -91,6 +93,8 @@ class StepRunner:
         self._rollout = rollout
         self.watch = MismatchWatch.from_config(cfg)
         """The log-prob mismatch checks of each step (`quartet.trainer.loop.mismatch_alarm`)."""
+        self.signal = NoSignalWatch.from_config(cfg)
+        """The streaks of steps without a learning signal (`quartet.trainer.loop.no_signal_alarm`)."""
         self.weight_version = weight_version
         """Actor updates so far: the version of the weights the last sync sent (0: the initial model)."""
         self.apply = plan_step(cfg).weight_apply
@@ -162,6 +166,7 @@ class StepRunner:
             self._sound(step, metrics)
         timer.seconds["timing_s/step"] = time.perf_counter() - start
         metrics |= self._data_metrics(batch) | timer.seconds | self._throughput(batch, timer.seconds)
+        self._watch_signal(step, batch, metrics)
         return batch, metrics
 
     def _old_logprobs(self, batch: Batch, metrics: dict[str, float], timer: PhaseTimer) -> Batch:
@@ -192,6 +197,19 @@ class StepRunner:
             self.on_alarm(alarm)
         if self.watch.mode is AlarmMode.STOP:
             raise MismatchAlarmError(alarm.message() + " (trainer.mismatch_alarm=stop; warn or off go on)")
+
+    def _watch_signal(self, step: int, batch: Batch, metrics: dict[str, float]) -> None:
+        """Count the step in the no-signal streaks: `alarm/no_signal` (1 while the alarm stands), and the
+        log line and `on_alarm` on the step it trips."""
+        if not self.signal.enabled:
+            return
+        alarm = self.signal.observe(step, batch, metrics)
+        metrics[NO_SIGNAL_METRIC] = float(self.signal.standing)
+        if alarm is None:
+            return
+        log.warning("%s", alarm.message())
+        if self.on_alarm is not None:
+            self.on_alarm(alarm)
 
     def _ref_logprobs(self, batch: Batch) -> Batch:
         """`ref_logprobs` of the batch from wherever the reference policy lives."""
