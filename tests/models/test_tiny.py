@@ -125,6 +125,24 @@ def test_llama_architecture(tmp_path: Path) -> None:
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.hidden_size == 32
 
 
+def test_qwen3_moe_architecture_routes_each_token_to_its_experts(tmp_path: Path) -> None:
+    spec = TinyModelConfig(
+        arch=TinyArch.QWEN3_MOE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24
+    )
+    folder = save_tiny_model(tmp_path / "moe", spec)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    block = model.model.layers[0].mlp  # every layer sparse: the fused expert weights [E, 2I, H], [E, H, I]
+    assert block.experts.gate_up_proj.shape == (4, 48, spec.hidden_size)
+    assert block.experts.down_proj.shape == (4, spec.hidden_size, 24)
+    assert all(type(layer.mlp).__name__ == "Qwen3MoeSparseMoeBlock" for layer in model.model.layers)
+    hidden = torch.randn(5, spec.hidden_size)
+    _, weights, chosen = block.gate(hidden)  # top-2 of 4 per token, weights renormalised to sum to 1
+    assert chosen.shape == (5, 2) and torch.allclose(weights.sum(-1), torch.ones(5))
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        TinyModelConfig(arch=TinyArch.QWEN3_MOE, num_experts=2, num_experts_per_tok=3)
+
+
 def test_same_spec_builds_identical_models(tmp_path: Path) -> None:
     a = load_causal_lm(save_tiny_model(tmp_path / "a"))
     b = load_causal_lm(save_tiny_model(tmp_path / "b"))

@@ -15,6 +15,8 @@ from transformers import (
     PreTrainedModel,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine, UnsupportedModelError
@@ -39,8 +41,8 @@ def build(model_cls: type[PreTrainedModel], config: object) -> PreTrainedModel:
     model.train(False)
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 1.5 / p.shape[1] ** 0.5)
+            if p.dim() >= 2:  # 3-D: a mixture of experts' stacked weights [E, out, in]
+                p.normal_(0.0, 1.5 / p.shape[-1] ** 0.5)
     return model
 
 
@@ -50,8 +52,14 @@ def build(model_cls: type[PreTrainedModel], config: object) -> PreTrainedModel:
         (LlamaForCausalLM, LlamaConfig(**SHAPE)),
         (Qwen3ForCausalLM, Qwen3Config(head_dim=16, **SHAPE)),  # q_norm / k_norm
         (MistralForCausalLM, MistralConfig(sliding_window=None, **SHAPE)),
+        (  # a sparse MLP in every layer: 8 experts, 2 per token
+            Qwen3MoeForCausalLM,
+            Qwen3MoeConfig(
+                head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, **SHAPE
+            ),
+        ),
     ],
-    ids=["llama", "qwen3", "mistral"],
+    ids=["llama", "qwen3", "mistral", "qwen3_moe"],
 )
 def test_greedy_matches_generate(model_cls: type[PreTrainedModel], config: object) -> None:
     model = build(model_cls, config)

@@ -31,11 +31,19 @@ class TinyArch(StrEnum):
     """Qwen2-VL: the tiny Qwen2 text model with a two-block vision tower (docs/vision.md)."""
     QWEN2_5_VL = "qwen2_5_vl"
     """Qwen2.5-VL: as `qwen2_vl` with Qwen2.5-VL's windowed vision tower."""
+    QWEN3_MOE = "qwen3_moe"
+    """Qwen3-MoE: Qwen3's attention (q/k norms) with a sparse mixture-of-experts MLP in every layer
+    (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`; docs/moe.md)."""
 
     @property
     def is_vision(self) -> bool:
         """True for the vision-language architectures (their prompts may hold images)."""
         return self in (TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL)
+
+    @property
+    def is_moe(self) -> bool:
+        """True for the mixture-of-experts architectures (their MLPs route each token to a few experts)."""
+        return self is TinyArch.QWEN3_MOE
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,15 @@ class TinyModelConfig:
     tie_word_embeddings: bool = True
     """Share input embedding and output head (common in small models, and a case weight sync must handle)."""
 
+    num_experts: int = 8
+    """Experts per MoE layer (mixture-of-experts architectures only, `arch: qwen3_moe`)."""
+
+    num_experts_per_tok: int = 2
+    """Experts each token is routed to (top-k; MoE only)."""
+
+    moe_intermediate_size: int = 64
+    """Width of each expert's MLP (MoE only)."""
+
     seed: int = 0
     """Seed of the random initialisation and of the tokenizer's training text."""
 
@@ -95,6 +112,14 @@ class TinyModelConfig:
             f"a {self.arch} tiny model needs a head size divisible by 16 (M-RoPE sections), got {head_dim}",
             "choose hidden_size / num_attention_heads = 16, 32, 64, ...",
         )
+        if self.arch.is_moe:
+            require(
+                1 <= self.num_experts_per_tok <= self.num_experts,
+                "num_experts_per_tok",
+                f"must be between 1 and num_experts={self.num_experts}, got {self.num_experts_per_tok}",
+                "route each token to at least one and at most all experts",
+            )
+            require(self.moe_intermediate_size > 0, "moe_intermediate_size", "must be > 0")
 
 
 @dataclass(frozen=True)

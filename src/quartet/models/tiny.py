@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from quartet.config import QuartetConfig
@@ -72,6 +74,16 @@ def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFa
     model: PreTrainedModel
     if spec.arch is TinyArch.QWEN2:
         model = Qwen2ForCausalLM(Qwen2Config(**common))  # type: ignore[no-untyped-call]  # as above
+    elif spec.arch is TinyArch.QWEN3_MOE:
+        moe = Qwen3MoeConfig(  # the head size is hidden_size / num_attention_heads, as for the others
+            **common,
+            num_experts=spec.num_experts,
+            num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size,
+            decoder_sparse_step=1,  # every layer's MLP is sparse
+            norm_topk_prob=True,  # the chosen experts' weights sum to 1, as Qwen3-30B-A3B's config says
+        )
+        model = Qwen3MoeForCausalLM(moe)  # type: ignore[no-untyped-call]  # as above
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))  # type: ignore[no-untyped-call]  # as above
     model.generation_config.eos_token_id = tokenizer.eos_token_id

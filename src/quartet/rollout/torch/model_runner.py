@@ -24,11 +24,13 @@ from quartet.rollout.torch.kv_cache import SlotKVCache
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "DecoderRunner", "UnsupportedModelError"]
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl"})
+SUPPORTED_MODEL_TYPES = frozenset(
+    {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "qwen2_vl", "qwen2_5_vl"}
+)
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # transformers' RMSNorm of these families: weight * (x in float32 * rsqrt(mean(x^2) + eps)).to(x.dtype)
-_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
+_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MistralRMSNorm"})
 
 
 class UnsupportedModelError(ValueError):
