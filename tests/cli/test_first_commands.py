@@ -3,6 +3,9 @@ a folder or missing, the closing line of a resumed run, and an install without a
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -67,8 +70,8 @@ def test_the_closing_line_says_what_this_call_trained(tmp_path: Path) -> None:
     assert finished_text(resumed).startswith("done: steps 5-10 of 10 trained now (resumed after step 4)")
     finished = RLResult(tmp_path, steps=10, seconds=3.0, total_steps=10, resumed_at=10)
     text = finished_text(finished)
-    assert text.startswith(f"nothing trained: {tmp_path} already holds 10 of 10 steps")
-    assert "done" not in text and "trainer.total_steps" in text and "trainer.resume=off" in text
+    assert text.startswith(f"nothing trained this time: {tmp_path} already holds 10 of 10 steps")
+    assert "done" not in text and "nothing left to train" not in text  # the resume record's words, once
 
 
 def test_the_package_metadata_uses_an_spdx_license_string() -> None:
@@ -77,3 +80,11 @@ def test_the_package_metadata_uses_an_spdx_license_string() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["license"] == "Apache-2.0"
     assert "setuptools>=77" in project["build-system"]["requires"]
+
+
+def test_a_reader_that_leaves_early_is_no_error() -> None:
+    """`quartet config show --doc | head`: no BrokenPipeError traceback, exit status 0."""
+    line = f"set -o pipefail; {shlex.quote(sys.executable)} -m quartet.cli.main config show --doc | head -1"
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("data.train_files = ")

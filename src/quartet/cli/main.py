@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -44,8 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except BrokenPipeError:  # `quartet config show --doc | head`: the reader left, which is no error
+        _quiet_closed_stdout()
+        return 0
     return code
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit does not raise again into the
+    closed pipe (the recipe of Python's `signal` documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":
