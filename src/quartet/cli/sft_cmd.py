@@ -40,9 +40,9 @@ def load_sft_config(path: str | None, overrides: list[str]) -> QuartetConfig:
     return cfg
 
 
-def sft_progress(console: Console, every: int) -> Callable[[dict[str, Any]], None]:
-    """The sft progress printer: every `every`-th train step (and the first), validation, data, eval and
-    export records, one line each."""
+def sft_progress(console: Console, every: int, val_every: int = 1) -> Callable[[dict[str, Any]], None]:
+    """The sft progress printer: every `every`-th train step (and the first), the validation of every
+    `val_every`-th epoch, data, eval and export records, one line each."""
 
     def show(rec: dict[str, Any]) -> None:
         kind = rec["kind"]
@@ -51,7 +51,7 @@ def sft_progress(console: Console, every: int) -> Callable[[dict[str, Any]], Non
                 f"step {rec['step']:>5}  epoch {rec['epoch']}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
                 f"grad_norm {rec['grad_norm']:.3f}  tokens {rec['tokens']}  {rec['seconds'] * 1e3:.0f} ms"
             )
-        elif kind == "val":
+        elif kind == "val" and rec["epoch"] % val_every == 0:
             console.print(f"val    epoch {rec['epoch']}  step {rec['step']}  val_loss {rec['val_loss']:.4f}")
         elif kind == "data":
             console.print(

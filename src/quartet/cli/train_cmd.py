@@ -93,9 +93,8 @@ def finished_text(result: RLResult) -> str:
         return f"done: {result.steps} steps {took}"
     if result.steps_this_run == 0:
         return (
-            f"nothing trained: {result.run_dir} already holds {result.resumed_at} of {result.total_steps} "
-            "steps (trainer.resume=auto). Raise trainer.total_steps to go on, or set trainer.resume=off "
-            "to start over"
+            f"nothing trained this time: {result.run_dir} already holds {result.resumed_at} of "
+            f"{result.total_steps} steps (trainer.resume=auto; the resume line above says how to go on)"
         )
     return (
         f"done: steps {result.resumed_at + 1}-{result.steps} of {result.total_steps} trained now "
@@ -134,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             from quartet.trainer.loop.warm_start import sft_warm_start
 
             console.print("sft warm start (trainer.sft_warm_start): the sft section first", markup=False)
-            cfg, start, trained = sft_warm_start(cfg, on_record=sft_progress(console, 200))
+            cfg, start, trained = sft_warm_start(cfg, on_record=sft_progress(console, 200, val_every=10))
             what = "trained" if trained else "found, reused"
             console.print(f"sft warm start {what}: RL starts from {start}", markup=False)
         result = RLTrainer(cfg, console=console).run()

@@ -156,7 +156,7 @@ def test_sigkill_while_writing_a_checkpoint_leaves_latest_complete(
     (note,) = [str(r["note"]) for r in records if r["kind"] == "resume"]
     assert "nothing left to train" in note and "trainer.total_steps" in note
     assert (again.resumed_at, again.steps_this_run, again.total_steps) == (STEPS, 0, STEPS)
-    nothing = f"nothing trained: {again.run_dir} already holds {STEPS} of {STEPS}"
+    nothing = f"nothing trained this time: {again.run_dir} already holds {STEPS} of {STEPS}"
     assert finished_text(again).startswith(nothing)
     assert (resumed.resumed_at, resumed.steps_this_run) == (2, STEPS - 2)
     assert finished_text(resumed).startswith(f"done: steps 3-{STEPS} of {STEPS} trained now")
