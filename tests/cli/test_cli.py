@@ -76,7 +76,7 @@ def test_demo_quick_runs_every_stage_on_ray(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for row in ("SFT start", "GRPO", "more SFT (control)"):
         assert row in out.stdout
-    run = tmp_path / "demo-seed0"
+    run = tmp_path / "demo-quick-seed0"
     steps = [json.loads(line) for line in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3]
     for stage in ("sft_start", "grpo", "sft_control"):

@@ -106,7 +106,7 @@ def test_vision_demo_quick_end_to_end(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = _table(out.stdout)
     assert list(table) == list(ROWS), out.stdout
-    run = tmp_path / "demo-vision-seed0"
+    run = tmp_path / "demo-vision-quick-seed0"
     held_out = pq.read_table(run / "data" / "rl" / "rl_val.parquet").to_pylist()
     truths = [r["reward_model"]["ground_truth"] for r in held_out]
     for name, stage in zip(ROWS, ("sft_start", "grpo", "sft_control"), strict=True):

@@ -44,7 +44,7 @@ CHECKS: dict[str, Check] = {
     "quartet demo --quick": Check(
         extra=("sft.epochs=2", "trainer.total_steps=2", "data.builtin_train_size=256", *TINY),
         prints=("expected: ", "SFT start", "more SFT (control)", "says nothing about which row is better"),
-        leaves=("runs/demo-seed0/grpo/metrics.jsonl",),
+        leaves=("runs/demo-quick-seed0/grpo/metrics.jsonl",),
     ),
     "quartet train examples/grpo_arithmetic/config.yaml": Check(
         extra=(

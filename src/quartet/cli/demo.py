@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     what = WHAT[args.task]
     model = "tiny Qwen2, CPU" if device == "cpu" else "~0.1B Qwen2 shape, GPU"
     model = "tiny Qwen2-VL, CPU" if args.task == "vision" else model
-    console.rule(f"[bold]quartet demo: SFT start -> GRPO vs more SFT ({model}, {what})")
+    console.rule(f"[bold]quartet demo --task {args.task}")  # short: a rule is cut at 80 columns in a log
+    console.print(f"SFT start -> GRPO vs more SFT: {model}, {what}", markup=False)
     console.print(opening_note(args.task, args.quick, device), markup=False)
     source = cfg.data.builtin_task.value
     try:

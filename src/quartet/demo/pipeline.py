@@ -257,7 +257,8 @@ def run_demo(
     problem = cuda_problem() if device == "gpu" else None
     if problem:
         raise RuntimeError(problem)
-    project = f"{cfg.trainer.experiment_name}-seed{seed}"
+    # a --quick run has its own folder: it must not replace the models and table of a full run
+    project = f"{cfg.trainer.experiment_name}{'-quick' if quick else ''}-seed{seed}"
     base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
     result = DemoResult(run_dir=base)
     emit = on_record or (lambda rec: None)
