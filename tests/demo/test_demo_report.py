@@ -4,6 +4,7 @@ table that keeps its title and cells in an 80-column log, and the smoke warning 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from rich.console import Console
 
 from quartet.cli.demo import _report
 from quartet.demo import DEMOS, DemoResult, DemoRow
-from quartet.demo.expectations import closing_note, expectation, opening_note
+from quartet.demo.expectations import EXPECTATIONS, closing_note, expectation, opening_note
 
+ROOT = Path(__file__).resolve().parents[2]
 LONG = "/home/a-user/projects/quartet/runs/demo-seed0/sft_control/hf"
 
 
@@ -58,3 +60,13 @@ def test_every_cpu_demo_states_its_time_and_a_quick_one_says_it_is_a_smoke(task:
 def test_the_gpu_demo_says_its_time_is_an_estimate() -> None:
     assert expectation("arithmetic", False, "gpu") is None
     assert "not yet timed" in opening_note("arithmetic", False, "gpu")
+
+
+def test_the_measured_times_are_those_the_benchmark_recorded() -> None:
+    """An expectation that names `benchmarks/demo_times.py` holds the wall time it wrote (to 5 s)."""
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "demo_times.json").read_text())
+    measured = {(r["task"], r["quick"]): r["seconds"] for r in recorded["raw"]}
+    for key, found in EXPECTATIONS.items():
+        if found.measured == "benchmarks/demo_times.py":
+            assert key in measured, f"{key} names benchmarks/demo_times.py, which did not measure it"
+            assert found.seconds == 5 * round(measured[key] / 5), key
