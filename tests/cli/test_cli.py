@@ -148,7 +148,7 @@ def test_calculator_demo_quick_with_the_verified_control(tmp_path: Path) -> None
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for row in ("SFT start", "GRPO", "more SFT (control)", "verified SFT (control)"):
         assert row in out.stdout
-    run = tmp_path / "demo-calculator-seed0"
+    run = tmp_path / "demo-calculator-quick-seed0"
     traces = pq.read_table(run / "sft_filtered" / "data" / "calculator" / "sft_train.parquet").to_pylist()
     wrong = 0
     for row in traces:
