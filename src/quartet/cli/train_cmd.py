@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from quartet.cli.console import command_console, quiet_transformers
@@ -127,16 +128,22 @@ def run(args: argparse.Namespace) -> int:
     console = command_console()
     console.rule(f"[bold]quartet train: {cfg.algorithm.adv_estimator} on {cfg.cluster.backend}")
 
+    warm_start_s = 0.0
     try:
         if cfg.trainer.sft_warm_start:
             from quartet.cli.sft_cmd import sft_progress
             from quartet.trainer.loop.warm_start import sft_warm_start
 
             console.print("sft warm start (trainer.sft_warm_start): the sft section first", markup=False)
+            began = time.perf_counter()
             cfg, start, trained = sft_warm_start(cfg, on_record=sft_progress(console, 200, val_every=10))
+            warm_start_s = time.perf_counter() - began
             what = "trained" if trained else "found, reused"
             console.print(f"sft warm start {what}: RL starts from {start}", markup=False)
-        result = RLTrainer(cfg, console=console).run()
+        trainer = RLTrainer(cfg, console=console)
+        if warm_start_s:  # its time is no import: the startup record names it apart
+            trainer.startup.set_aside("sft_warm_start", warm_start_s)
+        result = trainer.run()
     except (ValueError, FileNotFoundError, RuntimeError, ConnectionError, TrackerUnavailableError) as err:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"run failed: {err}", style="red", markup=False, soft_wrap=True)

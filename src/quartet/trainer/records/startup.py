@@ -11,7 +11,8 @@ and writes one record after the first step of the process:
 
 `imports_s` runs from the process's first import of quartet (`quartet.IMPORTED_AT`, right after the
 interpreter starts when the `quartet` command runs) to the trainer's creation: the CLI's imports (torch,
-transformers, Ray). `to_first_step_s` runs from that same point to the first step's start.
+transformers, Ray). `to_first_step_s` runs from that same point to the first step's start. An SFT warm start
+that `quartet train` ran in the same process first is reported apart, as `sft_warm_start_s` (`set_aside`).
 `benchmarks/startup.py` compares these with TRL's, measured from outside the process.
 """
 
@@ -42,6 +43,13 @@ class StartupClock:
         self.phases: dict[str, float] = {}
         self.last = self.created
         self.reported = False
+
+    def set_aside(self, name: str, seconds: float) -> None:
+        """Report `seconds` that ran before the trainer was created but were no import (an SFT warm start
+        in the same process) as the phase `name`, not in `imports_s`; `to_first_step_s` keeps them."""
+        self.imports_s = max(0.0, self.imports_s - seconds)
+        self.phases[name] = seconds
+        self.created -= seconds  # the span since the imports stays the same length
 
     def mark(self) -> None:
         """Start the next lap now."""
