@@ -25,7 +25,6 @@ to the trainer's step count (as in verl).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -45,17 +44,16 @@ from quartet.engines.dist import (
     all_reduce_sum,
     init_distributed,
     sum_over_dp,
-    to_local_full,
 )
 from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
 from quartet.engines.inputs import ModelInputs, build_inputs, pad_responses, valid_lengths
 from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
-from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
+from quartet.engines.optim import build_optimizer, build_scheduler, optimizer_step, trainable_parameters
 from quartet.engines.packed_run import PackedRun, packed_values
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
-from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
+from quartet.engines.tensor_parallel import VocabHead, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
 from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision, vision_call
 from quartet.models.vision import image_token_mask
@@ -222,23 +220,8 @@ class TrainingEngine:
     ) -> dict[str, float]:
         assert self.spec.optim is not None
         params = trainable_parameters(self.module)
-        max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        if self.ctx.tp > 1:  # DTensors on two meshes: reduced per placement (`tensor_parallel`)
-            grad_norm = clip_grad_norm(params, max_norm)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
-            grad_norm = float(to_local_full(norm))
-        lr = float(scheduler.get_last_lr()[0])
-        finite = math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
-        else:
-            self.skipped_steps += 1
-        optimizer.zero_grad(set_to_none=True)  # frees gradient memory until the next step
-        with warnings.catch_warnings():
-            if not finite:  # torch warns about a scheduler step without an optimizer step: intended here
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            scheduler.step()
+        grad_norm, lr = optimizer_step(params, optimizer, scheduler, self.spec.optim.grad_clip, self.ctx.tp)
+        self.skipped_steps += int(not math.isfinite(grad_norm))
         self.steps += 1
         return {"grad_norm": grad_norm, "lr": lr, "skipped_steps": float(self.skipped_steps)}
 
