@@ -14,7 +14,14 @@ from quartet.config.model import Dtype, LoraConfig, ModelConfig, TinyArch, TinyM
 from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.config.plan import OldLogprobs, RefLogprobs, StepPlan, plan_step
 from quartet.config.reward import RewardConfig
-from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, ReferenceConfig, Role
+from quartet.config.roles import (
+    ActorConfig,
+    CriticConfig,
+    MicroBatching,
+    ReferenceConfig,
+    Role,
+    RoutingReplay,
+)
 from quartet.config.rollout import (
     RolloutConfig,
     RolloutEngineKind,
@@ -58,6 +65,7 @@ __all__ = [
     "ReferenceConfig",
     "RewardConfig",
     "Role",
+    "RoutingReplay",
     "RolloutConfig",
     "RolloutEngineKind",
     "RolloutInterface",

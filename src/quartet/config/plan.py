@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from quartet.config.roles import Role
+from quartet.config.roles import Role, RoutingReplay
 from quartet.config.rollout import WeightApply
 from quartet.config.root import QuartetConfig
 from quartet.config.trainer import StalenessControl, TrainerMode
@@ -92,6 +92,12 @@ class StepPlan:
     """When a replica applies new weights, for every sync: one_step_off applies after the replica drained the
     batch it generates (so that batch keeps the weights it started with); None: as
     `rollout.weight_sync.apply` says."""
+    record_routing: bool = False
+    """The rollout engine records each token's MoE routing (`rollout.record_routing`, or implied by
+    `actor.routing_replay=rollout`): the batch carries `routed_experts`."""
+    routing_replay: bool = False
+    """The policy's training passes (actor and reference) replay the recorded routing
+    (`actor.routing_replay=rollout`)."""
 
     @property
     def roles(self) -> tuple[Role, ...]:
@@ -142,4 +148,6 @@ def plan_step(cfg: QuartetConfig) -> StepPlan:
         max_staleness=t.max_staleness if is_async else None,
         admission=is_async and t.staleness_control is StalenessControl.ADMISSION,
         weight_apply=WeightApply.AFTER_DRAIN if t.mode is TrainerMode.ONE_STEP_OFF else None,
+        record_routing=cfg.rollout.record_routing or actor.routing_replay is RoutingReplay.ROLLOUT,
+        routing_replay=actor.routing_replay is RoutingReplay.ROLLOUT,
     )

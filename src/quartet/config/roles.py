@@ -11,7 +11,7 @@ from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
 from quartet.core.choices import KLPenalty, LossAggMode, PolicyLoss, TISMode
 
-__all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig", "Role"]
+__all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig", "Role", "RoutingReplay"]
 
 
 class Role(StrEnum):
@@ -23,6 +23,16 @@ class Role(StrEnum):
     REFERENCE = "reference"
     CRITIC = "critic"
     REWARD_MODEL = "reward_model"
+
+
+class RoutingReplay(StrEnum):
+    """Which experts a mixture-of-experts policy's training passes route each token to."""
+
+    OFF = "off"
+    """The trainer's own router picks the top-k (it may differ from what the rollout engine picked)."""
+    ROLLOUT = "rollout"
+    """The experts the rollout engine picked for the token (R3, docs/moe_routing_replay.md); the gate's
+    weights are its softmax at those experts, so the router still gets a gradient."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,12 @@ class ActorConfig:
 
     optimizer_offload: bool = False
     """Keep optimizer states in host memory between updates (GPU only; no-op on CPU)."""
+
+    routing_replay: RoutingReplay = RoutingReplay.OFF
+    """Mixture-of-experts policies: `rollout` routes every token of the old-log-prob pass, the reference
+    pass and the update to the experts the rollout engine recorded for it (routing replay, R3; implies
+    `rollout.record_routing`); `off` lets the trainer's router choose. Needs an MoE model and the built-in
+    engine with single-turn batch generation (docs/moe_routing_replay.md)."""
 
     def __post_init__(self) -> None:
         _check_update_sizes(self)

@@ -321,6 +321,12 @@ class RolloutConfig:
     """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
     length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
 
+    record_routing: bool = False
+    """Mixture-of-experts models, built-in engine: record the top-k experts of every MoE layer for every
+    token the engine processes (prompt and response) and carry them with the batch (`routed_experts`, one
+    byte per layer and expert slot for <= 256 experts); the old-log-prob pass then reports
+    `moe/routing_mismatch`. Implied by `actor.routing_replay=rollout` (docs/moe_routing_replay.md)."""
+
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may take for weights and KV cache (vLLM on GPU only)."""
 

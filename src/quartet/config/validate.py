@@ -18,6 +18,7 @@ from quartet.config.errors import ConfigError, raise_problems
 from quartet.config.parallel import divisors, head_problems, pool_problems, vision_problem
 from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
+from quartet.config.routing_rules import routing_problems
 from quartet.core.registry import policy_loss_names
 
 __all__ = ["sft_rules", "validate"]
@@ -36,6 +37,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
     if cfg.algorithm.needs_critic:
         problems += _critic_parallel_rules(cfg)
     problems += gpu_share_problems(cfg.cluster)
+    problems += routing_problems(cfg)
     problems += cfg.reward.judge.problems("reward.judge")
     raise_problems(problems)
     return cfg

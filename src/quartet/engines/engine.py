@@ -25,7 +25,6 @@ to the trainer's step count (as in verl).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -45,17 +44,17 @@ from quartet.engines.dist import (
     all_reduce_sum,
     init_distributed,
     sum_over_dp,
-    to_local_full,
 )
 from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
 from quartet.engines.inputs import ModelInputs, build_inputs, pad_responses, valid_lengths
 from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
-from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
+from quartet.engines.optim import build_optimizer, build_scheduler, optimizer_step, trainable_parameters
 from quartet.engines.packed_run import PackedRun, packed_values
+from quartet.engines.routing_replay import RoutingReplay, with_mismatch
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
-from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
+from quartet.engines.tensor_parallel import VocabHead, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
 from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision, vision_call
 from quartet.models.vision import image_token_mask
@@ -88,6 +87,7 @@ class TrainingEngine:
         wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
         wanted = fused_head_allowed(wanted, self._vocab)  # not under TP (`tensor_parallel`)
         self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
+        self._routing = RoutingReplay(self.module, spec.routing_replay)  # MoE: replay, mismatch metric
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if spec.optim is not None:
@@ -122,12 +122,25 @@ class TrainingEngine:
 
         Log-probs are under softmax(logits / temperature); positions past a response's end hold 0.
         """
+        out = self.forward_policy(batch, temperature, micro, with_entropy=with_entropy)
+        return _field(out.logprobs), out.entropy
+
+    def forward_policy(
+        self,
+        batch: Batch,
+        temperature: float,
+        micro: MicroSpec,
+        *,
+        with_entropy: bool = False,
+        with_routing_mismatch: bool = False,
+    ) -> ModelOutputs:
+        """`forward_logprobs` as `ModelOutputs` [B, R] (float32, on CPU), with `routing_mismatch` when asked
+        and the batch carries the engine's `routed_experts` (`engines.routing_replay`)."""
         self._need(ModelKind.CAUSAL_LM)
         batch, own = group_rows(batch, self._row_group)  # SP/TP: the rows of the whole group
-        outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy)
-        logprobs = restore_order([_field(o.logprobs) for o in outs], plan)[own]
-        entropy = restore_order([_field(o.entropy) for o in outs], plan)[own] if with_entropy else None
-        return logprobs, entropy
+        outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy, with_routing_mismatch)
+        fields = zip(*(_fields(o) for o in outs), strict=True)  # per field, each micro-batch's part
+        return ModelOutputs(*(None if f[0] is None else restore_order(list(f), plan)[own] for f in fields))
 
     def forward_values(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
         """Values [B, R] (float32, on CPU): value[t] is the estimate of the state BEFORE response token t.
@@ -201,16 +214,18 @@ class TrainingEngine:
         for rows in plan:
             mb, dummy = self._micro_batch(batch, rows)
             mb = mb.to(self.device)
-            outputs = self._run(mb, build_inputs(mb), temp, with_entropy, entropy_grad)
-            if dummy:  # keeps this rank in step with the others' collectives; contributes nothing
-                loss = sum((t.sum() for t in _present(outputs)), torch.zeros((), device=self.device)) * 0.0
-            else:
-                loss, metrics = loss_fn(outputs, mb, scale)
-                loss_sum += loss.detach().double()
-                for key, value in metrics.items():
-                    metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
-                    collected.setdefault(key, []).append(metric)
-            torch.autograd.backward(loss * self.ctx.loss_factor)
+            inputs = build_inputs(mb)
+            with self._routing.pass_(inputs, self.spec.packs, self.device):  # backward too: checkpointing
+                outputs = self._run(mb, inputs, temp, with_entropy, entropy_grad)
+                if dummy:
+                    loss = _dummy_loss(outputs, self.device)
+                else:
+                    loss, metrics = loss_fn(outputs, mb, scale)
+                    loss_sum += loss.detach().double()
+                    for key, value in metrics.items():
+                        metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
+                        collected.setdefault(key, []).append(metric)
+                torch.autograd.backward(loss * self.ctx.loss_factor)
         result = self._optimizer_step(optimizer, scheduler)
         result["loss"] = sum_over_dp(float(loss_sum), self.ctx)
         result["micro_batches"] = float(len(plan))
@@ -222,23 +237,8 @@ class TrainingEngine:
     ) -> dict[str, float]:
         assert self.spec.optim is not None
         params = trainable_parameters(self.module)
-        max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        if self.ctx.tp > 1:  # DTensors on two meshes: reduced per placement (`tensor_parallel`)
-            grad_norm = clip_grad_norm(params, max_norm)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
-            grad_norm = float(to_local_full(norm))
-        lr = float(scheduler.get_last_lr()[0])
-        finite = math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
-        else:
-            self.skipped_steps += 1
-        optimizer.zero_grad(set_to_none=True)  # frees gradient memory until the next step
-        with warnings.catch_warnings():
-            if not finite:  # torch warns about a scheduler step without an optimizer step: intended here
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            scheduler.step()
+        grad_norm, lr = optimizer_step(params, optimizer, scheduler, self.spec.optim.grad_clip, self.ctx.tp)
+        self.skipped_steps += int(not math.isfinite(grad_norm))
         self.steps += 1
         return {"grad_norm": grad_norm, "lr": lr, "skipped_steps": float(self.skipped_steps)}
 
@@ -356,7 +356,7 @@ class TrainingEngine:
         return batch.index(0), True
 
     def _no_grad_pass(
-        self, batch: Batch, micro: MicroSpec, temperature: float, with_entropy: bool
+        self, batch: Batch, micro: MicroSpec, temperature: float, with_entropy: bool, mismatch: bool = False
     ) -> tuple[list[ModelOutputs], list[torch.Tensor]]:
         self._check_loaded()
         self.module.eval()
@@ -365,7 +365,9 @@ class TrainingEngine:
         with torch.no_grad():
             for rows in plan:
                 mb, dummy = self._micro_batch(batch, rows)
-                out = self._run(mb, build_inputs(mb), temperature, with_entropy)
+                inputs = build_inputs(mb)
+                with self._routing.pass_(inputs, self.spec.packs, self.device, record=mismatch) as capture:
+                    out = with_mismatch(self._run(mb, inputs, temperature, with_entropy), capture, inputs)
                 if not dummy:
                     outs.append(ModelOutputs(*(None if t is None else t.cpu() for t in _fields(out))))
                     kept.append(rows)
@@ -484,11 +486,12 @@ class TrainingEngine:
 
 
 def _fields(out: ModelOutputs) -> tuple[torch.Tensor | None, ...]:
-    return (out.logprobs, out.entropy, out.values)
+    return (out.logprobs, out.entropy, out.values, out.routing_mismatch)
 
 
-def _present(out: ModelOutputs) -> list[torch.Tensor]:
-    return [t for t in _fields(out) if t is not None]
+def _dummy_loss(out: ModelOutputs, device: torch.device) -> torch.Tensor:
+    """A stand-in micro-batch's loss: keeps this rank in step with the others' collectives, adds nothing."""
+    return sum((t.sum() for t in _fields(out) if t is not None), torch.zeros((), device=device)) * 0.0
 
 
 def _field(t: torch.Tensor | None) -> torch.Tensor:

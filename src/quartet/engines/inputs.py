@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from quartet.core.batch import Batch
+from quartet.core.routing import ROUTED_EXPERTS
 
 __all__ = ["ModelInputs", "build_inputs", "pad_responses", "valid_lengths"]
 
@@ -41,6 +42,10 @@ class ModelInputs:
 
     response_mask: torch.Tensor
     """[b, R'] bool: response tokens that are attended (real), i.e. where outputs are defined."""
+
+    routing: torch.Tensor | None = None
+    """[b, T, L, k] the MoE routing the rollout engine recorded (`routed_experts`, trimmed like the ids);
+    None when the batch carries none."""
 
 
 def valid_lengths(batch: Batch) -> torch.Tensor:
@@ -77,7 +82,8 @@ def build_inputs(batch: Batch, trim: bool = True) -> ModelInputs:
         positions = batch["position_ids"][:, start:stop].to(torch.int64)
     else:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-    return ModelInputs(ids, mask, positions, width, mask[:, p_len - start :] != 0)
+    routing = batch[ROUTED_EXPERTS][:, start:stop] if ROUTED_EXPERTS in batch else None
+    return ModelInputs(ids, mask, positions, width, mask[:, p_len - start :] != 0, routing)
 
 
 def pad_responses(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -7,10 +7,16 @@ regulariser anyone wants).
 Schedule (transformers' own functions, stepped once per optimizer step): linear warmup from 0 to `lr`
 over `warmup_steps` (the first step runs at lr 0 when warmup_steps > 0, as in transformers and verl), then
 constant, or a half cosine from `lr` down to `min_lr_ratio * lr` at `total_steps`.
+
+Non-finite gradients (`optimizer_step`): if the global gradient norm is inf or NaN the optimizer step is
+skipped and the gradients dropped; the scheduler still advances, so the learning rate stays tied to the
+trainer's step count (as in verl).
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -19,8 +25,10 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
 from quartet.config.optim import LrSchedule, OptimConfig
+from quartet.engines.dist import to_local_full
+from quartet.engines.tensor_parallel import clip_grad_norm
 
-__all__ = ["build_optimizer", "build_scheduler", "trainable_parameters"]
+__all__ = ["build_optimizer", "build_scheduler", "optimizer_step", "trainable_parameters"]
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
@@ -58,3 +66,33 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
         return scheduler
     constant: LambdaLR = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup_steps)
     return constant
+
+
+def optimizer_step(
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    grad_clip: float,
+    tp: int,
+) -> tuple[float, float]:
+    """Clip the gradients of `params` to `grad_clip` (0: no clipping), step the optimizer unless their norm
+    is not finite, drop the gradients, step the schedule. Returns (norm before clipping, lr of this step).
+
+    `tp` > 1: the parameters are DTensors on two meshes, their norm reduced per placement (`tensor_parallel`).
+    """
+    max_norm = grad_clip if grad_clip > 0 else math.inf
+    if tp > 1:
+        grad_norm = clip_grad_norm(params, max_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
+        grad_norm = float(to_local_full(norm))
+    lr = float(scheduler.get_last_lr()[0])
+    finite = math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # frees gradient memory until the next step
+    with warnings.catch_warnings():
+        if not finite:  # torch warns about a scheduler step without an optimizer step: intended here
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        scheduler.step()
+    return grad_norm, lr

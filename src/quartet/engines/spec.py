@@ -92,6 +92,10 @@ class EngineSpec:
     freeze_vision_tower: bool = True
     """Vision-language models: the vision tower (`model.visual`) gets no gradient and no optimizer state."""
 
+    routing_replay: bool = False
+    """Causal LM with MoE layers: every pass routes each token to the experts of the batch's `routed_experts`
+    (`engines.routing_replay`); a batch without them raises. Not with sequence or tensor parallelism."""
+
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("EngineSpec.model_path is empty; pass a local model folder")
@@ -104,6 +108,10 @@ class EngineSpec:
                 "float16 mixed precision needs loss scaling, which the engine does not do; use bfloat16"
             )
         _check_parallel(self)
+        if self.routing_replay and (self.sequence_parallel_size > 1 or self.tensor_parallel_size > 1):
+            raise ValueError(
+                "routing replay feeds whole rows to each rank: not with sequence or tensor parallelism"
+            )
         if self.uses_lora and kind is ModelKind.REWARD:
             raise ValueError("LoRA on a reward model: reward models are frozen in quartet; drop `lora`")
         if (
@@ -213,6 +221,10 @@ class ModelOutputs:
 
     values: torch.Tensor | None = None
     """Value model: value of the state before response token t (see `TrainingEngine.forward_values`)."""
+
+    routing_mismatch: torch.Tensor | None = None
+    """MoE causal LM on a batch with `routed_experts`, when asked for: the share of MoE layers whose own top-k
+    set differs from the rollout engine's at response token t (0 where the engine recorded nothing)."""
 
 
 LossFn = Callable[[ModelOutputs, Batch, LossScale], tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]]

@@ -23,7 +23,7 @@ import torch
 
 from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.model import LoraConfig
-from quartet.config.roles import ActorConfig, MicroBatching
+from quartet.config.roles import ActorConfig, MicroBatching, RoutingReplay
 from quartet.config.rollout import WeightTransport
 from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode, TISMode
@@ -32,6 +32,7 @@ from quartet.core.kl import kl_loss_term
 from quartet.core.metrics import logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.core.registry import import_custom_module
+from quartet.core.routing import ROUTING_MISMATCH
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
 from quartet.engines.weight_export import inference_weights
 from quartet.roles.engine_role import EngineRole
@@ -84,6 +85,7 @@ class Actor(EngineRole):
                 tensor_parallel_size=run.tensor_parallel_size,
                 fused_head=run.fused_head,
                 freeze_vision_tower=run.freeze_vision_tower,
+                routing_replay=cfg.routing_replay is RoutingReplay.ROLLOUT,
             )
         )
         self.clip = ClipParams(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip_c)
@@ -138,14 +140,19 @@ class Actor(EngineRole):
 
     @dispatch(Split.BY_DP_RANK)
     def compute_logprobs(self, batch: Batch) -> Batch:
-        """`old_logprobs` [B, R] (and `entropy` [B, R]) of the responses under the current policy."""
+        """`old_logprobs` [B, R] (and `entropy` [B, R]) of the responses under the current policy; with the
+        engine's MoE routing in the batch (`routed_experts`), `routing_mismatch` [B, R] as well: per response
+        token, the share of MoE layers whose own top-k differs from the engine's (`routing_replay`)."""
         micro = MicroSpec.from_config(self.ac.logprobs)
-        logprobs, entropy = self.engine.forward_logprobs(
-            batch, batch.meta.temperature, micro, with_entropy=True
+        got = self.engine.forward_policy(
+            batch, batch.meta.temperature, micro, with_entropy=True, with_routing_mismatch=True
         )
-        out = {"old_logprobs": logprobs}
-        if entropy is not None:
-            out["entropy"] = entropy
+        assert got.logprobs is not None
+        out = {"old_logprobs": got.logprobs}
+        if got.entropy is not None:
+            out["entropy"] = got.entropy
+        if got.routing_mismatch is not None:
+            out[ROUTING_MISMATCH] = got.routing_mismatch
         return Batch(out, meta=batch.meta)
 
     @dispatch(Split.BY_DP_RANK)

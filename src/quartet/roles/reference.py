@@ -19,8 +19,11 @@ __all__ = ["Reference"]
 class Reference:
     """The frozen initial policy on one rank."""
 
-    def __init__(self, cfg: ReferenceConfig, run: RunValues, mixed_precision: Dtype) -> None:
-        """`mixed_precision` is the actor's (`actor.mixed_precision`): the KL compares the same numerics."""
+    def __init__(
+        self, cfg: ReferenceConfig, run: RunValues, mixed_precision: Dtype, routing_replay: bool = False
+    ) -> None:
+        """`mixed_precision` is the actor's (`actor.mixed_precision`): the KL compares the same numerics;
+        `routing_replay` too (`actor.routing_replay=rollout`): the reference routes as the engine did."""
         self.rc = cfg
         self.engine = TrainingEngine(
             EngineSpec(
@@ -34,6 +37,7 @@ class Reference:
                 sequence_parallel_size=run.sequence_parallel_size,
                 tensor_parallel_size=run.tensor_parallel_size,
                 fused_head=run.fused_head,
+                routing_replay=routing_replay,
             )
         )
 

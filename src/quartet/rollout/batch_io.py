@@ -10,6 +10,9 @@ Output, with n samples per prompt (sample j of prompt i at row i*n + j, every in
     rollout_logprobs [B*n, R] float32 (0 on padding; only when the sampling asks for log-probs),
     rollout_versions [B*n, R] int64: the engine's weight version behind each token (0 on padding; only
         from engines that tag tokens, see `GenerationOutput.versions`),
+    routed_experts [B*n, P+R, L, k] uint8/int16: the MoE routing the engine recorded for each token it fed
+        (prompt and response, aligned with prompts + responses; 0 on padding and on each response's last
+        token; only from an engine that records it, `rollout.record_routing`; `quartet.core.routing`),
     finish_reason: non-tensor column of "stop" / "length" / "abort".
 R is the longest response (`pad_rollout` widens it, e.g. to the response limit so that data-parallel ranks'
 batches join). `meta.temperature` is set to the temperature the log-probs were computed at
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 from quartet.core.batch import Batch, BatchError
+from quartet.core.routing import ROUTED_EXPERTS
 from quartet.rollout.base import RolloutEngine
 from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
 
@@ -81,6 +85,31 @@ def _versions(flat: list[GenerationOutput], width: int) -> torch.Tensor:
     return versions
 
 
+def _routing(flat: list[GenerationOutput], prompt_mask: torch.Tensor, width: int) -> torch.Tensor | None:
+    """The recorded routing of `flat` laid over prompts [N, P] (left-padded) + responses [N, width], or None
+    when no output carries one. A row without a record (aborted before it was admitted) holds zeros."""
+    records = [o.routed_experts for o in flat]
+    first = next((r for r in records if r is not None), None)
+    if first is None:
+        return None
+    p = prompt_mask.shape[1]
+    out = torch.zeros(len(flat), p + width, *first.shape[1:], dtype=first.dtype)
+    for row, record in enumerate(records):
+        if record is None:
+            continue
+        prompt_cols = prompt_mask[row].nonzero().squeeze(1)
+        plen = int(prompt_cols.numel())
+        fed = record.shape[0] - plen  # response tokens fed back: all but the last
+        if fed < 0 or fed > len(flat[row].token_ids):
+            raise BatchError(
+                f"row {row}: a routing record of {record.shape[0]} tokens for a prompt of {plen} and a "
+                f"response of {len(flat[row].token_ids)}"
+            )
+        out[row, prompt_cols] = record[:plen]
+        out[row, p : p + fed] = record[plen:]
+    return out
+
+
 def outputs_to_batch(
     prompts: Batch, outputs: list[list[GenerationOutput]], pad_token_id: int, temperature: float
 ) -> Batch:
@@ -102,6 +131,9 @@ def outputs_to_batch(
         columns["rollout_logprobs"] = logprobs
     if all(o.versions is not None and len(o.versions) == len(o.token_ids) for o in flat):
         columns["rollout_versions"] = _versions(flat, responses.shape[1])
+    routing = _routing(flat, base["attention_mask"] != 0, responses.shape[1])
+    if routing is not None:
+        columns[ROUTED_EXPERTS] = routing
     finish = np.array([str(o.finish_reason) for o in flat], dtype=object)
     generated = Batch(columns, {"finish_reason": finish}, batch_size=len(flat))
     meta_temperature = temperature if temperature > 0 else 1.0
@@ -117,8 +149,9 @@ def generate_batch(
 
 
 def pad_rollout(batch: Batch, prompt_width: int, response_width: int, pad_token_id: int) -> Batch:
-    """`batch` (the layout above, plus any response-aligned [B, R] columns such as scores) padded to
-    [B, prompt_width] prompts (on the left) and [B, response_width] responses (on the right).
+    """`batch` (the layout above, plus any response-aligned [B, R] columns such as scores, and
+    sequence-aligned [B, P+R] ones such as `routed_experts`) padded to [B, prompt_width] prompts (on the
+    left) and [B, response_width] responses (on the right).
 
     Padding is `pad_token_id` in `prompts`/`responses` and 0 elsewhere, so masks mark it as padding; the
     training engines trim columns that are padding in every row, so a wider batch costs no compute.
@@ -138,6 +171,9 @@ def pad_rollout(batch: Batch, prompt_width: int, response_width: int, pad_token_
             columns[name] = torch.nn.functional.pad(value, (left, 0), value=fill)
         elif name == "attention_mask":
             columns[name] = torch.nn.functional.pad(value, (left, right), value=0)
+        elif value.dim() >= 2 and value.shape[1] == total:  # prompt + response aligned (routed_experts)
+            widths = (0, 0) * (value.dim() - 2) + (left, right)
+            columns[name] = torch.nn.functional.pad(value, widths, value=0)
         elif value.dim() >= 2 and value.shape[1] == r:
             widths = (0, 0) * (value.dim() - 2) + (0, right)  # F.pad lists the last dimension first
             columns[name] = torch.nn.functional.pad(value, widths, value=fill)

@@ -49,6 +49,7 @@ def make_engine(
                 max_model_len=min(max_model_len, per_seq),
                 seed=seed,
                 cuda_graphs=rollout_cfg.cuda_graphs,
+                record_routing=rollout_cfg.record_routing,
             )
         case RolloutEngineKind.VLLM:
             from quartet.rollout.vllm_engine import VLLMRolloutEngine

@@ -28,10 +28,13 @@ import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quartet.config.rollout import SamplingConfig
 from quartet.rollout.invalid_request import InvalidRequestError, is_int, require_finite, require_integer
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -293,3 +296,8 @@ class GenerationOutput:
     versions: tuple[int, ...] | None = None
     """Per generated token [R], the weight version of the engine that computed it (weights synced while the
     sequence was in flight change it mid-response); None where the engine does not track versions."""
+
+    routed_experts: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    """MoE models with routing recorded (`rollout.record_routing`, built-in engine): the top-k expert indices
+    [prompt + R - 1, L, k] (uint8 for <= 256 experts, else int16) of every token the engine fed through the
+    model: the prompt, then every generated token but the last (never fed back). None otherwise."""

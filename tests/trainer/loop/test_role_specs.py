@@ -54,3 +54,17 @@ def test_each_role_of_the_plan_gets_its_own_section_and_the_run_values() -> None
         trainer_steps=5,
     )
     assert specs["reference"].args[2] == specs["reward_model"].args[2] == cfg.actor.mixed_precision
+
+
+def test_routing_replay_reaches_the_rollout_and_the_reference() -> None:
+    """`actor.routing_replay=rollout` implies the engine's record (the rollout's section says so) and the
+    reference's replay; the actor reads its own section."""
+    overrides = ["model.tiny.arch=qwen3_moe", "actor.use_kl_loss=true", "actor.routing_replay=rollout"]
+    cfg = load_config(None, overrides)
+    specs = role_specs(cfg, plan_step(cfg), run_values(cfg, "/models/policy", total_steps=5))
+    assert not cfg.rollout.record_routing
+    assert specs["rollout"].args[0].record_routing
+    assert specs["reference"].args[3] is True
+    off = load_config(None, overrides[:2])
+    off_specs = role_specs(off, plan_step(off), run_values(off, "/models/policy", total_steps=5))
+    assert off_specs["rollout"].args[0] is off.rollout and off_specs["reference"].args[3] is False

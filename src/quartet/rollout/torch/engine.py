@@ -87,6 +87,7 @@ class TorchRolloutEngine(ThreadedEngine):
         num_threads: int | None = None,
         max_n: int | None = None,
         cuda_graphs: bool = True,
+        record_routing: bool = False,
     ) -> None:
         """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it).
 
@@ -99,6 +100,9 @@ class TorchRolloutEngine(ThreadedEngine):
         max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
         cuda_graphs: on a CUDA device, replay decode steps from CUDA graphs captured per bucketed shape
         (`quartet.rollout.torch.graph_decode`); False decodes eagerly. No effect on CPU.
+        record_routing: an MoE model's outputs carry the top-k experts of every token the engine fed
+        (`GenerationOutput.routed_experts`, `routing_record`; inside the CUDA graphs too). A dense model
+        raises ValueError.
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
@@ -106,6 +110,7 @@ class TorchRolloutEngine(ThreadedEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.runner = DecoderRunner(model)
+        self.runner.record_routing(record_routing)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
         self.core = self._build_core(
@@ -185,6 +190,7 @@ class TorchRolloutEngine(ThreadedEngine):
             max_model_len=max_len,
             seed=cfg.seed,
             cuda_graphs=cfg.cuda_graphs,
+            record_routing=cfg.record_routing,
         )
 
     # ---- generation ---------------------------------------------------------------------------------------

@@ -21,6 +21,13 @@ still raises, the step finds the sequence that makes it raise and fails its requ
 - prefill: the admitted groups are prefilled again one at a time; a group that fails alone is failed.
 - stop checks run per sequence.
 
+MoE routing record (`DecoderRunner.record_routing`, docs/moe_routing_replay.md): each sequence keeps the
+top-k experts of every token fed for it. A group's prompt is prefilled once and its [P, L, k] record is
+shared by its samples (prefix sharing); each decode step appends one row per running sequence, from the
+eager step or the CUDA graph (recorded inside it). There is no chunked prefill and no preemption here, so
+every fed token is recorded exactly once; a retried forward (bisection of a failing step) keeps only the
+record of the forward that succeeded.
+
 Nothing here is thread-safe; `TorchRolloutEngine` serialises calls.
 """
 
@@ -95,6 +102,7 @@ class EngineCore:
         self._seed_rng = random.Random(seed)  # seeds of requests that bring none
         self._counter = itertools.count()
         self._aside: list[SequenceState] = []  # finished outside `running` (failed), returned by step()
+        self._step_routing: torch.Tensor | None = None  # the last decode forward's routing (when recorded)
 
     # ---- requests ---------------------------------------------------------------------------------------
 
@@ -186,6 +194,11 @@ class EngineCore:
         self._aside = []
         return finished
 
+    @property
+    def records_routing(self) -> bool:
+        """True when every sequence keeps its MoE routing (`SequenceState.routing`)."""
+        return self.runner.recorder is not None
+
     def _decode(self) -> None:
         """One token for every running sequence; a sequence whose decoding raises fails alone."""
         while self.running:
@@ -196,6 +209,8 @@ class EngineCore:
                 self._isolate(rows, exc)
                 continue
             assert self.table is not None
+            if self.records_routing:
+                self._keep_routing(self._step_routing)
             self.table.record(0, tokens, fed=True)
             self._append(self.running, tokens, logprobs, tops)
             return
@@ -212,9 +227,19 @@ class EngineCore:
             deltas = torch.tensor([s.rope_delta for s in seqs], dtype=lengths.dtype, device=lengths.device)
         if self.decoder is not None and rows == len(self.running) and deltas is None:
             logits = self.decoder.decode(tokens, lengths, longest, self.cache)  # padded rows: free slots
+            self._step_routing = self.decoder.last_routing
         else:
             logits = self.runner.decode(tokens, lengths, longest, self.cache, deltas)
+            self._step_routing = self.runner.last_routing
         return self._sample(logits, 0, seqs)
+
+    def _keep_routing(self, routing: torch.Tensor | None) -> None:
+        """Append the decode step's routing [>= A, L, k] row by row to the running sequences."""
+        if routing is None:
+            raise RuntimeError("the runner records routing but the decode step returned none")
+        for i, seq in enumerate(self.running):
+            assert seq.routing is not None
+            seq.routing.append(routing[i : i + 1])
 
     def _isolate(self, rows: int, exc: Exception) -> None:
         """Fail the row that makes decoding slots 0..rows-1 raise: the last of the first failing prefix."""
@@ -273,6 +298,13 @@ class EngineCore:
                 for seq in group.sequences:
                     seq.rope_delta = int(delta)
         logits = self.runner.prefill(ids, lengths, self.cache, start, expand, vision[0] if vision else None)
+        if self.records_routing:
+            routing = self.runner.last_routing
+            assert routing is not None
+            routing = routing.view(len(groups), longest, *routing.shape[1:])
+            for i, group in enumerate(groups):  # one record of the shared prompt for all its samples
+                for seq in group.sequences:
+                    seq.routing = [routing[i, : group.prompt_len]]
         if expand is not None:
             logits = logits.index_select(0, expand)
         tokens, logprobs, tops = self._sample(logits, start, seqs)

@@ -18,6 +18,10 @@ length_quantum). The graphs hold the addresses of the weights and the cache: the
 moves (growth of the cache, sleep and wake) and captured again on next use. A weight update copies into
 the same tensors, so the graphs see it.
 
+With the runner recording MoE routing (`routing_record`), the stacked top-k indices of the step are an
+output of the graph like the logits: recorded inside the graph, rewritten by each replay, and handed on as
+`last_routing`. A recorder switched on or off after a capture needs `reset()` (the engine does it).
+
 Without `capture` (or off CUDA) the same bucketed step runs eagerly: that is what the CPU tests check
 against the eager step.
 """
@@ -56,6 +60,7 @@ class _Bucket:
     tokens: torch.Tensor  # [R] int64
     lengths: torch.Tensor  # [R] int64
     logits: torch.Tensor | None = None  # [R, V], written by each run or replay
+    routing: torch.Tensor | None = None  # [R, L, k] top-k experts, written likewise (when recording)
     graph: torch.cuda.CUDAGraph | None = None
 
 
@@ -86,6 +91,8 @@ class BucketedDecoder:
         """Graphs captured so far (every bucket's first use, again after the cache or weights moved)."""
         self.capture_seconds = 0.0
         """Wall time spent in warm-ups and captures."""
+        self.last_routing: torch.Tensor | None = None
+        """The last step's MoE routing [rows, L, k] when the runner records it (else None)."""
 
     def shape(self, rows: int, max_length: int, capacity: int) -> tuple[int, int]:
         """The (rows, attended length) bucket a step of `rows` rows and `max_length` columns runs at."""
@@ -128,12 +135,15 @@ class BucketedDecoder:
         graphs = self.capture and tokens.device.type == "cuda"
         if not graphs:
             bucket.logits = self.runner.decode(bucket.tokens, bucket.lengths, key[1], cache)
+            bucket.routing = self.runner.last_routing
         elif bucket.graph is None:
             self._capture(bucket, key[1], cache)
         else:
             bucket.graph.replay()
         assert bucket.logits is not None
-        return bucket.logits[:rows].clone()  # the next replay of a graph sharing the pool may reuse it
+        # clones: the next replay of a graph sharing the pool may reuse the memory
+        self.last_routing = None if bucket.routing is None else bucket.routing[:rows].clone()
+        return bucket.logits[:rows].clone()
 
     def _forget_moved(self, cache: SlotKVCache) -> None:
         first, last = self._watched
@@ -160,6 +170,7 @@ class BucketedDecoder:
         # thread_local: the engine steps on its own thread while a trainer may use the device.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             bucket.logits = self.runner.decode(bucket.tokens, bucket.lengths, length, cache)
+            bucket.routing = self.runner.last_routing  # the graph's own output tensor (or None)
         if self._pool is None:
             self._pool = graph.pool()
         bucket.graph = graph

@@ -21,6 +21,7 @@ from torch import nn
 
 from quartet.models.vision import vision_model
 from quartet.rollout.torch.kv_cache import SlotKVCache
+from quartet.rollout.torch.routing_record import RoutingRecorder
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "DecoderRunner", "UnsupportedModelError"]
 
@@ -99,6 +100,20 @@ class DecoderRunner:
         # Full attention equals windowed attention while sequences fit in the window; cap them there.
         windows = [int(w) for layer in self.layers if (w := getattr(layer.self_attn, "sliding_window", None))]
         self.max_model_len = min([max_len, *windows])
+        self.recorder: RoutingRecorder | None = None
+        """Records each MoE layer's top-k experts per token (`record_routing`); None: nothing recorded."""
+        self.last_routing: torch.Tensor | None = None
+        """The last forward's routing [tokens, L, k] (prefill: G * P padded positions, row-major; decode: A
+        rows) while a recorder is on; None otherwise."""
+
+    def record_routing(self, on: bool) -> None:
+        """Record (or stop recording) the MoE routing of this runner's forwards (`routing_record`)."""
+        if on and self.recorder is None:
+            self.recorder = RoutingRecorder(self.model)
+        elif not on and self.recorder is not None:
+            self.recorder.remove()
+            self.recorder = None
+            self.last_routing = None
 
     @property
     def device(self) -> torch.device:
@@ -186,6 +201,8 @@ class DecoderRunner:
         (`rollout.torch.vision_prefill`).
         """
         groups, seq = input_ids.shape
+        if self.recorder is not None:
+            self.recorder.begin()
         positions = torch.arange(seq, device=input_ids.device)
         causal = positions.unsqueeze(0) <= positions.unsqueeze(1)  # [P(query), P(key)]
         valid_key = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [G, P(key)]
@@ -204,6 +221,8 @@ class DecoderRunner:
             h = h + attn.o_proj(out.transpose(1, 2).reshape(groups, seq, -1))
             h = self._mlp_block(layer, h)
         last = h[torch.arange(groups, device=h.device), lengths - 1]
+        if self.recorder is not None:
+            self.last_routing = self.recorder.finish()
         return self._logits(last)
 
     def decode(
@@ -222,6 +241,8 @@ class DecoderRunner:
         position is its length plus its delta.
         """
         rows = tokens.shape[0]
+        if self.recorder is not None:
+            self.recorder.begin()
         h = self.base.embed_tokens(tokens.unsqueeze(1))  # [A, 1, D]
         positions = lengths if rope_deltas is None else lengths + rope_deltas
         cos, sin = self.base.rotary_emb(h, positions.unsqueeze(1))
@@ -238,4 +259,6 @@ class DecoderRunner:
             k_all, v_all = cache.write_decode(i, k, v, row_index, lengths, max_length)
             h = h + attn.o_proj(self._decode_attention(q, k_all, v_all, bias))
             h = self._mlp_block(layer, h)
+        if self.recorder is not None:
+            self.last_routing = self.recorder.finish()
         return self._logits(h[:, 0])

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import torch
+
 from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
 
 __all__ = ["SequenceGroup", "SequenceState"]
@@ -35,6 +37,9 @@ class SequenceState:
     None: unconstrained."""
     rope_delta: int = 0
     """M-RoPE models: a generated token at index i sits at position i + rope_delta (0 for text prompts)."""
+    routing: list[torch.Tensor] | None = None
+    """MoE routing record (`routing_record`): the top-k experts [t, L, k] of the tokens fed so far, in
+    chunks (the prompt's, shared by the request's samples, then one per decode step); None: not recorded."""
     error: BaseException | None = None
     """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
@@ -86,6 +91,7 @@ class SequenceState:
             finish_time=self.finish_time,
             top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs > 0 else None,
             versions=tuple(self.versions),
+            routed_experts=None if self.routing is None else torch.cat(self.routing).cpu(),
         )
 
 

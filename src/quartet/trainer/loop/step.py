@@ -29,6 +29,7 @@ from quartet.core.balance import balanced_order
 from quartet.core.batch import Batch
 from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
 from quartet.core.metrics import batch_data_metrics, logprob_diff_metrics, masked_mean
+from quartet.core.routing import ROUTING_MISMATCH, mismatch_share
 from quartet.core.turn_credit import turn_level_advantages
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
@@ -176,6 +177,8 @@ class StepRunner:
             batch = batch.union(self.workers.actor.call_batch(Actor.compute_logprobs, batch))
         if "entropy" in batch:  # verl logs the rollout's entropy from the old-log-prob pass
             metrics["actor/entropy"] = float(masked_mean(batch["entropy"], batch["response_mask"]))
+        if ROUTING_MISMATCH in batch:  # MoE routing recorded by the engine (docs/moe_routing_replay.md)
+            metrics["moe/routing_mismatch"] = mismatch_share(batch[ROUTING_MISMATCH], batch["response_mask"])
         if "rollout_logprobs" in batch:
             metrics |= logprob_diff_metrics(
                 batch["rollout_logprobs"], batch["old_logprobs"], batch["response_mask"]

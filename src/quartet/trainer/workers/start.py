@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from quartet.cluster.colocate import HostSet, RoleSpec
 from quartet.cluster.group import RoleGroup
@@ -127,9 +127,12 @@ def role_specs(cfg: QuartetConfig, plan: StepPlan, run: RunValues) -> dict[Role,
     separate_rollout = Role.ROLLOUT in cfg.cluster.separate_pools
     sibling = None if separate_rollout else Sibling(Role.ACTOR)  # else the weight stream
     actor = RoleSpec(Actor, cfg.actor, run, lora=cfg.model.lora, ref_logprobs=cfg.reference.logprobs)
-    roles = {Role.ACTOR: actor, Role.ROLLOUT: RoleSpec(Rollout, cfg.rollout, run, trainer=sibling)}
+    rollout = cfg.rollout
+    if plan.record_routing and not rollout.record_routing:  # implied by actor.routing_replay=rollout
+        rollout = replace(rollout, record_routing=True)
+    roles = {Role.ACTOR: actor, Role.ROLLOUT: RoleSpec(Rollout, rollout, run, trainer=sibling)}
     if plan.ref_logprobs is RefLogprobs.REFERENCE:
-        roles[Role.REFERENCE] = RoleSpec(Reference, cfg.reference, run, precision)
+        roles[Role.REFERENCE] = RoleSpec(Reference, cfg.reference, run, precision, plan.routing_replay)
     if plan.critic:
         roles[Role.CRITIC] = RoleSpec(Critic, cfg.critic, run)
     if plan.reward_model:
