@@ -79,7 +79,9 @@ class TrainingEngine:
 
     def __init__(self, spec: EngineSpec, *, offload_device: torch.device | str = "cpu") -> None:
         self.spec = spec
-        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size)
+        self.ctx: DistContext = init_distributed(
+            sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size, ep=spec.expert_parallel_size
+        )
         self._seq_group = seq_group(self.ctx)
         self._row_group = self._seq_group or row_group(self.ctx)  # ranks that pool their rows (SP or TP)
         self.module: nn.Module = build_module(spec, self.ctx)  # model, then parallelise, then shard
@@ -223,7 +225,7 @@ class TrainingEngine:
         assert self.spec.optim is not None
         params = trainable_parameters(self.module)
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        if self.ctx.tp > 1:  # DTensors on two meshes: reduced per placement (`tensor_parallel`)
+        if self.ctx.tp > 1 or self.ctx.ep > 1:  # DTensors on several meshes: reduced per placement
             grad_norm = clip_grad_norm(params, max_norm)
         else:
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
