@@ -3,7 +3,8 @@ that the test must see fail.
 
 Rows are dealt over the whole world, unevenly (as the trainer deals them): with world 2, rank 1 has one
 micro-batch fewer and runs a dummy one, whose all-to-alls keep it in step. Each case is
-(variant, ep, sp, model folder): variant "packed" or "padded" (`remove_padding`), or a mutant (packed):
+(variant, ep, sp, model folder): variant "packed" or "padded" (`remove_padding`), "ckpt" (packed, with
+gradient checkpointing: the backward replays each layer's all-to-alls), or a mutant (packed):
 
     drop       every all-to-all loses the chunk bound for the last rank of the group (zeros arrive)
     swap       the ranks of an expert group hold each other's experts, while tokens are sent as before
@@ -38,7 +39,9 @@ Case = tuple[str, int, int, str]
 """(variant, ep, sp, model folder)."""
 
 
-def make_engine(model_dir: str, ep: int, sp: int = 1, packed: bool = True) -> TrainingEngine:
+def make_engine(
+    model_dir: str, ep: int, sp: int = 1, packed: bool = True, ckpt: bool = False
+) -> TrainingEngine:
     spec = EngineSpec(
         model_dir,
         ModelKind.CAUSAL_LM,
@@ -48,6 +51,7 @@ def make_engine(model_dir: str, ep: int, sp: int = 1, packed: bool = True) -> Tr
         sequence_parallel_size=sp,
         expert_parallel_size=ep,
         fused_head=False,
+        gradient_checkpointing=ckpt,
     )
     return TrainingEngine(spec)
 
@@ -128,7 +132,7 @@ def run_rank(rank: int, world: int, port: int, cases: list[Case], out: str) -> N
     results: dict[str, dict[str, float]] = {}
     for index, (variant, ep, sp, path) in enumerate(cases):
         with mutant(variant):
-            engine = make_engine(path, ep, sp, packed=variant != "padded")
+            engine = make_engine(path, ep, sp, packed=variant != "padded", ckpt=variant == "ckpt")
             assert engine.ctx.ep == ep and engine.ctx.dp == world // sp
             mine = rank_rows(full_batch(), rank, world)
             logprobs, entropy = engine.forward_logprobs(mine, TEMPERATURE, MICRO, with_entropy=True)

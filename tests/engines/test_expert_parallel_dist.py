@@ -59,7 +59,8 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ep2_cases(moe_dir: Path) -> list[Case]:
-    plain = [("packed", 2, 1, str(moe_dir)), ("padded", 2, 1, str(moe_dir)), ("packed", 2, 2, str(moe_dir))]
+    plain = [(variant, 2, 1, str(moe_dir)) for variant in ("packed", "padded", "ckpt")]
+    plain.append(("packed", 2, 2, str(moe_dir)))  # sp2 x ep2: the sequence group is the expert group
     return plain + [(bug, 2, 1, str(moe_dir)) for bug in ("drop", "swap", "unweighted", "unscaled")]
 
 
@@ -83,18 +84,18 @@ def world4(world4_cases: list[Case], tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["packed", "padded", "sp2-packed"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3], ids=["packed", "padded", "checkpointed", "sp2-packed"])
 def test_ep2_equals_one_process(ep2: Path, ep2_cases: list[Case], index: int) -> None:
     _compare(ep2, ep2_cases[index], index, world=2)
 
 
 @pytest.mark.parametrize(
     "index",
-    [3, 4, 5, 6],
+    [4, 5, 6, 7],
     ids=["dropped-chunk", "swapped-experts", "unweighted-combine", "unscaled-expert-grads"],
 )
 def test_a_broken_dispatch_fails_the_comparison(ep2: Path, ep2_cases: list[Case], index: int) -> None:
-    with pytest.raises(AssertionError, match="experts" if index == 6 else "Tensor-likes are not close"):
+    with pytest.raises(AssertionError, match="experts" if index == 7 else "Tensor-likes are not close"):
         _compare(ep2, ep2_cases[index], index, world=2)
 
 
@@ -107,6 +108,18 @@ def test_world4_equals_one_process(world4: Path, world4_cases: list[Case], index
 
 def test_checkpoint_round_trips_under_ep(ep2: Path) -> None:
     assert json.loads((ep2 / "metrics.json").read_text())["0"]["round_trip"] == 1.0
+
+
+def test_an_ep2_checkpoint_loads_into_one_process(ep2: Path, moe_dir: Path) -> None:
+    """DCP stores the experts by their global [E, ...] shape: one process reads them back whole."""
+    single = make_engine(str(moe_dir), 1)
+    single.load(ep2 / "ckpt")  # saved after one step, before the round trip's extra step
+    params = torch.load(ep2 / "params0.pt")["params"]
+    state = hf_model(single.module).state_dict()
+    assert set(state) == set(params)
+    for name, value in state.items():
+        torch.testing.assert_close(value, params[name], atol=0, rtol=0, msg=name)
+    assert single.steps == 1
 
 
 def test_hf_export_under_ep_holds_the_updated_full_experts(ep2: Path, moe_dir: Path) -> None:
