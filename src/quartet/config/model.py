@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.errors import ConfigError, require
-from quartet.config.parallel import head_problems, layout_problems, vision_problem
+from quartet.config.parallel import expert_problems, head_problems, layout_problems, vision_problem
 
 __all__ = ["Dtype", "LoraConfig", "ModelConfig", "TinyArch", "TinyModelConfig"]
 
@@ -200,6 +200,16 @@ class ModelConfig:
     Mistral have plans). Not with sequence parallelism or LoRA; the critic and reward model run without it.
     verl's megatron `tensor_model_parallel_size`. The rollout engines receive full tensors as without it."""
 
+    expert_parallel_size: int = 1
+    """Expert parallelism of the policy's training engines (actor and reference; docs/moe_expert_parallel.md):
+    each mixture-of-experts layer keeps num_experts / this many experts per device, and tokens travel by
+    all-to-all to the devices that hold their experts and back. Every device keeps its own rows (data
+    parallel as without it); expert weights are FSDP-sharded over the devices that hold the same experts,
+    the rest over all. 1: off. Must divide the devices of the policy's pool and the model's experts per
+    layer; composes with sequence parallelism, not with tensor parallelism or LoRA; a dense model refuses
+    it. The critic and reward model run without it. verl's megatron `expert_model_parallel_size`. The
+    rollout engines receive full expert tensors as without it."""
+
     fused_head: bool | None = None
     """Compute the policy's log-probs and entropy from the last hidden states in vocabulary blocks, never
     building the [tokens, vocab] logits (`quartet.engines.fused_head`): the same values, without the logits'
@@ -214,7 +224,12 @@ class ModelConfig:
         require(
             self.dtype is not Dtype.AUTO, "dtype", "auto is for <role>.mixed_precision only", "use float32"
         )
-        problems = layout_problems(self.sequence_parallel_size, self.tensor_parallel_size, self.lora.rank)
+        problems = layout_problems(
+            self.sequence_parallel_size,
+            self.tensor_parallel_size,
+            self.lora.rank,
+            ep=self.expert_parallel_size,
+        )
         if not problems and self.is_tiny:  # the sizes are valid on their own: now against the heads
             problems = self._tiny_problems()
         if problems:
@@ -232,7 +247,10 @@ class ModelConfig:
             self.tensor_parallel_size,
             "the tiny model's",
         )
-        return [vision, *heads] if vision else heads
+        experts = expert_problems(
+            tiny.num_experts if tiny.arch.is_moe else 0, self.expert_parallel_size, "the tiny model's"
+        )
+        return [vision, *heads, *experts] if vision else [*heads, *experts]
 
     @property
     def is_tiny(self) -> bool:

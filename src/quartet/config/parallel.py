@@ -1,14 +1,21 @@
-"""The parallel layout of a training engine: the rules over its sequence (sp) and tensor (tp) parallel sizes.
+"""The parallel layout of a training engine: the rules over its sequence (sp), tensor (tp) and expert (ep)
+parallel sizes.
 
 Each rule is stated here once, as arithmetic over numbers, and applied wherever those numbers are known:
 
-    layout_problems   sp and tp themselves, and what they may be combined with    ModelConfig, EngineSpec
-    pool_problems     sp and tp against the devices of the engine's pool           validate, the engine
-    head_problems     sp and tp against a model's attention and key/value heads    the tiny model's config,
-                                                                                   the loaded model (engine)
-    vision_problem    sequence parallelism on a vision-language model              the same two
+    layout_problems   sp, tp and ep themselves, and what they may be combined with  ModelConfig, EngineSpec
+    pool_problems     sp, tp and ep against the devices of the engine's pool         validate, the engine
+    head_problems     sp and tp against a model's attention and key/value heads      the tiny model's config,
+                                                                                     the loaded model (engine)
+    expert_problems   ep against a model's experts per MoE layer (none: dense)       the same two
+    vision_problem    sequence parallelism on a vision-language model                the same two
 
-The problems name their key relative to its section (`sequence_parallel_size`, `tensor_parallel_size`);
+Expert parallelism composes with data and sequence parallelism (the expert groups and the sequence groups
+are independent: an MoE layer is token-wise, see `engines.expert_parallel`), not with tensor parallelism
+nor with LoRA (neither has been made to split experts).
+
+The problems name their key relative to its section (`sequence_parallel_size`, `tensor_parallel_size`,
+`expert_parallel_size`);
 the caller places them under it (`ConfigError.under`), as the loader does for a section's own checks. The
 fixes name the full key. `section` is `model` for the policy, `critic` for the critic's own sp.
 """
@@ -17,10 +24,18 @@ from __future__ import annotations
 
 from quartet.config.errors import ConfigError
 
-__all__ = ["divisors", "head_problems", "layout_problems", "pool_problems", "vision_problem"]
+__all__ = [
+    "divisors",
+    "expert_problems",
+    "head_problems",
+    "layout_problems",
+    "pool_problems",
+    "vision_problem",
+]
 
 SP = "sequence_parallel_size"
 TP = "tensor_parallel_size"
+EP = "expert_parallel_size"
 
 
 def divisors(n: int) -> list[int]:
@@ -32,13 +47,32 @@ def _noted(text: str, note: str) -> str:
     return f"{text} ({note})" if note else text
 
 
-def layout_problems(sp: int, tp: int = 1, lora_rank: int = 0, section: str = "model") -> list[ConfigError]:
-    """sp and tp of one engine on their own: each at least 1, not both above 1, and tp without LoRA."""
+def layout_problems(
+    sp: int, tp: int = 1, lora_rank: int = 0, section: str = "model", ep: int = 1
+) -> list[ConfigError]:
+    """sp, tp and ep of one engine on their own: each at least 1, sp and tp not both above 1, tp and ep not
+    both above 1, and neither tp nor ep with LoRA."""
     out: list[ConfigError] = []
-    if sp < 1:
-        out.append(ConfigError(SP, f"must be >= 1, got {sp}", "use 1 to turn it off"))
-    if tp < 1:
-        out.append(ConfigError(TP, f"must be >= 1, got {tp}", "use 1 to turn it off"))
+    for key, size in ((SP, sp), (TP, tp), (EP, ep)):
+        if size < 1:
+            out.append(ConfigError(key, f"must be >= 1, got {size}", "use 1 to turn it off"))
+    if ep > 1 and tp > 1:
+        out.append(
+            ConfigError(
+                EP,
+                f"is {ep} with {TP} {tp}: expert and tensor parallelism are not combined",
+                f"set {section}.{TP}: 1 (expert parallelism composes with data and sequence parallelism) "
+                f"or {section}.{EP}: 1",
+            )
+        )
+    if ep > 1 and lora_rank:
+        out.append(
+            ConfigError(
+                EP,
+                f"is {ep} with LoRA adapters (lora.rank {lora_rank}), which are not split by expert",
+                f"set {section}.lora.rank: 0 or {section}.{EP}: 1",
+            )
+        )
     if tp > 1 and sp > 1:
         out.append(
             ConfigError(
@@ -58,10 +92,15 @@ def layout_problems(sp: int, tp: int = 1, lora_rank: int = 0, section: str = "mo
     return out
 
 
-def pool_problems(sp: int, tp: int, world: int, pool: str, section: str = "model") -> list[ConfigError]:
-    """sp and tp against the `world` devices of the engine's pool (`pool` says which, for the message)."""
+def pool_problems(
+    sp: int, tp: int, world: int, pool: str, section: str = "model", ep: int = 1
+) -> list[ConfigError]:
+    """sp, tp and ep against the `world` devices of the engine's pool (`pool` says which, for the message).
+
+    ep needs only to divide the pool: the expert groups are laid over the ranks independently of the
+    sequence groups (every rank keeps its own rows or tokens; `engines.expert_parallel`)."""
     out: list[ConfigError] = []
-    for key, size in ((SP, sp), (TP, tp)):
+    for key, size in ((SP, sp), (TP, tp), (EP, ep)):
         if world % size:
             out.append(
                 ConfigError(
@@ -113,6 +152,30 @@ def head_problems(
         )
         out.append(ConfigError(SP, _noted(problem, note), f"pick a divisor of {kv}"))
     return out
+
+
+def expert_problems(experts: int, ep: int, whose: str = "the model's", note: str = "") -> list[ConfigError]:
+    """ep against a model's `experts` per MoE layer (0: a dense model, which has no experts to split)."""
+    if ep == 1:
+        return []
+    if experts <= 0:
+        return [
+            ConfigError(
+                EP,
+                _noted(f"is {ep} but {whose} layers have no experts (a dense model)", note),
+                "set model.expert_parallel_size: 1, or use a mixture-of-experts model (e.g. "
+                "model.tiny.arch: qwen3_moe)",
+            )
+        ]
+    if experts % ep:
+        return [
+            ConfigError(
+                EP,
+                _noted(f"{ep} does not divide {whose} {experts} experts per layer", note),
+                f"pick a divisor of {experts}",
+            )
+        ]
+    return []
 
 
 def vision_problem(sp: int, section: str = "model", note: str = "") -> ConfigError | None:

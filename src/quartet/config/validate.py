@@ -96,7 +96,11 @@ def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
     model = cfg.model
     pool = "the policy's pool (cluster.world_size)"
     problems = pool_problems(
-        model.sequence_parallel_size, model.tensor_parallel_size, cfg.cluster.world_size, pool
+        model.sequence_parallel_size,
+        model.tensor_parallel_size,
+        cfg.cluster.world_size,
+        pool,
+        ep=model.expert_parallel_size,
     )
     return [p.under("model") for p in problems]
 

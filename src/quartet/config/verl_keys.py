@@ -233,6 +233,12 @@ RULES: dict[str, Rule] = {
     ),
     f"{AR}.actor.megatron.tensor_model_parallel_size": Rule("model.tensor_parallel_size", note="DTensor TP"),
     f"{AR}.ref.megatron.tensor_model_parallel_size": Rule("model.tensor_parallel_size", fallback=True),
+    f"{AR}.actor.megatron.expert_model_parallel_size": Rule(
+        "model.expert_parallel_size", note="experts split over devices (docs/moe_expert_parallel.md)"
+    ),
+    f"{AR}.ref.megatron.expert_model_parallel_size": Rule(
+        "model.expert_parallel_size", note="the reference shares the actor's", fallback=True
+    ),
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"
     ),

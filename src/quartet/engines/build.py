@@ -5,8 +5,9 @@
        check        `model_check.check_model_layout`: the loaded model's heads (and type) against sp and tp.
        place        on this rank's device.
     2. parallelise  sequence parallelism: the Ulysses attention (`ulysses`) in place of the packed one;
-                    tensor parallelism: the layers, embedding and LM head split over "tp" (`tensor_parallel`).
-    3. shard        FSDP2 over the data-parallel ranks (`fsdp`).
+                    tensor parallelism: the layers, embedding and LM head split over "tp" (`tensor_parallel`);
+                    expert parallelism: each MoE layer's experts split over "ep" (`expert_parallel`).
+    3. shard        FSDP2 over the data-parallel ranks (`fsdp`); experts over "edp".
 
 Each step takes the module the previous one returned and none reaches back: the shared look-ups (the
 transformers model inside a wrapper, its decoder layers) live in `hf_modules`, which imports no step.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from torch import nn
 
 from quartet.engines.dist import DistContext
+from quartet.engines.expert_parallel import parallelize_experts
 from quartet.engines.fsdp import shard
 from quartet.engines.hf_modules import hf_model
 from quartet.engines.model_check import check_model_layout
@@ -30,16 +32,20 @@ __all__ = ["build_module"]
 
 
 def build_module(spec: EngineSpec, ctx: DistContext) -> nn.Module:
-    """The model of `spec` on `ctx`'s device, split by its sequence and tensor parallel sizes and sharded."""
+    """The model of `spec` on `ctx`'s device, split by its sequence, tensor and expert parallel sizes and
+    sharded."""
     module = build_model(spec)
     model = hf_model(module)
     section = "critic" if spec.kind is ModelKind.VALUE else "model"  # whose sizes the errors name
     sp = spec.sequence_parallel_size
     tp = spec.tensor_parallel_size
-    check_model_layout(model.config, sp, tp, vision=is_vision_module(model), section=section)
+    ep = spec.expert_parallel_size
+    check_model_layout(model.config, sp, tp, ep, vision=is_vision_module(model), section=section)
     module.to(ctx.device)
     if sp > 1:
         use_ulysses_attention(model)
     if ctx.tp_mesh is not None:
         parallelize(module, ctx.tp_mesh["tp"])
+    if ctx.ep_mesh is not None:
+        parallelize_experts(module, ctx.ep_mesh["ep"])
     return shard(module, ctx)

@@ -22,6 +22,13 @@ group is tp consecutive ranks that take the same rows and hold different slices 
 shards over "dp" only. Every rank of a tensor group computes the WHOLE loss of its rows (the outputs are
 replicated after each layer), so FSDP's mean over "dp" is undone by the data-parallel size
 (`DistContext.loss_factor`), not the world size. Sequence and tensor parallelism are not combined.
+
+Expert parallelism (`ep` > 1, `engines.expert_parallel`). The ranks also form a 2-D mesh ("edp", "ep"): an
+expert group is ep consecutive ranks, each holding num_experts / ep experts of every MoE layer; "edp"
+joins the ranks that hold the same experts. Rows and counts are untouched (every rank keeps its own rows,
+or its tokens under sequence parallelism, which composes with it), so `dp` and the loss factor are as
+without it. Expert weights are FSDP-sharded over "edp" only; their gradient scale is fixed where they are
+used (see `expert_parallel`), so that the step equals one process's.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class DistContext:
     """With sequence parallelism: the ("dp", "sp") mesh whose "sp" groups share rows."""
     tp_mesh: DeviceMesh | None = None
     """With tensor parallelism: the ("dp", "tp") mesh whose "tp" groups share rows and split layers."""
+    ep_mesh: DeviceMesh | None = None
+    """With expert parallelism: the ("edp", "ep") mesh whose "ep" groups split each layer's experts."""
 
     @property
     def sharded(self) -> bool:
@@ -77,6 +86,11 @@ class DistContext:
         return 1 if self.tp_mesh is None else int(self.tp_mesh.size(1))
 
     @property
+    def ep(self) -> int:
+        """Ranks per expert group (1 without expert parallelism)."""
+        return 1 if self.ep_mesh is None else int(self.ep_mesh.size(1))
+
+    @property
     def dp(self) -> int:
         """Data-parallel size: the number of sequence (or tensor) groups."""
         return self.world // (self.sp * self.tp)
@@ -87,8 +101,8 @@ class DistContext:
         return self.world // self.tp
 
     def group(self, dim: str) -> Any:
-        """The process group of this rank along "dp", "sp" or "tp" (None: the whole world)."""
-        for mesh in (self.sp_mesh, self.tp_mesh):
+        """The process group of this rank along "dp", "sp", "tp", "edp" or "ep" (None: the whole world)."""
+        for mesh in (self.sp_mesh, self.tp_mesh, self.ep_mesh):
             if mesh is not None and dim in (mesh.mesh_dim_names or ()):
                 return mesh.get_group(dim)
         return None
@@ -104,17 +118,18 @@ def _device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(timeout_s: float = 600.0, sp: int = 1, tp: int = 1) -> DistContext:
+def init_distributed(timeout_s: float = 600.0, sp: int = 1, tp: int = 1, ep: int = 1) -> DistContext:
     """The process group from the environment (initialised here if needed) and the device to compute on.
 
     With `sp` > 1 the ranks also form the ("dp", "sp") mesh of sequence parallelism, with `tp` > 1 the
-    ("dp", "tp") mesh of tensor parallelism. The sizes were checked on their own by the spec; here they are
-    checked against the ranks (`config.parallel.pool_problems`)."""
+    ("dp", "tp") mesh of tensor parallelism, with `ep` > 1 the ("edp", "ep") mesh of expert parallelism.
+    The sizes were checked on their own by the spec; here they are checked against the ranks
+    (`config.parallel.pool_problems`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
     device = _device(int(os.environ.get("LOCAL_RANK", "0")))
-    problems = pool_problems(sp, tp, world, "this engine's pool (the role's ranks)")
+    problems = pool_problems(sp, tp, world, "this engine's pool (the role's ranks)", ep=ep)
     if problems:
         raise problems[0].under("model")
     if world <= 1:
@@ -129,8 +144,13 @@ def init_distributed(timeout_s: float = 600.0, sp: int = 1, tp: int = 1) -> Dist
     tp_mesh = None
     if tp > 1:  # row-major: tp consecutive ranks per tensor group
         tp_mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    ep_mesh = None
+    if ep > 1:  # row-major: ep consecutive ranks per expert group
+        ep_mesh = init_device_mesh(device.type, (world // ep, ep), mesh_dim_names=("edp", "ep"))
     rank = dist.get_rank()
-    return DistContext(rank=rank, world=world, device=device, mesh=mesh, sp_mesh=sp_mesh, tp_mesh=tp_mesh)
+    return DistContext(
+        rank=rank, world=world, device=device, mesh=mesh, sp_mesh=sp_mesh, tp_mesh=tp_mesh, ep_mesh=ep_mesh
+    )
 
 
 def all_reduce_sum(values: list[int], ctx: DistContext) -> list[int]:

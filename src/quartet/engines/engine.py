@@ -78,7 +78,9 @@ class TrainingEngine:
 
     def __init__(self, spec: EngineSpec, *, offload_device: torch.device | str = "cpu") -> None:
         self.spec = spec
-        self.ctx: DistContext = init_distributed(sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size)
+        self.ctx: DistContext = init_distributed(
+            sp=spec.sequence_parallel_size, tp=spec.tensor_parallel_size, ep=spec.expert_parallel_size
+        )
         self._seq_group = seq_group(self.ctx)
         self._row_group = self._seq_group or row_group(self.ctx)  # ranks that pool their rows (SP or TP)
         self.module: nn.Module = build_module(spec, self.ctx)  # model, then parallelise, then shard
@@ -237,7 +239,10 @@ class TrainingEngine:
     ) -> dict[str, float]:
         assert self.spec.optim is not None
         params = trainable_parameters(self.module)
-        grad_norm, lr = optimizer_step(params, optimizer, scheduler, self.spec.optim.grad_clip, self.ctx.tp)
+        several_meshes = self.ctx.tp > 1 or self.ctx.ep > 1  # DTensors on two meshes: norms per placement
+        grad_norm, lr = optimizer_step(
+            params, optimizer, scheduler, self.spec.optim.grad_clip, several_meshes
+        )
         self.skipped_steps += int(not math.isfinite(grad_norm))
         self.steps += 1
         return {"grad_norm": grad_norm, "lr": lr, "skipped_steps": float(self.skipped_steps)}

@@ -2,7 +2,8 @@
 
 The config checks the parallel sizes as numbers once (`quartet.config.parallel`): on their own, against the
 pool, and against the tiny model's heads when the run builds it. A model from a folder is known only once
-loaded; this module applies the same rules to its real head counts and adds what only the model tells:
+loaded; this module applies the same rules to its real head and expert counts and adds what only the model
+tells:
 whether tensor parallelism has a plan for its type, and whether it is a vision-language model.
 """
 
@@ -10,20 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from quartet.config.parallel import head_problems, vision_problem
+from quartet.config.parallel import expert_problems, head_problems, vision_problem
 from quartet.engines.tensor_parallel import TP_MODEL_TYPES
 
 __all__ = ["check_model_layout"]
 
 
 def check_model_layout(
-    config: Any, sp: int = 1, tp: int = 1, *, vision: bool = False, section: str = "model"
+    config: Any, sp: int = 1, tp: int = 1, ep: int = 1, *, vision: bool = False, section: str = "model"
 ) -> None:
-    """Refuse a model that the sequence (`sp`) or tensor (`tp`) parallel size cannot split.
+    """Refuse a model that the sequence (`sp`), tensor (`tp`) or expert (`ep`) parallel size cannot split.
 
     Args:
         config: the loaded transformers model's config (`model_type`, `num_attention_heads`,
-            `num_key_value_heads`; a vision-language model's under `text_config`).
+            `num_key_value_heads`, `num_experts` or `num_local_experts` for a mixture of experts; a
+            vision-language model's under `text_config`).
         vision: the model is a vision-language model.
         section: the config section whose sizes these are (`model`, or `critic` for the critic's own sp),
             named by the errors.
@@ -40,6 +42,7 @@ def check_model_layout(
     text = config.text_config if vision else config  # a VLM's heads are its language model's
     heads = int(text.num_attention_heads)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
-    problems = head_problems(heads, kv, sp, tp)
+    experts = int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0)
+    problems = head_problems(heads, kv, sp, tp) + expert_problems(experts, ep)
     if problems:
         raise problems[0].under(section)

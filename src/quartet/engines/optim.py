@@ -73,15 +73,16 @@ def optimizer_step(
     optimizer: torch.optim.Optimizer,
     scheduler: LambdaLR,
     grad_clip: float,
-    tp: int,
+    several_meshes: bool,
 ) -> tuple[float, float]:
     """Clip the gradients of `params` to `grad_clip` (0: no clipping), step the optimizer unless their norm
     is not finite, drop the gradients, step the schedule. Returns (norm before clipping, lr of this step).
 
-    `tp` > 1: the parameters are DTensors on two meshes, their norm reduced per placement (`tensor_parallel`).
+    `several_meshes` (tensor or expert parallelism): the parameters are DTensors on two meshes, their norm
+    reduced per placement (`tensor_parallel.clip_grad_norm`).
     """
     max_norm = grad_clip if grad_clip > 0 else math.inf
-    if tp > 1:
+    if several_meshes:
         grad_norm = clip_grad_norm(params, max_norm)
     else:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)

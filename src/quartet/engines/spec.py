@@ -85,6 +85,10 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     """Causal LM: ranks per tensor group (DTensor, `engines.tensor_parallel`); 1: off. Not with SP or LoRA."""
 
+    expert_parallel_size: int = 1
+    """Causal LM with mixture-of-experts layers: ranks per expert group, over which each layer's experts are
+    split (all-to-all token dispatch, `engines.expert_parallel`); 1: off. Not with TP or LoRA."""
+
     fused_head: bool | None = None
     """Causal LM: log-probs and entropy from the hidden states in vocabulary blocks, never the [N, V] logits
     (`engines.fused_head`); None: on when the engine computes on CUDA. Other kinds ignore it."""
@@ -148,7 +152,8 @@ def _check_parallel(spec: EngineSpec) -> None:
     sp = spec.sequence_parallel_size
     tp = spec.tensor_parallel_size
     lora_rank = spec.lora.rank if spec.lora is not None else 0
-    problems = layout_problems(sp, tp, lora_rank)
+    ep = spec.expert_parallel_size
+    problems = layout_problems(sp, tp, lora_rank, ep=ep)
     if problems:
         raise problems[0].under("model")
     if sp > 1 and spec.kind is ModelKind.REWARD:
@@ -160,6 +165,11 @@ def _check_parallel(spec: EngineSpec) -> None:
         raise ValueError(
             f"model.tensor_parallel_size={tp} is built for the policy (causal LM) only; this engine holds a "
             f"{spec.kind} model: run it with tensor_parallel_size: 1"
+        )
+    if ep > 1 and spec.kind is not ModelKind.CAUSAL_LM:
+        raise ValueError(
+            f"model.expert_parallel_size={ep} is built for the policy (causal LM) only; this engine holds a "
+            f"{spec.kind} model: run it with expert_parallel_size: 1"
         )
 
 

@@ -83,6 +83,7 @@ class Actor(EngineRole):
                 remove_padding=run.remove_padding,
                 sequence_parallel_size=run.sequence_parallel_size,
                 tensor_parallel_size=run.tensor_parallel_size,
+                expert_parallel_size=run.expert_parallel_size,
                 fused_head=run.fused_head,
                 freeze_vision_tower=run.freeze_vision_tower,
                 routing_replay=cfg.routing_replay is RoutingReplay.ROLLOUT,

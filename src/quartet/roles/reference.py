@@ -36,6 +36,7 @@ class Reference:
                 remove_padding=run.remove_padding,
                 sequence_parallel_size=run.sequence_parallel_size,
                 tensor_parallel_size=run.tensor_parallel_size,
+                expert_parallel_size=run.expert_parallel_size,  # the frozen copy is split as the actor
                 fused_head=run.fused_head,
                 routing_replay=routing_replay,
             )

@@ -40,6 +40,8 @@ class RunValues:
     """`model.sequence_parallel_size`: devices per sequence group of the policy's passes (packed under it)."""
     tensor_parallel_size: int = 1
     """`model.tensor_parallel_size`: devices per tensor group of the policy's engine."""
+    expert_parallel_size: int = 1
+    """`model.expert_parallel_size`: devices per expert group of the policy's engines (actor, reference)."""
     fused_head: bool | None = None
     """`model.fused_head`: the policy's log-probs from the hidden states in vocabulary blocks (None: CUDA)."""
     freeze_vision_tower: bool = True

@@ -59,6 +59,7 @@ class SFTWorker(EngineRole):
                 remove_padding=cfg.model.remove_padding,
                 sequence_parallel_size=cfg.model.sequence_parallel_size,
                 tensor_parallel_size=cfg.model.tensor_parallel_size,
+                expert_parallel_size=cfg.model.expert_parallel_size,
                 fused_head=cfg.model.fused_head,
                 lora=lora,
                 seed=sft.seed,

@@ -114,6 +114,7 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
         remove_padding=cfg.model.remove_padding,
         sequence_parallel_size=cfg.model.sequence_parallel_size,
         tensor_parallel_size=cfg.model.tensor_parallel_size,
+        expert_parallel_size=cfg.model.expert_parallel_size,
         fused_head=cfg.model.fused_head,
         freeze_vision_tower=cfg.model.freeze_vision_tower,
         custom_module=cfg.algorithm.custom_module,
