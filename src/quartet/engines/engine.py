@@ -125,8 +125,8 @@ class TrainingEngine:
         self._need(ModelKind.CAUSAL_LM)
         batch, own = group_rows(batch, self._row_group)  # SP/TP: the rows of the whole group
         outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy)
-        logprobs = restore_order([_field(o.logprobs) for o in outs], plan)[own]
-        entropy = restore_order([_field(o.entropy) for o in outs], plan)[own] if with_entropy else None
+        logprobs = restore_order([o.required("logprobs") for o in outs], plan)[own]
+        entropy = restore_order([o.required("entropy") for o in outs], plan)[own] if with_entropy else None
         return logprobs, entropy
 
     def forward_values(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
@@ -138,7 +138,7 @@ class TrainingEngine:
         self._need(ModelKind.VALUE)
         batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, 1.0, False)
-        return restore_order([_field(o.values) for o in outs], plan)[own]
+        return restore_order([o.required("values") for o in outs], plan)[own]
 
     def forward_scores(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
         """Reward-model scores [B] (float32, on CPU): the head's output at each row's last attended token."""
@@ -203,7 +203,7 @@ class TrainingEngine:
             mb = mb.to(self.device)
             outputs = self._run(mb, build_inputs(mb), temp, with_entropy, entropy_grad)
             if dummy:  # keeps this rank in step with the others' collectives; contributes nothing
-                loss = sum((t.sum() for t in _present(outputs)), torch.zeros((), device=self.device)) * 0.0
+                loss = sum((t.sum() for t in outputs.present()), torch.zeros((), device=self.device)) * 0.0
             else:
                 loss, metrics = loss_fn(outputs, mb, scale)
                 loss_sum += loss.detach().double()
@@ -367,7 +367,7 @@ class TrainingEngine:
                 mb, dummy = self._micro_batch(batch, rows)
                 out = self._run(mb, build_inputs(mb), temperature, with_entropy)
                 if not dummy:
-                    outs.append(ModelOutputs(*(None if t is None else t.cpu() for t in _fields(out))))
+                    outs.append(ModelOutputs(*(None if t is None else t.cpu() for t in out.tensors())))
                     kept.append(rows)
         return outs, kept
 
@@ -481,17 +481,3 @@ class TrainingEngine:
         per_token = captured.output.squeeze(-1).float()
         last = heads.last_valid_index(inputs.attention_mask).to(self.device)
         return per_token.gather(1, last.unsqueeze(1)).squeeze(1)
-
-
-def _fields(out: ModelOutputs) -> tuple[torch.Tensor | None, ...]:
-    return (out.logprobs, out.entropy, out.values)
-
-
-def _present(out: ModelOutputs) -> list[torch.Tensor]:
-    return [t for t in _fields(out) if t is not None]
-
-
-def _field(t: torch.Tensor | None) -> torch.Tensor:
-    if t is None:
-        raise EngineStateError("a forward output that was not computed")
-    return t

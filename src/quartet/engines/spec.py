@@ -214,6 +214,21 @@ class ModelOutputs:
     values: torch.Tensor | None = None
     """Value model: value of the state before response token t (see `TrainingEngine.forward_values`)."""
 
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """The fields in declaration order (None where not computed)."""
+        return (self.logprobs, self.entropy, self.values)
+
+    def present(self) -> list[torch.Tensor]:
+        """The computed fields."""
+        return [t for t in self.tensors() if t is not None]
+
+    def required(self, name: str) -> torch.Tensor:
+        """Field `name`; a `ValueError` when the pass did not compute it."""
+        value: torch.Tensor | None = getattr(self, name)
+        if value is None:
+            raise ValueError(f"the forward output '{name}' was not computed")
+        return value
+
 
 LossFn = Callable[[ModelOutputs, Batch, LossScale], tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]]
 """(outputs, micro-batch, scale) -> (0-d loss: this micro-batch's share of the mini-batch loss, metrics)."""
