@@ -7,6 +7,7 @@ Each rule is stated here once, as arithmetic over numbers, and applied wherever 
     head_problems     sp and tp against a model's attention and key/value heads    the tiny model's config,
                                                                                    the loaded model (engine)
     vision_problem    sequence parallelism on a vision-language model              the same two
+    moe_problems      sequence or tensor parallelism on a mixture-of-experts model the same two
 
 The problems name their key relative to its section (`sequence_parallel_size`, `tensor_parallel_size`);
 the caller places them under it (`ConfigError.under`), as the loader does for a section's own checks. The
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from quartet.config.errors import ConfigError
 
-__all__ = ["divisors", "head_problems", "layout_problems", "pool_problems", "vision_problem"]
+__all__ = ["divisors", "head_problems", "layout_problems", "moe_problems", "pool_problems", "vision_problem"]
 
 SP = "sequence_parallel_size"
 TP = "tensor_parallel_size"
@@ -126,3 +127,33 @@ def vision_problem(sp: int, section: str = "model", note: str = "") -> ConfigErr
         f"is {sp}: sequence parallelism does not split vision-language models yet ({reason}; docs/vision.md)",
         f"set {section}.{SP}: 1",
     )
+
+
+def moe_problems(sp: int, tp: int = 1, section: str = "model", note: str = "") -> list[ConfigError]:
+    """Sequence or tensor parallelism on a mixture-of-experts model: refused (docs/moe.md).
+
+    Tensor parallelism: the plan (`engines.tensor_parallel`) splits dense MLP projections; the fused 3-D
+    expert weights and the router are not in it. Sequence parallelism: the router's load-balancing loss
+    and metrics would be computed on each rank's slice of the tokens, and nothing checks that against one
+    process yet."""
+    out: list[ConfigError] = []
+    why = f" ({note})" if note else ""
+    if tp > 1:
+        out.append(
+            ConfigError(
+                TP,
+                f"is {tp} on a mixture-of-experts model{why}: the tensor-parallel plan does not split "
+                "experts (docs/moe.md)",
+                f"set {section}.{TP}: 1",
+            )
+        )
+    if sp > 1:
+        out.append(
+            ConfigError(
+                SP,
+                f"is {sp} on a mixture-of-experts model{why}: the router's loss and metrics are not built "
+                "for token slices yet (docs/moe.md)",
+                f"set {section}.{SP}: 1",
+            )
+        )
+    return out
