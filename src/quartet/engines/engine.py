@@ -54,6 +54,7 @@ from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, trainable_parameters
 from quartet.engines.packed_run import PackedRun, packed_values
+from quartet.engines.router import RouterLoss, routing
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.engines.tensor_parallel import VocabHead, clip_grad_norm, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
@@ -88,6 +89,7 @@ class TrainingEngine:
         wanted = self.ctx.device.type == "cuda" if spec.fused_head is None else spec.fused_head
         wanted = fused_head_allowed(wanted, self._vocab)  # not under TP (`tensor_parallel`)
         self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
+        self._router = RouterLoss.of(self.module, spec.moe_aux_loss_coef, spec.moe_z_loss_coef)  # MoE only
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if spec.optim is not None:
@@ -191,9 +193,7 @@ class TrainingEngine:
         self.module.train()
         batch, _ = group_rows(batch, self._row_group)
         plan = self._plan(batch, micro)
-        mask = batch["response_mask"]
-        tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], self.ctx)
-        scale = LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.dp)
+        scale = self._scale(batch)
         optimizer.zero_grad(set_to_none=True)
         # Sums stay on the device: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -201,11 +201,15 @@ class TrainingEngine:
         for rows in plan:
             mb, dummy = self._micro_batch(batch, rows)
             mb = mb.to(self.device)
-            outputs = self._run(mb, build_inputs(mb), temp, with_entropy, entropy_grad)
+            inputs = build_inputs(mb)
+            with routing(self._router, None if self.spec.packs else inputs.attention_mask) as routed:
+                outputs = self._run(mb, inputs, temp, with_entropy, entropy_grad)
             if dummy:  # keeps this rank in step with the others' collectives; contributes nothing
                 loss = sum((t.sum() for t in outputs.present()), torch.zeros((), device=self.device)) * 0.0
             else:
                 loss, metrics = loss_fn(outputs, mb, scale)
+                if self._router is not None:  # MoE: the router's losses and metrics (`engines.router`)
+                    loss, metrics = self._router.add(loss, metrics, routed, scale)
                 loss_sum += loss.detach().double()
                 for key, value in metrics.items():
                     metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
@@ -216,6 +220,13 @@ class TrainingEngine:
         result["micro_batches"] = float(len(plan))
         result.update({k: float(torch.stack(v).mean()) for k, v in collected.items()})
         return result
+
+    def _scale(self, batch: Batch) -> LossScale:
+        """The counts of this rank's rows of a mini-batch summed over the data-parallel ranks."""
+        mask = batch["response_mask"]
+        counts = [count_valid_tokens(mask), count_valid_sequences(mask), int(batch["attention_mask"].sum())]
+        tokens, seqs, attended = all_reduce_sum(counts, self.ctx)
+        return LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.dp, attended_tokens=attended)
 
     def _optimizer_step(
         self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR

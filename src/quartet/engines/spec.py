@@ -92,6 +92,13 @@ class EngineSpec:
     freeze_vision_tower: bool = True
     """Vision-language models: the vision tower (`model.visual`) gets no gradient and no optimizer state."""
 
+    moe_aux_loss_coef: float | None = None
+    """Mixture-of-experts models: weight of the router's load-balancing loss added in `train_step`
+    (`engines.router`); None: the model config's `router_aux_loss_coef`; 0: off. Dense models ignore it."""
+
+    moe_z_loss_coef: float = 0.0
+    """Mixture-of-experts models: weight of the router z-loss added in `train_step`; 0: off."""
+
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("EngineSpec.model_path is empty; pass a local model folder")
@@ -196,6 +203,10 @@ class LossScale:
 
     dp_size: int
     """Data-parallel world size (the engine already cancels FSDP's averaging over ranks; for information)."""
+
+    attended_tokens: int = 0
+    """Attended tokens, prompt and response (`attention_mask != 0`), of the mini-batch: what a mixture of
+    experts' router loss weighs each micro-batch by (`engines.router`)."""
 
 
 @dataclass(frozen=True)
