@@ -18,7 +18,7 @@ Training forward/backward (autograd keeps, per token and per decoder layer; coun
     MLP                  4 c I   gate (SiLU input), SiLU output, up, and their product (down's input)
                                  (a sparse MoE layer: I = k Im (+ a shared expert's), `mlp_width`, and
                                  `moe_router_bytes`: router logits and probabilities, each chosen
-                                 expert's gathered input and weighted output; an estimate, docs/moe.md)
+                                 expert's gathered input and weighted output; docs/moe.md)
     (qwen3 q/k norms     2 f (q + kv);  LoRA under autocast: one more input cast per adapted module)
 
 so about 16 D + 6 D + 8 q + 4 D + 8 I bytes under bfloat16 autocast (70 D for a Qwen2 with I = 3 D).
