@@ -19,6 +19,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("models"))
 
 
+TINY_MOE = dict(arch="qwen3_moe", hidden_size=32, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2)
+"""The tiny Qwen3-MoE of the MoE tests (`moe_model_dir`): 4 experts of width 64, 2 per token, 2 layers."""
+
+
+@pytest.fixture(scope="session")
+def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE + tokenizer saved with save_pretrained (built once per session)."""
+    from quartet.config import TinyModelConfig
+    from quartet.config.model import TinyArch
+    from quartet.models.tiny import ensure_tiny_model
+
+    spec = TinyModelConfig(**{**TINY_MOE, "arch": TinyArch.QWEN3_MOE})  # type: ignore[arg-type]
+    return ensure_tiny_model(spec, tmp_path_factory.mktemp("moe"))
+
+
 @pytest.fixture(scope="session")
 def chat_tokenizer(tiny_model_dir: Path) -> Any:
     """The tiny tokenizer (with its ChatML template), loaded like a downloaded one."""

@@ -121,6 +121,7 @@ def test_a_model_folder_is_named_and_gets_no_note(
         "name": f"{qwen_folder} (qwen2, {params:,} parameters)",
         "path": str(qwen_folder),
         "params": params,
+        "active_params": params,  # a dense model computes with all of them
         "note": None,
     }
     main(["plan", SINGLE_GPU, f"model.path={qwen_folder}", "--gpu", "h100"])

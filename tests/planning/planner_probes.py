@@ -46,6 +46,16 @@ def save_random_model(folder: Path, config: dict[str, Any]) -> Path:
     return folder
 
 
+def save_random_moe(folder: Path, config: dict[str, Any]) -> Path:
+    """A randomly initialised Qwen3-MoE causal LM of `config` (transformers kwargs) saved to `folder`."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = {**config, "eos_token_id": None, "bos_token_id": None, "pad_token_id": 0}
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(**config)).save_pretrained(folder)
+    return folder
+
+
 def _one_rank() -> None:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ[key] = "1" if key == "WORLD_SIZE" else "0"

@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
     note = unnamed_model_note(cfg, kind)
     if args.json:
         params = shapes.policy.total_params
-        _print_json(
-            report, advice, {"name": model, "path": cfg.model.path or None, "params": params, "note": note}
-        )
+        active = shapes.policy.active_params  # = params for a dense model
+        about = {"name": model, "path": cfg.model.path or None, "params": params, "active_params": active}
+        _print_json(report, advice, about | {"note": note})
     else:
         print(f"model: {model}")
         print(report.plan.render_table())

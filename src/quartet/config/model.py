@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.errors import ConfigError, require
-from quartet.config.parallel import expert_problems, head_problems, layout_problems, vision_problem
+from quartet.config.parallel import (
+    expert_problems,
+    head_problems,
+    layout_problems,
+    moe_problems,
+    vision_problem,
+)
 
 __all__ = ["Dtype", "LoraConfig", "ModelConfig", "TinyArch", "TinyModelConfig"]
 
@@ -240,6 +246,8 @@ class ModelConfig:
         sp = self.sequence_parallel_size
         tiny = self.tiny
         vision = vision_problem(sp) if tiny.arch.is_vision else None
+        if tiny.arch.is_moe and (moe := moe_problems(sp, self.tensor_parallel_size)):
+            return moe
         heads = head_problems(
             tiny.num_attention_heads,
             tiny.num_key_value_heads,

@@ -65,6 +65,12 @@ def _check_update_sizes(cfg: ActorConfig | CriticConfig) -> None:
     require(cfg.epochs > 0, "epochs", "must be > 0", "use 1 for one pass over each batch")
 
 
+def _check_moe_coefs(cfg: ActorConfig | CriticConfig) -> None:
+    aux = cfg.moe_aux_loss_coef
+    require(aux is None or aux >= 0, "moe_aux_loss_coef", f"must be >= 0 or null, got {aux}", "use 0 for off")
+    require(cfg.moe_z_loss_coef >= 0, "moe_z_loss_coef", f"must be >= 0, got {cfg.moe_z_loss_coef}")
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     """The policy being trained: its update schedule, loss and memory switches."""
@@ -162,9 +168,19 @@ class ActorConfig:
     pass and the update to the experts the rollout engine recorded for it (routing replay, R3; implies
     `rollout.record_routing`); `off` lets the trainer's router choose. Needs an MoE model and the built-in
     engine with single-turn batch generation (docs/moe_routing_replay.md)."""
+    moe_aux_loss_coef: float | None = None
+    """Mixture-of-experts policies: weight of the router's load-balancing loss (Switch Transformer's, as
+    transformers' `load_balancing_loss_func` computes it over all non-pad tokens) added to the policy loss
+    in the update. None: the model config's `router_aux_loss_coef` (0.001 for Qwen3-MoE); 0: off (the
+    `moe/aux_loss` metric is still logged). Dense models ignore it (docs/moe.md)."""
+
+    moe_z_loss_coef: float = 0.0
+    """Mixture-of-experts policies: weight of the router z-loss (ST-MoE: mean over non-pad tokens of
+    logsumexp(router logits)^2, averaged over layers) added to the policy loss; 0: off (docs/moe.md)."""
 
     def __post_init__(self) -> None:
         _check_update_sizes(self)
+        _check_moe_coefs(self)
         for member in PolicyLoss:  # a built-in name becomes its member; another is checked in validate()
             if self.policy_loss.lower() in (member.value, member.name.lower()):
                 object.__setattr__(self, "policy_loss", member)
@@ -246,8 +262,17 @@ class CriticConfig:
     critic pool's devices (`cluster.world_size`) and the model's attention heads. Separate from
     `model.sequence_parallel_size` as in verl (`critic.ulysses_sequence_parallel_size`)."""
 
+    moe_aux_loss_coef: float | None = None
+    """Mixture-of-experts critics (a value head on an MoE trunk): weight of the router's load-balancing
+    loss added to the value loss, as `actor.moe_aux_loss_coef` for the policy; None: the model config's
+    `router_aux_loss_coef`; 0: off. Its metrics are `critic/moe/*` (docs/moe.md)."""
+
+    moe_z_loss_coef: float = 0.0
+    """Mixture-of-experts critics: weight of the router z-loss added to the value loss; 0: off."""
+
     def __post_init__(self) -> None:
         _check_update_sizes(self)
+        _check_moe_coefs(self)
         require(self.cliprange_value > 0, "cliprange_value", "must be > 0")
         sp = self.sequence_parallel_size
         require(sp >= 1, "sequence_parallel_size", f"must be >= 1, got {sp}", "use 1 to turn it off")

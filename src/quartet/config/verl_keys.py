@@ -203,6 +203,10 @@ def _lora_targets(value: Any, ctx: Context) -> list[str]:
 AR = "actor_rollout_ref"
 """The prefix of verl's actor, rollout and reference keys."""
 _COPY = "copied (same unit)"
+_MOE_AUX = (
+    "the router's load-balancing loss; Megatron adds it per layer, quartet pools the layers (docs/moe.md)"
+)
+_MOE_Z = "the router z-loss; Megatron adds it per layer, quartet averages the layers (docs/moe.md)"
 _PER_DEV = "divided by n_gpus_per_node x nnodes (verl's deprecated global count -> per device)"
 
 RULES: dict[str, Rule] = {
@@ -238,6 +242,18 @@ RULES: dict[str, Rule] = {
     ),
     f"{AR}.ref.megatron.expert_model_parallel_size": Rule(
         "model.expert_parallel_size", note="the reference shares the actor's", fallback=True
+    ),
+    f"{AR}.actor.megatron.override_transformer_config.moe_aux_loss_coeff": Rule(
+        "actor.moe_aux_loss_coef", note=_MOE_AUX
+    ),
+    f"{AR}.actor.megatron.override_transformer_config.moe_z_loss_coeff": Rule(
+        "actor.moe_z_loss_coef", note=_MOE_Z
+    ),
+    "critic.megatron.override_transformer_config.moe_aux_loss_coeff": Rule(
+        "critic.moe_aux_loss_coef", note=_MOE_AUX
+    ),
+    "critic.megatron.override_transformer_config.moe_z_loss_coeff": Rule(
+        "critic.moe_z_loss_coef", note=_MOE_Z
     ),
     f"{AR}.model.use_fused_kernels": Rule(
         "model.fused_head", note="log-probs from hidden states in vocabulary blocks (engines/fused_head)"

@@ -52,6 +52,7 @@ from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, optimizer_step, trainable_parameters
 from quartet.engines.packed_run import PackedRun, packed_values
+from quartet.engines.router import RouterLoss, routing
 from quartet.engines.routing_replay import RoutingReplay, with_mismatch
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.engines.tensor_parallel import VocabHead, fused_head_allowed, row_group
@@ -90,6 +91,7 @@ class TrainingEngine:
         wanted = fused_head_allowed(wanted, self._vocab)  # not under TP (`tensor_parallel`)
         self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
         self._routing = RoutingReplay(self.module, spec.routing_replay)  # MoE: replay, mismatch metric
+        self._router = RouterLoss.of(self.module, spec.moe_aux_loss_coef, spec.moe_z_loss_coef)  # MoE only
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if spec.optim is not None:
@@ -125,7 +127,7 @@ class TrainingEngine:
         Log-probs are under softmax(logits / temperature); positions past a response's end hold 0.
         """
         out = self.forward_policy(batch, temperature, micro, with_entropy=with_entropy)
-        return _field(out.logprobs), out.entropy
+        return out.required("logprobs"), out.entropy
 
     def forward_policy(
         self,
@@ -141,7 +143,7 @@ class TrainingEngine:
         self._need(ModelKind.CAUSAL_LM)
         batch, own = group_rows(batch, self._row_group)  # SP/TP: the rows of the whole group
         outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy, with_routing_mismatch)
-        fields = zip(*(_fields(o) for o in outs), strict=True)  # per field, each micro-batch's part
+        fields = zip(*(o.tensors() for o in outs), strict=True)  # per field, each micro-batch's part
         return ModelOutputs(*(None if f[0] is None else restore_order(list(f), plan)[own] for f in fields))
 
     def forward_values(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
@@ -153,7 +155,7 @@ class TrainingEngine:
         self._need(ModelKind.VALUE)
         batch, own = group_rows(batch, self._seq_group)  # with SP: the rows of the whole sequence group
         outs, plan = self._no_grad_pass(batch, micro, 1.0, False)
-        return restore_order([_field(o.values) for o in outs], plan)[own]
+        return restore_order([o.required("values") for o in outs], plan)[own]
 
     def forward_scores(self, batch: Batch, micro: MicroSpec) -> torch.Tensor:
         """Reward-model scores [B] (float32, on CPU): the head's output at each row's last attended token."""
@@ -206,9 +208,7 @@ class TrainingEngine:
         self.module.train()
         batch, _ = group_rows(batch, self._row_group)
         plan = self._plan(batch, micro)
-        mask = batch["response_mask"]
-        tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], self.ctx)
-        scale = LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.dp)
+        scale = self._scale(batch)
         optimizer.zero_grad(set_to_none=True)
         # Sums stay on the device: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -218,11 +218,14 @@ class TrainingEngine:
             mb = mb.to(self.device)
             inputs = build_inputs(mb)
             with self._routing.pass_(inputs, self.spec.packs, self.device):  # backward too: checkpointing
-                outputs = self._run(mb, inputs, temp, with_entropy, entropy_grad)
-                if dummy:
-                    loss = _dummy_loss(outputs, self.device)
+                with routing(self._router, None if self.spec.packs else inputs.attention_mask) as routed:
+                    outputs = self._run(mb, inputs, temp, with_entropy, entropy_grad)
+                if dummy:  # keeps this rank in step with the others' collectives; contributes nothing
+                    loss = outputs.zero_loss(self.device)
                 else:
                     loss, metrics = loss_fn(outputs, mb, scale)
+                    if self._router is not None:  # MoE: the router's losses and metrics (`engines.router`)
+                        loss, metrics = self._router.add(loss, metrics, routed, scale)
                     loss_sum += loss.detach().double()
                     for key, value in metrics.items():
                         metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
@@ -233,6 +236,13 @@ class TrainingEngine:
         result["micro_batches"] = float(len(plan))
         result.update({k: float(torch.stack(v).mean()) for k, v in collected.items()})
         return result
+
+    def _scale(self, batch: Batch) -> LossScale:
+        """The counts of this rank's rows of a mini-batch summed over the data-parallel ranks."""
+        mask = batch["response_mask"]
+        counts = [count_valid_tokens(mask), count_valid_sequences(mask), int(batch["attention_mask"].sum())]
+        tokens, seqs, attended = all_reduce_sum(counts, self.ctx)
+        return LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.dp, attended_tokens=attended)
 
     def _optimizer_step(
         self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -374,7 +384,7 @@ class TrainingEngine:
                 with self._routing.pass_(inputs, self.spec.packs, self.device, record=mismatch) as capture:
                     out = with_mismatch(self._run(mb, inputs, temperature, with_entropy), capture, inputs)
                 if not dummy:
-                    outs.append(ModelOutputs(*(None if t is None else t.cpu() for t in _fields(out))))
+                    outs.append(ModelOutputs(*(None if t is None else t.cpu() for t in out.tensors())))
                     kept.append(rows)
         return outs, kept
 
@@ -488,18 +498,3 @@ class TrainingEngine:
         per_token = captured.output.squeeze(-1).float()
         last = heads.last_valid_index(inputs.attention_mask).to(self.device)
         return per_token.gather(1, last.unsqueeze(1)).squeeze(1)
-
-
-def _fields(out: ModelOutputs) -> tuple[torch.Tensor | None, ...]:
-    return (out.logprobs, out.entropy, out.values, out.routing_mismatch)
-
-
-def _dummy_loss(out: ModelOutputs, device: torch.device) -> torch.Tensor:
-    """A stand-in micro-batch's loss: keeps this rank in step with the others' collectives, adds nothing."""
-    return sum((t.sum() for t in _fields(out) if t is not None), torch.zeros((), device=device)) * 0.0
-
-
-def _field(t: torch.Tensor | None) -> torch.Tensor:
-    if t is None:
-        raise EngineStateError("a forward output that was not computed")
-    return t

@@ -3,15 +3,15 @@
 The config checks the parallel sizes as numbers once (`quartet.config.parallel`): on their own, against the
 pool, and against the tiny model's heads when the run builds it. A model from a folder is known only once
 loaded; this module applies the same rules to its real head and expert counts and adds what only the model
-tells:
-whether tensor parallelism has a plan for its type, and whether it is a vision-language model.
+tells: whether tensor parallelism has a plan for its type, whether it is a vision-language model, and
+whether it is a mixture of experts (`num_experts`, Mixtral's `num_local_experts`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from quartet.config.parallel import expert_problems, head_problems, vision_problem
+from quartet.config.parallel import expert_problems, head_problems, moe_problems, vision_problem
 from quartet.engines.tensor_parallel import TP_MODEL_TYPES
 
 __all__ = ["check_model_layout"]
@@ -33,6 +33,10 @@ def check_model_layout(
     problem = vision_problem(sp, section) if vision else None
     if problem is not None:
         raise problem.under(section)
+    is_moe = bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
+    moe = moe_problems(sp, tp, section) if is_moe else []
+    if moe:
+        raise moe[0].under(section)
     kind = getattr(config, "model_type", "?")
     if tp > 1 and kind not in TP_MODEL_TYPES:
         raise ValueError(

@@ -99,6 +99,12 @@ class EngineSpec:
     routing_replay: bool = False
     """Causal LM with MoE layers: every pass routes each token to the experts of the batch's `routed_experts`
     (`engines.routing_replay`); a batch without them raises. Not with sequence or tensor parallelism."""
+    moe_aux_loss_coef: float | None = None
+    """Mixture-of-experts models: weight of the router's load-balancing loss added in `train_step`
+    (`engines.router`); None: the model config's `router_aux_loss_coef`; 0: off. Dense models ignore it."""
+
+    moe_z_loss_coef: float = 0.0
+    """Mixture-of-experts models: weight of the router z-loss added in `train_step`; 0: off."""
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -215,6 +221,10 @@ class LossScale:
     dp_size: int
     """Data-parallel world size (the engine already cancels FSDP's averaging over ranks; for information)."""
 
+    attended_tokens: int = 0
+    """Attended tokens, prompt and response (`attention_mask != 0`), of the mini-batch: what a mixture of
+    experts' router loss weighs each micro-batch by (`engines.router`)."""
+
 
 @dataclass(frozen=True)
 class ModelOutputs:
@@ -235,6 +245,26 @@ class ModelOutputs:
     routing_mismatch: torch.Tensor | None = None
     """MoE causal LM on a batch with `routed_experts`, when asked for: the share of MoE layers whose own top-k
     set differs from the rollout engine's at response token t (0 where the engine recorded nothing)."""
+
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """The fields in declaration order (None where not computed)."""
+        return (self.logprobs, self.entropy, self.values, self.routing_mismatch)
+
+    def present(self) -> list[torch.Tensor]:
+        """The computed fields."""
+        return [t for t in self.tensors() if t is not None]
+
+    def zero_loss(self, device: torch.device) -> torch.Tensor:
+        """A zero that depends on every computed field: the loss of a stand-in micro-batch, which keeps a
+        rank in step with the others' collectives and adds nothing."""
+        return sum((t.sum() for t in self.present()), torch.zeros((), device=device)) * 0.0
+
+    def required(self, name: str) -> torch.Tensor:
+        """Field `name`; a `ValueError` when the pass did not compute it."""
+        value: torch.Tensor | None = getattr(self, name)
+        if value is None:
+            raise ValueError(f"the forward output '{name}' was not computed")
+        return value
 
 
 LossFn = Callable[[ModelOutputs, Batch, LossScale], tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]]

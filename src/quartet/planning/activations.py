@@ -16,6 +16,9 @@ Training forward/backward (autograd keeps, per token and per decoder layer; coun
     attention mask       c T     SDPA converts the boolean [b, 1, T, T] mask to a float one per layer
     MLP inputs           2 c D   (f D, shared, without autocast)
     MLP                  4 c I   gate (SiLU input), SiLU output, up, and their product (down's input)
+                                 (a sparse MoE layer: I = k Im (+ a shared expert's), `mlp_width`, and
+                                 `moe_router_bytes`: router logits and probabilities, each chosen
+                                 expert's gathered input and weighted output; docs/moe.md)
     (qwen3 q/k norms     2 f (q + kv);  LoRA under autocast: one more input cast per adapted module)
 
 so about 16 D + 6 D + 8 q + 4 D + 8 I bytes under bfloat16 autocast (70 D for a Qwen2 with I = 3 D).
@@ -133,10 +136,20 @@ def layer_saved_bytes_per_token(
     norms = 4 * F32 * d
     inputs = (3 * c * d + 2 * c * d) if autocast else 2 * F32 * d
     attention = (4 * c * shape.q_dim + F32 * shape.num_heads) // tp + (0 if packed else c * seq_len)
-    mlp = 4 * c * shape.intermediate_size // tp
+    mlp = 4 * c * shape.mlp_width // tp + moe_router_bytes(shape, c)
     qk_norm = 2 * F32 * (shape.q_dim + shape.kv_dim) // tp if shape.qk_norm else 0
     lora = c * lora_inputs if autocast else 0
     return norms + inputs + attention + mlp + qk_norm + lora
+
+
+def moe_router_bytes(shape: ModelShape, compute_bytes: int) -> int:
+    """Bytes a sparse (MoE) layer keeps per token besides its experts' gate/up/product (`mlp_width`): the
+    router's logits (c E) and float32 probabilities (f E), and per chosen expert the gathered input (c D)
+    and the weighted output (f D) that is summed into the layer's output. 0 for a dense model."""
+    if not shape.is_moe:
+        return 0
+    k = shape.experts_per_token
+    return (compute_bytes + F32) * shape.num_experts + k * (compute_bytes + F32) * shape.hidden_size
 
 
 def _trunk_extra_bytes(shape: ModelShape, mb: MicroBatch, compute_bytes: int) -> int:
@@ -200,7 +213,7 @@ def train_working_bytes(
     if compute_bytes < F32 and trainable_linear_params:
         if gradient_checkpointing:  # only the head's cast outlives the forward; one layer's during recompute
             layer = shape.layer_linear_params // tp
-            top = shape.linear_params(head) - shape.num_layers * shape.layer_linear_params
+            top = shape.linear_params(head) - shape.layers_linear_params
             kept = min(trainable_linear_params, top // (tp if head is HeadKind.CAUSAL_LM else 1) + layer)
         else:
             kept = trainable_linear_params
@@ -235,7 +248,7 @@ def forward_working_bytes(
     weight at a time.
     """
     d = shape.hidden_size
-    i = shape.intermediate_size
+    i = shape.mlp_width
     c = compute_bytes
     attention = c * d + c * 4 * shape.q_dim // tp
     mlp = c * d + c * 3 * i // tp
@@ -284,7 +297,7 @@ def rollout_working_bytes(
     r, d = dtype_bytes, shape.hidden_size
     tokens = prefill_tokens(prompts, prompt_len)
     groups = tokens // max(prompt_len, 1)
-    prefill = tokens * (4 * r * d + 2 * F32 * d + 3 * r * shape.intermediate_size)
+    prefill = tokens * (4 * r * d + 2 * F32 * d + 3 * r * shape.mlp_width)
     prefill += groups * prompt_len * prompt_len  # boolean attention mask
     prefill += samples * prompt_len * 2 * shape.kv_dim * r  # one layer's keys/values repeated per sample
     sampling = samples * shape.vocab_size * (r + 3 * F32 + 8)  # logits, scaled, probs, sort indices

@@ -333,13 +333,13 @@ def _optimizer_step_bytes(cfg: QuartetConfig, e: _Engine, load: Workload) -> int
     if load.device == "gpu":  # foreach: one float32 temporary per trainable parameter (sqrt of exp_avg_sq)
         return F32 * e.trainable // load.world
     s = e.shape
-    widths = (s.hidden_size, s.intermediate_size, s.q_dim)
+    widths = (s.hidden_size, s.mlp_width, s.q_dim)
     if e.role is Role.ACTOR and cfg.model.lora.rank > 0:  # the widest adapter matrix
         largest = cfg.model.lora.rank * max(
             *widths, s.vocab_size if "lm_head" in cfg.model.lora.target_modules else 0
         )
     else:  # the embedding, or the widest layer matrix
-        largest = max(s.vocab_size * s.hidden_size, s.hidden_size * max(widths))
+        largest = max(s.vocab_size * s.hidden_size, s.hidden_size * max(widths), s.expert_tensor_params)
     return 2 * F32 * min(largest, e.trainable) // load.world
 
 

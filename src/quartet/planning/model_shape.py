@@ -1,7 +1,7 @@
 """The shape of a decoder-only transformer, read from its config alone: what the memory planner sizes.
 
 Supported: Llama-style decoders as transformers builds them (`llama`, `mistral`, `qwen2`, `qwen3`), which
-are also what the built-in rollout engine runs. Every layer holds
+are also what the built-in rollout engine runs, and their mixture-of-experts kin (below). Every layer holds
 
     q_proj  D x (H * hd)   [+ bias]        input_layernorm           D
     k_proj  D x (K * hd)   [+ bias]        post_attention_layernorm  D
@@ -16,6 +16,20 @@ Biases: qwen2 has them on q/k/v (hard-wired in transformers), llama/qwen3/mistra
 
 The heads the engines load change the top only: a value model (critic) has no output head but a
 `score` Linear(D, 1) with bias; a reward model a `score` Linear(D, 1) without bias.
+
+Mixture-of-experts models (`qwen3_moe`, `qwen2_moe`, `mixtral`; docs/moe.md): the attention as above
+(qwen3_moe has qwen3's q/k norms and `attention_bias`, qwen2_moe `qkv_bias`, mixtral none), and in each sparse
+layer (all of mixtral's; qwen*_moe: every `decoder_sparse_step`-th layer not in `mlp_only_layers`, the
+others keep the dense MLP of `intermediate_size`) instead of the dense MLP
+
+    router (gate)              E x D               E = num_experts (mixtral: num_local_experts)
+    experts.gate_up_proj       E x 2 Im x D        Im = moe_intermediate_size (mixtral: intermediate_size)
+    experts.down_proj          E x D x Im
+    shared_expert (qwen2_moe)  gate/up/down of Is = shared_expert_intermediate_size, and its gate D x 1
+
+Weights, gradients and optimizer states are sized by the total (`total_params`, every expert); what one
+token computes, hence activations, by the active part (`active_params`: k = num_experts_per_tok experts of
+each sparse layer, the router, the shared expert and everything outside the MLPs; `mlp_width` = k Im + Is).
 
 Vision-language models (`qwen2_vl`, `qwen2_5_vl`): the language model is sized as above from the config's
 `text_config` (Qwen2's layout), and the vision tower's parameters (`vision_params`) are counted by building
@@ -37,11 +51,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from quartet.config.model import LoraConfig, ModelConfig, TinyArch, TinyModelConfig
+from quartet.planning.moe import MOE_LORA_NAMES, moe_config_fields, moe_lora_params
 from quartet.planning.vision import VisionShape, vision_shape_of
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HeadKind",
+    "MOE_MODEL_TYPES",
     "ModelShape",
     "VISION_MODEL_TYPES",
     "UnknownModelShapeError",
@@ -51,7 +67,10 @@ __all__ = [
     "shape_from_tiny",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
+"""The mixture-of-experts `model_type`s (fused expert weights and a top-k router per sparse layer)."""
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl", *MOE_MODEL_TYPES)
 """transformers `model_type`s whose parameter layout this module knows."""
 
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
@@ -94,6 +113,49 @@ class ModelShape:
     """Parameters of a vision-language model's vision tower (0 for text models)."""
     vision: VisionShape | None = None
     """A vision-language model's tower sizes (None for text models)."""
+    num_experts: int = 0
+    """Routed experts of each sparse (MoE) layer; 0 for a dense model."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 0
+    """Width of one expert's MLP."""
+    shared_expert_intermediate_size: int = 0
+    """Width of the shared expert every token runs (qwen2_moe); 0: none."""
+    moe_layers: int = 0
+    """Decoder layers whose MLP is sparse; the other layers have the dense MLP of `intermediate_size`."""
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (some layer routes tokens to experts)."""
+        return self.moe_layers > 0
+
+    @property
+    def dense_layers(self) -> int:
+        """Decoder layers with the dense MLP."""
+        return self.num_layers - self.moe_layers
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP width one token runs through in the widest layer: `intermediate_size` for a dense layer,
+        k x `moe_intermediate_size` + the shared expert's for a sparse one (what activations scale with)."""
+        active = self.experts_per_token * self.moe_intermediate_size + self.shared_expert_intermediate_size
+        return max(self.intermediate_size if self.dense_layers else 0, active if self.is_moe else 0)
+
+    @property
+    def expert_tensor_params(self) -> int:
+        """The largest single parameter of a sparse layer: the fused gate/up weights of all its experts."""
+        return self.num_experts * 2 * self.moe_intermediate_size * self.hidden_size if self.is_moe else 0
+
+    def _moe_mlp_params(self, experts: int) -> int:
+        """A sparse layer's MLP holding `experts` of its experts: those, the router, the shared expert."""
+        d = self.hidden_size
+        shared = 3 * d * self.shared_expert_intermediate_size
+        shared += d if self.shared_expert_intermediate_size else 0  # its sigmoid gate, D x 1
+        return experts * 3 * d * self.moe_intermediate_size + self.num_experts * d + shared
+
+    def _attention_linear_params(self) -> int:
+        d = self.hidden_size
+        return 2 * d * self.q_dim + 2 * d * self.kv_dim
 
     @property
     def q_dim(self) -> int:
@@ -105,32 +167,65 @@ class ModelShape:
         """Width of the key (and of the value) projection output: kv heads x head_dim."""
         return self.num_kv_heads * self.head_dim
 
+    def linear_modules(self) -> list[tuple[str, int, int, int]]:
+        """(name, in_features, out_features, layers holding it) of each `nn.Linear` of the decoder layers:
+        what LoRA can adapt. A sparse layer's experts and router are 3-D or plain parameters, not Linear
+        modules: only the dense layers' MLP (and qwen2_moe's shared expert) have gate/up/down_proj."""
+        d, n = self.hidden_size, self.num_layers
+        out = [("q_proj", d, self.q_dim, n), ("k_proj", d, self.kv_dim, n), ("v_proj", d, self.kv_dim, n)]
+        out.append(("o_proj", self.q_dim, d, n))
+        widths = (
+            (self.intermediate_size, self.dense_layers),
+            (self.shared_expert_intermediate_size, self.moe_layers),
+        )
+        for width, layers in widths:
+            if width and layers:
+                out += [("gate_proj", d, width, layers), ("up_proj", d, width, layers)]
+                out.append(("down_proj", width, d, layers))
+        if self.shared_expert_intermediate_size and self.moe_layers:  # the shared expert's gate, D x 1
+            out.append(("shared_expert_gate", d, 1, self.moe_layers))
+        return out
+
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in_features, out_features) of each linear module of one decoder layer."""
-        d, i = self.hidden_size, self.intermediate_size
-        return {
-            "q_proj": (d, self.q_dim),
-            "k_proj": (d, self.kv_dim),
-            "v_proj": (d, self.kv_dim),
-            "o_proj": (self.q_dim, d),
-            "gate_proj": (d, i),
-            "up_proj": (d, i),
-            "down_proj": (i, d),
-        }
+        """(in_features, out_features) of each linear module of one decoder layer (a dense one where a
+        model has both kinds)."""
+        shapes: dict[str, tuple[int, int]] = {}
+        for name, fan_in, fan_out, _ in self.linear_modules():
+            shapes.setdefault(name, (fan_in, fan_out))
+        return shapes
 
     @property
     def layer_linear_params(self) -> int:
-        """Weights (no biases) of the linear modules of one layer."""
-        return sum(a * b for a, b in self.linear_shapes().values())
+        """Weights (no biases) that run through matrix products in the largest decoder layer (a sparse
+        layer's with all its experts and its router)."""
+        dense = 3 * self.hidden_size * self.intermediate_size if self.dense_layers else 0
+        sparse = self._moe_mlp_params(self.num_experts) if self.is_moe else 0
+        return self._attention_linear_params() + max(dense, sparse)
 
     @property
-    def layer_params(self) -> int:
-        """All parameters of one decoder layer."""
+    def layers_linear_params(self) -> int:
+        """`layer_linear_params` summed over all decoder layers."""
+        dense = self.dense_layers * 3 * self.hidden_size * self.intermediate_size
+        sparse = self.moe_layers * self._moe_mlp_params(self.num_experts) if self.is_moe else 0
+        return self.num_layers * self._attention_linear_params() + dense + sparse
+
+    @property
+    def _layer_small_params(self) -> int:
+        """Biases and norms of one decoder layer."""
         biases = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
         biases += self.hidden_size if self.o_bias else 0
         biases += (2 * self.intermediate_size + self.hidden_size) if self.mlp_bias else 0
-        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        return self.layer_linear_params + biases + norms
+        return biases + 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def layer_params(self) -> int:
+        """All parameters of the largest decoder layer (what FSDP gathers for one layer)."""
+        return self.layer_linear_params + self._layer_small_params
+
+    @property
+    def layers_params(self) -> int:
+        """All parameters of all decoder layers."""
+        return self.layers_linear_params + self.num_layers * self._layer_small_params
 
     @property
     def embedding_params(self) -> int:
@@ -141,13 +236,22 @@ class ModelShape:
     @property
     def non_embedding_params(self) -> int:
         """Decoder layers and the final norm (the causal LM's total minus `embedding_params`)."""
-        return self.num_layers * self.layer_params + self.hidden_size
+        return self.layers_params + self.hidden_size
 
     @property
     def total_params(self) -> int:
         """Parameters of the causal LM (tied weights counted once, as `model.parameters()` does), a VLM's
         vision tower included."""
         return self.embedding_params + self.non_embedding_params + self.vision_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token computes with: `total_params` less the experts a sparse layer does not route
+        it to (num_experts - num_experts_per_tok of each). A dense model's equal its total."""
+        if not self.is_moe:
+            return self.total_params
+        idle = self.num_experts - self.experts_per_token
+        return self.total_params - self.moe_layers * idle * 3 * self.hidden_size * self.moe_intermediate_size
 
     def params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
         """Parameters of the model loaded with `head` on the trunk."""
@@ -162,27 +266,41 @@ class ModelShape:
         These are what autocast casts to half precision (the embedding lookup is not autocast).
         """
         top = self.vocab_size * self.hidden_size if head is HeadKind.CAUSAL_LM else self.hidden_size
-        return self.num_layers * self.layer_linear_params + top
+        return self.layers_linear_params + top
 
     def lora_params(self, lora: LoraConfig) -> int:
-        """Adapter parameters (A: r x in, B: out x r) that peft adds for `lora` (0 when rank is 0)."""
+        """Adapter parameters (A: r x in, B: out x r) that peft adds for `lora` (0 when rank is 0); on an MoE
+        model's experts and router as `planning.moe_lora` says."""
         if lora.rank <= 0:
             return 0
-        shapes = self.linear_shapes()
+        modules = self.linear_modules()
         targets = set(lora.target_modules)
+        fused = MOE_LORA_NAMES.get(self.model_type) if self.is_moe else None
         if "all-linear" in targets:  # peft's shorthand: every linear layer except the output head
-            targets = (targets - {"all-linear"}) | set(_LAYER_LINEARS)
-        total = 0
-        for name in sorted(targets):
-            if name in shapes:
-                fan_in, fan_out = shapes[name]
-                total += self.num_layers * lora.rank * (fan_in + fan_out)
+            targets = (targets - {"all-linear"}) | set(_LAYER_LINEARS) | {m for m, *_ in modules}
+            targets |= (
+                set(fused[0]) | {fused[1], fused[2]} if fused else set()
+            )  # were Linear in transformers 4
+        total, taken = moe_lora_params(
+            self.model_type,
+            targets,
+            lora.rank,
+            hidden=self.hidden_size,
+            width=self.moe_intermediate_size,
+            experts=self.num_experts,
+            layers=self.moe_layers,
+        )
+        known = set(_LAYER_LINEARS) | {m for m, *_ in modules}
+        for name in sorted(targets - taken):
+            if name in known:  # an MoE model's sparse layers have no gate/up/down_proj: none there
+                found = [(i, o, n) for m, i, o, n in modules if m == name]
+                total += sum(n * lora.rank * (fan_in + fan_out) for fan_in, fan_out, n in found)
             elif name == "lm_head":
                 total += lora.rank * (self.hidden_size + self.vocab_size)
             else:
                 raise UnknownModelShapeError(
                     f"LoRA target module '{name}' is not a linear module of a {self.model_type} model; "
-                    f"known: {', '.join(_LAYER_LINEARS)}, lm_head, all-linear"
+                    f"known: {', '.join(sorted(known))}, lm_head, all-linear"
                 )
         return total
 
@@ -223,6 +341,8 @@ def shape_from_config(config: Any) -> ModelShape:
         params = _vision_params(config)
         vision = vision_shape_of(model_type, config.vision_config, params)
         return replace(text, model_type=model_type, vision_params=params, vision=vision)
+    if model_type in MOE_MODEL_TYPES:
+        return _moe_shape(config, model_type)
     hidden = _field(config, "hidden_size", model_type)
     heads = _field(config, "num_attention_heads", model_type)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -244,6 +364,12 @@ def shape_from_config(config: Any) -> ModelShape:
         qk_norm=model_type == "qwen3",
         max_position_embeddings=int(getattr(config, "max_position_embeddings", 0) or 0),
     )
+
+
+def _moe_shape(config: Any, model_type: str) -> ModelShape:
+    """A mixture-of-experts config: its attention (and dense MLP) as its dense kin's, then its experts."""
+    attention, experts = moe_config_fields(config, model_type, _field)
+    return replace(shape_from_config(SimpleNamespace(**attention)), model_type=model_type, **experts)
 
 
 def _as_qwen2(text_config: Any) -> Any:
@@ -321,9 +447,23 @@ def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
         head_dim=spec.hidden_size // spec.num_attention_heads,
         tie_word_embeddings=spec.tie_word_embeddings,
         qkv_bias=spec.arch in (TinyArch.QWEN2, TinyArch.QWEN2_VL, TinyArch.QWEN2_5_VL),
+        qk_norm=spec.arch is TinyArch.QWEN3_MOE,
         max_position_embeddings=spec.max_position_embeddings,
         vision_params=vision_params,
         vision=vision,
+        **_tiny_moe(spec),
+    )
+
+
+def _tiny_moe(spec: TinyModelConfig) -> dict[str, Any]:
+    """The MoE fields of the tiny Qwen3-MoE (`models.tiny`: every layer sparse, no shared expert)."""
+    if not spec.arch.is_moe:
+        return {}
+    return dict(
+        num_experts=spec.num_experts,
+        experts_per_token=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        moe_layers=spec.num_hidden_layers,
     )
 
 

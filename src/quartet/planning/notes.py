@@ -86,13 +86,18 @@ def shares_memory(cfg: QuartetConfig, device: str, role: Role) -> bool:
 
 def planned_model(cfg: QuartetConfig, policy: ModelShape) -> str:
     """The policy a plan is for, in words: `model.path`'s folder, or the built-in tiny model of `model.tiny`
-    (its parameters counted at `model.tiny.vocab_size`, as the plan counts them)."""
+    (its parameters counted at `model.tiny.vocab_size`, as the plan counts them); a mixture-of-experts
+    model's total and active parameters."""
+    params = f"{policy.total_params:,} parameters"
+    if policy.is_moe:  # weights are sized by the total, activations by what one token runs
+        params += f", {policy.active_params:,} active per token: {policy.experts_per_token} of "
+        params += f"{policy.num_experts} experts"
     if cfg.model.path:
-        return f"{cfg.model.path} ({policy.model_type}, {policy.total_params:,} parameters)"
+        return f"{cfg.model.path} ({policy.model_type}, {params})"
     tiny = cfg.model.tiny
     return (
         f"the built-in tiny model (model.tiny: {tiny.arch}, hidden {tiny.hidden_size}, "
-        f"{tiny.num_hidden_layers} layers, {policy.total_params:,} parameters)"
+        f"{tiny.num_hidden_layers} layers, {params})"
     )
 
 

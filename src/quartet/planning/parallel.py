@@ -122,7 +122,7 @@ def rank_logit_positions(rows: int, prompt_len: int, response_len: int, sp: int)
 def tp_linear_params(shape: ModelShape, head: HeadKind, tp: int) -> int:
     """Linear weights one rank of a tensor group holds: the layers' projections and the LM head split tp
     ways (column- or row-wise, or by vocabulary), a value or score head (D x 1) whole."""
-    layers = shape.num_layers * shape.layer_linear_params // tp
+    layers = shape.layers_linear_params // tp
     top = shape.vocab_size * shape.hidden_size // tp if head is HeadKind.CAUSAL_LM else shape.hidden_size
     return layers + top
 
@@ -135,7 +135,7 @@ def gathered_params(shape: ModelShape, head: HeadKind, layout: Layout) -> int:
         return 0
     tp = layout.tp
     layer = shape.layer_params - shape.layer_linear_params + shape.layer_linear_params // tp
-    root = shape.params(head) - shape.num_layers * shape.layer_params
+    root = shape.params(head) - shape.layers_params
     if head is HeadKind.CAUSAL_LM and tp > 1:
         split = shape.vocab_size * shape.hidden_size  # the head (= the embedding when tied)
         root -= split - split // tp

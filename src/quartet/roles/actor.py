@@ -10,6 +10,8 @@ gradient accumulation and data parallelism give the gradient of one big batch):
     loss = policy_loss(logp, old_logp, advantages)          # PPO / GSPO / REINFORCE, clip, TIS
          + kl_loss_coef * KL(logp || ref_logp)              # with actor.use_kl_loss
          - entropy_coeff * entropy                          # with actor.entropy_coeff > 0
+         + moe_aux_loss_coef * aux + moe_z_loss_coef * z    # MoE policies: the router's terms, which the
+                                                            # engine adds with the moe/* metrics (`router`)
 
 With LoRA, the same model with adapters disabled is the reference policy (`compute_ref_logprobs`).
 """
@@ -87,6 +89,8 @@ class Actor(EngineRole):
                 fused_head=run.fused_head,
                 freeze_vision_tower=run.freeze_vision_tower,
                 routing_replay=cfg.routing_replay is RoutingReplay.ROLLOUT,
+                moe_aux_loss_coef=cfg.moe_aux_loss_coef,  # MoE models only (`engines.router`)
+                moe_z_loss_coef=cfg.moe_z_loss_coef,
             )
         )
         self.clip = ClipParams(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip_c)

@@ -47,6 +47,8 @@ class Critic(EngineRole):
                 seed=run.seed,
                 sequence_parallel_size=cfg.sequence_parallel_size,  # packed and split by tokens when > 1
                 freeze_vision_tower=run.freeze_vision_tower,  # a VLM critic, as the actor
+                moe_aux_loss_coef=cfg.moe_aux_loss_coef,  # MoE models only (`engines.router`)
+                moe_z_loss_coef=cfg.moe_z_loss_coef,
             )
         )
         self.norm_constant = float(run.max_response_length)
@@ -74,7 +76,8 @@ class Critic(EngineRole):
             for _ in range(self.cc.epochs)
             for mini in mini_batches(batch, per_rank, True, self.generator)
         ]
-        return {f"critic/{k}" if "/" not in k else k: v for k, v in mean_metrics(steps).items()}
+        metrics = mean_metrics(steps)  # an MoE trunk's router metrics too: critic/moe/*
+        return {f"critic/{k}" if "/" not in k or k.startswith("moe/") else k: v for k, v in metrics.items()}
 
     def _loss(
         self, out: ModelOutputs, mb: Batch, scale: LossScale

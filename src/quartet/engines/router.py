@@ -1,0 +1,141 @@
+"""A mixture-of-experts model's router in the training engine: capture its logits, add its losses.
+
+transformers' MoE models declare their routers in `_can_record_outputs["router_logits"]` (the router class
+and which output is the logits: Qwen3-MoE's `Qwen3MoeTopKRouter` returns (logits, top-k weights, top-k
+indices)). `RouterLoss.of(module, ...)` finds that declaration on the loaded model (inside a peft or FSDP
+wrapper too) and hooks every such router; a dense model has none and gets None, so nothing changes for it.
+
+    router = RouterLoss.of(module, aux_coef=None, z_coef=0.0)   # None: the model config's coefficient
+    with router.capturing(attention_mask) as routed:             # [b, T] padded; None when packed
+        outputs = model(...)
+    loss, metrics = router.add(loss, metrics, routed, scale)      # scale: the mini-batch's `LossScale`
+
+Each micro-batch's terms are weighted by its share of the mini-batch's attended tokens (all micro-batches,
+all data-parallel ranks: `scale.attended_tokens`), so the terms summed over micro-batches and ranks are the
+token-weighted mean of each micro-batch's loss, as the policy loss is the mean of the whole mini-batch.
+The terms (`core.router`) count every non-pad token: the padded pass's `attention_mask`, and on a packed
+pass every token (it holds real tokens only). Capture happens in the forward only: under gradient
+checkpointing (non-reentrant) the recomputation in backward is not recorded twice, and the captured logits
+carry the graph back to the routers.
+
+Metrics (per micro-batch, then averaged like the loss's): `moe/aux_loss` and `moe/z_loss` (the terms
+before their coefficients), `moe/router_entropy`, `moe/load_imbalance_max`, `moe/load_imbalance_mean`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from quartet.core.router import load_balancing_loss, router_metrics, router_z_loss
+from quartet.engines.spec import LossScale
+
+__all__ = ["Routed", "RouterLoss", "find_routers", "routing"]
+
+
+def find_routers(module: nn.Module) -> tuple[list[nn.Module], int, Any]:
+    """The router modules of `module`'s MoE model, the output index of their logits, and the model's config
+    (empty list, 0, None for a dense model)."""
+    for sub in module.modules():
+        recorders = getattr(type(sub), "_can_record_outputs", None) or {}
+        recorder = recorders.get("router_logits")
+        if recorder is None:
+            continue
+        routers = [m for m in module.modules() if isinstance(m, recorder.target_class)]
+        if routers:
+            return routers, int(recorder.index or 0), getattr(sub, "config", None)
+    return [], 0, None
+
+
+@dataclass
+class Routed:
+    """The router logits of one forward pass ([N, E] per MoE layer) and the [N] mask of counted tokens."""
+
+    layers: list[torch.Tensor] = field(default_factory=list)
+    mask: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Tokens counted in this pass."""
+        if not self.layers:
+            return 0
+        return int(self.layers[0].shape[0] if self.mask is None else self.mask.sum())
+
+
+class RouterLoss:
+    """Hooks on a MoE model's routers, and the router terms added to a micro-batch's loss."""
+
+    def __init__(self, routers: list[nn.Module], index: int, top_k: int, aux_coef: float, z_coef: float):
+        self.top_k = top_k
+        self.aux_coef = aux_coef
+        self.z_coef = z_coef
+        self._index = index
+        self._current: Routed | None = None
+        for router in routers:
+            router.register_forward_hook(self._record)
+
+    @classmethod
+    def of(cls, module: nn.Module, aux_coef: float | None, z_coef: float) -> RouterLoss | None:
+        """Hooks on `module`'s routers (None for a dense model). `aux_coef` None: the model config's
+        `router_aux_loss_coef` (0 when it has none)."""
+        routers, index, config = find_routers(module)
+        if not routers:
+            return None
+        if aux_coef is None:
+            aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
+        return cls(routers, index, int(config.num_experts_per_tok), aux_coef, z_coef)
+
+    def _record(self, _module: nn.Module, _inputs: Any, output: Any) -> None:
+        if self._current is not None:
+            logits = output[self._index] if isinstance(output, tuple | list) else output
+            self._current.layers.append(logits.reshape(-1, logits.shape[-1]))
+
+    @contextmanager
+    def capturing(self, attention_mask: torch.Tensor | None) -> Iterator[Routed]:
+        """Record the router logits of the forward passes inside the block; `attention_mask` [b, T] marks
+        the padded pass's real tokens (None: every token counts)."""
+        routed = Routed(mask=None if attention_mask is None else attention_mask.reshape(-1))
+        self._current = routed
+        try:
+            yield routed
+        finally:
+            self._current = None
+
+    def add(
+        self,
+        loss: torch.Tensor,
+        metrics: Mapping[str, torch.Tensor | float],
+        routed: Routed,
+        scale: LossScale,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        """`loss` plus the micro-batch's share of the mini-batch's tokens x (aux_coef x aux loss + z_coef x
+        z-loss) of `routed`, and `metrics` with the `moe/*` metrics (see the module doc)."""
+        out = dict(metrics)
+        if not routed.layers:
+            return loss, out
+        share = routed.tokens / max(scale.attended_tokens, 1)
+        aux = load_balancing_loss(routed.layers, self.top_k, routed.mask)
+        z = router_z_loss(routed.layers, routed.mask)
+        if self.aux_coef:
+            loss = loss + share * self.aux_coef * aux
+        if self.z_coef:
+            loss = loss + share * self.z_coef * z
+        out["moe/aux_loss"] = float(aux.detach())
+        out["moe/z_loss"] = float(z.detach())
+        out.update({f"moe/{k}": v for k, v in router_metrics(routed.layers, self.top_k, routed.mask).items()})
+        return loss, out
+
+
+@contextmanager
+def routing(router: RouterLoss | None, attention_mask: torch.Tensor | None) -> Iterator[Routed]:
+    """`router.capturing(attention_mask)`, or an empty `Routed` for a dense model (no router)."""
+    if router is None:
+        yield Routed()
+        return
+    with router.capturing(attention_mask) as routed:
+        yield routed
