@@ -31,8 +31,9 @@ def test_model_config_refuses_what_ep_cannot_split() -> None:
         ModelConfig(tiny=MOE, expert_parallel_size=2, lora=LoraConfig(rank=4))
     with pytest.raises(ConfigError, match="expert_parallel_size: must be >= 1"):
         ModelConfig(tiny=MOE, expert_parallel_size=0)
-    # with sequence parallelism it composes
-    assert ModelConfig(tiny=MOE, expert_parallel_size=2, sequence_parallel_size=2).expert_parallel_size == 2
+    # no sequence parallelism on an MoE model, with or without ep (the router loss is not reduced over slices)
+    with pytest.raises(ConfigError, match="mixture-of-experts"):
+        ModelConfig(tiny=MOE, expert_parallel_size=2, sequence_parallel_size=2)
 
 
 def test_expert_parallel_size_must_divide_the_pool() -> None:
@@ -72,7 +73,7 @@ def test_spec_refuses_ep_outside_the_policy_and_with_tp() -> None:
         EngineSpec("m", ModelKind.VALUE, expert_parallel_size=2)
     with pytest.raises(ValueError, match="expert and tensor parallelism are not combined"):
         EngineSpec("m", ModelKind.CAUSAL_LM, expert_parallel_size=2, tensor_parallel_size=2)
-    EngineSpec("m", ModelKind.CAUSAL_LM, expert_parallel_size=2, sequence_parallel_size=2)
+    EngineSpec("m", ModelKind.CAUSAL_LM, expert_parallel_size=2)
 
 
 def test_verl_expert_model_parallel_size_maps() -> None:
