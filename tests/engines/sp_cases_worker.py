@@ -35,7 +35,7 @@ from quartet.core.loss_agg import aggregate_loss
 from quartet.core.policy_loss import compute_policy_loss
 from quartet.core.value_loss import compute_value_loss
 from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine, ulysses
-from quartet.engines import engine as engine_module
+from quartet.engines import loss_scale as loss_scale_module
 from quartet.engines.dist import to_local_full
 from quartet.engines.hf_modules import hf_model
 
@@ -176,7 +176,7 @@ def mutant(name: str, engine: TrainingEngine) -> Iterator[None]:
             dist.all_reduce(t)
             return [int(x) for x in t.tolist()]
 
-        patch(engine_module, "all_reduce_sum", over_world)
+        patch(loss_scale_module, "all_reduce_sum", over_world)
     else:
         raise ValueError(name)
     try:

@@ -25,7 +25,7 @@ to the trainer's step count (as in verl).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -35,18 +35,12 @@ from torch import nn
 
 from quartet.config.model import Dtype
 from quartet.core.batch import Batch
-from quartet.core.loss_agg import count_valid_sequences, count_valid_tokens
 from quartet.engines import checkpoint, heads
 from quartet.engines.build import build_module
-from quartet.engines.dist import (
-    DistContext,
-    all_reduce_max,
-    all_reduce_sum,
-    init_distributed,
-    sum_over_dp,
-)
+from quartet.engines.dist import DistContext, all_reduce_max, init_distributed, sum_over_dp
 from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
 from quartet.engines.inputs import ModelInputs, build_inputs, pad_responses, valid_lengths
+from quartet.engines.loss_scale import loss_scale
 from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
@@ -208,41 +202,43 @@ class TrainingEngine:
         self.module.train()
         batch, _ = group_rows(batch, self._row_group)
         plan = self._plan(batch, micro)
-        scale = self._scale(batch)
+        scale = loss_scale(batch, self.ctx)
         optimizer.zero_grad(set_to_none=True)
         # Sums stay on the device: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         collected: dict[str, list[torch.Tensor]] = {}
         for rows in plan:
             mb, dummy = self._micro_batch(batch, rows)
-            mb = mb.to(self.device)
-            inputs = build_inputs(mb)
-            with self._routing.pass_(inputs, self.spec.packs, self.device):  # backward too: checkpointing
-                with routing(self._router, None if self.spec.packs else inputs.attention_mask) as routed:
-                    outputs = self._run(mb, inputs, temp, with_entropy, entropy_grad)
-                if dummy:  # keeps this rank in step with the others' collectives; contributes nothing
-                    loss = outputs.zero_loss(self.device)
-                else:
-                    loss, metrics = loss_fn(outputs, mb, scale)
-                    if self._router is not None:  # MoE: the router's losses and metrics (`engines.router`)
-                        loss, metrics = self._router.add(loss, metrics, routed, scale)
-                    loss_sum += loss.detach().double()
-                    for key, value in metrics.items():
-                        metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
-                        collected.setdefault(key, []).append(metric)
-                torch.autograd.backward(loss * self.ctx.loss_factor)
+            run = (temp, with_entropy, entropy_grad)
+            loss, metrics = self._micro_step(mb.to(self.device), dummy, loss_fn, scale, run)
+            loss_sum += loss.double()
+            for key, value in metrics.items():
+                metric = torch.as_tensor(value, dtype=torch.float64, device=self.device)
+                collected.setdefault(key, []).append(metric)
         result = self._optimizer_step(optimizer, scheduler)
         result["loss"] = sum_over_dp(float(loss_sum), self.ctx)
         result["micro_batches"] = float(len(plan))
         result.update({k: float(torch.stack(v).mean()) for k, v in collected.items()})
         return result
 
-    def _scale(self, batch: Batch) -> LossScale:
-        """The counts of this rank's rows of a mini-batch summed over the data-parallel ranks."""
-        mask = batch["response_mask"]
-        counts = [count_valid_tokens(mask), count_valid_sequences(mask), int(batch["attention_mask"].sum())]
-        tokens, seqs, attended = all_reduce_sum(counts, self.ctx)
-        return LossScale(tokens=tokens, sequences=seqs, dp_size=self.ctx.dp, attended_tokens=attended)
+    def _micro_step(
+        self, mb: Batch, dummy: bool, loss_fn: LossFn, scale: LossScale, run: tuple[float, bool, bool]
+    ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]:
+        """One micro-batch's forward and backward: its loss (detached) and metrics. A stand-in micro-batch
+        (`dummy`) keeps this rank in step with the others' collectives and adds 0 and no metrics."""
+        inputs = build_inputs(mb)
+        metrics: Mapping[str, torch.Tensor | float] = {}
+        with self._routing.pass_(inputs, self.spec.packs, self.device):  # backward too: checkpointing
+            with routing(self._router, None if self.spec.packs else inputs.attention_mask) as routed:
+                outputs = self._run(mb, inputs, *run)
+            if dummy:
+                loss = outputs.zero_loss(self.device)
+            else:
+                loss, metrics = loss_fn(outputs, mb, scale)
+                if self._router is not None:  # MoE: the router's losses and metrics (`engines.router`)
+                    loss, metrics = self._router.add(loss, metrics, routed, scale)
+            torch.autograd.backward(loss * self.ctx.loss_factor)
+        return loss.detach(), metrics
 
     def _optimizer_step(
         self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR
