@@ -47,8 +47,8 @@ def _run(ep: int, folder: Path, reward: Path) -> Run:
             "data.max_response_length=128",
             "data.builtin_train_size=16",
             "data.builtin_val_size=4",
+            "model.sequence_parallel_size=1",  # before the arch: the example's sp 2 is refused on an MoE
             "model.tiny.arch=qwen3_moe",
-            "model.sequence_parallel_size=1",
             f"model.expert_parallel_size={ep}",
             "actor.optim.eps=1.0",
             "actor.optim.lr=0.1",
