@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from ep_worker import Case, gradients, make_engine, run_rank
-from sp_worker import MICRO, TEMPERATURE, full_batch, pg_entropy_loss
+from ep_worker import Case, make_engine, run_rank
+from mesh_worker import compare_with_one_process
 
 from quartet.config import TinyModelConfig
 from quartet.config.model import TinyArch
@@ -134,28 +134,10 @@ def test_hf_export_under_ep_holds_the_updated_full_experts(ep2: Path, moe_dir: P
 
 def _compare(out: Path, case: Case, index: int, world: int) -> None:
     variant, _, _, model_dir = case
+
+    def every_expert_routed_to(grads: dict[str, torch.Tensor]) -> bool:
+        experts = [g for name, g in grads.items() if name.endswith("experts.gate_up_proj")]
+        return bool(experts) and all(bool((e.flatten(1).abs().amax(1) > 1e-4).all()) for e in experts)
+
     single = make_engine(model_dir, 1, packed=variant != "padded")
-    batch = full_batch()
-    want_lp, want_ent = single.forward_logprobs(batch, TEMPERATURE, MICRO, with_entropy=True)
-    got = [torch.load(out / f"fwd{index}_rank{rank}.pt") for rank in range(world)]  # each rank: its rows
-    torch.testing.assert_close(torch.cat([g["logprobs"] for g in got]), want_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(torch.cat([g["entropy"] for g in got]), want_ent, atol=1e-5, rtol=0)
-    want_grads, want_norm = gradients(single, batch)
-    got_grads = torch.load(out / f"grads{index}.pt")
-    assert set(got_grads) == set(want_grads)
-    experts = [g for name, g in want_grads.items() if name.endswith("experts.gate_up_proj")]
-    assert experts and all(bool((e.flatten(1).abs().amax(1) > 1e-4).all()) for e in experts)  # all routed to
-    for name, grad in want_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
-    got_metrics = json.loads((out / "metrics.json").read_text())[str(index)]
-    assert got_metrics["pass_grad_norm"] == pytest.approx(want_norm, rel=1e-5)
-    metrics = single.train_step(batch, pg_entropy_loss, MICRO, with_entropy=True)
-    assert got_metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
-    assert got_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
-    saved = torch.load(out / f"params{index}.pt")
-    for name, value in hf_model(single.module).state_dict().items():
-        torch.testing.assert_close(saved["params"][name], value, atol=1e-6, rtol=1e-5, msg=name)
-    named = dict(hf_model(single.module).named_parameters())
-    assert set(saved["exported"]) == set(named)
-    for name, value in named.items():
-        torch.testing.assert_close(saved["exported"][name], value.detach(), atol=1e-6, rtol=1e-5, msg=name)
+    compare_with_one_process(out, single, index, world, every_expert_routed_to)

@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from sp_worker import MICRO, TEMPERATURE, full_batch, pg_entropy_loss
-from tp_worker import gradients, make_engine, run_rank
+from mesh_worker import compare_with_one_process
+from tp_worker import make_engine, run_rank
 
 from quartet.config import TinyModelConfig
 from quartet.config.model import TinyArch
-from quartet.engines.hf_modules import hf_model
 
 
 def _free_port() -> int:
@@ -126,27 +125,9 @@ def test_a_missing_vocabulary_reduction_fails_the_comparison(tp2: Path, tp2_mode
 
 def _compare(out: Path, entry: str, index: int, world: int) -> None:
     variant, _, model_dir = entry.partition(":")
+
+    def worth_comparing(grads: dict[str, torch.Tensor]) -> bool:
+        return max(float(g.abs().max()) for g in grads.values()) > 1e-3
+
     single = make_engine(model_dir, 1, packed=variant != "padded")
-    batch = full_batch()
-    want_lp, want_ent = single.forward_logprobs(batch, TEMPERATURE, MICRO, with_entropy=True)
-    got = [torch.load(out / f"fwd{index}_rank{rank}.pt") for rank in range(world)]  # each rank: its rows
-    torch.testing.assert_close(torch.cat([g["logprobs"] for g in got]), want_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(torch.cat([g["entropy"] for g in got]), want_ent, atol=1e-5, rtol=0)
-    want_grads, want_norm = gradients(single, batch)
-    got_grads = torch.load(out / f"grads{index}.pt")
-    assert set(got_grads) == set(want_grads)
-    assert max(float(g.abs().max()) for g in want_grads.values()) > 1e-3  # a gradient worth comparing
-    for name, grad in want_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
-    got_metrics = json.loads((out / "metrics.json").read_text())[str(index)]
-    assert got_metrics["pass_grad_norm"] == pytest.approx(want_norm, rel=1e-5)
-    metrics = single.train_step(batch, pg_entropy_loss, MICRO, with_entropy=True)
-    assert got_metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
-    assert got_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
-    saved = torch.load(out / f"params{index}.pt")
-    for name, value in hf_model(single.module).state_dict().items():
-        torch.testing.assert_close(saved["params"][name], value, atol=1e-6, rtol=1e-5, msg=name)
-    named = dict(hf_model(single.module).named_parameters())
-    assert set(saved["exported"]) == set(named)
-    for name, value in named.items():
-        torch.testing.assert_close(saved["exported"][name], value.detach(), atol=1e-6, rtol=1e-5, msg=name)
+    compare_with_one_process(out, single, index, world, worth_comparing)

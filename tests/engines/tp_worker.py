@@ -15,18 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from sp_worker import MICRO, OPTIM, TEMPERATURE, full_batch, pg_entropy_loss, rank_rows
+from mesh_worker import record_case
+from sp_worker import OPTIM, full_batch, rank_rows
 
 from quartet.config.model import Dtype
-from quartet.core.batch import Batch
-from quartet.core.loss_agg import count_valid_sequences, count_valid_tokens
-from quartet.engines import EngineSpec, LossScale, ModelKind, TrainingEngine, vocab_parallel
-from quartet.engines.dist import all_reduce_sum, to_local_full
-from quartet.engines.hf_modules import hf_model
-from quartet.engines.inputs import build_inputs
-from quartet.engines.tensor_parallel import clip_grad_norm, row_group
-from quartet.engines.ulysses import group_rows
-from quartet.engines.weight_export import inference_weights
+from quartet.engines import EngineSpec, ModelKind, TrainingEngine, vocab_parallel
 
 
 def make_engine(model_dir: str, tp: int, packed: bool) -> TrainingEngine:
@@ -42,23 +35,6 @@ def make_engine(model_dir: str, tp: int, packed: bool) -> TrainingEngine:
     return TrainingEngine(spec)
 
 
-def gradients(engine: TrainingEngine, batch: Batch) -> tuple[dict[str, torch.Tensor], float]:
-    """The parameter gradients of one pass's loss, scaled and reduced as `train_step` does, and their norm."""
-    engine.module.train()
-    batch, _ = group_rows(batch, row_group(engine.ctx))
-    mask = batch["response_mask"]
-    tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], engine.ctx)
-    scale = LossScale(tokens=tokens, sequences=seqs, dp_size=engine.ctx.dp)
-    outputs = engine._run(batch, build_inputs(batch), TEMPERATURE, True)
-    loss, _ = pg_entropy_loss(outputs, batch, scale)
-    torch.autograd.backward(loss * engine.ctx.loss_factor)
-    params = list(hf_model(engine.module).named_parameters())
-    grads = {name: to_local_full(p.grad).detach().clone() for name, p in params if p.grad is not None}
-    norm = clip_grad_norm([p for _, p in params], float("inf"))
-    engine.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
-    return grads, norm
-
-
 def _skip_sumexp_reduction() -> None:
     """The mutation: each rank's log-sum-exp over its own vocabulary slice only."""
 
@@ -67,21 +43,6 @@ def _skip_sumexp_reduction() -> None:
         return m + torch.log(torch.exp(z - m.unsqueeze(-1)).sum(dim=-1))
 
     vocab_parallel._lse = local_lse  # type: ignore[assignment]
-
-
-def _full_params(engine: TrainingEngine) -> dict[str, torch.Tensor]:
-    return {k: to_local_full(v).detach().clone() for k, v in hf_model(engine.module).state_dict().items()}
-
-
-def _round_trip(engine: TrainingEngine, mine: Batch, folder: Path) -> bool:
-    """Save a checkpoint, take another step, load it: the parameters must be those that were saved."""
-    saved = _full_params(engine)
-    engine.save(folder)
-    engine.train_step(mine, pg_entropy_loss, MICRO, with_entropy=True)
-    moved = any(not torch.equal(saved[k], v) for k, v in _full_params(engine).items())
-    engine.load(folder)
-    back = _full_params(engine)
-    return moved and all(torch.equal(saved[k], back[k]) for k in saved)
 
 
 def run_rank(rank: int, world: int, tp: int, port: int, model_dirs: list[str], out: str) -> None:
@@ -98,19 +59,7 @@ def run_rank(rank: int, world: int, tp: int, port: int, model_dirs: list[str], o
         engine = make_engine(path, tp, packed=variant != "padded")
         assert engine.ctx.tp == tp and engine.ctx.dp == world // tp and not engine.fused_head
         mine = rank_rows(full_batch(), rank, world)
-        logprobs, entropy = engine.forward_logprobs(mine, TEMPERATURE, MICRO, with_entropy=True)
-        torch.save({"logprobs": logprobs, "entropy": entropy}, out_dir / f"fwd{index}_rank{rank}.pt")
-        grads, norm = gradients(engine, mine)
-        metrics = engine.train_step(mine, pg_entropy_loss, MICRO, with_entropy=True)
-        results[str(index)] = {**metrics, "pass_grad_norm": norm}
-        params = _full_params(engine)
-        exported = {name: t.detach().clone() for name, t in inference_weights(engine.module)}
-        if index == 0:
-            engine.export_hf(out_dir / "hf")  # rank 0 writes the consolidated transformers folder
-            results[str(index)]["round_trip"] = float(_round_trip(engine, mine, out_dir / "ckpt"))
-        if rank == 0:
-            torch.save(grads, out_dir / f"grads{index}.pt")
-            torch.save({"params": params, "exported": exported}, out_dir / f"params{index}.pt")
+        record_case(engine, mine, index, rank, out_dir, results)
     if rank == 0:
         (out_dir / "metrics.json").write_text(json.dumps(results))
     dist.barrier()
