@@ -12,7 +12,8 @@ response tokens the engine fed back (every response token but the last, the ones
 Cases: `kit`, the tiny Qwen3-MoE of `model.tiny.arch=qwen3_moe` as the kit builds it (init std 0.02), and
 `near_tied`, the same shape with matrices at std 1.5/sqrt(fan_in) (every layer matters) and each router's
 rows one shared row plus 0.1% noise (experts nearly tied: the drift a bf16 engine makes where real routers'
-top experts are close).
+top experts are close); and `wide`, a wider tiny Qwen3-MoE as the kit builds it (`WIDE`: hidden 256, 4
+layers, 32 experts, top-4).
 
     .venv/bin/python benchmarks/moe_routing_replay.py            # 16 prompts x 4 samples x 48 tokens
     .venv/bin/python benchmarks/moe_routing_replay.py --smoke    # CI: 2 prompts x 2 samples x 6 tokens
@@ -44,6 +45,17 @@ from quartet.models.tiny import ensure_tiny_model  # noqa: E402
 from quartet.rollout import SamplingParams, TorchRolloutEngine, generate_batch  # noqa: E402
 
 TIE = 1e-3
+WIDE = TinyModelConfig(
+    arch=TinyArch.QWEN3_MOE,
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    num_experts=32,
+    num_experts_per_tok=4,
+    moe_intermediate_size=128,
+)
+"""The wider case: 4 layers of 32 experts, top-4, hidden 256 (the kit's initialisation)."""
 
 
 def _near_tied(base: Path, folder: Path) -> Path:
@@ -120,7 +132,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = ensure_tiny_model(spec, Path(tmp))
         batch = _prompts(prompts, length, spec.vocab_size)
-        for case, folder in (("kit", base), ("near_tied", _near_tied(base, Path(tmp) / "near_tied"))):
+        wide = ensure_tiny_model(WIDE, Path(tmp) / "wide")
+        cases = (("kit", base), ("near_tied", _near_tied(base, Path(tmp) / "near_tied")), ("wide", wide))
+        for case, folder in cases:
             raw[case] = measure(folder, batch, n, tokens)
     settings = {
         "model": "tiny qwen3_moe (kit defaults)",
@@ -133,6 +147,13 @@ def main() -> None:
         "samples_per_prompt": n,
         "max_new_tokens": tokens,
         "near_tied_noise": TIE,
+        "wide": {
+            "hidden": WIDE.hidden_size,
+            "layers": WIDE.num_hidden_layers,
+            "experts": WIDE.num_experts,
+            "top_k": WIDE.num_experts_per_tok,
+            "moe_intermediate": WIDE.moe_intermediate_size,
+        },
         "command": "benchmarks/moe_routing_replay.py" + (" --smoke" if args.smoke else ""),
     }
     summary = {

@@ -13,7 +13,7 @@ from bench_smoke import run_smoke
 @pytest.mark.slow
 def test_moe_routing_replay_smoke(tmp_path: Path) -> None:
     result = run_smoke("moe_routing_replay.py", tmp_path)
-    for case in ("kit", "near_tied"):
+    for case in ("kit", "near_tied", "wide"):
         for mode in ("replay_off", "replay_on"):
             figures = result["raw"][case][mode]
             assert 0.0 <= figures["routing_mismatch"] <= 1.0
