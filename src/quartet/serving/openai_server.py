@@ -460,4 +460,5 @@ class OpenAIServer:
             token_request.prompt_token_ids, token_request.sampling, token_request.multi_modal
         )
         request_id = outputs[0].request_id if outputs else ""
-        return web.json_response(responses.token_response(request_id, outputs))
+        answer = responses.token_response(request_id, outputs, token_request.routed_experts)
+        return web.json_response(answer)
