@@ -109,7 +109,8 @@ class RoutingReplay:
         return self._routers
 
     def flat_record(self, inputs: ModelInputs, packed: bool, device: torch.device) -> torch.Tensor | None:
-        """The micro-batch's recorded routing as [N, L, k] int64 in the router's token order, or None."""
+        """The micro-batch's recorded routing as [N, L, k] int64 in the router's token order, or None; a
+        record that does not fit the model (its layers, an expert index out of range) is a ValueError."""
         if inputs.routing is None:
             return None
         if packed:
@@ -119,6 +120,12 @@ class RoutingReplay:
         if flat.shape[1] != len(self.routers):
             raise ValueError(
                 f"the batch's routed_experts has {flat.shape[1]} MoE layers, the model {len(self.routers)}"
+            )
+        experts = int(self.routers[0].num_experts)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= experts):
+            raise ValueError(  # never an out-of-range gather (a device assert on CUDA) from a bad record
+                f"the batch's routed_experts names experts {int(flat.min())}..{int(flat.max())}; the model "
+                f"has {experts}"
             )
         return flat.to(device=device, dtype=torch.int64)
 
