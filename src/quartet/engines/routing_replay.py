@@ -36,7 +36,7 @@ from torch import nn
 from quartet.core.routing import fed_response_mask, routing_mismatch
 from quartet.engines.inputs import ModelInputs, pad_responses
 from quartet.engines.spec import ModelOutputs
-from quartet.models.moe import moe_routers
+from quartet.models.moe import moe_routers, moe_routing
 
 __all__ = ["RoutingCapture", "RoutingReplay", "response_mismatch", "with_mismatch"]
 
@@ -95,6 +95,7 @@ class RoutingReplay:
         self.module = module
         self.replay = replay
         self._routers: list[nn.Module] | None = None
+        self._experts: int | None = None
         if replay and not self.routers:
             raise ValueError(
                 f"routing replay (actor.routing_replay=rollout) needs a mixture-of-experts model; "
@@ -121,7 +122,10 @@ class RoutingReplay:
             raise ValueError(
                 f"the batch's routed_experts has {flat.shape[1]} MoE layers, the model {len(self.routers)}"
             )
-        experts = int(self.routers[0].num_experts)
+        if self._experts is None:
+            shape = moe_routing(self.module)
+            self._experts = shape.num_experts if shape is not None else 0
+        experts = self._experts
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= experts):
             raise ValueError(  # never an out-of-range gather (a device assert on CUDA) from a bad record
                 f"the batch's routed_experts names experts {int(flat.min())}..{int(flat.max())}; the model "
