@@ -64,7 +64,8 @@ class RoutingTrack:
         decoded = torch.zeros(want, dtype=torch.bool)
         decoded[: self.covered] = self.decoded
         decoded[prompt_len:] = True  # this turn's generated tokens but its last, each fed by a decode step
-        self.record, self.decoded = merged, decoded
+        self.record = merged
+        self.decoded = decoded
 
     def cut(self, length: int) -> None:
         """Forget positions from `length` on (the trajectory was cut or rebased there)."""

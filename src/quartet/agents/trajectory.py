@@ -125,7 +125,8 @@ class Trajectory:
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
         if routing is None:
-            self.routing, self.routing_lost = None, True
+            self.routing = None
+            self.routing_lost = True
         elif not self.routing_lost:
             self.routing = self.routing or RoutingTrack()
             self.routing.add_turn(len(self.prompt_ids) + len(self.response_ids), len(token_ids), routing)

@@ -51,7 +51,9 @@ def routing_from_json(obj: Any, tokens: int) -> torch.Tensor:
     wrong shape or token count, an unknown dtype, data that is not base64 of exactly that many bytes."""
     if not isinstance(obj, Mapping) or set(obj) != {"shape", "dtype", "data"}:
         raise ValueError("routed_experts must be an object with exactly 'shape', 'dtype' and 'data'")
-    shape, name, data = obj["shape"], obj["dtype"], obj["data"]
+    shape = obj["shape"]
+    name = obj["dtype"]
+    data = obj["data"]
     if (
         not isinstance(shape, list)
         or len(shape) != 3
