@@ -9,7 +9,7 @@ sent from the replica to the trainer's side (docs/moe_routing_replay.md, "Over H
 
 T = prompt + response - 1 tokens (every token the engine fed), L MoE layers, k experts per token; the
 dtype is the record's (`quartet.core.routing.routing_dtype`: uint8 up to 256 experts, else int16, little
-endian). Base64 costs 4/3 of the raw bytes: 4 x 2 x 4/3 = 11 bytes a token for the tiny MoE, 512 for
+endian). Base64 costs 4/3 of the raw bytes: 2 x 2 x 4/3 = 5.3 bytes a token for the tiny MoE, 512 for
 Qwen3-30B-A3B (48 layers, k = 8). `routing_from_json` is strict: whatever a replica (or anything posing as
 one) sends that is not exactly one such record for the response's tokens is a `ValueError`, which the
 client turns into a failure of that request alone.
