@@ -142,7 +142,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def served(folder: Path) -> Iterator[tuple[OpenAIServer, str]]:
     """A float32 engine recording routing behind the OpenAI server: (server, base url)."""
-    engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=4, record_routing=True)
+    engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=4, record_routing=True, num_threads=1)
     server = OpenAIServer(engine, load_tokenizer(folder), "policy", request_timeout_s=60)
     thread = ServerThread(server)
     url = thread.start()
@@ -151,11 +151,11 @@ def served(folder: Path) -> Iterator[tuple[OpenAIServer, str]]:
     engine.shutdown()
 
 
-def test_two_turns_over_http_carry_every_token_s_routing_to_the_trainer(
-    folder: Path, served: tuple[OpenAIServer, str]
-) -> None:
+@pytest.fixture(scope="module")
+def http_rollout(folder: Path, served: tuple[OpenAIServer, str]) -> tuple[Batch, Recorder]:
+    """Two guessing-game rows x 2 samples, two model turns each, every turn through the token endpoint:
+    the agent batch and the engine calls it came from."""
     _, url = served
-    tokenizer = load_tokenizer(folder)
 
     async def client_call(
         prompt_ids: Sequence[int], params: SamplingParams, **kw: Any
@@ -164,8 +164,16 @@ def test_two_turns_over_http_carry_every_token_s_routing_to_the_trainer(
             return await client.generate_tokens(prompt_ids, params, **kw)
 
     recorder = Recorder(client_call)
-    batch = two_turn_runner(tokenizer).run(game_rows([37, 80]), sampling(3, n=2), recorder, 0)
+    batch = two_turn_runner(load_tokenizer(folder)).run(game_rows([37, 80]), sampling(3, n=2), recorder, 0)
+    return batch, recorder
+
+
+def test_two_turns_over_http_carry_every_token_s_routing_into_the_batch(
+    folder: Path, http_rollout: tuple[Batch, Recorder]
+) -> None:
+    batch, recorder = http_rollout
     assert ROUTED_EXPERTS in batch and batch[ROUTED_EXPERTS].dtype == torch.uint8
+    assert "rollout_versions" in batch  # the per-token weight versions travel over HTTP too
     model = load_causal_lm(folder).eval()
     for row in range(len(batch)):
         spans = batch.non_tensors["turn_spans"][row]
@@ -181,7 +189,13 @@ def test_two_turns_over_http_carry_every_token_s_routing_to_the_trainer(
         topk, gap = hf_topk(model, ids[:-1])
         same = same_sets(got[:-1], topk)
         assert bool((same | (gap < 1e-5)).all()) and float(same.float().mean()) > 0.95
-    # the trainer, replaying: every router is handed the batch's record, and the log-probs are the engine's
+
+
+def test_the_replaying_trainer_routes_the_agent_batch_as_the_engine_did(
+    folder: Path, http_rollout: tuple[Batch, Recorder]
+) -> None:
+    """Every router is handed the batch's record, and the log-probs are the engine's."""
+    batch, _ = http_rollout
     trainer = TrainingEngine(
         EngineSpec(
             str(folder),
@@ -224,7 +238,7 @@ def test_a_weight_sync_between_turns_keeps_each_model_token_s_routing(folder: Pa
         for router in moe_routers(new):
             router.weight.normal_(0.0, 3.0 / router.weight.shape[1] ** 0.5, generator=gen)
     routers = {n: p.detach().clone() for n, p in new.named_parameters() if n.endswith("mlp.gate.weight")}
-    engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=2, record_routing=True)
+    engine = TorchRolloutEngine.from_pretrained(folder, max_num_seqs=2, record_routing=True, num_threads=1)
 
     def sync_before_second_turn(calls: int) -> None:
         if calls == 1:
