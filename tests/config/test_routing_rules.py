@@ -1,5 +1,6 @@
-"""Routing record and replay are checked at config time: an MoE model, the built-in engine, the batch path,
-whole rows per rank; replay implies the record (the plan says so to the rollout role)."""
+"""Routing record and replay are checked at config time: an MoE model, the built-in engine, whole rows per
+rank; replay implies the record (the plan says so to the rollout role). The server and the agent loops carry
+the record, so they are accepted."""
 
 from __future__ import annotations
 
@@ -35,19 +36,28 @@ def test_replay_implies_the_record_and_is_off_by_default() -> None:
         ((REPLAY,), ("actor.routing_replay", "model.tiny.arch=qwen2", "not a mixture-of-experts")),
         (("rollout.record_routing=true",), ("rollout.record_routing", "not a mixture-of-experts")),
         ((MOE, REPLAY, "rollout.engine=vllm"), ("rollout.engine=vllm", "rollout.engine=torch")),
-        ((MOE, REPLAY, "rollout.interface=server"), ("rollout.interface=server", "rollout.interface=batch")),
-        ((MOE, REPLAY, "rollout.multi_turn.enable=true"), ("rollout.multi_turn.enable=true",)),
         (
             (MOE, REPLAY, "model.sequence_parallel_size=2", "cluster.bundles_per_node=2"),
             ("model.sequence_parallel_size", "mixture-of-experts", "model.sequence_parallel_size: 1"),
         ),
     ],
-    ids=["dense-replay", "dense-record", "vllm", "server", "multi-turn", "sequence-parallel"],
+    ids=["dense-replay", "dense-record", "vllm", "sequence-parallel"],
 )
 def test_what_cannot_record_or_replay_is_named(overrides: tuple[str, ...], names: tuple[str, ...]) -> None:
     message = str(_problem(*overrides))
     for name in names:
         assert name in message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("rollout.interface=server",), ("rollout.multi_turn.enable=true",)]
+    + [("rollout.interface=server", "rollout.multi_turn.enable=true")],
+    ids=["server", "multi-turn", "both"],
+)
+def test_the_server_and_the_agent_loops_carry_the_record(overrides: tuple[str, ...]) -> None:
+    plan = plan_step(load_config(overrides=[MOE, REPLAY, *overrides]))
+    assert plan.record_routing and plan.routing_replay
 
 
 def test_a_model_folder_is_read_for_its_experts(tmp_path: Path) -> None:

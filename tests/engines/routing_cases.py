@@ -45,7 +45,7 @@ def moe_folder(root: Path, name: str, *, tie: float | None = None, seed: int = 0
                 w.copy_(shared + tie * shared.abs().mean() * torch.randn_like(w))
     model.save_pretrained(folder)
     for f in base.iterdir():  # the tokenizer's files
-        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
             shutil.copy(f, folder / f.name)
     return folder
 

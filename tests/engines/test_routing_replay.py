@@ -98,6 +98,16 @@ def test_every_router_routes_to_the_recorded_experts(
         assert torch.equal(calls[0], want[:, layer])
 
 
+def test_a_record_naming_an_expert_the_model_lacks_is_refused(
+    moe_dirs: dict[str, Path], exact_rollout: Batch
+) -> None:
+    """A record from elsewhere (a replica over HTTP) is checked before any gather: 8 experts are 0..7."""
+    bad = exact_rollout[ROUTED_EXPERTS].clone()
+    bad[0, 0, 1, 0] = 8  # row 0 holds the longest prompt: column 0 is one of its real tokens
+    with pytest.raises(ValueError, match="names experts 0..8; the model has 8"):
+        policy(trainer(moe_dirs["plain"], replay=True, packed=False), with_record(exact_rollout, bad))
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_replaying_an_exact_record_changes_nothing_and_a_shifted_one_does(
     moe_dirs: dict[str, Path], exact_rollout: Batch, packed: bool

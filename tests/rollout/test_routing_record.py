@@ -3,6 +3,8 @@ routing transformers' own forward computes for the same tokens, and laid over th
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import (
@@ -125,6 +127,45 @@ def test_no_record_unless_asked_and_none_for_a_dense_model() -> None:
         assert "no mixture-of-experts layers" in str(exc)
     else:
         raise AssertionError("a dense model must refuse record_routing")
+
+
+def test_a_weight_load_mid_response_keeps_the_routing_of_the_tokens_fed_before_it() -> None:
+    """A partial rollout across weight versions (`weight_sync.apply=between_steps`): the load lands between
+    two decode steps; the record is the concatenation of what each version's steps fed, never recomputed.
+    The engine is stepped by hand (its thread never starts), so the load lands at a known step."""
+    model = moe_model()
+    old = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(5)
+    routers = {
+        name: torch.randn(p.shape, generator=gen) * 3.0 / p.shape[1] ** 0.5
+        for name, p in model.named_parameters()
+        if name.endswith("mlp.gate.weight")
+    }
+    engine = TorchRolloutEngine(model, max_num_seqs=2, record_routing=True)
+    prompt = PROMPTS[0]
+    request = GenerationRequest(tuple(prompt), SamplingParams(max_new_tokens=12, seed=0, ignore_eos=True))
+    try:
+        core = engine.core
+        core.add(request)
+        finished = []
+        while not finished:
+            if core.steps == 5:
+                engine.load_weights(list(routers.items()), version=1)
+            finished += core.step()
+    finally:
+        engine.shutdown()
+    out = finished[0].to_output()
+    assert out.versions is not None and out.routed_experts is not None
+    record, versions = out.routed_experts, list(out.versions)
+    assert 0 < versions.count(0) < len(versions) and versions == sorted(versions)
+    # the prompt row is prefilled with token 0's version; generated token j is fed by the step that samples
+    # token j + 1, under that token's version
+    before = len(prompt) + versions[1:].count(0)
+    ids = prompt + list(out.token_ids[:-1])
+    assert_same_routing(record[:before], old, ids[:before])  # version 0's own routing, kept
+    old_routing, _ = hf_routing(old, ids)
+    changed = ~(record[before:].long().sort(-1).values == old_routing[before:].sort(-1).values).all(-1)
+    assert float(changed.float().mean()) > 0.3  # version 1's routers chose otherwise after the load
 
 
 def test_the_batch_lays_the_record_over_prompts_and_responses() -> None:

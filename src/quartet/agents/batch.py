@@ -8,6 +8,9 @@ Environment rewards (a tool's or an interaction's) go to the non-tensor column `
 environment gave none) for a reward function to use. Rewards of single model turns go to `turn_rewards`
 [B, R], on each turn's last token (quartet.core.turn_credit). `turn_spans` (non-tensor) lists each row's
 turns as (role, start, stop) response positions: who wrote which tokens (rollout records show them).
+With MoE routing recorded, `routed_experts` [B, P + R, L, k] lays each trajectory's record
+(`quartet.agents.routing_track`) over its prompt and response columns as `quartet.rollout.batch_io` does
+(0 on padding and on positions no engine call processed).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from quartet.agents.trajectory import Trajectory
 from quartet.core.batch import Batch
+from quartet.core.routing import ROUTED_EXPERTS
 
 __all__ = ["agent_batch_metrics", "trajectories_to_batch", "trajectory_metrics"]
 
@@ -67,6 +71,9 @@ def trajectories_to_batch(
             if t.versions:
                 versions[i, : len(t.versions)] = torch.tensor(t.versions, dtype=torch.int64)
         columns["rollout_versions"] = versions
+    routing = _routing(trajectories, p, r)
+    if routing is not None:
+        columns[ROUTED_EXPERTS] = routing
     non_tensors = {
         "finish_reason": np.array([str(t.finish_reason) for t in trajectories], dtype=object),
         "env_reward": np.array([t.reward for t in trajectories], dtype=object),
@@ -76,6 +83,29 @@ def trajectories_to_batch(
         )[:-1],
     }
     return base.union(Batch(columns, non_tensors, batch_size=rows))
+
+
+def _routing(trajectories: Sequence[Trajectory], p: int, r: int) -> torch.Tensor | None:
+    """The trajectories' routing records over [P + R] columns (prompts left-padded to `p`), or None when
+    none has one. A trajectory that lost its record (a model turn without one) while others have theirs is
+    a ValueError: replaying zeros as experts would train on routing no engine chose."""
+    first = next((t.routing.record for t in trajectories if t.routing and t.routing.record is not None), None)
+    if first is None:
+        return None
+    lost = [i for i, t in enumerate(trajectories) if t.routing_lost]
+    if lost:
+        raise ValueError(
+            f"trajectories {lost[:5]} have no MoE routing record while others do: one of their model turns "
+            "came without one (an engine call that returned none; a custom agent loop must pass "
+            "routing=out.routed_experts to Trajectory.add_model_turn)"
+        )
+    out = torch.zeros(len(trajectories), p + r, *first.shape[1:], dtype=first.dtype)
+    for i, t in enumerate(trajectories):
+        if t.routing is None or t.routing.record is None:
+            continue  # no model turn at all (aborted before it wrote a token): nothing is trained
+        start = p - len(t.prompt_ids)
+        out[i, start : start + t.routing.covered] = t.routing.record
+    return out
 
 
 def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -169,7 +169,8 @@ async def single_turn_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> 
         request = images.request(trajectory.prompt_ids, [], [])
         out = await generate(trajectory.prompt_ids, env.limits.max_response_tokens, multi_modal=request)
     ids = list(out.token_ids)
-    trajectory.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None, out.versions)
+    logprobs = list(out.logprobs) if out.logprobs is not None else None
+    trajectory.add_model_turn(ids, logprobs, out.versions, out.routed_experts)
     eot = renderer.encode(renderer.end_of_turn)
     ended = ids[-len(eot) :] == eot if eot else False
     text = renderer.tokenizer.decode(ids[: -len(eot)] if ended else ids, skip_special_tokens=False)

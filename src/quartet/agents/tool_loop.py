@@ -253,7 +253,8 @@ class _Episode:
         if out.finish_reason is FinishReason.ABORT and not ids:  # cut before it wrote anything
             self.end(AgentFinishReason.ABORT)
             return None
-        t.add_model_turn(ids, list(out.logprobs) if out.logprobs is not None else None, out.versions)
+        logprobs = list(out.logprobs) if out.logprobs is not None else None
+        t.add_model_turn(ids, logprobs, out.versions, out.routed_experts)
         ended = bool(ids) and ids[-1] in self.eot_ids
         text = self.renderer.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         t.messages.append({"role": "assistant", "content": text})

@@ -38,7 +38,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
+from quartet.agents.routing_track import RoutingTrack
+
 if TYPE_CHECKING:
+    import torch
+
     from quartet.agents.images import TrajectoryImages
 
 __all__ = ["AgentFinishReason", "ChatRenderer", "Trajectory", "TurnSpan", "first_difference", "token_drift"]
@@ -97,17 +101,35 @@ class Trajectory:
     turn_rewards: list[float] = field(default_factory=list)
     """One per model turn: what the environment rewarded that turn with alone (a tool call's reward, a
     simulated user's `turn_reward`); 0.0 where it gave nothing (quartet.core.turn_credit)."""
+    routing: RoutingTrack | None = None
+    """The MoE routing record of prompt + response, turn by turn (`routing_track`: which record a token
+    processed by several turns keeps); None until a model turn brings one, and for good once one does not
+    (`routing_lost`)."""
+    routing_lost: bool = False
+    """A model turn came without a routing record: the trajectory has none (routing replay refuses it)."""
 
     @property
     def assistant_turns(self) -> int:
         return sum(1 for t in self.turns if t.role == "assistant")
 
     def add_model_turn(
-        self, token_ids: list[int], logprobs: list[float] | None, versions: Sequence[int] | None = None
+        self,
+        token_ids: list[int],
+        logprobs: list[float] | None,
+        versions: Sequence[int] | None = None,
+        routing: torch.Tensor | None = None,
     ) -> None:
-        """Append the model's tokens exactly as generated (mask 1), with their weight versions if known."""
+        """Append the model's tokens exactly as generated (mask 1), with their weight versions if known and
+        the engine's MoE routing record of the call (`GenerationOutput.routed_experts`: the conversation so
+        far, then the new tokens but the last), which `routing` merges (`routing_track`)."""
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
+        if routing is None:
+            self.routing = None
+            self.routing_lost = True
+        elif not self.routing_lost:
+            self.routing = self.routing or RoutingTrack()
+            self.routing.add_turn(len(self.prompt_ids) + len(self.response_ids), len(token_ids), routing)
         if versions is None or len(versions) != len(token_ids):
             self.versions = None
         elif self.versions is not None:
@@ -152,6 +174,8 @@ class Trajectory:
         del self.response_ids[keep:], self.response_mask[keep:], self.logprobs[keep:]
         if self.versions is not None:
             del self.versions[keep:]
+        if self.routing is not None:
+            self.routing.cut(at)
         turns = []
         for t in self.turns:
             if t.start < keep:
@@ -171,6 +195,8 @@ class Trajectory:
         del self.response_ids[max_tokens:], self.response_mask[max_tokens:], self.logprobs[max_tokens:]
         if self.versions is not None:
             del self.versions[max_tokens:]
+        if self.routing is not None:
+            self.routing.cut(len(self.prompt_ids) + max_tokens)
         kept = [t.start < max_tokens for t in self.turns if t.role == "assistant"]
         self.turn_rewards = [r for r, keep in zip(self.turn_rewards, kept, strict=True) if keep]
         self.turns = [

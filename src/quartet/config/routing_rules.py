@@ -1,9 +1,10 @@
 """Cross-field rules of MoE routing record and replay (`rollout.record_routing`, `actor.routing_replay`).
 
 Recording needs the built-in engine (it hooks the routers of its own forwards) and a mixture-of-experts
-model; the recorded indices reach the trainer through the batch path only (`rollout.interface=batch`,
-single-turn), and replay keeps each token's indices aligned with the packed or padded rows of one rank,
-which sequence and tensor parallelism would cut (docs/moe_routing_replay.md).
+model; the recorded indices reach the trainer with the batch, single-turn or through the agent loops
+(`rollout.multi_turn`), with or without the HTTP server (`rollout.interface=server`), and replay keeps each
+token's indices aligned with the packed or padded rows of one rank, which sequence and tensor parallelism
+would cut (docs/moe_routing_replay.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from quartet.config.errors import ConfigError
 from quartet.config.roles import RoutingReplay
-from quartet.config.rollout import RolloutEngineKind, RolloutInterface
+from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
 
 __all__ = ["routing_problems"]
@@ -52,15 +53,6 @@ def routing_problems(cfg: QuartetConfig) -> list[ConfigError]:
                 key,
                 f"rollout.engine={cfg.rollout.engine} does not record routing; the built-in engine does",
                 f"use rollout.engine=torch, or {fix_off}",
-            )
-        )
-    if cfg.rollout.interface is RolloutInterface.SERVER or cfg.rollout.multi_turn.enable:
-        out.append(
-            ConfigError(
-                key,
-                "recorded routing reaches the trainer through single-turn batch generation only; "
-                "rollout.interface=server and rollout.multi_turn.enable=true do not carry it yet",
-                f"use rollout.interface=batch with rollout.multi_turn.enable=false, or {fix_off}",
             )
         )
     if replay and (model.sequence_parallel_size > 1 or model.tensor_parallel_size > 1):

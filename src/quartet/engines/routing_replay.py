@@ -36,7 +36,7 @@ from torch import nn
 from quartet.core.routing import fed_response_mask, routing_mismatch
 from quartet.engines.inputs import ModelInputs, pad_responses
 from quartet.engines.spec import ModelOutputs
-from quartet.models.moe import moe_routers
+from quartet.models.moe import moe_routers, moe_routing
 
 __all__ = ["RoutingCapture", "RoutingReplay", "response_mismatch", "with_mismatch"]
 
@@ -95,6 +95,7 @@ class RoutingReplay:
         self.module = module
         self.replay = replay
         self._routers: list[nn.Module] | None = None
+        self._experts: int | None = None
         if replay and not self.routers:
             raise ValueError(
                 f"routing replay (actor.routing_replay=rollout) needs a mixture-of-experts model; "
@@ -109,7 +110,8 @@ class RoutingReplay:
         return self._routers
 
     def flat_record(self, inputs: ModelInputs, packed: bool, device: torch.device) -> torch.Tensor | None:
-        """The micro-batch's recorded routing as [N, L, k] int64 in the router's token order, or None."""
+        """The micro-batch's recorded routing as [N, L, k] int64 in the router's token order, or None; a
+        record that does not fit the model (its layers, an expert index out of range) is a ValueError."""
         if inputs.routing is None:
             return None
         if packed:
@@ -119,6 +121,15 @@ class RoutingReplay:
         if flat.shape[1] != len(self.routers):
             raise ValueError(
                 f"the batch's routed_experts has {flat.shape[1]} MoE layers, the model {len(self.routers)}"
+            )
+        if self._experts is None:
+            shape = moe_routing(self.module)
+            self._experts = shape.num_experts if shape is not None else 0
+        experts = self._experts
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= experts):
+            raise ValueError(  # never an out-of-range gather (a device assert on CUDA) from a bad record
+                f"the batch's routed_experts names experts {int(flat.min())}..{int(flat.max())}; the model "
+                f"has {experts}"
             )
         return flat.to(device=device, dtype=torch.int64)
 

@@ -460,4 +460,8 @@ class OpenAIServer:
             token_request.prompt_token_ids, token_request.sampling, token_request.multi_modal
         )
         request_id = outputs[0].request_id if outputs else ""
-        return web.json_response(responses.token_response(request_id, outputs))
+        if token_request.routed_experts:  # base64 of the records: off the event loop, as parsing is
+            answer = await asyncio.to_thread(responses.token_response, request_id, outputs, True)
+        else:
+            answer = responses.token_response(request_id, outputs)
+        return web.json_response(answer)

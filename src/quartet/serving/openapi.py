@@ -323,6 +323,7 @@ def _token_request(limits: RequestLimits) -> dict[str, Any]:
             "prompt_token_ids": {"type": "array", "minItems": 1, "items": token},
             "sampling": sampling,
             "multi_modal": _MULTI_MODAL,
+            "return_routed_experts": {"type": "boolean"},
         },
     }
 

@@ -41,6 +41,7 @@ __all__ = [
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
     "METADATA_FIELDS",
+    "TOKEN_FIELDS",
     "SAMPLING_FIELD_KINDS",
     "ChatRequest",
     "CompletionRequest",
@@ -113,6 +114,9 @@ CHAT_FIELDS = (
 """Every top-level field a chat body may hold."""
 COMPLETION_FIELDS = METADATA_FIELDS | _SAMPLING_BODY_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 """Every top-level field a completions body may hold."""
+TOKEN_FIELDS = frozenset({"prompt_token_ids", "sampling", "multi_modal", "return_routed_experts"})
+"""Every top-level field a `/v1/quartet/generate` body may hold. A routing record is never one: the server
+takes routing from its engine only, never from a client (docs/moe_routing_replay.md)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,8 @@ class TokenRequest:
     sampling: SamplingParams
     multi_modal: dict[str, Any] | None = None
     """The prompt's images (`quartet.serving.images`), for a vision-language model."""
+    routed_experts: bool = False
+    """Return each output's MoE routing record (`return_routed_experts`; `routing_wire`)."""
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -360,12 +366,15 @@ def parse_sampling(obj: Any, default_max_tokens: int, param: str = "sampling") -
 
 def parse_token_request(body: Mapping[str, Any], default_max_tokens: int) -> TokenRequest:
     """A `/v1/quartet/generate` body as a `TokenRequest`."""
+    _refuse_unknown(body, TOKEN_FIELDS)
     if "prompt_token_ids" not in body:
         raise bad("'prompt_token_ids' is required", "prompt_token_ids")
     ids = token_ids(body["prompt_token_ids"], "prompt_token_ids")
     images = body.get("multi_modal")
     multi_modal = multi_modal_from_json(images) if images is not None else None
-    return TokenRequest(ids, parse_sampling(body.get("sampling"), default_max_tokens), multi_modal)
+    routing = boolean(body, "return_routed_experts", False, "return_routed_experts")
+    sampling = parse_sampling(body.get("sampling"), default_max_tokens)
+    return TokenRequest(ids, sampling, multi_modal, routing)
 
 
 def sampling_to_json(params: SamplingParams) -> dict[str, Any]:

@@ -11,9 +11,11 @@ of its text: a byte-level token holding part of a character reads as U+FFFD (its
 tokenizer-specific).
 
 The token body `{"request_id", "outputs": [{"sample_index", "token_ids", "logprobs", "finish_reason",
-"stop_reason", "first_step", "finish_step", "top_logprobs"}]}` (`top_logprobs`: per token, [id, log-prob]
-pairs, or null) maps one to one onto `GenerationOutput`
-(`output_from_json` reads it back).
+"stop_reason", "first_step", "finish_step", "top_logprobs", "versions"}]}` (`top_logprobs`: per token,
+[id, log-prob] pairs, or null; `versions`: per token, the weight version that computed it, or null) maps one
+to one onto `GenerationOutput` (`output_from_json` reads it back). A request with
+`"return_routed_experts": true` also gets each output's MoE routing record, `routed_experts`
+(`routing_wire`: base64 of the record with its shape and dtype; null when the engine recorded none).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quartet.rollout.types import FinishReason, GenerationOutput
+from quartet.serving.routing_wire import routing_from_json, routing_to_json
 from quartet.serving.text import TokenizerLike, decode_response, token_texts
 from quartet.serving.tool_calls import parse_assistant_turn
 
@@ -172,9 +175,9 @@ def models_response(model: str, created: int) -> dict[str, Any]:
     }
 
 
-def output_to_json(output: GenerationOutput) -> dict[str, Any]:
-    """One `GenerationOutput` as a JSON object of the token endpoint."""
-    return {
+def output_to_json(output: GenerationOutput, routed_experts: bool = False) -> dict[str, Any]:
+    """One `GenerationOutput` as a JSON object of the token endpoint (with its routing record when asked)."""
+    body = {
         "sample_index": output.sample_index,
         "token_ids": list(output.token_ids),
         "logprobs": None if output.logprobs is None else list(output.logprobs),
@@ -185,26 +188,58 @@ def output_to_json(output: GenerationOutput) -> dict[str, Any]:
         "top_logprobs": None
         if not output.top_logprobs
         else [[list(p) for p in e] for e in output.top_logprobs],
+        "versions": None if output.versions is None else list(output.versions),
     }
+    if routed_experts:
+        record = output.routed_experts
+        body["routed_experts"] = None if record is None else routing_to_json(record)
+    return body
 
 
-def token_response(request_id: str, outputs: Sequence[GenerationOutput]) -> dict[str, Any]:
-    """The `/v1/quartet/generate` body."""
-    return {"request_id": request_id, "outputs": [output_to_json(o) for o in outputs]}
+def token_response(
+    request_id: str, outputs: Sequence[GenerationOutput], routed_experts: bool = False
+) -> dict[str, Any]:
+    """The `/v1/quartet/generate` body (each output's routing record too with `routed_experts`)."""
+    return {"request_id": request_id, "outputs": [output_to_json(o, routed_experts) for o in outputs]}
 
 
-def output_from_json(obj: Mapping[str, Any], request_id: str) -> GenerationOutput:
-    """`output_to_json` read back (KeyError / ValueError on a malformed object)."""
+def output_from_json(
+    obj: Mapping[str, Any], request_id: str, prompt_tokens: int = 0, routed_experts: bool = False
+) -> GenerationOutput:
+    """`output_to_json` read back (KeyError / ValueError on a malformed object).
+
+    routed_experts: read the output's routing record too, [prompt_tokens + tokens - 1, L, k]; it must be
+    there unless the output has no token (aborted before it was admitted). Without it, any record the
+    body holds is ignored: routing is only read when this client asked for it.
+    """
     logprobs = obj["logprobs"]
     top = obj.get("top_logprobs")
+    token_ids = tuple(int(t) for t in obj["token_ids"])
+    versions = obj.get("versions")
+    if versions is not None:
+        versions = tuple(int(v) for v in versions)
+        if len(versions) != len(token_ids):
+            raise ValueError(f"{len(versions)} versions for {len(token_ids)} tokens")
+    record = None
+    if routed_experts:
+        raw = obj.get("routed_experts")
+        if raw is not None:
+            record = routing_from_json(raw, prompt_tokens + len(token_ids) - 1)
+        elif token_ids:
+            raise ValueError(
+                "the replica sent no routed_experts for a response: its engine records no routing "
+                "(rollout.record_routing, built-in engine, an MoE model)"
+            )
     return GenerationOutput(
         request_id=request_id,
         sample_index=int(obj["sample_index"]),
-        token_ids=tuple(int(t) for t in obj["token_ids"]),
+        token_ids=token_ids,
         logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
         finish_reason=FinishReason(obj["finish_reason"]),
         stop_reason=obj.get("stop_reason"),
         first_step=int(obj.get("first_step", 0)),
         finish_step=int(obj.get("finish_step", 0)),
         top_logprobs=None if top is None else tuple(tuple((int(t), float(lp)) for t, lp in e) for e in top),
+        versions=versions,
+        routed_experts=record,
     )
