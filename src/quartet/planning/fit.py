@@ -13,7 +13,9 @@ recomputation):
 
     GPU only:  reference.param_offload        its weights cross PCIe once per step       ~2%
                actor/critic.optimizer_offload  AdamW states cross twice per update       ~5%
-    both:      rollout.max_num_seqs halved     fewer sequences in flight while sampling  ~5-10% of gen
+    both:      model.expert_parallel_size up   two all-to-alls per MoE layer instead of  ~0-10% of update
+                                               all-gathering every expert (an MoE model)
+               rollout.max_num_seqs halved     fewer sequences in flight while sampling  ~5-10% of gen
                log-prob micro-batches halved   more, smaller forward passes              ~5%
                update micro-batches halved     more, smaller forward/backward passes     ~5-10%
                model.sequence_parallel_size x2 two all-to-alls per attention layer       ~5-15% of update
@@ -31,7 +33,14 @@ heads; tp the attention and key/value heads and the vocabulary), and only for th
 sequence parallelism (with `model.remove_padding`, which it needs) when the rows are long, i.e. the
 activations and logits make up most of the policy's largest row (`activation_share`); tensor parallelism
 when the parameter-sized parts do (weights, gradients, AdamW states, their half-precision casts, the
-all-gathered layers). With a single device neither applies and the verdict asks for more devices.
+all-gathered layers). With a single device neither applies and the verdict asks for more devices. Neither
+is offered for a mixture-of-experts model, which the engines refuse them for (`config.parallel.moe_problems`).
+
+Expert parallelism (`_grow_ep`) is offered for a mixture-of-experts policy whose routed experts are at least
+half of its parameters: the next size that `config.parallel`'s rules accept (it divides the experts per layer
+and the world; no tensor parallelism nor LoRA with it). A rank then all-gathers E / ep experts of a layer
+instead of all E, at the cost of two all-to-alls per MoE layer (measured faster than plain FSDP2 on CPU,
+docs/moe_expert_parallel.md); its line says how much it frees.
 """
 
 from __future__ import annotations
@@ -43,10 +52,12 @@ from pathlib import Path
 
 from quartet.config.errors import ConfigError
 from quartet.config.loader import apply_overrides
+from quartet.config.parallel import expert_problems, layout_problems, moe_problems, pool_problems
 from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
+from quartet.planning.experts import expert_params
 from quartet.planning.gpus import gpu_memory_bytes
 from quartet.planning.model_shape import VISION_MODEL_TYPES
 from quartet.planning.parallel import POLICY_ROLES
@@ -148,6 +159,8 @@ class Change:
     reason: str
     peak_after: int
     """The planned peak (device; combined on CPU) once this change and those before it are applied."""
+    freed: int | None = None
+    """What this change lowers the peak by, for the changes whose line says it (expert parallelism)."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +203,9 @@ class FitReport:
         if self.changes:
             lines.append("proposal, cheapest first (set trainer.auto_fit=true to apply it):")
             lines += [
-                f"  {' '.join(c.overrides):<60} {c.reason}; peak {format_bytes(c.peak_after)}"
+                f"  {' '.join(c.overrides):<60} {c.reason}; "
+                + ("" if c.freed is None else f"frees {format_bytes(c.freed)}, ")
+                + f"peak {format_bytes(c.peak_after)}"
                 for c in self.changes
             ]
             verdict = (
@@ -284,6 +299,8 @@ def _grow_sp(device: str, shapes: RoleShapes) -> _Change:
         world = c.cluster.world_size
         if world % (new * tp) or shapes.policy.num_heads % new:
             return []
+        if shapes.policy.is_moe and moe_problems(new, tp):
+            return []
         plan = estimate_memory(c, device=device, shapes=shapes)
         if activation_share(plan) < DOMINANT_SHARE:
             return []
@@ -304,10 +321,38 @@ def _grow_tp(device: str, shapes: RoleShapes) -> _Change:
         p = shapes.policy
         if world % (new * sp) or p.num_heads % new or p.num_kv_heads % new or p.vocab_size % new:
             return []
+        if p.is_moe and moe_problems(sp, new):
+            return []
         plan = estimate_memory(c, device=device, shapes=shapes)
         if activation_share(plan, STATE_PARTS) < DOMINANT_SHARE:
             return []
         return [f"model.tensor_parallel_size={new}"]
+
+    return change
+
+
+EP_FREES = "model.expert_parallel_size"
+"""The key whose change's line says how much memory it frees (`Change.freed`)."""
+
+
+def _grow_ep(shapes: RoleShapes) -> _Change:
+    """Raise `model.expert_parallel_size` to the next size the config's rules accept (a divisor of the world
+    that divides the experts per layer, without tensor parallelism or LoRA: `config.parallel`), for a
+    mixture-of-experts policy whose routed experts are most of its parameters."""
+
+    def change(c: QuartetConfig) -> list[str]:
+        p = shapes.policy
+        m = c.model
+        world = c.cluster.world_size
+        if not p.is_moe or expert_params(p) < DOMINANT_SHARE * p.total_params:
+            return []
+        sp, tp = m.sequence_parallel_size, m.tensor_parallel_size
+        for ep in range(m.expert_parallel_size + 1, world + 1):
+            problems = layout_problems(sp, tp, m.lora.rank, ep=ep)
+            problems += pool_problems(sp, tp, world, "the pool", ep=ep) + expert_problems(p.num_experts, ep)
+            if not problems:
+                return [f"{EP_FREES}={ep}"]
+        return []
 
     return change
 
@@ -332,6 +377,7 @@ def _candidates(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> Iterator
                 _switch("critic.optimizer_offload", lambda c: c.critic.optimizer_offload),
                 "critic AdamW states in host memory",
             )
+    yield _grow_ep(shapes), "expert parallelism: a rank all-gathers only its group's experts of a layer"
     yield _halve_seqs, "fewer sequences in flight (KV cache, activations)"
     yield _halve_micro("actor", "logprobs"), "smaller log-prob micro-batch"
     yield _halve_micro("reference", "logprobs"), "smaller reference micro-batch"
@@ -390,10 +436,20 @@ def fit_config(
                 break
         else:
             break  # nothing left that helps
-    changes = _merge(changes)
+    changes = _with_freed(_merge(changes), plan.peak_device)
     if not changes:
         return FitReport(plan, capacity)
     return FitReport(plan, capacity, tuple(changes), current, current_plan)
+
+
+def _with_freed(changes: list[Change], peak: int) -> list[Change]:
+    """`changes` with `freed` set on those of `EP_FREES`: the peak before the change less the peak after."""
+    out = []
+    for c in changes:
+        freed = peak - c.peak_after if any(o.startswith(f"{EP_FREES}=") for o in c.overrides) else None
+        out.append(dataclasses.replace(c, freed=freed))
+        peak = c.peak_after
+    return out
 
 
 def _merge(changes: list[Change]) -> list[Change]:
