@@ -114,6 +114,20 @@ def test_ep_is_proposed_where_ep1_does_not_fit_and_ep2_does() -> None:
     assert not fit_config(cfg, device="cpu", capacity=_capacity(2 * peak1 / 2**20)).changes
 
 
+def test_ep_is_a_hint_when_the_plan_fits_with_little_room() -> None:
+    """A plan that fits in 95% of what it may use gets ep as a hint (not a proposal: nothing to apply);
+    one with plenty of room gets none."""
+    cfg = load_config(MOE, EXPERTS_HEAVY)
+    peak1 = estimate_memory(cfg, device="cpu").peak_device
+    peak2 = estimate_memory(validate(apply_overrides(cfg, ["model.expert_parallel_size=2"])), device="cpu")
+    report = fit_config(cfg, device="cpu", capacity=_capacity(peak1 / 0.95 / HEADROOM / 2**20))
+    assert report.fits and not report.changes and report.hint is not None
+    assert report.hint.overrides == ("model.expert_parallel_size=2",)
+    assert report.hint.freed == peak1 - peak2.peak_device
+    assert "little room: model.expert_parallel_size=2 would free" in report.render()
+    assert fit_config(cfg, device="cpu", capacity=_capacity(2 * peak1 / 2**20)).hint is None
+
+
 def test_ep_is_not_proposed_where_experts_are_a_small_share_or_rules_refuse() -> None:
     # the default tiny MoE: experts are a third of its parameters (the embedding dominates)
     light = load_config(MOE, ["cluster.bundles_per_node=2", "actor.micro_batch_size_per_device=8"])

@@ -1,10 +1,7 @@
 """Does a run fit its device, and what is the cheapest change that makes it fit: `fit_config(cfg)`.
 
-Capacity is what the device has free now: on CPU the host's `MemAvailable` (device and host are one memory),
-on GPU `torch.cuda.mem_get_info` of the first visible device plus the host's `MemAvailable` for offloaded
-state. A given figure (`quartet plan --memory-gib`) or a named card's nominal memory (`planning.gpus`,
-`--gpu h100`) replaces the device's; neither subtracts a reserve, as the measured figure does not. A plan
-fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects
+Capacity is what the device has free now (`planning.capacity`). A plan fits when its peaks stay under
+`HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects
 the planner does not count).
 
 When it does not fit, candidate changes are tried in order of expected slowdown, cheapest first (the
@@ -48,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from quartet.config.errors import ConfigError
 from quartet.config.loader import apply_overrides
@@ -56,9 +52,9 @@ from quartet.config.parallel import expert_problems, layout_problems, moe_proble
 from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
+from quartet.planning.capacity import Capacity, NoCudaDeviceError, detect_capacity, host_available_bytes
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
 from quartet.planning.experts import expert_params
-from quartet.planning.gpus import gpu_memory_bytes
 from quartet.planning.model_shape import VISION_MODEL_TYPES
 from quartet.planning.parallel import POLICY_ROLES
 from quartet.planning.plan import MemoryPlan, PlanRow, format_bytes
@@ -89,66 +85,12 @@ STATE_PARTS = frozenset(
 )
 """Plan components that grow with the parameters (what tensor parallelism divides, beyond FSDP2)."""
 
+LITTLE_ROOM = 0.9
+"""A plan that fits leaves little room when its peak is above this share of what it may use (`HEADROOM` of
+the free memory): then an expert-parallel size that lowers it is shown as a hint."""
+
 DOMINANT_SHARE = 0.5
 """A kind of memory dominates a row when it is at least this share of it."""
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """Free memory a plan is checked against."""
-
-    device: str
-    """`cpu` or `gpu`."""
-    device_bytes: int
-    """Free device memory (on CPU: the host's available memory)."""
-    host_bytes: int
-    """Free host memory (on CPU: the same figure)."""
-    source: str
-    """Where the figures came from, in words."""
-
-
-class NoCudaDeviceError(ConfigError):
-    """A GPU plan on a machine where torch sees no CUDA device, with no memory figure given for it."""
-
-
-def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """`MemAvailable` of /proc/meminfo (Linux), else total physical memory from `os.sysconf`."""
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    import os
-
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def detect_capacity(device: str, memory_bytes: int | None = None, gpu: str | None = None) -> Capacity:
-    """Free memory of this machine for a `device` plan; `memory_bytes` overrides the device's figure (to
-    plan for a device other than this machine's, e.g. `quartet plan --memory-gib 24`), and `gpu` names a
-    card whose nominal memory to plan for instead (`planning.gpus`, e.g. `quartet plan --gpu h100`; a `gpu`
-    plan then). Host memory is this machine's either way. Raises `NoCudaDeviceError` for a GPU plan on a
-    machine without CUDA when neither is given."""
-    host = host_available_bytes()
-    if gpu is not None:
-        nominal = gpu_memory_bytes(gpu)
-        name = gpu.strip().lower()
-        source = f"named GPU {name}, nominal {nominal // 2**30} GiB; host MemAvailable of this machine"
-        return Capacity("gpu", nominal, host, source)
-    if memory_bytes is not None:
-        return Capacity(device, memory_bytes, memory_bytes if device == "cpu" else host, "given")
-    if device == "cpu":
-        return Capacity("cpu", host, host, "MemAvailable of /proc/meminfo")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise NoCudaDeviceError(
-            "device",
-            "the plan is for a GPU but torch sees no CUDA device on this machine",
-            "give the GPU's memory (quartet plan --gpu NAME or --memory-gib N), or plan with --device cpu",
-        )
-    free, _total = torch.cuda.mem_get_info(0)
-    name = torch.cuda.get_device_name(0)
-    return Capacity("gpu", int(free), host, f"torch.cuda.mem_get_info of {name}; host MemAvailable")
 
 
 @dataclass(frozen=True)
@@ -173,6 +115,9 @@ class FitReport:
     fitted: QuartetConfig | None = None
     """The config with every change applied (None when no change was needed or none helped)."""
     fitted_plan: MemoryPlan | None = None
+    hint: Change | None = None
+    """A change worth knowing about though the plan fits: expert parallelism when the plan leaves little
+    room (`LITTLE_ROOM`); not part of the proposal, not applied by `trainer.auto_fit`."""
 
     @property
     def fits(self) -> bool:
@@ -214,6 +159,12 @@ class FitReport:
                 else "still does NOT fit: a smaller model, shorter sequences or more devices"
             )
             lines.append(f"with the proposal: {verdict}")
+        elif self.hint is not None:
+            h = self.hint
+            lines.append(
+                f"little room: {' '.join(h.overrides)} would free {format_bytes(h.freed or 0)} "
+                f"(peak {format_bytes(h.peak_after)}; {h.reason})"
+            )
         elif not self.fits:
             lines.append(
                 "no config change found that fits: use a smaller model, shorter data.max_*_length, a smaller "
@@ -415,7 +366,7 @@ def fit_config(
     capacity = capacity or detect_capacity(kind)
     plan = estimate_memory(cfg, device=kind, shapes=shapes)
     if _fits(plan, capacity):
-        return FitReport(plan, capacity)
+        return FitReport(plan, capacity, hint=_room_hint(cfg, kind, capacity, shapes, plan))
     candidates = list(_candidates(cfg, kind, shapes))
     current = cfg
     current_plan = plan
@@ -440,6 +391,26 @@ def fit_config(
     if not changes:
         return FitReport(plan, capacity)
     return FitReport(plan, capacity, tuple(changes), current, current_plan)
+
+
+def _room_hint(
+    cfg: QuartetConfig, device: str, capacity: Capacity, shapes: RoleShapes, plan: MemoryPlan
+) -> Change | None:
+    """Expert parallelism as a hint for a plan that fits with little room (`LITTLE_ROOM`), when the config
+    rules accept it and it lowers the peak; None otherwise."""
+    if plan.peak_device <= LITTLE_ROOM * HEADROOM * capacity.device_bytes:
+        return None
+    overrides = _grow_ep(shapes)(cfg)
+    if not overrides:
+        return None
+    try:
+        trial = estimate_memory(validate(apply_overrides(cfg, overrides)), device=device, shapes=shapes)
+    except ConfigError:
+        return None
+    if trial.peak_device >= plan.peak_device:
+        return None
+    reason = "expert parallelism: a rank all-gathers only its group's experts of a layer"
+    return Change(tuple(overrides), reason, trial.peak_device, plan.peak_device - trial.peak_device)
 
 
 def _with_freed(changes: list[Change], peak: int) -> list[Change]:
