@@ -209,3 +209,22 @@ def test_routing_record_bytes_at_qwen3_30b_a3b_shape(tmp_path: Path) -> None:
     old = plan.row("old_log_prob", "actor").breakdown
     assert old["routing_indices"] == 2 * 2 * seq * 48 * 8 * 8  # and the routers' own top-k (mismatch)
     assert plan.sizes["routing_bytes_per_token"] == 384
+
+
+def test_plan_json_carries_ep_the_dispatch_and_the_proposal(capsys: pytest.CaptureFixture[str]) -> None:
+    """`quartet plan --json` on a config that fits only with ep 2: the proposal, and the fitted plan's ep,
+    experts per rank and dispatch."""
+    from quartet.cli.main import main
+
+    cfg = load_config(MOE, EXPERTS_HEAVY)
+    peak1 = estimate_memory(cfg, device="cpu").peak_device
+    peak2 = estimate_memory(validate(apply_overrides(cfg, ["model.expert_parallel_size=2"])), device="cpu")
+    gib = (peak1 + peak2.peak_device) / 2 / HEADROOM / 2**30
+    args = ["plan", MOE, *EXPERTS_HEAVY, "--device", "cpu", "--memory-gib", f"{gib:.6f}"]
+    assert main([*args, "--json"]) == 3  # does not fit as configured
+    out = json.loads(capsys.readouterr().out)
+    assert out["proposal"] == ["model.expert_parallel_size=2"] and out["fits_with_proposal"]
+    fitted = out["fitted_plan"]
+    assert fitted["expert_parallel_size"] == 2 and fitted["sizes"]["experts_per_rank"] == 32
+    update = next(r for r in fitted["rows"] if r["phase"] == "update_actor" and r["role"] == "actor")
+    assert update["breakdown"]["ep_dispatch"] > 0
