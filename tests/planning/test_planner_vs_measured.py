@@ -309,9 +309,9 @@ MOE_EP = Size(
     repeats=1,
 )
 """The MoE of benchmarks/expert_parallel.py (16 experts, top-2, expert width 256, 4 layers): the routed
-experts are 6.3M of its 7.4M parameters, so a rank's states and FSDP2's gathered layers are mostly experts;
-rows as WORLD2's. Planned / measured (the larger rank) was 1.05 (ep 2 update), 0.92 (ep 2 old log-probs) and
-0.96 (ep 1 update) here."""
+experts are 6.3M of its 7.0M parameters, so a rank's states and FSDP2's gathered layers are mostly experts;
+rows as WORLD2's. Planned / measured (the larger rank) was 1.02-1.05 (ep 2 update), 0.89-0.92 (ep 2
+old log-probs) and 0.95-0.96 (ep 1 update) over two runs here."""
 
 
 def _measured_moe_ep(folder: Path, ep: int, update_phase: bool) -> tuple[int, int]:

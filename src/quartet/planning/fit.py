@@ -1,8 +1,7 @@
 """Does a run fit its device, and what is the cheapest change that makes it fit: `fit_config(cfg)`.
 
 Capacity is what the device has free now (`planning.capacity`). A plan fits when its peaks stay under
-`HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects
-the planner does not count).
+`HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects the planner does not count).
 
 When it does not fit, candidate changes are tried in order of expected slowdown, cheapest first (the
 figures are rough, from what each change costs per step: extra host<->device copies, more kernel launches,
