@@ -28,6 +28,7 @@ from quartet.planning.measure import reset_peak_rss
 
 __all__ = [
     "engine_has_tensor_parallel",
+    "moe_rank",
     "old_logprobs",
     "rollout_generate",
     "save_random_model",
@@ -162,6 +163,59 @@ def update_rank(
         for _ in range(2):
             engine.train_step(batch, _pg_loss, MicroSpec(size=micro))
         return engine.steps
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def moe_rank(
+    folder: str,
+    rank: int,
+    world: int,
+    port: int,
+    ep: int,
+    update_phase: bool,
+    micro: int,
+    prompt_len: int,
+    response_len: int,
+    vocab: int,
+) -> int:
+    """Rank `rank` of a `world`-rank gloo actor engine of an MoE folder with `model.expert_parallel_size`
+    `ep` (packed rows, float32): with `update_phase`, two optimizer steps over this rank's `micro` rows; else
+    one small step (AdamW states exist), then the old-log-prob pass (entropy on) over them. Returns the
+    bytes of the routed experts' weights this rank holds (the local shards of `mlp.experts.*`)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    spec = EngineSpec(
+        folder,
+        ModelKind.CAUSAL_LM,
+        mixed_precision=Dtype.FLOAT32,
+        optim=OptimConfig(lr=1e-4),
+        remove_padding=True,
+        expert_parallel_size=ep,
+    )
+    engine = TrainingEngine(spec)
+    batch = make_batch(micro, prompt_len, response_len, vocab, seed=rank)
+    if not update_phase:
+        engine.train_step(make_batch(1, 2, 1, vocab, seed=rank), _pg_loss, MicroSpec(size=1))
+    _settle()
+    try:
+        if update_phase:
+            for _ in range(2):
+                engine.train_step(batch, _pg_loss, MicroSpec(size=micro))
+        else:
+            engine.forward_logprobs(batch, 1.0, MicroSpec(size=micro), with_entropy=True)
+        experts = [p for n, p in engine.module.named_parameters() if ".mlp.experts." in n]
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in experts]
+        return sum(t.numel() * t.element_size() for t in local)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -21,7 +21,7 @@ from quartet.config import load_config
 from quartet.config.roles import Role
 from quartet.planning.estimate import estimate_memory
 from quartet.planning.measure import measure_peak_rss
-from quartet.planning.plan import Phase, format_bytes
+from quartet.planning.plan import MemoryPlan, Phase, format_bytes
 
 TOLERANCE = 0.25
 NOISE_BYTES = 8 * 2**20
@@ -89,6 +89,10 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def _plan_row(size: Size, folder: Path, phase: Phase, role: Role, extra: list[str] | None = None) -> int:
+    return _plan(size, folder, extra).row(phase, role).total_bytes
+
+
+def _plan(size: Size, folder: Path, extra: list[str] | None = None) -> MemoryPlan:
     n = 2
     cfg = load_config(
         None,
@@ -105,8 +109,7 @@ def _plan_row(size: Size, folder: Path, phase: Phase, role: Role, extra: list[st
             *(extra or []),
         ],
     )
-    plan = estimate_memory(cfg, device="cpu")
-    return plan.row(phase, role).total_bytes
+    return estimate_memory(cfg, device="cpu")
 
 
 def _check(name: str, planned: int, measured: int) -> None:
@@ -282,6 +285,63 @@ def test_world2_tp_update_peak(world2_model: Path) -> None:
     """A 2-rank tensor-parallel engine's per-rank peak next to the plan."""
     measured = _measured_world2(world2_model, 1, 2)
     _check("world 2 tp2 actor update", _plan_world2(world2_model, 1, 2), measured)
+
+
+# ---- world 2, mixture of experts: expert parallelism over both ranks -----------------------------------
+
+MOE_EP = Size(
+    "moe_ep",
+    {
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 256,
+        "num_experts": 16,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+        "tie_word_embeddings": True,
+    },
+    micro=4,
+    prompt_len=32,
+    response_len=224,
+    repeats=1,
+)
+"""The MoE of benchmarks/expert_parallel.py (16 experts, top-2, expert width 256, 4 layers): the routed
+experts are 6.3M of its 7.0M parameters, so a rank's states and FSDP2's gathered layers are mostly experts;
+rows as WORLD2's. Planned / measured (the larger rank) was 1.02-1.05 (ep 2 update), 0.89-0.92 (ep 2
+old log-probs) and 0.95-0.96 (ep 1 update) over two runs here."""
+
+
+def _measured_moe_ep(folder: Path, ep: int, update_phase: bool) -> tuple[int, int]:
+    """(the larger rank's peak RSS increase, the expert weight bytes rank 0 holds), both ranks at once."""
+    size = MOE_EP
+    shape = (size.prompt_len, size.response_len, int(size.config["vocab_size"]))
+    port = _free_port()
+    args = (2, port, ep, update_phase, size.micro, *shape)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [pool.submit(measure_peak_rss, probes.moe_rank, str(folder), r, *args) for r in (0, 1)]
+        done = [r.result() for r in runs]
+    return max(m.increase_bytes for m in done), int(done[0].result)
+
+
+@pytest.mark.slow  # three 2-process gloo runs of an MoE engine (~1-2 min on 2 busy cores)
+def test_world2_moe_expert_parallel_peaks(tmp_path: Path) -> None:
+    """Two ranks at ep 2 (each holds 8 of 16 experts per layer; nothing of them is FSDP-sharded further):
+    the update's and the old-log-prob pass's per-rank peaks next to the plan, the plan's expert weights
+    next to what the engine holds; and the update at ep 1 (FSDP2 over both ranks), for comparison."""
+    size = MOE_EP
+    folder = probes.save_random_moe(tmp_path, dict(size.config))
+    extra = ["cluster.bundles_per_node=2", "model.remove_padding=true", "model.fused_head=false"]
+    for ep, phase in ((2, Phase.UPDATE_ACTOR), (2, Phase.OLD_LOG_PROB), (1, Phase.UPDATE_ACTOR)):
+        measured, expert_bytes = _measured_moe_ep(folder, ep, phase is Phase.UPDATE_ACTOR)
+        ep_extra = [*extra, f"model.expert_parallel_size={ep}"]
+        plan = _plan(size, folder, ep_extra)
+        _check(f"world 2 moe ep{ep} {phase}", plan.row(phase, Role.ACTOR).total_bytes, measured)
+        held = plan.sizes["experts_per_rank"] * 4 * 3 * 128 * 256 * 4  # experts x layers x 3 H I x float32
+        assert plan.sizes["experts_per_rank"] == 8  # 16 / ep over 2 / ep ranks of "edp": 8 either way
+        assert expert_bytes == held, f"ep{ep}: the engine holds {expert_bytes} B of experts, planned {held}"
 
 
 # ---- the LM head on packed rows: plain logits or the fused head --------------------------------------------

@@ -149,6 +149,7 @@ def _print_json(report: FitReport, advice: str | None, model: dict[str, Any]) ->
         "fits": report.fits,
         "proposal": report.overrides,
         "fits_with_proposal": report.fits_after,
+        "hint": report.hint and {"overrides": list(report.hint.overrides), "frees_bytes": report.hint.freed},
         "fitted_plan": report.fitted_plan.to_dict() if report.fitted_plan else None,
         "split_advice": advice,
     }

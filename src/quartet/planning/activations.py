@@ -58,6 +58,11 @@ so their saved tensors (q/k/v, attention output, lse, gate/up/product, qwen3's q
 (vocabulary-parallel head) are divided by tp; the residual stream, the norms and the projections' input
 casts are whole on every rank (the input of a column-split projection is replicated).
 
+Expert parallelism (`model.expert_parallel_size` > 1, `planning.experts`): each MoE layer's (token, k) pairs
+travel to their experts' ranks and back by all-to-all; one layer's buffers at a time are `ep_dispatch`
+(`experts.dispatch_bytes`), and the combine saves the returned pairs in the compute dtype (not a float32
+weighted output).
+
 The fused LM head (`model.fused_head`, `engines.fused_head`) never builds the logits: it computes them one
 block of `FUSED_TOKEN_CHUNK` tokens x `FUSED_VOCAB_BLOCK` entries at a time. Its peak (`fused_head_bytes`)
 is the kept hidden states cast to the compute dtype, the block's temporaries (the matmul output and about
@@ -70,6 +75,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quartet.planning.experts import dispatch_bytes
 from quartet.planning.model_shape import HeadKind, ModelShape
 from quartet.planning.parallel import tp_linear_params
 
@@ -124,32 +130,36 @@ def layer_saved_bytes_per_token(
     *,
     tp: int = 1,
     packed: bool = False,
+    ep: int = 1,
 ) -> int:
     """Bytes autograd keeps per token in one decoder layer on one rank (see the module doc's table).
 
     `lora_inputs`: summed input widths of the LoRA-adapted linear modules of a layer (each adapter casts its
     input once more under autocast). `tp`: ranks of the tensor group (the head-split attention and the
-    column-split MLP divide by it). `packed`: no attention mask.
+    column-split MLP divide by it). `packed`: no attention mask. `ep`: expert parallelism (the combine's
+    saved pairs).
     """
     d, c = shape.hidden_size, compute_bytes
     autocast = c < F32
     norms = 4 * F32 * d
     inputs = (3 * c * d + 2 * c * d) if autocast else 2 * F32 * d
     attention = (4 * c * shape.q_dim + F32 * shape.num_heads) // tp + (0 if packed else c * seq_len)
-    mlp = 4 * c * shape.mlp_width // tp + moe_router_bytes(shape, c)
+    mlp = 4 * c * shape.mlp_width // tp + moe_router_bytes(shape, c, ep)
     qk_norm = 2 * F32 * (shape.q_dim + shape.kv_dim) // tp if shape.qk_norm else 0
     lora = c * lora_inputs if autocast else 0
     return norms + inputs + attention + mlp + qk_norm + lora
 
 
-def moe_router_bytes(shape: ModelShape, compute_bytes: int) -> int:
+def moe_router_bytes(shape: ModelShape, compute_bytes: int, ep: int = 1) -> int:
     """Bytes a sparse (MoE) layer keeps per token besides its experts' gate/up/product (`mlp_width`): the
     router's logits (c E) and float32 probabilities (f E), and per chosen expert the gathered input (c D)
-    and the weighted output (f D) that is summed into the layer's output. 0 for a dense model."""
+    and the weighted output (f D) that is summed into the layer's output; under expert parallelism
+    (`ep` > 1) the combine keeps the returned pair in the compute dtype instead (c D). 0 for a dense model."""
     if not shape.is_moe:
         return 0
-    k = shape.experts_per_token
-    return (compute_bytes + F32) * shape.num_experts + k * (compute_bytes + F32) * shape.hidden_size
+    k, c = shape.experts_per_token, compute_bytes
+    weighted = c if ep > 1 else F32
+    return (c + F32) * shape.num_experts + k * (c + weighted) * shape.hidden_size
 
 
 def _trunk_extra_bytes(shape: ModelShape, mb: MicroBatch, compute_bytes: int) -> int:
@@ -194,14 +204,16 @@ def train_working_bytes(
     entropy: bool = False,
     tp: int = 1,
     fused_head: bool = False,
+    ep: int = 1,
 ) -> dict[str, int]:
     """Peak working memory of one micro-batch's forward + backward on one rank, by component.
 
     `trainable_linear_params`: linear weights that require grad (autocast keeps a half-precision copy of
-    each until backward; 0 without autocast), as this rank holds them (its tensor-parallel shard).
+    each until backward; 0 without autocast), as this rank holds them (its tensor-parallel shard). `ep`:
+    expert parallelism (adds one MoE layer's all-to-all buffers, `ep_dispatch`).
     """
     per_token = layer_saved_bytes_per_token(
-        shape, compute_bytes, mb.seq_len, lora_inputs, tp=tp, packed=mb.packed
+        shape, compute_bytes, mb.seq_len, lora_inputs, tp=tp, packed=mb.packed, ep=ep
     )
     per_layer = per_token * mb.tokens
     if gradient_checkpointing:
@@ -210,6 +222,8 @@ def train_working_bytes(
     else:
         layers = shape.num_layers * per_layer + per_layer  # saved + one layer of gradient temporaries
     out = {"activations": layers + _trunk_extra_bytes(shape, mb, compute_bytes)}
+    if ep > 1 and shape.is_moe:
+        out["ep_dispatch"] = dispatch_bytes(shape, mb.tokens, compute_bytes)
     if compute_bytes < F32 and trainable_linear_params:
         if gradient_checkpointing:  # only the head's cast outlives the forward; one layer's during recompute
             layer = shape.layer_linear_params // tp
@@ -240,12 +254,13 @@ def forward_working_bytes(
     caches_weights: bool,
     tp: int = 1,
     fused_head: bool = False,
+    ep: int = 1,
 ) -> dict[str, int]:
     """Peak working memory of one no-grad forward (log-probs, values, scores) on one rank, by component.
 
     `caches_weights`: the parameters require grad (actor, critic), so autocast keeps a half-precision copy
     of every linear weight (this rank's tensor-parallel shard) for the whole pass; a frozen model casts one
-    weight at a time.
+    weight at a time. `ep`: expert parallelism (one MoE layer's all-to-all buffers, `ep_dispatch`).
     """
     d = shape.hidden_size
     i = shape.mlp_width
@@ -255,6 +270,8 @@ def forward_working_bytes(
     per_token = 2 * F32 * d + max(attention, mlp) + F32 * d  # residual, norm output, widest block; final norm
     mask = 0 if mb.packed else mb.tokens * mb.seq_len * (1 + F32)  # boolean mask and its float form
     out = {"activations": per_token * mb.tokens + mask}
+    if ep > 1 and shape.is_moe:
+        out["ep_dispatch"] = dispatch_bytes(shape, mb.tokens, c)
     if c < F32:
         causal = head is HeadKind.CAUSAL_LM
         if caches_weights:

@@ -60,6 +60,7 @@ from quartet.planning.activations import (
     rollout_working_bytes,
     train_working_bytes,
 )
+from quartet.planning.experts import expert_note, expert_shard, record_bytes_per_token, routing_parts
 from quartet.planning.model_shape import HeadKind, ModelShape, policy_shape, shape_from_path
 from quartet.planning.notes import plan_notes, shares_memory
 from quartet.planning.parallel import (
@@ -284,6 +285,7 @@ def _update_working(
         entropy=phase is Phase.UPDATE_ACTOR and cfg.actor.entropy_coeff > 0,
         tp=tp,
         fused_head=sp.fused,
+        ep=sp.layout.ep,
     )
     trains_tower = not cfg.model.freeze_vision_tower and not (lora and e.role is Role.ACTOR)
     work.update(_vision_working(cfg, e.shape, mb, c, trains=trains_tower))
@@ -313,6 +315,7 @@ def _forward_working(
         caches_weights=e.trainable > 0 and cfg.model.lora.rank <= 0,
         tp=sp.layout.tp,
         fused_head=sp.fused,
+        ep=sp.layout.ep,
     )
     return work | _vision_working(cfg, e.shape, mb, c, trains=False)
 
@@ -355,16 +358,20 @@ def _engine_row(cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload, un
             dev[name] = nbytes
 
     working = phase in e.compute
-    put("weights", state_bytes(e.params, F32, layout), e.param_offload and not working)
+    put("weights", state_bytes(e.params, F32, layout, e.shape), e.param_offload and not working)
+    trains_experts = e.shape if not (e.role is Role.ACTOR and cfg.model.lora.rank > 0) else None
     if e.trainable:
-        optimizer = state_bytes(e.trainable, 2 * F32, layout)
+        optimizer = state_bytes(e.trainable, 2 * F32, layout, trains_experts)
         put("optimizer", optimizer, e.optimizer_offload and phase is not e.update)
     if phase is e.update:
-        dev["grads"] = state_bytes(e.trainable, F32, layout)
+        dev["grads"] = state_bytes(e.trainable, F32, layout, trains_experts)
         if unified:
-            dev["freed_grads"] = int(CPU_GRAD_RETENTION * state_bytes(e.trainable, F32, layout))
+            dev["freed_grads"] = int(CPU_GRAD_RETENTION * dev["grads"])
     if working:
         dev.update(_working(cfg, e, phase, load))
+        if e.role in POLICY_ROLES:  # the batch's routing record, and the micro-batch's int64 copy
+            tokens = load.policy_tokens(phase)
+            dev.update(routing_parts(cfg, e.shape, e.role, phase, load.rows_per_step, tokens))
         if unified:
             dev["runtime"] = CPU_RUNTIME_BYTES + (CPU_DIST_RUNTIME_BYTES if layout.world > 1 else 0)
     return PlanRow(phase, e.role, sum(dev.values()), sum(host.values()), dev | host)
@@ -389,13 +396,14 @@ def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: Wor
             dev["vision"] = vision_activation_bytes(policy.vision, tokens, r, trains=False)
         if load.device == "cpu":
             dev["runtime"] = CPU_ROLLOUT_RUNTIME_BYTES
+        dev.update(routing_parts(cfg, policy, Role.ROLLOUT, phase, load.rows_per_step, 0))
     return PlanRow(phase, Role.ROLLOUT, sum(dev.values()), 0, dev)
 
 
 def _sizes(cfg: QuartetConfig, load: Workload, shapes: RoleShapes) -> dict[str, int]:
     """The workload the plan assumed: tokens are those one rank runs in one micro-batch of each phase."""
     slots, per_slot = load.kv_tokens()
-    layout, packed = layout_of(cfg, Role.ACTOR), cfg.model.remove_padding
+    layout = layout_of(cfg, Role.ACTOR)
     sizes = {
         "seq_len": load.seq_len,
         "rows_per_step": load.rows_per_step,
@@ -403,16 +411,26 @@ def _sizes(cfg: QuartetConfig, load: Workload, shapes: RoleShapes) -> dict[str, 
         "data_parallel_size": layout.dp,
         "sequence_parallel_size": layout.sp,
         "tensor_parallel_size": layout.tp,
-        "old_log_prob_tokens": load.no_grad(cfg.actor.logprobs, layout, packed).tokens,
-        "update_actor_tokens": load.update(cfg.actor, layout, packed).tokens,
+        "expert_parallel_size": layout.ep,
+        "old_log_prob_tokens": load.policy_tokens(Phase.OLD_LOG_PROB),
+        "update_actor_tokens": load.policy_tokens(Phase.UPDATE_ACTOR),
         "policy_params": shapes.policy.params(),
     }
     if plan_step(cfg).ref_logprobs is not RefLogprobs.NONE:
-        sizes["ref_tokens"] = load.no_grad(cfg.reference.logprobs, layout, packed).tokens
+        sizes["ref_tokens"] = load.policy_tokens(Phase.REF)
+    if shapes.policy.is_moe:  # the experts of each MoE layer one rank holds (`planning.experts`)
+        sizes["experts_per_rank"] = expert_shard(shapes.policy, layout.world, layout.ep)
+        sizes["routing_bytes_per_token"] = record_bytes_per_token(shapes.policy)
     if shapes.critic is not None:
         sizes["values_tokens"] = load.no_grad(cfg.critic.values).tokens
         sizes["update_critic_tokens"] = load.update(cfg.critic).tokens
     return sizes
+
+
+def _expert_notes(cfg: QuartetConfig, policy: ModelShape, load: Workload) -> tuple[str, ...]:
+    c = DTYPE_BYTES[resolve_precision(cfg.actor.mixed_precision)]
+    note = expert_note(cfg, policy, load.policy_tokens(Phase.UPDATE_ACTOR), c)
+    return (note,) if note else ()
 
 
 def _placed(cfg: QuartetConfig, device: str, rows: list[PlanRow]) -> tuple[PlanRow, ...]:
@@ -461,6 +479,7 @@ def estimate_memory(
         world_size=load.world,
         sequence_parallel=cfg.model.sequence_parallel_size,
         tensor_parallel=cfg.model.tensor_parallel_size,
-        notes=plan_notes(cfg, kind),
+        expert_parallel=cfg.model.expert_parallel_size,
+        notes=plan_notes(cfg, kind) + _expert_notes(cfg, shapes.policy, load),
         sizes=_sizes(cfg, load, shapes),
     )

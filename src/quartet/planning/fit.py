@@ -1,11 +1,7 @@
 """Does a run fit its device, and what is the cheapest change that makes it fit: `fit_config(cfg)`.
 
-Capacity is what the device has free now: on CPU the host's `MemAvailable` (device and host are one memory),
-on GPU `torch.cuda.mem_get_info` of the first visible device plus the host's `MemAvailable` for offloaded
-state. A given figure (`quartet plan --memory-gib`) or a named card's nominal memory (`planning.gpus`,
-`--gpu h100`) replaces the device's; neither subtracts a reserve, as the measured figure does not. A plan
-fits when its peaks stay under `HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects
-the planner does not count).
+Capacity is what the device has free now (`planning.capacity`). A plan fits when its peaks stay under
+`HEADROOM` of that (allocator fragmentation, the CUDA context, Python objects the planner does not count).
 
 When it does not fit, candidate changes are tried in order of expected slowdown, cheapest first (the
 figures are rough, from what each change costs per step: extra host<->device copies, more kernel launches,
@@ -13,7 +9,9 @@ recomputation):
 
     GPU only:  reference.param_offload        its weights cross PCIe once per step       ~2%
                actor/critic.optimizer_offload  AdamW states cross twice per update       ~5%
-    both:      rollout.max_num_seqs halved     fewer sequences in flight while sampling  ~5-10% of gen
+    both:      model.expert_parallel_size up   two all-to-alls per MoE layer instead of  ~0-10% of update
+                                               all-gathering every expert (an MoE model)
+               rollout.max_num_seqs halved     fewer sequences in flight while sampling  ~5-10% of gen
                log-prob micro-batches halved   more, smaller forward passes              ~5%
                update micro-batches halved     more, smaller forward/backward passes     ~5-10%
                model.sequence_parallel_size x2 two all-to-alls per attention layer       ~5-15% of update
@@ -31,7 +29,14 @@ heads; tp the attention and key/value heads and the vocabulary), and only for th
 sequence parallelism (with `model.remove_padding`, which it needs) when the rows are long, i.e. the
 activations and logits make up most of the policy's largest row (`activation_share`); tensor parallelism
 when the parameter-sized parts do (weights, gradients, AdamW states, their half-precision casts, the
-all-gathered layers). With a single device neither applies and the verdict asks for more devices.
+all-gathered layers). With a single device neither applies and the verdict asks for more devices. Neither
+is offered for a mixture-of-experts model, which the engines refuse them for (`config.parallel.moe_problems`).
+
+Expert parallelism (`_grow_ep`) is offered for a mixture-of-experts policy whose routed experts are at least
+half of its parameters: the next size that `config.parallel`'s rules accept (it divides the experts per layer
+and the world; no tensor parallelism nor LoRA with it). A rank then all-gathers E / ep experts of a layer
+instead of all E, at the cost of two all-to-alls per MoE layer (measured faster than plain FSDP2 on CPU,
+docs/moe_expert_parallel.md); its line says how much it frees.
 """
 
 from __future__ import annotations
@@ -39,15 +44,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from quartet.config.errors import ConfigError
 from quartet.config.loader import apply_overrides
+from quartet.config.parallel import expert_problems, layout_problems, moe_problems, pool_problems
 from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
+from quartet.planning.capacity import Capacity, NoCudaDeviceError, detect_capacity, host_available_bytes
 from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
-from quartet.planning.gpus import gpu_memory_bytes
+from quartet.planning.experts import expert_params
 from quartet.planning.model_shape import VISION_MODEL_TYPES
 from quartet.planning.parallel import POLICY_ROLES
 from quartet.planning.plan import MemoryPlan, PlanRow, format_bytes
@@ -78,66 +84,12 @@ STATE_PARTS = frozenset(
 )
 """Plan components that grow with the parameters (what tensor parallelism divides, beyond FSDP2)."""
 
+LITTLE_ROOM = 0.9
+"""A plan that fits leaves little room when its peak is above this share of what it may use (`HEADROOM` of
+the free memory): then an expert-parallel size that lowers it is shown as a hint."""
+
 DOMINANT_SHARE = 0.5
 """A kind of memory dominates a row when it is at least this share of it."""
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """Free memory a plan is checked against."""
-
-    device: str
-    """`cpu` or `gpu`."""
-    device_bytes: int
-    """Free device memory (on CPU: the host's available memory)."""
-    host_bytes: int
-    """Free host memory (on CPU: the same figure)."""
-    source: str
-    """Where the figures came from, in words."""
-
-
-class NoCudaDeviceError(ConfigError):
-    """A GPU plan on a machine where torch sees no CUDA device, with no memory figure given for it."""
-
-
-def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """`MemAvailable` of /proc/meminfo (Linux), else total physical memory from `os.sysconf`."""
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    import os
-
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def detect_capacity(device: str, memory_bytes: int | None = None, gpu: str | None = None) -> Capacity:
-    """Free memory of this machine for a `device` plan; `memory_bytes` overrides the device's figure (to
-    plan for a device other than this machine's, e.g. `quartet plan --memory-gib 24`), and `gpu` names a
-    card whose nominal memory to plan for instead (`planning.gpus`, e.g. `quartet plan --gpu h100`; a `gpu`
-    plan then). Host memory is this machine's either way. Raises `NoCudaDeviceError` for a GPU plan on a
-    machine without CUDA when neither is given."""
-    host = host_available_bytes()
-    if gpu is not None:
-        nominal = gpu_memory_bytes(gpu)
-        name = gpu.strip().lower()
-        source = f"named GPU {name}, nominal {nominal // 2**30} GiB; host MemAvailable of this machine"
-        return Capacity("gpu", nominal, host, source)
-    if memory_bytes is not None:
-        return Capacity(device, memory_bytes, memory_bytes if device == "cpu" else host, "given")
-    if device == "cpu":
-        return Capacity("cpu", host, host, "MemAvailable of /proc/meminfo")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise NoCudaDeviceError(
-            "device",
-            "the plan is for a GPU but torch sees no CUDA device on this machine",
-            "give the GPU's memory (quartet plan --gpu NAME or --memory-gib N), or plan with --device cpu",
-        )
-    free, _total = torch.cuda.mem_get_info(0)
-    name = torch.cuda.get_device_name(0)
-    return Capacity("gpu", int(free), host, f"torch.cuda.mem_get_info of {name}; host MemAvailable")
 
 
 @dataclass(frozen=True)
@@ -148,6 +100,8 @@ class Change:
     reason: str
     peak_after: int
     """The planned peak (device; combined on CPU) once this change and those before it are applied."""
+    freed: int | None = None
+    """What this change lowers the peak by, for the changes whose line says it (expert parallelism)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +114,9 @@ class FitReport:
     fitted: QuartetConfig | None = None
     """The config with every change applied (None when no change was needed or none helped)."""
     fitted_plan: MemoryPlan | None = None
+    hint: Change | None = None
+    """A change worth knowing about though the plan fits: expert parallelism when the plan leaves little
+    room (`LITTLE_ROOM`); not part of the proposal, not applied by `trainer.auto_fit`."""
 
     @property
     def fits(self) -> bool:
@@ -190,7 +147,9 @@ class FitReport:
         if self.changes:
             lines.append("proposal, cheapest first (set trainer.auto_fit=true to apply it):")
             lines += [
-                f"  {' '.join(c.overrides):<60} {c.reason}; peak {format_bytes(c.peak_after)}"
+                f"  {' '.join(c.overrides):<60} {c.reason}; "
+                + ("" if c.freed is None else f"frees {format_bytes(c.freed)}, ")
+                + f"peak {format_bytes(c.peak_after)}"
                 for c in self.changes
             ]
             verdict = (
@@ -199,6 +158,12 @@ class FitReport:
                 else "still does NOT fit: a smaller model, shorter sequences or more devices"
             )
             lines.append(f"with the proposal: {verdict}")
+        elif self.hint is not None:
+            h = self.hint
+            lines.append(
+                f"little room: {' '.join(h.overrides)} would free {format_bytes(h.freed or 0)} "
+                f"(peak {format_bytes(h.peak_after)}; {h.reason})"
+            )
         elif not self.fits:
             lines.append(
                 "no config change found that fits: use a smaller model, shorter data.max_*_length, a smaller "
@@ -284,6 +249,8 @@ def _grow_sp(device: str, shapes: RoleShapes) -> _Change:
         world = c.cluster.world_size
         if world % (new * tp) or shapes.policy.num_heads % new:
             return []
+        if shapes.policy.is_moe and moe_problems(new, tp):
+            return []
         plan = estimate_memory(c, device=device, shapes=shapes)
         if activation_share(plan) < DOMINANT_SHARE:
             return []
@@ -304,10 +271,38 @@ def _grow_tp(device: str, shapes: RoleShapes) -> _Change:
         p = shapes.policy
         if world % (new * sp) or p.num_heads % new or p.num_kv_heads % new or p.vocab_size % new:
             return []
+        if p.is_moe and moe_problems(sp, new):
+            return []
         plan = estimate_memory(c, device=device, shapes=shapes)
         if activation_share(plan, STATE_PARTS) < DOMINANT_SHARE:
             return []
         return [f"model.tensor_parallel_size={new}"]
+
+    return change
+
+
+EP_FREES = "model.expert_parallel_size"
+"""The key whose change's line says how much memory it frees (`Change.freed`)."""
+
+
+def _grow_ep(shapes: RoleShapes) -> _Change:
+    """Raise `model.expert_parallel_size` to the next size the config's rules accept (a divisor of the world
+    that divides the experts per layer, without tensor parallelism or LoRA: `config.parallel`), for a
+    mixture-of-experts policy whose routed experts are most of its parameters."""
+
+    def change(c: QuartetConfig) -> list[str]:
+        p = shapes.policy
+        m = c.model
+        world = c.cluster.world_size
+        if not p.is_moe or expert_params(p) < DOMINANT_SHARE * p.total_params:
+            return []
+        sp, tp = m.sequence_parallel_size, m.tensor_parallel_size
+        for ep in range(m.expert_parallel_size + 1, world + 1):
+            problems = layout_problems(sp, tp, m.lora.rank, ep=ep)
+            problems += pool_problems(sp, tp, world, "the pool", ep=ep) + expert_problems(p.num_experts, ep)
+            if not problems:
+                return [f"{EP_FREES}={ep}"]
+        return []
 
     return change
 
@@ -332,6 +327,7 @@ def _candidates(cfg: QuartetConfig, device: str, shapes: RoleShapes) -> Iterator
                 _switch("critic.optimizer_offload", lambda c: c.critic.optimizer_offload),
                 "critic AdamW states in host memory",
             )
+    yield _grow_ep(shapes), "expert parallelism: a rank all-gathers only its group's experts of a layer"
     yield _halve_seqs, "fewer sequences in flight (KV cache, activations)"
     yield _halve_micro("actor", "logprobs"), "smaller log-prob micro-batch"
     yield _halve_micro("reference", "logprobs"), "smaller reference micro-batch"
@@ -369,7 +365,7 @@ def fit_config(
     capacity = capacity or detect_capacity(kind)
     plan = estimate_memory(cfg, device=kind, shapes=shapes)
     if _fits(plan, capacity):
-        return FitReport(plan, capacity)
+        return FitReport(plan, capacity, hint=_room_hint(cfg, kind, capacity, shapes, plan))
     candidates = list(_candidates(cfg, kind, shapes))
     current = cfg
     current_plan = plan
@@ -390,10 +386,40 @@ def fit_config(
                 break
         else:
             break  # nothing left that helps
-    changes = _merge(changes)
+    changes = _with_freed(_merge(changes), plan.peak_device)
     if not changes:
         return FitReport(plan, capacity)
     return FitReport(plan, capacity, tuple(changes), current, current_plan)
+
+
+def _room_hint(
+    cfg: QuartetConfig, device: str, capacity: Capacity, shapes: RoleShapes, plan: MemoryPlan
+) -> Change | None:
+    """Expert parallelism as a hint for a plan that fits with little room (`LITTLE_ROOM`), when the config
+    rules accept it and it lowers the peak; None otherwise."""
+    if plan.peak_device <= LITTLE_ROOM * HEADROOM * capacity.device_bytes:
+        return None
+    overrides = _grow_ep(shapes)(cfg)
+    if not overrides:
+        return None
+    try:
+        trial = estimate_memory(validate(apply_overrides(cfg, overrides)), device=device, shapes=shapes)
+    except ConfigError:
+        return None
+    if trial.peak_device >= plan.peak_device:
+        return None
+    reason = "expert parallelism: a rank all-gathers only its group's experts of a layer"
+    return Change(tuple(overrides), reason, trial.peak_device, plan.peak_device - trial.peak_device)
+
+
+def _with_freed(changes: list[Change], peak: int) -> list[Change]:
+    """`changes` with `freed` set on those of `EP_FREES`: the peak before the change less the peak after."""
+    out = []
+    for c in changes:
+        freed = peak - c.peak_after if any(o.startswith(f"{EP_FREES}=") for o in c.overrides) else None
+        out.append(dataclasses.replace(c, freed=freed))
+        peak = c.peak_after
+    return out
 
 
 def _merge(changes: list[Change]) -> list[Change]:

@@ -16,6 +16,10 @@ Tensor parallelism splits attention by heads and the MLP by its intermediate col
 vocabulary: those activations and the logits are divided by tp (`activations`); the residual stream and
 the norms are not (no sequence-parallel TP). Of the weights, the layers' linear modules and the LM head are
 split (`tp_linear_params`); the embedding (unless tied to the head) and the norms are whole on every rank.
+
+Expert parallelism (`model.expert_parallel_size`, ep; `planning.experts`): the policy's engines slice each MoE
+layer's experts over ep ranks and FSDP2 shards the slice over the other world / ep; a rank's share of the
+states is the same as without ep, but it gathers only E / ep experts of a layer (`gathered_params`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 from quartet.config.roles import Role
 from quartet.config.root import QuartetConfig
+from quartet.planning.experts import expert_params, gathered_experts, sharded_elements
 from quartet.planning.model_shape import HeadKind, ModelShape
 
 __all__ = [
@@ -49,6 +54,8 @@ class Layout:
     world: int
     sp: int = 1
     tp: int = 1
+    ep: int = 1
+    """Expert parallelism: ranks that split each MoE layer's experts (the policy's engines only)."""
 
     @property
     def dp(self) -> int:
@@ -62,11 +69,12 @@ class Layout:
 
 
 def layout_of(cfg: QuartetConfig, role: Role) -> Layout:
-    """The layout of `role`'s training engine: the policy's roles take the model's sp and tp, the critic its
-    own sp (`critic.sequence_parallel_size`, no TP); the reward model runs data parallel only."""
+    """The layout of `role`'s training engine: the policy's roles take the model's sp, tp and ep, the critic
+    its own sp (`critic.sequence_parallel_size`, no TP nor EP); the reward model runs data parallel only."""
     world = cfg.cluster.world_size
     if role in POLICY_ROLES:
-        return Layout(world, cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size)
+        m = cfg.model
+        return Layout(world, m.sequence_parallel_size, m.tensor_parallel_size, m.expert_parallel_size)
     if role is Role.CRITIC:
         return Layout(world, cfg.critic.sequence_parallel_size)
     return Layout(world)
@@ -78,12 +86,18 @@ def fused_head_on(cfg: QuartetConfig, device: str) -> bool:
     return device == "gpu" if cfg.model.fused_head is None else cfg.model.fused_head
 
 
-def state_bytes(elements: int, bytes_per_element: int, layout: Layout) -> int:
+def state_bytes(
+    elements: int, bytes_per_element: int, layout: Layout, shape: ModelShape | None = None
+) -> int:
     """Per-rank bytes of a sharded state (weights, gradients, AdamW moments): tensor parallelism splits the
     layers and the head over tp ranks, FSDP2 shards every tensor (split or not) over the other ranks, so
     each rank holds 1 / (tp x fsdp) = 1 / world (the unsplit embedding is sharded over fsdp ranks only, a
-    difference the plan leaves out: it is small against the layers)."""
-    return bytes_per_element * elements // layout.world
+    difference the plan leaves out: it is small against the layers). With the `shape` of a mixture of
+    experts whose every expert the state includes, the experts are counted as the rank holds them
+    (`experts.sharded_elements`: whole experts per shard, padded; the same under ep)."""
+    if shape is None or not shape.is_moe:
+        return bytes_per_element * elements // layout.world
+    return bytes_per_element * sharded_elements(elements, shape, layout.world, layout.ep)
 
 
 def pooled_rows(rows_per_rank: int, layout: Layout) -> int:
@@ -130,11 +144,16 @@ def tp_linear_params(shape: ModelShape, head: HeadKind, tp: int) -> int:
 def gathered_params(shape: ModelShape, head: HeadKind, layout: Layout) -> int:
     """Parameters FSDP2 all-gathers on a computing rank: the root module (embedding, head, final norm) and
     two decoder layers (the running one and the prefetched next), each as this rank's tensor-parallel
-    shard; none when FSDP2 has a single rank to gather from."""
+    shard; none when FSDP2 has a single rank to gather from. Under expert parallelism a layer's experts are
+    its expert group's E / ep only (FSDP2 copies them into an unsharded buffer even when "edp" has one rank).
+    """
     if layout.fsdp <= 1:
         return 0
     tp = layout.tp
     layer = shape.layer_params - shape.layer_linear_params + shape.layer_linear_params // tp
+    if layout.ep > 1 and shape.is_moe:  # the experts of one layer: E / ep of them, not E
+        per_expert = expert_params(shape) // (shape.num_experts * shape.moe_layers)
+        layer -= (shape.num_experts - gathered_experts(shape, layout.ep)) * per_expert
     root = shape.params(head) - shape.layers_params
     if head is HeadKind.CAUSAL_LM and tp > 1:
         split = shape.vocab_size * shape.hidden_size  # the head (= the embedding when tied)

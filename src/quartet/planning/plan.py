@@ -71,6 +71,9 @@ class MemoryPlan:
     """`model.sequence_parallel_size` of the policy's engines (tokens split over this many ranks)."""
     tensor_parallel: int = 1
     """`model.tensor_parallel_size` of the policy's engines (layers and head split over this many ranks)."""
+    expert_parallel: int = 1
+    """`model.expert_parallel_size` of the policy's engines (each MoE layer's experts split over this many
+    ranks; composes with data parallelism, so it is not a factor of the world's dp x sp x tp)."""
     notes: tuple[str, ...] = ()
     """Assumptions the figures rest on, in words."""
     sizes: dict[str, int] = field(default_factory=dict)
@@ -127,11 +130,13 @@ class MemoryPlan:
 
     @property
     def layout_text(self) -> str:
-        """`world size 4 = dp 2 x sp 2 x tp 1`: how the policy's engines spread, per rank figures below."""
-        return (
+        """`world size 4 = dp 2 x sp 2 x tp 1`: how the policy's engines spread, per rank figures below
+        (`, experts over ep 2` with expert parallelism)."""
+        text = (
             f"world size {self.world_size} = dp {self.data_parallel} x sp {self.sequence_parallel} "
             f"x tp {self.tensor_parallel}"
         )
+        return text + (f", experts over ep {self.expert_parallel}" if self.expert_parallel > 1 else "")
 
     def render_table(self) -> str:
         """The plan as plain text: one line per (phase, role), a total per phase, the peaks."""
@@ -170,6 +175,7 @@ class MemoryPlan:
             "data_parallel_size": self.data_parallel,
             "sequence_parallel_size": self.sequence_parallel,
             "tensor_parallel_size": self.tensor_parallel,
+            "expert_parallel_size": self.expert_parallel,
             "peak_device_bytes": self.peak_device,
             "peak_host_bytes": self.peak_host,
             "peak_phase": str(self.peak_phase) if self.rows else None,

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching
+from quartet.config.roles import ActorConfig, CriticConfig, MicroBatching, Role
 from quartet.config.root import QuartetConfig
 from quartet.planning.activations import MicroBatch
-from quartet.planning.parallel import Layout, pooled_rows, rank_logit_positions, rank_tokens
+from quartet.planning.parallel import Layout, layout_of, pooled_rows, rank_logit_positions, rank_tokens
+from quartet.planning.plan import Phase
 
 __all__ = ["Workload"]
 
@@ -99,6 +100,16 @@ class Workload:
             layout,
             packed,
         )
+
+    def policy_tokens(self, phase: Phase) -> int:
+        """Tokens of one micro-batch of the policy's engines (actor, reference) on one rank in `phase`:
+        the update's, the reference pass's, else the old-log-prob pass's."""
+        cfg = self.cfg
+        layout, packed = layout_of(cfg, Role.ACTOR), cfg.model.remove_padding
+        if phase is Phase.UPDATE_ACTOR:
+            return self.update(cfg.actor, layout, packed).tokens
+        logprobs = cfg.reference.logprobs if phase is Phase.REF else cfg.actor.logprobs
+        return self.no_grad(logprobs, layout, packed).tokens
 
     def kv_tokens(self) -> tuple[int, int]:
         """(slots, tokens per slot) of the rollout engine's KV cache."""
