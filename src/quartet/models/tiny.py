@@ -1,7 +1,8 @@
 """Tiny models of real transformers architectures, with a tokenizer trained here, for tests and the demo.
 
 Nothing is downloaded: a byte-level BPE tokenizer trained here (`quartet.models.tiny_tokenizer`, with a
-ChatML chat template) is saved next to a randomly initialised Qwen2 or Llama causal LM (or a Qwen2-VL,
+ChatML chat template) is saved next to a randomly initialised Qwen2, Llama or mixture-of-experts causal LM
+(Qwen3-MoE, gpt-oss, DeepSeek-V3; or a Qwen2-VL,
 `quartet.models.tiny_vision`). Everything is then loaded back through the ordinary
 `AutoTokenizer.from_pretrained` / `AutoModelForCausalLM.from_pretrained` path, like a downloaded checkpoint.
 `resolve_model` picks the folder a run trains: `model.path`, or this tiny model when the path is empty.
@@ -15,9 +16,14 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -84,10 +90,68 @@ def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFa
             norm_topk_prob=True,  # the chosen experts' weights sum to 1, as Qwen3-30B-A3B's config says
         )
         model = Qwen3MoeForCausalLM(moe)  # type: ignore[no-untyped-call]  # as above
+    elif spec.arch is TinyArch.GPT_OSS:
+        model = GptOssForCausalLM(_gpt_oss_config(spec, common))
+    elif spec.arch is TinyArch.DEEPSEEK_V3:
+        model = _deepseek_v3(spec, common)
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))  # type: ignore[no-untyped-call]  # as above
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+GPT_OSS_WINDOW = 8
+"""The tiny gpt-oss's sliding window (tokens): short, so that the test rows reach past it."""
+
+
+def _gpt_oss_config(spec: TinyModelConfig, common: dict[str, Any]) -> GptOssConfig:
+    """gpt-oss's shape: `intermediate_size` is each expert's width there (it has no dense MLP)."""
+    return GptOssConfig(
+        **{**common, "intermediate_size": spec.moe_intermediate_size},
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        num_local_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        sliding_window=GPT_OSS_WINDOW,  # layers alternate: sliding (even), full (odd), as gpt-oss's
+        rope_parameters={  # YaRN as gpt-oss's (factor 32 over 4,096 there), over the tiny model's length
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": max(spec.max_position_embeddings // 4, 1),
+        },
+    )
+
+
+def _deepseek_v3(spec: TinyModelConfig, common: dict[str, Any]) -> PreTrainedModel:
+    """DeepSeek-V3's shape, small: MLA with a query low-rank projection, the first layer dense, one shared
+    expert, 2 expert groups of which each token's top-k come from 1. The score correction bias (a buffer
+    that DeepSeek adjusts outside the gradient to balance the load) is drawn at random, so the routers'
+    choice differs from the top-k of their own scores as in a trained model."""
+    head_dim = spec.hidden_size // spec.num_attention_heads
+    config = DeepseekV3Config(
+        **{**common, "num_key_value_heads": spec.num_attention_heads},  # MLA: one latent, every head
+        moe_intermediate_size=spec.moe_intermediate_size,
+        n_routed_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=2 * head_dim,
+        q_lora_rank=2 * head_dim,
+        qk_rope_head_dim=head_dim // 2,  # queries and keys 1.5 x the values' width, as V3's 192 and 128
+        qk_nope_head_dim=head_dim,
+        v_head_dim=head_dim,
+        norm_topk_prob=True,
+    )
+    model = DeepseekV3ForCausalLM(config)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.05)
     return model
 
 
