@@ -196,3 +196,28 @@ def test_a_load_balancing_coefficient_is_refused_where_the_model_defines_no_such
         TrainingEngine(spec)
     default = TrainingEngine(EngineSpec(str(moe_shape_dir), optim=OPTIM, mixed_precision=Dtype.FLOAT32))
     assert default._router is not None and default._router.aux_coef == 0.0  # null: none
+
+
+def test_what_does_not_run_is_refused_when_the_folder_loads(moe_shape_dir: Path) -> None:
+    """A model folder (not the tiny config) is refused where it loads: the built-in rollout engine names the
+    attention it does not compute; LoRA and expert parallelism name their key; routing record and replay
+    name the router they do not reproduce."""
+    from quartet.config import ConfigError
+    from quartet.engines.model_check import check_model_layout
+    from quartet.models.moe import UnsupportedRouterError, moe_routers
+    from quartet.rollout import UnsupportedModelError
+    from quartet.rollout.torch.model_runner import DecoderRunner
+
+    model = load_causal_lm(moe_shape_dir)
+    piece = "attention sinks" if _model_type(moe_shape_dir) == "gpt_oss" else "MLA attention"
+    with pytest.raises(UnsupportedModelError, match=f"{piece}.*rollout.engine=vllm"):
+        DecoderRunner(model)
+    with pytest.raises(ConfigError, match=r"(?s)model\.lora\.rank.*model\.lora\.rank: 0"):
+        check_model_layout(model.config, lora_rank=4)
+    with pytest.raises(ConfigError, match=r"model\.expert_parallel_size"):
+        check_model_layout(model.config, ep=2)
+    with pytest.raises(ConfigError, match=r"(?s)model\.tensor_parallel_size.*mixture-of-experts"):
+        check_model_layout(model.config, tp=2)
+    check_model_layout(model.config)  # the plain layout runs
+    with pytest.raises(UnsupportedRouterError, match="Qwen3-MoE style"):
+        moe_routers(model)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.errors import ConfigError, require
+from quartet.config.moe_shapes import shape_problems
 from quartet.config.parallel import (
     expert_problems,
     head_problems,
@@ -58,11 +59,6 @@ class TinyArch(StrEnum):
     def is_moe(self) -> bool:
         """True for the mixture-of-experts architectures (their MLPs route each token to a few experts)."""
         return self in (TinyArch.QWEN3_MOE, TinyArch.GPT_OSS, TinyArch.DEEPSEEK_V3)
-
-    @property
-    def built_in_rollout_gap(self) -> str:
-        """What of this architecture the built-in rollout engine does not compute ('' when it decodes it)."""
-        return {TinyArch.GPT_OSS: "attention sinks", TinyArch.DEEPSEEK_V3: "MLA attention"}.get(self, "")
 
 
 @dataclass(frozen=True)
@@ -283,7 +279,8 @@ class ModelConfig:
         experts = expert_problems(
             tiny.num_experts if tiny.arch.is_moe else 0, self.expert_parallel_size, "the tiny model's"
         )
-        return [vision, *heads, *experts] if vision else [*heads, *experts]
+        shape = shape_problems(tiny.arch.value, self.expert_parallel_size, self.lora.rank)
+        return [vision, *heads, *experts, *shape] if vision else [*heads, *experts, *shape]
 
     @property
     def is_tiny(self) -> bool:
