@@ -56,13 +56,14 @@ __all__ = [
     "resolve_model",
     "save_tiny_model",
     "save_value_model",
+    "tiny_shape_config",
 ]
 
 
-def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
-    """A randomly initialised causal LM of `spec`'s architecture and shape, sized to the tokenizer."""
-    common = dict(
-        vocab_size=len(tokenizer),
+def _common(spec: TinyModelConfig, vocab: int, eos: int | None, pad: int | None) -> dict[str, Any]:
+    """The config fields every architecture of the kit shares."""
+    return dict(
+        vocab_size=vocab,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -70,12 +71,28 @@ def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFa
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos,
+        pad_token_id=pad,
         bos_token_id=None,
         rms_norm_eps=1e-6,
         initializer_range=0.02,
     )
+
+
+def tiny_shape_config(spec: TinyModelConfig) -> Any:
+    """The transformers config of a tiny gpt-oss or DeepSeek-V3 of `spec` at `vocab_size` (what the planner
+    sizes before the tokenizer exists: the trained vocabulary is at most that)."""
+    common = _common(spec, spec.vocab_size, None, None)
+    if spec.arch is TinyArch.GPT_OSS:
+        return _gpt_oss_config(spec, common)
+    if spec.arch is TinyArch.DEEPSEEK_V3:
+        return _deepseek_v3_config(spec, common)
+    raise ValueError(f"tiny_shape_config builds gpt_oss and deepseek_v3 configs, not {spec.arch}")
+
+
+def build_tiny_causal_lm(spec: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A randomly initialised causal LM of `spec`'s architecture and shape, sized to the tokenizer."""
+    common = _common(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(spec.seed)
     model: PreTrainedModel
     if spec.arch is TinyArch.QWEN2:
@@ -130,8 +147,18 @@ def _deepseek_v3(spec: TinyModelConfig, common: dict[str, Any]) -> PreTrainedMod
     expert, 2 expert groups of which each token's top-k come from 1. The score correction bias (a buffer
     that DeepSeek adjusts outside the gradient to balance the load) is drawn at random, so the routers'
     choice differs from the top-k of their own scores as in a trained model."""
+    model = DeepseekV3ForCausalLM(_deepseek_v3_config(spec, common))
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.05)
+    return model
+
+
+def _deepseek_v3_config(spec: TinyModelConfig, common: dict[str, Any]) -> DeepseekV3Config:
+    """The tiny DeepSeek-V3's config (`_deepseek_v3`)."""
     head_dim = spec.hidden_size // spec.num_attention_heads
-    config = DeepseekV3Config(
+    return DeepseekV3Config(
         **{**common, "num_key_value_heads": spec.num_attention_heads},  # MLA: one latent, every head
         moe_intermediate_size=spec.moe_intermediate_size,
         n_routed_experts=spec.num_experts,
@@ -147,12 +174,6 @@ def _deepseek_v3(spec: TinyModelConfig, common: dict[str, Any]) -> PreTrainedMod
         v_head_dim=head_dim,
         norm_topk_prob=True,
     )
-    model = DeepseekV3ForCausalLM(config)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0.0, 0.05)
-    return model
 
 
 def save_tiny_model(folder: str | Path, spec: TinyModelConfig | None = None) -> Path:
