@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tiny_shapes import TINY_SHAPES, tiny_shape_spec
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -34,25 +36,12 @@ def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(spec, tmp_path_factory.mktemp("moe"))
 
 
-TINY_SHAPES = {
-    "gpt_oss": dict(hidden_size=64, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2),
-    "deepseek_v3": dict(
-        hidden_size=64, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32
-    ),
-}
-"""The tiny gpt-oss (a sliding-window and a full layer, 4 biased experts, 2 per token) and DeepSeek-V3 (a
-dense layer then 2 sparse ones of 8 experts in 2 groups and a shared expert, MLA) of the MoE shape tests."""
-
-
 @pytest.fixture(scope="session", params=sorted(TINY_SHAPES))
 def moe_shape_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny gpt-oss, then the tiny DeepSeek-V3 (`TINY_SHAPES`), each saved once per session."""
-    from quartet.config import TinyModelConfig
-    from quartet.config.model import TinyArch
+    """The tiny gpt-oss, then the tiny DeepSeek-V3 (tests/tiny_shapes.py), each saved once per session."""
     from quartet.models.tiny import ensure_tiny_model
 
-    spec = TinyModelConfig(arch=TinyArch(request.param), **TINY_SHAPES[request.param])  # type: ignore[arg-type]
-    return ensure_tiny_model(spec, tmp_path_factory.mktemp("moe_shapes"))
+    return ensure_tiny_model(tiny_shape_spec(request.param), tmp_path_factory.mktemp("moe_shapes"))
 
 
 @pytest.fixture(scope="session")

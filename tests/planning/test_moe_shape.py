@@ -121,12 +121,12 @@ def test_quartet_plan_prints_total_and_active(capsys: pytest.CaptureFixture[str]
 
 
 def test_the_tiny_gpt_oss_and_deepseek_shapes_equal_their_saved_folders(moe_shape_dir: Path) -> None:
-    """`moe_shape_dir`'s spec (tests/conftest.py: TINY_SHAPES) counted before the model exists, against the
+    """`moe_shape_dir`'s spec (tests/tiny_shapes.py) counted before the model exists, against the
     saved model (the tiny shape counts at model.tiny.vocab_size, an upper bound of the trained vocabulary)."""
-    from conftest import TINY_SHAPES
+    from tiny_shapes import tiny_shape_spec
 
     arch = json.loads((moe_shape_dir / "config.json").read_text())["model_type"]
-    spec = TinyModelConfig(arch=TinyArch(arch), **TINY_SHAPES[arch])  # type: ignore[arg-type]
+    spec = tiny_shape_spec(arch)
     model = AutoModelForCausalLM.from_pretrained(moe_shape_dir)
     total = sum(p.numel() for p in model.parameters())
     assert shape_from_path(moe_shape_dir).total_params == total
