@@ -13,7 +13,10 @@ each row's own span (`cu_seqlens`), so no token sees another row and no mask of 
 - gpt-oss's attention has a learned sink logit per head (`s_aux`: a column of the softmax that takes
   probability and gives no value) and sliding-window layers (`sliding_window`: a token sees the last w
   tokens of its row): each span is computed as transformers' eager gpt-oss attention computes it, with
-  those two, since neither sdpa nor flash-attn's varlen call takes a sink.
+  those two, since neither sdpa nor flash-attn's varlen call takes a sink. A window that no row of the
+  micro-batch reaches past is dropped (full causal attention is the same), so a Mistral-style model with a
+  long window keeps the sdpa and flash-attn paths; a row longer than it gets the window, which the packed
+  path ignored before.
 
 Only the logits that predict response tokens are computed (`logits_to_keep` as an index tensor), and the
 log-probs and entropy are scattered back into the [b, R'] layout the losses read. So the packed path's
@@ -105,13 +108,15 @@ def varlen_attention(
         )
     if dropout:
         raise ValueError("packed attention runs without attention dropout (training passes use none)")
-    plain = s_aux is None and sliding_window is None
+    lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
+    # a window no row reaches past is full causal attention (Mistral's 4k window, most rows)
+    window = sliding_window if sliding_window is not None and max(lengths) > sliding_window else None
+    plain = s_aux is None and window is None
     if plain and query.is_cuda and query.shape[-1] == value.shape[-1] and _flash_varlen() is not None:
         return _flash(query, key, value, scaling, quartet_bounds), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # GQA: key/value heads repeated, as transformers' own sdpa path does
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
     # split, not slicing: the backward of a split is one concatenation, that of b slices b full-size buffers
     spans = zip(
         torch.split(query, lengths, dim=2),
@@ -127,7 +132,7 @@ def varlen_attention(
         ]
     else:
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        outs = [_sink_window_span(q, k, v, scale, sliding_window, s_aux) for q, k, v in spans if q.shape[2]]
+        outs = [_sink_window_span(q, k, v, scale, window, s_aux) for q, k, v in spans if q.shape[2]]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
