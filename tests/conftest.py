@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tiny_shapes import TINY_SHAPES, tiny_shape_spec
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -32,6 +34,14 @@ def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     spec = TinyModelConfig(**{**TINY_MOE, "arch": TinyArch.QWEN3_MOE})  # type: ignore[arg-type]
     return ensure_tiny_model(spec, tmp_path_factory.mktemp("moe"))
+
+
+@pytest.fixture(scope="session", params=sorted(TINY_SHAPES))
+def moe_shape_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny gpt-oss, then the tiny DeepSeek-V3 (tests/tiny_shapes.py), each saved once per session."""
+    from quartet.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(tiny_shape_spec(request.param), tmp_path_factory.mktemp("moe_shapes"))
 
 
 @pytest.fixture(scope="session")

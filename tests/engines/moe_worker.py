@@ -27,21 +27,22 @@ def full_batch() -> Batch:
     return make_batch(PROMPTS, RESPONSES)
 
 
-def make_engine(model_dir: str) -> TrainingEngine:
+def make_engine(model_dir: str, aux: float = 0.5) -> TrainingEngine:
+    """The engine of the test; `aux`: the load-balancing coefficient (0 for a model without that loss)."""
     spec = EngineSpec(
-        model_dir, ModelKind.CAUSAL_LM, Dtype.FLOAT32, optim=OPTIM, moe_aux_loss_coef=0.5, moe_z_loss_coef=0.1
+        model_dir, ModelKind.CAUSAL_LM, Dtype.FLOAT32, optim=OPTIM, moe_aux_loss_coef=aux, moe_z_loss_coef=0.1
     )
     return TrainingEngine(spec)
 
 
-def run_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+def run_rank(rank: int, world: int, port: int, model_dir: str, out: str, aux: float = 0.5) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0"
     )
     torch.set_num_threads(1)
     batch = full_batch()
     mine = batch.slice(0, SPLIT) if rank == 0 else batch.slice(SPLIT, len(batch))
-    engine = make_engine(model_dir)
+    engine = make_engine(model_dir, aux)
     assert engine.ctx.world == world and engine.ctx.sharded
     metrics = engine.train_step(mine, pg_loss, MICRO)
     engine.export_hf(Path(out) / "hf")

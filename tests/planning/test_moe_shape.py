@@ -12,6 +12,8 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
+    DeepseekV3Config,
+    GptOssConfig,
     MixtralConfig,
     PretrainedConfig,
     Qwen2MoeConfig,
@@ -39,6 +41,22 @@ CONFIGS = {
     ),
     "mixtral": lambda: MixtralConfig(
         **COMMON, num_local_experts=4, num_experts_per_tok=2, intermediate_size=24
+    ),
+    "gpt_oss": lambda: GptOssConfig(  # biased attention, sinks, biased router and experts
+        **COMMON, head_dim=16, num_local_experts=6, num_experts_per_tok=2, intermediate_size=20,
+        tie_word_embeddings=False,
+    ),
+    "deepseek_v3": lambda: DeepseekV3Config(  # MLA with a query low rank; 1 dense layer; 2 shared experts
+        **{**COMMON, "num_key_value_heads": 4}, intermediate_size=72, moe_intermediate_size=20,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
+        n_shared_experts=2,
+    ),
+    "deepseek_v3_q_proj": lambda: DeepseekV3Config(  # q_proj (no query low rank), biases, 2 dense layers
+        **{**COMMON, "num_key_value_heads": 4}, intermediate_size=72, moe_intermediate_size=20,
+        n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1, first_k_dense_replace=2,
+        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
+        attention_bias=True, tie_word_embeddings=True,
     ),
 }  # fmt: skip
 
@@ -100,3 +118,30 @@ def test_quartet_plan_prints_total_and_active(capsys: pytest.CaptureFixture[str]
     main(["plan", *overrides])
     first = capsys.readouterr().out.splitlines()[0]
     assert f"{shape.total_params:,} parameters, {shape.active_params:,} active per token: 2 of 8" in first
+
+
+def test_the_tiny_gpt_oss_and_deepseek_shapes_equal_their_saved_folders(moe_shape_dir: Path) -> None:
+    """`moe_shape_dir`'s spec (tests/tiny_shapes.py) counted before the model exists, against the
+    saved model (the tiny shape counts at model.tiny.vocab_size, an upper bound of the trained vocabulary)."""
+    from tiny_shapes import tiny_shape_spec
+
+    arch = json.loads((moe_shape_dir / "config.json").read_text())["model_type"]
+    spec = tiny_shape_spec(arch)
+    model = AutoModelForCausalLM.from_pretrained(moe_shape_dir)
+    total = sum(p.numel() for p in model.parameters())
+    assert shape_from_path(moe_shape_dir).total_params == total
+    tiny = shape_from_tiny(spec)
+    assert tiny.total_params - total == (tiny.vocab_size - model.config.vocab_size) * spec.hidden_size
+    assert tiny.active_params == tiny.total_params - _idle_expert_params(model, model.config)
+
+
+def test_the_kv_cache_estimate_is_what_transformers_caches(moe_shape_dir: Path) -> None:
+    """Bytes per token of the cache a forward with `use_cache` fills: gpt-oss's keys and values (its
+    sliding layers hold at most the window: the prompt here fits in it), DeepSeek-V3's latent and rotary
+    key (MLA caches those, not the expanded keys and values)."""
+    model = AutoModelForCausalLM.from_pretrained(moe_shape_dir)
+    tokens = 6
+    with torch.no_grad():
+        cache = model(torch.arange(10, 10 + tokens)[None], use_cache=True).past_key_values
+    cached = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers) * 4
+    assert shape_from_path(moe_shape_dir).kv_bytes_per_token(4) == cached // tokens

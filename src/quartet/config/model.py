@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.errors import ConfigError, require
+from quartet.config.moe_shapes import shape_problems
 from quartet.config.parallel import (
     expert_problems,
     head_problems,
@@ -40,6 +41,14 @@ class TinyArch(StrEnum):
     QWEN3_MOE = "qwen3_moe"
     """Qwen3-MoE: Qwen3's attention (q/k norms) with a sparse mixture-of-experts MLP in every layer
     (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`; docs/moe.md)."""
+    GPT_OSS = "gpt_oss"
+    """gpt-oss: attention with sinks, sliding-window layers alternating with full ones (window 8 tokens in
+    the tiny model), biased experts with a clamped SwiGLU and a biased softmax router; every layer sparse.
+    Not decoded by the built-in rollout engine (docs/moe.md)."""
+    DEEPSEEK_V3 = "deepseek_v3"
+    """DeepSeek-V3: multi-head latent attention (MLA), the first layer dense, then sparse layers with one
+    shared expert and a sigmoid router with grouped top-k (2 groups, tokens routed within 1) and a score
+    correction bias. Not decoded by the built-in rollout engine (docs/moe.md)."""
 
     @property
     def is_vision(self) -> bool:
@@ -49,7 +58,7 @@ class TinyArch(StrEnum):
     @property
     def is_moe(self) -> bool:
         """True for the mixture-of-experts architectures (their MLPs route each token to a few experts)."""
-        return self is TinyArch.QWEN3_MOE
+        return self in (TinyArch.QWEN3_MOE, TinyArch.GPT_OSS, TinyArch.DEEPSEEK_V3)
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,8 @@ class TinyModelConfig:
     """Share input embedding and output head (common in small models, and a case weight sync must handle)."""
 
     num_experts: int = 8
-    """Experts per MoE layer (mixture-of-experts architectures only, `arch: qwen3_moe`)."""
+    """Experts per MoE layer (mixture-of-experts architectures only: `qwen3_moe`, `gpt_oss`, `deepseek_v3`;
+    `deepseek_v3` splits them in 2 groups)."""
 
     num_experts_per_tok: int = 2
     """Experts each token is routed to (top-k; MoE only)."""
@@ -126,6 +136,17 @@ class TinyModelConfig:
                 "route each token to at least one and at most all experts",
             )
             require(self.moe_intermediate_size > 0, "moe_intermediate_size", "must be > 0")
+        if self.arch is TinyArch.DEEPSEEK_V3:  # 2 groups of experts, each token's k within 1 of them
+            require(
+                self.num_experts % 2 == 0
+                and self.num_experts >= 4  # a group's score is the sum of its 2 best experts'
+                and self.num_experts_per_tok <= self.num_experts // 2,
+                "num_experts",
+                "a deepseek_v3 tiny model routes within 1 of 2 expert groups: num_experts="
+                f"{self.num_experts} must be even and >= 4, and num_experts_per_tok="
+                f"{self.num_experts_per_tok} at most half of it",
+                "e.g. num_experts: 8, num_experts_per_tok: 2",
+            )
 
 
 @dataclass(frozen=True)
@@ -258,7 +279,8 @@ class ModelConfig:
         experts = expert_problems(
             tiny.num_experts if tiny.arch.is_moe else 0, self.expert_parallel_size, "the tiny model's"
         )
-        return [vision, *heads, *experts] if vision else [*heads, *experts]
+        shape = shape_problems(tiny.arch.value, self.expert_parallel_size, self.lora.rank)
+        return [vision, *heads, *experts, *shape] if vision else [*heads, *experts, *shape]
 
     @property
     def is_tiny(self) -> bool:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from quartet.config.errors import ConfigError
+from quartet.config.moe_shapes import SHAPE_MODEL_TYPES
 from quartet.config.roles import RoutingReplay
 from quartet.config.rollout import RolloutEngineKind
 from quartet.config.root import QuartetConfig
@@ -34,6 +35,14 @@ def _is_moe_folder(path: str) -> bool | None:
     return any(int(text.get(key) or 0) > 0 for key in _EXPERT_KEYS)
 
 
+def _model_type(path: str) -> str:
+    """The folder's config.json `model_type` ('' when it cannot be read here)."""
+    try:
+        return str(json.loads((Path(path) / "config.json").read_text()).get("model_type", ""))
+    except (OSError, ValueError):
+        return ""
+
+
 def routing_problems(cfg: QuartetConfig) -> list[ConfigError]:
     """What keeps this run from recording (and replaying) MoE routing; empty when it does neither."""
     replay = cfg.actor.routing_replay is RoutingReplay.ROLLOUT
@@ -44,9 +53,19 @@ def routing_problems(cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
     model = cfg.model
     moe = model.tiny.arch.is_moe if model.is_tiny else _is_moe_folder(model.path)
+    what = f"model.tiny.arch={model.tiny.arch}" if model.is_tiny else f"the model in {model.path}"
     if moe is False:
-        what = f"model.tiny.arch={model.tiny.arch}" if model.is_tiny else f"the model in {model.path}"
         out.append(ConfigError(key, f"{what} is not a mixture-of-experts model: it has no routing", fix_off))
+    kind = model.tiny.arch.value if model.is_tiny else _model_type(model.path)
+    if kind in SHAPE_MODEL_TYPES:
+        out.append(
+            ConfigError(
+                key,
+                f"{what} is a {kind} model: routing record and replay support softmax top-k routers of the "
+                "Qwen3-MoE kind (a `gate` returning its top-k), not its router",
+                fix_off,
+            )
+        )
     if cfg.rollout.engine is not RolloutEngineKind.TORCH:
         out.append(
             ConfigError(

@@ -19,6 +19,7 @@ from quartet.config.parallel import divisors, head_problems, moe_problems, pool_
 from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
 from quartet.config.routing_rules import routing_problems
+from quartet.config.shape_rules import shape_rules
 from quartet.core.registry import policy_loss_names
 
 __all__ = ["sft_rules", "validate"]
@@ -38,6 +39,7 @@ def validate(cfg: QuartetConfig) -> QuartetConfig:
         problems += _critic_parallel_rules(cfg)
     problems += gpu_share_problems(cfg.cluster)
     problems += routing_problems(cfg)
+    problems += shape_rules(cfg)
     problems += cfg.reward.judge.problems("reward.judge")
     raise_problems(problems)
     return cfg

@@ -9,9 +9,16 @@ every token it routes, and that is what transformers' own training loss uses (`a
                           transformers' `load_balancing_loss_func` (f_e: share of top-k assignments that
                           went to expert e, summing to k; P_e: mean router probability of expert e)
     router_z_loss         ST-MoE's mean over tokens of logsumexp(logits)^2, averaged over layers
-    router_metrics        mean per-token entropy of the router softmax, and per layer the busiest expert's
-                          assignments over the mean expert's (1 = perfectly balanced), its max and mean
-                          over layers
+    router_metrics        mean per-token entropy of the router's distribution over experts, and per layer
+                          the busiest expert's assignments over the mean expert's (1 = perfectly
+                          balanced), its max and mean over layers
+
+Two kinds of router: a softmax router (Qwen-MoE, Mixtral, gpt-oss) picks the top-k of softmax(logits), and
+its distribution is that softmax. A sigmoid router (DeepSeek-V3) scores each expert sigmoid(logit) on its
+own and picks the top-k of those scores plus a correction bias within the best groups of experts: its
+distribution here is the scores normalised to sum to 1 (`sigmoid=True`). The load metrics count the experts
+the router chose (`chosen`, its top-k indices) where the caller has them: for a sigmoid router the top-k of
+its logits is not its choice.
 
 The loss and z-loss keep the graph (they are added to a training loss); the metrics are detached floats.
 """
@@ -22,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["load_balancing_loss", "router_metrics", "router_z_loss"]
+__all__ = ["load_balancing_loss", "router_log_probs", "router_metrics", "router_z_loss"]
 
 
 def _weights(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -66,22 +73,38 @@ def router_z_loss(layers: Sequence[torch.Tensor], mask: torch.Tensor | None = No
     return total / len(layers)
 
 
+def router_log_probs(logits: torch.Tensor, sigmoid: bool = False) -> torch.Tensor:
+    """[N, E] float32 log of the router's distribution over experts: log softmax(logits), or for a sigmoid
+    router the log of its scores sigmoid(logits) normalised to sum to 1."""
+    if not sigmoid:
+        return torch.log_softmax(logits.float(), dim=-1)
+    log_scores = torch.nn.functional.logsigmoid(logits.float())
+    return log_scores - torch.logsumexp(log_scores, dim=-1, keepdim=True)
+
+
 def router_metrics(
-    layers: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
+    layers: Sequence[torch.Tensor],
+    top_k: int,
+    mask: torch.Tensor | None = None,
+    chosen: Sequence[torch.Tensor] | None = None,
+    sigmoid: bool = False,
 ) -> dict[str, float]:
-    """`router_entropy` (mean over layers and counted tokens of the entropy of softmax(logits)),
-    `load_imbalance_max` and `load_imbalance_mean` (per layer: the most top-k assignments any expert got
-    over the mean per expert; then the max and the mean over layers)."""
+    """`router_entropy` (mean over layers and counted tokens of the entropy of the router's distribution,
+    `router_log_probs`), `load_imbalance_max` and `load_imbalance_mean` (per layer: the most top-k
+    assignments any expert got over the mean per expert; then the max and the mean over layers).
+
+    `chosen`: each layer's [N, k] expert indices as the router picked them; None: the top-k of the logits
+    (a softmax router's choice)."""
     entropies, imbalance = [], []
     with torch.no_grad():
-        for logits in layers:
+        for i, logits in enumerate(layers):
             w = _weights(logits, mask)
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            logp = router_log_probs(logits, sigmoid)
             entropy = -(logp.exp() * logp).sum(dim=-1)
             entropies.append(float((entropy * w).sum() / w.sum().clamp_min(1.0)))
-            chosen = torch.topk(logp, top_k, dim=-1).indices
+            picked = torch.topk(logp, top_k, dim=-1).indices if chosen is None else chosen[i]
             counts = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
-            counts.scatter_add_(0, chosen.reshape(-1), w.repeat_interleave(top_k))
+            counts.scatter_add_(0, picked.reshape(-1).long(), w.repeat_interleave(picked.shape[-1]))
             mean = counts.mean()
             imbalance.append(float(counts.max() / mean) if float(mean) > 0 else 1.0)
     return {

@@ -40,7 +40,9 @@ def build_module(spec: EngineSpec, ctx: DistContext) -> nn.Module:
     sp = spec.sequence_parallel_size
     tp = spec.tensor_parallel_size
     ep = spec.expert_parallel_size
-    check_model_layout(model.config, sp, tp, ep, vision=is_vision_module(model), section=section)
+    lora = spec.lora.rank if spec.uses_lora and spec.lora is not None else 0
+    vision = is_vision_module(model)
+    check_model_layout(model.config, sp, tp, ep, vision=vision, section=section, lora_rank=lora)
     module.to(ctx.device)
     if sp > 1:
         use_ulysses_attention(model)

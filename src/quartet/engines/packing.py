@@ -8,7 +8,15 @@ each row's own span (`cu_seqlens`), so no token sees another row and no mask of 
 
 - On CUDA with flash-attn installed the spans go to `flash_attn_varlen_func` in one call.
 - Elsewhere each span is one causal `scaled_dot_product_attention` call (GQA's key/value heads repeated).
-  That is exact, and it costs one small call per row and layer.
+  That is exact, and it costs one small call per row and layer. So are values narrower than the queries
+  and keys (DeepSeek-V3's MLA: 192-wide queries and keys, 128-wide values), which flash-attn does not take.
+- gpt-oss's attention has a learned sink logit per head (`s_aux`: a column of the softmax that takes
+  probability and gives no value) and sliding-window layers (`sliding_window`: a token sees the last w
+  tokens of its row): each span is computed as transformers' eager gpt-oss attention computes it, with
+  those two, since neither sdpa nor flash-attn's varlen call takes a sink. A window that no row of the
+  micro-batch reaches past is dropped (full causal attention is the same), so a Mistral-style model with a
+  long window keeps the sdpa and flash-attn paths; a row longer than it gets the window, which the packed
+  path ignored before.
 
 Only the logits that predict response tokens are computed (`logits_to_keep` as an index tensor), and the
 log-probs and entropy are scattered back into the [b, R'] layout the losses read. So the packed path's
@@ -85,11 +93,14 @@ def varlen_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     quartet_bounds: tuple[int, ...] | None = None,
+    sliding_window: int | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: causal attention within each span of `quartet_bounds`.
+    """transformers attention function: causal attention within each span of `quartet_bounds`, optionally
+    within a `sliding_window` and with sink logits `s_aux` [Hq] (gpt-oss).
 
-    query [1, Hq, N, D], key/value [1, Hkv, N, D] -> ([1, N, Hq, D], None).
+    query [1, Hq, N, D], key [1, Hkv, N, D], value [1, Hkv, N, Dv] -> ([1, N, Hq, Dv], None).
     """
     if quartet_bounds is None:
         raise ValueError(
@@ -97,12 +108,15 @@ def varlen_attention(
         )
     if dropout:
         raise ValueError("packed attention runs without attention dropout (training passes use none)")
-    if query.is_cuda and _flash_varlen() is not None:
+    lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
+    # a window no row reaches past is full causal attention (Mistral's 4k window, most rows)
+    window = sliding_window if sliding_window is not None and max(lengths) > sliding_window else None
+    plain = s_aux is None and window is None
+    if plain and query.is_cuda and query.shape[-1] == value.shape[-1] and _flash_varlen() is not None:
         return _flash(query, key, value, scaling, quartet_bounds), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # GQA: key/value heads repeated, as transformers' own sdpa path does
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
     # split, not slicing: the backward of a split is one concatenation, that of b slices b full-size buffers
     spans = zip(
         torch.split(query, lengths, dim=2),
@@ -110,12 +124,44 @@ def varlen_attention(
         torch.split(value, lengths, dim=2),
         strict=True,
     )
-    outs = [
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
-        for q, k, v in spans
-        if q.shape[2]
-    ]
+    if plain:
+        outs = [
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+            for q, k, v in spans
+            if q.shape[2]
+        ]
+    else:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        outs = [_sink_window_span(q, k, v, scale, window, s_aux) for q, k, v in spans if q.shape[2]]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _sink_window_span(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """One row's causal attention [1, H, n, Dv] as transformers' eager gpt-oss attention computes it: keys
+    within the last `window` positions (kv > q - window), a sink logit per head joined to each softmax and
+    dropped after it."""
+    n = q.shape[2]
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    pos = torch.arange(n, device=q.device)
+    allowed = pos[None, :] <= pos[:, None]
+    if window is not None:
+        allowed = allowed & (pos[None, :] > pos[:, None] - window)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, n, 1).to(scores.dtype)
+        scores = torch.cat([scores, sink], dim=-1)
+    scores = scores - scores.max(dim=-1, keepdim=True).values
+    probs = F.softmax(scores, dim=-1, dtype=scores.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 def _flash_varlen() -> Any:

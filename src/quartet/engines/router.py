@@ -19,7 +19,15 @@ checkpointing (non-reentrant) the recomputation in backward is not recorded twic
 carry the graph back to the routers.
 
 Metrics (per micro-batch, then averaged like the loss's): `moe/aux_loss` and `moe/z_loss` (the terms
-before their coefficients), `moe/router_entropy`, `moe/load_imbalance_max`, `moe/load_imbalance_mean`.
+before their coefficients), `moe/router_entropy`, `moe/load_imbalance_max`, `moe/load_imbalance_mean`. The
+load metrics count the experts each router returned (its top-k indices, the third output of transformers'
+routers), so a router that does not pick the top-k of its logits is measured by what it picked.
+
+A sigmoid router (DeepSeek-V3's: a score correction bias and grouped top-k) has no load-balancing loss in
+its model's training (DeepSeek balances the load by moving the bias outside the gradient, which quartet
+does not do; the bias stays as loaded): a nonzero `moe_aux_loss_coef` is refused (`aux_loss_problem`),
+null takes 0, and `moe/aux_loss` is not logged. Its entropy is that of its scores normalised to sum to 1
+(`core.router.router_log_probs`); the z-loss still penalises the size of its logits.
 """
 
 from __future__ import annotations
@@ -35,7 +43,26 @@ from torch import nn
 from quartet.core.router import load_balancing_loss, router_metrics, router_z_loss
 from quartet.engines.spec import LossScale
 
-__all__ = ["Routed", "RouterLoss", "find_routers", "routing"]
+__all__ = ["Routed", "RouterLoss", "aux_loss_problem", "find_routers", "is_sigmoid_router", "routing"]
+
+
+def is_sigmoid_router(router: nn.Module) -> bool:
+    """A router that scores experts by sigmoid with a correction bias (DeepSeek-V3's
+    `e_score_correction_bias`, grouped top-k), whose model defines no load-balancing loss."""
+    return hasattr(router, "e_score_correction_bias")
+
+
+def aux_loss_problem(model_type: str, sigmoid: bool, aux_coef: float | None) -> str:
+    """Why `aux_coef` cannot weigh this model's load-balancing loss ('' when it can): a sigmoid router's
+    model has none to weigh."""
+    if not sigmoid or not aux_coef:
+        return ""
+    return (
+        f"moe_aux_loss_coef is {aux_coef}, but a {model_type} model's router (sigmoid scores with a "
+        "correction bias and grouped top-k) has no load-balancing loss in its model's training "
+        "(DeepSeek balances the load through the bias, outside the gradient); set "
+        "actor.moe_aux_loss_coef (critic.moe_aux_loss_coef for the critic) to 0 or null (docs/moe.md)"
+    )
 
 
 def find_routers(module: nn.Module) -> tuple[list[nn.Module], int, Any]:
@@ -54,10 +81,12 @@ def find_routers(module: nn.Module) -> tuple[list[nn.Module], int, Any]:
 
 @dataclass
 class Routed:
-    """The router logits of one forward pass ([N, E] per MoE layer) and the [N] mask of counted tokens."""
+    """The router logits of one forward pass ([N, E] per MoE layer), the experts each router chose ([N, k]
+    per layer, when its output holds them) and the [N] mask of counted tokens."""
 
     layers: list[torch.Tensor] = field(default_factory=list)
     mask: torch.Tensor | None = None
+    chosen: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -70,10 +99,20 @@ class Routed:
 class RouterLoss:
     """Hooks on a MoE model's routers, and the router terms added to a micro-batch's loss."""
 
-    def __init__(self, routers: list[nn.Module], index: int, top_k: int, aux_coef: float, z_coef: float):
+    def __init__(
+        self,
+        routers: list[nn.Module],
+        index: int,
+        top_k: int,
+        aux_coef: float,
+        z_coef: float,
+        sigmoid: bool = False,
+    ):
         self.top_k = top_k
         self.aux_coef = aux_coef
         self.z_coef = z_coef
+        self.sigmoid = sigmoid
+        """The routers score by sigmoid (`is_sigmoid_router`): no load-balancing loss, normalised scores."""
         self._index = index
         self._current: Routed | None = None
         for router in routers:
@@ -82,18 +121,27 @@ class RouterLoss:
     @classmethod
     def of(cls, module: nn.Module, aux_coef: float | None, z_coef: float) -> RouterLoss | None:
         """Hooks on `module`'s routers (None for a dense model). `aux_coef` None: the model config's
-        `router_aux_loss_coef` (0 when it has none)."""
+        `router_aux_loss_coef` (0 when it has none). Raises ValueError for a nonzero `aux_coef` on a model
+        that defines no load-balancing loss (`aux_loss_problem`)."""
         routers, index, config = find_routers(module)
         if not routers:
             return None
+        sigmoid = is_sigmoid_router(routers[0])
+        problem = aux_loss_problem(str(getattr(config, "model_type", "?")), sigmoid, aux_coef)
+        if problem:
+            raise ValueError(problem)
         if aux_coef is None:
             aux_coef = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
-        return cls(routers, index, int(config.num_experts_per_tok), aux_coef, z_coef)
+        return cls(routers, index, int(config.num_experts_per_tok), aux_coef, z_coef, sigmoid)
 
     def _record(self, _module: nn.Module, _inputs: Any, output: Any) -> None:
-        if self._current is not None:
-            logits = output[self._index] if isinstance(output, tuple | list) else output
-            self._current.layers.append(logits.reshape(-1, logits.shape[-1]))
+        if self._current is None:
+            return
+        logits = output[self._index] if isinstance(output, tuple | list) else output
+        self._current.layers.append(logits.reshape(-1, logits.shape[-1]))
+        # transformers' routers return (logits, top-k weights, top-k indices): the choice actually made
+        if isinstance(output, tuple | list) and len(output) == 3 and not output[2].is_floating_point():
+            self._current.chosen.append(output[2].detach().reshape(-1, output[2].shape[-1]))
 
     @contextmanager
     def capturing(self, attention_mask: torch.Tensor | None) -> Iterator[Routed]:
@@ -119,15 +167,18 @@ class RouterLoss:
         if not routed.layers:
             return loss, out
         share = routed.tokens / max(scale.attended_tokens, 1)
-        aux = load_balancing_loss(routed.layers, self.top_k, routed.mask)
+        if not self.sigmoid:  # a sigmoid router's model defines no load-balancing loss (module doc)
+            aux = load_balancing_loss(routed.layers, self.top_k, routed.mask)
+            if self.aux_coef:
+                loss = loss + share * self.aux_coef * aux
+            out["moe/aux_loss"] = float(aux.detach())
         z = router_z_loss(routed.layers, routed.mask)
-        if self.aux_coef:
-            loss = loss + share * self.aux_coef * aux
         if self.z_coef:
             loss = loss + share * self.z_coef * z
-        out["moe/aux_loss"] = float(aux.detach())
         out["moe/z_loss"] = float(z.detach())
-        out.update({f"moe/{k}": v for k, v in router_metrics(routed.layers, self.top_k, routed.mask).items()})
+        chosen = routed.chosen if len(routed.chosen) == len(routed.layers) else None
+        metrics = router_metrics(routed.layers, self.top_k, routed.mask, chosen, self.sigmoid)
+        out.update({f"moe/{k}": v for k, v in metrics.items()})
         return loss, out
 
 

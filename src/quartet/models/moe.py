@@ -43,10 +43,18 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
     """
     routers: list[nn.Module] = []
     for name, module in model.named_modules():
+        other = getattr(module, "router", None)  # gpt-oss: `mlp.router`, a biased top-k-then-softmax router
+        if isinstance(other, nn.Module) and hasattr(module, "experts"):
+            raise UnsupportedRouterError(
+                f"the router {name}.router ({type(other).__name__}) is not a softmax top-k `gate`: routing "
+                "record and replay support softmax top-k routers (Qwen3-MoE style) only"
+            )
         gate = getattr(module, "gate", None)
         if not isinstance(gate, nn.Module) or not hasattr(module, "experts"):
             continue
         missing = [p for p in _ROUTER_PARTS if not hasattr(gate, p)]
+        if hasattr(gate, "e_score_correction_bias"):  # DeepSeek-V3: sigmoid scores, grouped top-k
+            missing.append("softmax scores (it scores by sigmoid with a correction bias, grouped top-k)")
         if missing:
             raise UnsupportedRouterError(
                 f"the router {name}.gate ({type(gate).__name__}) lacks {missing}: routing record and "

@@ -17,7 +17,8 @@ Biases: qwen2 has them on q/k/v (hard-wired in transformers), llama/qwen3/mistra
 The heads the engines load change the top only: a value model (critic) has no output head but a
 `score` Linear(D, 1) with bias; a reward model a `score` Linear(D, 1) without bias.
 
-Mixture-of-experts models (`qwen3_moe`, `qwen2_moe`, `mixtral`; docs/moe.md): the attention as above
+Mixture-of-experts models (`qwen3_moe`, `qwen2_moe`, `mixtral`; `gpt_oss` and `deepseek_v3` as
+`planning.moe_layouts` reads them; docs/moe.md): the attention as above
 (qwen3_moe has qwen3's q/k norms and `attention_bias`, qwen2_moe `qkv_bias`, mixtral none), and in each sparse
 layer (all of mixtral's; qwen*_moe: every `decoder_sparse_step`-th layer not in `mlp_only_layers`, the
 others keep the dense MLP of `intermediate_size`) instead of the dense MLP
@@ -67,7 +68,7 @@ __all__ = [
     "shape_from_tiny",
 ]
 
-MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3")
 """The mixture-of-experts `model_type`s (fused expert weights and a top-k router per sparse layer)."""
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl", *MOE_MODEL_TYPES)
@@ -123,6 +124,18 @@ class ModelShape:
     """Width of the shared expert every token runs (qwen2_moe); 0: none."""
     moe_layers: int = 0
     """Decoder layers whose MLP is sparse; the other layers have the dense MLP of `intermediate_size`."""
+    shared_expert_gate: bool = True
+    """The shared expert has a sigmoid gate D x 1 (qwen2_moe; DeepSeek's has none)."""
+    expert_biases: bool = False
+    """Biases on every expert's gate/up (2 Im) and down (D) and on the router (E): gpt-oss."""
+    attention_sinks: bool = False
+    """One learned sink logit per query head in every layer: gpt-oss."""
+    attention_layer_params: int = 0
+    """One layer's attention parameters where it is not q/k/v/o_proj (DeepSeek's MLA, with its latent norms
+    and biases; `planning.moe_layouts`); 0: q/k/v/o as above."""
+    kv_cache_width: int = 0
+    """Values one token caches per layer where it is not keys and values of kv heads (MLA: its latent and
+    rotary key); 0: 2 x kv_dim."""
 
     @property
     def is_moe(self) -> bool:
@@ -150,12 +163,19 @@ class ModelShape:
         """A sparse layer's MLP holding `experts` of its experts: those, the router, the shared expert."""
         d = self.hidden_size
         shared = 3 * d * self.shared_expert_intermediate_size
-        shared += d if self.shared_expert_intermediate_size else 0  # its sigmoid gate, D x 1
-        return experts * 3 * d * self.moe_intermediate_size + self.num_experts * d + shared
+        shared += d if self.shared_expert_intermediate_size and self.shared_expert_gate else 0  # D x 1
+        router = self.num_experts * (d + 1 if self.expert_biases else d)
+        return experts * self._expert_params + router + shared
+
+    @property
+    def _expert_params(self) -> int:
+        """One expert's parameters: gate/up and down (with gpt-oss's biases)."""
+        biases = 2 * self.moe_intermediate_size + self.hidden_size if self.expert_biases else 0
+        return 3 * self.hidden_size * self.moe_intermediate_size + biases
 
     def _attention_linear_params(self) -> int:
         d = self.hidden_size
-        return 2 * d * self.q_dim + 2 * d * self.kv_dim
+        return self.attention_layer_params or 2 * d * self.q_dim + 2 * d * self.kv_dim
 
     @property
     def q_dim(self) -> int:
@@ -215,7 +235,8 @@ class ModelShape:
         biases = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
         biases += self.hidden_size if self.o_bias else 0
         biases += (2 * self.intermediate_size + self.hidden_size) if self.mlp_bias else 0
-        return biases + 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        sinks = self.num_heads if self.attention_sinks else 0
+        return biases + 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0) + sinks
 
     @property
     def layer_params(self) -> int:
@@ -251,7 +272,7 @@ class ModelShape:
         if not self.is_moe:
             return self.total_params
         idle = self.num_experts - self.experts_per_token
-        return self.total_params - self.moe_layers * idle * 3 * self.hidden_size * self.moe_intermediate_size
+        return self.total_params - self.moe_layers * idle * self._expert_params
 
     def params(self, head: HeadKind = HeadKind.CAUSAL_LM) -> int:
         """Parameters of the model loaded with `head` on the trunk."""
@@ -305,8 +326,9 @@ class ModelShape:
         return total
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """KV-cache bytes of one token: layers x 2 (key, value) x kv heads x head_dim x dtype bytes."""
-        return self.num_layers * 2 * self.kv_dim * dtype_bytes
+        """KV-cache bytes of one token: layers x 2 (key, value) x kv heads x head_dim x dtype bytes (MLA:
+        layers x its latent and rotary key, `kv_cache_width`)."""
+        return self.num_layers * (self.kv_cache_width or 2 * self.kv_dim) * dtype_bytes
 
 
 def _field(config: Any, name: str, model_type: str) -> int:
@@ -435,6 +457,10 @@ def shape_from_tiny(spec: TinyModelConfig) -> ModelShape:
     Its vocabulary is `len(tokenizer)` of a BPE trained on generated text, which stops short of large
     `vocab_size` targets (about 523 tokens at most); `vocab_size` is used as the upper bound.
     """
+    if spec.arch in (TinyArch.GPT_OSS, TinyArch.DEEPSEEK_V3):
+        from quartet.models.tiny import tiny_shape_config  # transformers' config classes
+
+        return shape_from_config(tiny_shape_config(spec))
     vision_params, vision = _tiny_vision(spec) if spec.arch.is_vision else (0, None)
     return ModelShape(
         model_type=spec.arch.value,

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from quartet.planning.moe_layouts import LAYOUT_MODEL_TYPES, layout_fields
+
 __all__ = ["MOE_LORA_NAMES", "moe_config_fields", "moe_lora_params"]
 
 MOE_LORA_NAMES: dict[str, tuple[frozenset[str], str, str]] = {
@@ -69,7 +71,10 @@ def moe_config_fields(
     config: Any, model_type: str, field: Callable[[Any, str, str], int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fields `shape_from_config` reads, as the attention's dense kin has them; the expert fields of
-    `ModelShape`) of an MoE `config`. `field(config, name, model_type)` reads a required positive integer."""
+    `ModelShape`) of an MoE `config`. `field(config, name, model_type)` reads a required positive integer.
+    gpt-oss and DeepSeek-V3 are read by `planning.moe_layouts`."""
+    if model_type in LAYOUT_MODEL_TYPES:
+        return layout_fields(config, model_type, field)
     mixtral = model_type == "mixtral"
     experts = field(config, "num_local_experts" if mixtral else "num_experts", model_type)
     width = field(config, "intermediate_size" if mixtral else "moe_intermediate_size", model_type)

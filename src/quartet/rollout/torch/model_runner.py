@@ -8,7 +8,8 @@ and the attention call, which cannot express sequences of different lengths join
 Supported: Llama-style decoders (Llama, Qwen2, Qwen3, Mistral): per layer `input_layernorm`,
 `self_attn.{q,k,v,o}_proj` (optional `q_norm`/`k_norm`), `post_attention_layernorm`, `mlp`; rotary position
 embeddings in `model.model.rotary_emb`. Other families raise `UnsupportedModelError` instead of computing
-something subtly different (Gemma scales embeddings, Phi fuses projections, ...).
+something subtly different (Gemma scales embeddings, Phi fuses projections, gpt-oss's attention sinks,
+DeepSeek-V3's latent attention: `config.moe_shapes.rollout_gap` names the missing piece).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quartet.config.moe_shapes import rollout_gap
 from quartet.models.vision import vision_model
 from quartet.rollout.torch.kv_cache import SlotKVCache
 from quartet.rollout.torch.routing_record import RoutingRecorder
@@ -70,6 +72,11 @@ class DecoderRunner:
         wrapped: Any = model  # a transformers PreTrainedModel; its attributes are checked below
         config: Any = wrapped.config
         model_type = str(getattr(config, "model_type", "?"))
+        if gap := rollout_gap(model_type):
+            raise UnsupportedModelError(
+                f"the built-in rollout engine does not compute {gap} of a '{model_type}' model; set "
+                "rollout.engine=vllm, or train a model it decodes (docs/moe.md)"
+            )
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"the built-in rollout engine supports {sorted(SUPPORTED_MODEL_TYPES)}, not '{model_type}'; "
