@@ -24,8 +24,6 @@ import torch.multiprocessing as mp
 from ep_worker import Case, make_engine, run_rank
 from mesh_worker import compare_with_one_process
 
-from quartet.config import TinyModelConfig
-from quartet.config.model import TinyArch
 from quartet.engines.hf_modules import hf_model
 
 
@@ -33,28 +31,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen3-MoE with expert weights x4 and router weights x10 (see the module doc)."""
-    from transformers import AutoModelForCausalLM
-
-    from quartet.models.tiny import ensure_tiny_model
-
-    tiny = ensure_tiny_model(TinyModelConfig(arch=TinyArch.QWEN3_MOE), tmp_path_factory.mktemp("moe_src"))
-    model = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.mlp.experts.gate_up_proj.mul_(4.0)
-            layer.mlp.experts.down_proj.mul_(4.0)
-            layer.mlp.gate.weight.mul_(10.0)
-    folder = tmp_path_factory.mktemp("moe")
-    model.save_pretrained(folder)
-    for file in tiny.iterdir():
-        if file.is_file() and not (folder / file.name).exists():  # the tokenizer's files
-            (folder / file.name).write_bytes(file.read_bytes())
-    return folder
 
 
 @pytest.fixture(scope="module")
