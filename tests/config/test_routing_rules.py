@@ -39,7 +39,7 @@ def test_replay_implies_the_record_and_is_off_by_default() -> None:
         ((MOE, REPLAY, "rollout.multi_turn.enable=true"), ("rollout.multi_turn.enable=true",)),
         (
             (MOE, REPLAY, "model.sequence_parallel_size=2", "cluster.bundles_per_node=2"),
-            ("model.sequence_parallel_size", "mixture-of-experts", "model.sequence_parallel_size: 1"),
+            ("model.sequence_parallel_size=2", "would cut them", "model.sequence_parallel_size=1"),
         ),
     ],
     ids=["dense-replay", "dense-record", "vllm", "server", "multi-turn", "sequence-parallel"],

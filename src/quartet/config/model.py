@@ -246,7 +246,7 @@ class ModelConfig:
         sp = self.sequence_parallel_size
         tiny = self.tiny
         vision = vision_problem(sp) if tiny.arch.is_vision else None
-        if tiny.arch.is_moe and (moe := moe_problems(sp, self.tensor_parallel_size)):
+        if tiny.arch.is_moe and (moe := moe_problems(self.tensor_parallel_size)):
             return moe
         heads = head_problems(
             tiny.num_attention_heads,

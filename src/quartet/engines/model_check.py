@@ -34,7 +34,7 @@ def check_model_layout(
     if problem is not None:
         raise problem.under(section)
     is_moe = bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
-    moe = moe_problems(sp, tp, section) if is_moe else []
+    moe = moe_problems(tp, section) if is_moe else []
     if moe:
         raise moe[0].under(section)
     kind = getattr(config, "model_type", "?")
