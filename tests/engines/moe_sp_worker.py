@@ -4,7 +4,9 @@ one process, and the mutant the test must see fail.
 The router's load-balancing loss and z-loss are ON (coefficients 0.5 and 0.1). Rows are dealt over the
 world unevenly (`sp_worker.rank_rows`); a sequence group pools its ranks' rows, so its micro-batches (4
 rows) are those of one process on all the rows (rows 0-3, then 4-7). Each case is (variant, ep, sp, model
-folder): "packed" (sp > 1 packs), "ckpt" (and gradient checkpointing), or the mutant
+folder): "packed" (sp > 1 packs), "ckpt" (and gradient checkpointing), "critic" (a value model on the
+MoE trunk, as `critic.sequence_parallel_size` runs it: its values and a squared-error value loss), or the
+mutant
 
     unreduced  each rank forms the router's loss and metrics from its own token slice (the statistics are
                not summed over the sequence group)
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from sp_worker import MICRO, OPTIM, TEMPERATURE, full_batch, pg_entropy_loss, ra
 
 from quartet.config.model import Dtype
 from quartet.core.batch import Batch
-from quartet.engines import EngineSpec, ModelKind, TrainingEngine, router
+from quartet.engines import EngineSpec, LossFn, LossScale, ModelKind, ModelOutputs, TrainingEngine, router
 from quartet.engines.dist import to_local_full
 from quartet.engines.hf_modules import hf_model
 from quartet.engines.inputs import build_inputs
@@ -38,10 +40,31 @@ Case = tuple[str, int, int, str]
 AUX, Z = 0.5, 0.1
 
 
-def make_engine(model_dir: str, sp: int, ep: int = 1, ckpt: bool = False) -> TrainingEngine:
+def value_loss(out: ModelOutputs, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, Mapping[str, float]]:
+    """Token-mean of (value - target)^2 over the global token count (the critic's case)."""
+    valid = mb["response_mask"] != 0
+    per_token = (out.required("values") - mb["targets"]).square()
+    return torch.where(valid, per_token, 0.0).sum() / scale.tokens, {}
+
+
+def loss_of(critic: bool) -> LossFn:
+    return value_loss if critic else pg_entropy_loss
+
+
+def forward(engine: TrainingEngine, batch: Batch) -> dict[str, torch.Tensor | None]:
+    """The per-token outputs of `batch`: values for the critic, else log-probs and entropy."""
+    if engine.spec.kind is ModelKind.VALUE:
+        return {"values": engine.forward_values(batch, MICRO)}
+    logprobs, entropy = engine.forward_logprobs(batch, TEMPERATURE, MICRO, with_entropy=True)
+    return {"logprobs": logprobs, "entropy": entropy}
+
+
+def make_engine(
+    model_dir: str, sp: int, ep: int = 1, ckpt: bool = False, critic: bool = False
+) -> TrainingEngine:
     spec = EngineSpec(
         model_dir,
-        ModelKind.CAUSAL_LM,
+        ModelKind.VALUE if critic else ModelKind.CAUSAL_LM,
         Dtype.FLOAT32,
         optim=OPTIM,
         remove_padding=True,
@@ -70,7 +93,7 @@ def router_gradients(
         inputs = build_inputs(mb)
         with router.routing(engine._router, inputs, engine.spec.packs) as routed:
             outputs = engine._run(mb, inputs, TEMPERATURE, True)
-        loss, metrics = pg_entropy_loss(outputs, mb, scale)
+        loss, metrics = loss_of(engine.spec.kind is ModelKind.VALUE)(outputs, mb, scale)
         assert engine._router is not None
         loss, metrics = engine._router.add(loss, metrics, routed, scale)
         torch.autograd.backward(loss * engine.ctx.loss_factor)
@@ -103,13 +126,13 @@ def run_rank(rank: int, world: int, port: int, cases: list[Case], out: str) -> N
     results: dict[str, dict[str, Any]] = {}
     for index, (variant, ep, sp, path) in enumerate(cases):
         with mutant(variant):
-            engine = make_engine(path, sp, ep, ckpt=variant == "ckpt")
+            critic = variant == "critic"
+            engine = make_engine(path, sp, ep, ckpt=variant == "ckpt", critic=critic)
             assert engine.ctx.sp == sp and engine.ctx.ep == ep and engine.ctx.dp == world // sp
             mine = rank_rows(full_batch(), rank, world)
-            logprobs, entropy = engine.forward_logprobs(mine, TEMPERATURE, MICRO, with_entropy=True)
-            torch.save({"logprobs": logprobs, "entropy": entropy}, out_dir / f"fwd{index}_rank{rank}.pt")
+            torch.save(forward(engine, mine), out_dir / f"fwd{index}_rank{rank}.pt")
             grads, norm, pass_metrics = router_gradients(engine, mine)
-            step = engine.train_step(mine, pg_entropy_loss, MICRO, with_entropy=True)
+            step = engine.train_step(mine, loss_of(critic), MICRO, with_entropy=not critic)
             results[str(index)] = {"pass": {**pass_metrics, "grad_norm": norm}, "step": step}
             state = hf_model(engine.module).state_dict()
             params = {k: to_local_full(v).detach().clone() for k, v in state.items()}

@@ -1,13 +1,14 @@
 """Ulysses sequence parallelism on a mixture-of-experts model, the router's load-balancing loss and z-loss
-ON, on gloo in float32: sp2 (world 2), sp2 with gradient checkpointing and ep2 x sp2 (world 2), and dp2 x
-ep2 x sp2 and sp2 x ep4 (world 4, slow) compute exactly what one process computes on all the rows.
+ON, on gloo in float32: sp2, sp2 with gradient checkpointing, ep2 x sp2 and an MoE critic at sp2 (world 2),
+dp2 x ep2 x sp2 and sp2 x ep4 (world 4) compute exactly what one process computes on all the rows.
 
-Compared with one process holding the same rows, within 1e-5: log-probs and entropy; every parameter's
-gradient (the experts' gathered whole), their norm and the `moe/*` metrics of one pass with the router
-terms; after one AdamW step (two micro-batches) the loss, the gradient norm, the `moe/*` metrics and the
-parameters. The model is the tiny Qwen3-MoE with scaled expert and router weights (`moe_dir`), so the
-routing is decisive and the load-balancing loss weighs in the router's gradient. The mutant that forms the
-router terms on each rank's token slice (statistics not summed over the sequence group) must fail.
+Compared with one process holding the same rows, within 1e-5: log-probs and entropy (the critic: its
+values); every parameter's gradient (the experts' gathered whole), their norm and the `moe/*` metrics of
+one pass with the router terms; after one AdamW step (two micro-batches) the loss, the gradient norm, the
+`moe/*` metrics and the parameters. The model is the tiny Qwen3-MoE with scaled expert and router weights
+(`moe_dir`), so the routing is decisive and the load-balancing loss weighs in the router's gradient. The
+mutant that forms the router terms on each rank's token slice (statistics not summed over the sequence
+group) must fail.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from moe_sp_worker import Case, make_engine, router_gradients, run_rank
-from sp_worker import MICRO, TEMPERATURE, full_batch, pg_entropy_loss
+from moe_sp_worker import Case, forward, loss_of, make_engine, router_gradients, run_rank
+from sp_worker import MICRO, full_batch
 
 from quartet.engines.hf_modules import hf_model
 
@@ -47,8 +48,12 @@ def sp2(sp2_cases: list[Case], tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 @pytest.fixture(scope="module")
-def more_cases(moe_dir: Path) -> list[Case]:
-    return [("ckpt", 1, 2, str(moe_dir)), ("packed", 2, 2, str(moe_dir))]
+def more_cases(moe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
+    from quartet.models.tiny import save_value_model
+
+    torch.manual_seed(3)
+    value_dir = save_value_model(moe_dir, tmp_path_factory.mktemp("moe_value"))  # MoE trunk + value head
+    return [("ckpt", 1, 2, str(moe_dir)), ("packed", 2, 2, str(moe_dir)), ("critic", 1, 2, str(value_dir))]
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +96,9 @@ def test_router_terms_of_each_slice_fail_the_comparison(sp2: Path, sp2_cases: li
 
 # slow (CI time): a second two-rank run
 @pytest.mark.slow
-@pytest.mark.parametrize("index", [0, 1], ids=["checkpointing", "ep2-sp2"])
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["checkpointing", "ep2-sp2", "critic"])
 def test_sp2_variants_equal_one_process(more: Path, more_cases: list[Case], index: int) -> None:
-    _compare(more, more_cases[index][3], index, world=2)
+    _compare(more, more_cases[index][3], index, world=2, critic=more_cases[index][0] == "critic")
 
 
 # slow (CI time): four processes
@@ -107,13 +112,14 @@ def _ranks(out: Path, world: int) -> list[dict[str, Any]]:
     return [json.loads((out / f"metrics_rank{r}.json").read_text()) for r in range(world)]
 
 
-def _compare(out: Path, model_dir: str, index: int, world: int) -> None:
-    single = make_engine(model_dir, 1)
+def _compare(out: Path, model_dir: str, index: int, world: int, critic: bool = False) -> None:
+    single = make_engine(model_dir, 1, critic=critic)
     batch = full_batch()
-    want_lp, want_ent = single.forward_logprobs(batch, TEMPERATURE, MICRO, with_entropy=True)
+    want_out = forward(single, batch)
     got = [torch.load(out / f"fwd{index}_rank{rank}.pt") for rank in range(world)]  # each rank: its rows
-    torch.testing.assert_close(torch.cat([g["logprobs"] for g in got]), want_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(torch.cat([g["entropy"] for g in got]), want_ent, atol=1e-5, rtol=0)
+    assert set(got[0]) == set(want_out)
+    for key, want_t in want_out.items():
+        torch.testing.assert_close(torch.cat([g[key] for g in got]), want_t, atol=1e-5, rtol=0, msg=key)
     # one pass: a sequence group's micro-batch is all its rows (world 2: 0-7; world 4: 0-3 and 4-7)
     groups = [slice(0, 8)] if world == 2 else [slice(0, 4), slice(4, 8)]
     want_grads, want_norm, want_pass = router_gradients(single, batch, groups)
@@ -128,7 +134,7 @@ def _compare(out: Path, model_dir: str, index: int, world: int) -> None:
     for key in MOE_METRICS:  # the first group's micro-batch, on each of its ranks
         assert ranks[0]["pass"][key] == pytest.approx(want_pass[key], rel=1e-5), key
         assert ranks[1]["pass"][key] == pytest.approx(want_pass[key], rel=1e-5), key
-    want = single.train_step(batch, pg_entropy_loss, MICRO, with_entropy=True)
+    want = single.train_step(batch, loss_of(critic), MICRO, with_entropy=not critic)
     assert ranks[0]["step"]["loss"] == pytest.approx(want["loss"], rel=1e-5)
     assert ranks[0]["step"]["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
     leaders = ranks[::2] if world == 4 else ranks[:1]  # one rank per sequence group: its micro-batches
