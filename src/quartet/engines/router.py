@@ -69,13 +69,6 @@ class Routed:
     layers: list[torch.Tensor] = field(default_factory=list)
     mask: torch.Tensor | None = None
 
-    @property
-    def tokens(self) -> int:
-        """Tokens counted in this pass."""
-        if not self.layers:
-            return 0
-        return int(self.layers[0].shape[0] if self.mask is None else self.mask.sum())
-
 
 class RouterLoss:
     """Hooks on a MoE model's routers, and the router terms added to a micro-batch's loss."""
