@@ -1,5 +1,6 @@
-"""A mixture-of-experts policy in the config: tensor and sequence parallelism refused with key and fix, the
-router loss coefficients checked, verl's Megatron MoE keys translated."""
+"""A mixture-of-experts policy in the config: tensor parallelism refused with key and fix, sequence
+parallelism (and with expert parallelism) accepted, the router loss coefficients checked, verl's Megatron MoE
+keys translated."""
 
 from __future__ import annotations
 
@@ -13,21 +14,28 @@ from quartet.config.from_verl import translate
 MOE = ["model.tiny.arch=qwen3_moe", "cluster.bundles_per_node=2"]
 
 
-@pytest.mark.parametrize(
-    ("override", "key"),
-    [
-        ("model.tensor_parallel_size=2", "model.tensor_parallel_size"),
-        ("model.sequence_parallel_size=2", "model.sequence_parallel_size"),
-        ("critic.sequence_parallel_size=2", "critic.sequence_parallel_size"),
-    ],
-)
-def test_parallelism_that_does_not_split_experts_is_refused(override: str, key: str) -> None:
-    extra = ["algorithm.adv_estimator=gae"] if override.startswith("critic") else []
+def test_tensor_parallelism_that_does_not_split_experts_is_refused() -> None:
+    key = "model.tensor_parallel_size"
     with pytest.raises(ConfigError) as err:
-        load_config(overrides=[*MOE, *extra, override])
+        load_config(overrides=[*MOE, f"{key}=2"])
     text = str(err.value)
-    assert key in text and "mixture-of-experts" in text and f"set {key.rsplit('.', 1)[0]}" in text
-    load_config(overrides=[*MOE[1:], *extra, override])  # the dense tiny model splits
+    assert key in text and "mixture-of-experts" in text and "set model.tensor_parallel_size: 1" in text
+    load_config(overrides=[*MOE[1:], f"{key}=2"])  # the dense tiny model splits
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.sequence_parallel_size=2"],
+        ["algorithm.adv_estimator=gae", "critic.sequence_parallel_size=2"],
+        ["model.sequence_parallel_size=2", "model.expert_parallel_size=2"],
+    ],
+    ids=["sp2", "critic-sp2", "sp2-ep2"],
+)
+def test_sequence_parallelism_runs_on_a_mixture_of_experts(overrides: list[str]) -> None:
+    # the router's statistics are summed over the sequence group (tests/engines/test_moe_sp_dist.py)
+    cfg = load_config(overrides=[*MOE, *overrides])
+    assert max(cfg.model.sequence_parallel_size, cfg.critic.sequence_parallel_size) == 2
 
 
 def test_a_folder_moe_model_is_refused_when_the_engine_loads_it(moe_model_dir: Path) -> None:
@@ -38,8 +46,8 @@ def test_a_folder_moe_model_is_refused_when_the_engine_loads_it(moe_model_dir: P
     config = AutoConfig.from_pretrained(moe_model_dir)
     with pytest.raises(ConfigError, match="tensor_parallel_size.*mixture-of-experts"):
         check_model_layout(config, tp=2)
-    with pytest.raises(ConfigError, match="sequence_parallel_size.*mixture-of-experts"):
-        check_model_layout(config, sp=2, section="critic")
+    check_model_layout(config, sp=2, section="critic")  # sequence parallelism runs
+    check_model_layout(config, sp=2, ep=2)
     check_model_layout(config)
 
 

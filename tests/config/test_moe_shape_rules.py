@@ -40,7 +40,8 @@ def test_training_with_another_rollout_engine_loads(arch: str) -> None:
             ("expert_parallel_size", "transposed", "model.expert_parallel_size: 1"),
         ),
         ((GPT_OSS, VLLM, "model.tensor_parallel_size=2"), ("tensor_parallel_size", "mixture-of-experts")),
-        ((DSV3, VLLM, "model.sequence_parallel_size=2"), ("sequence_parallel_size", "mixture-of-experts")),
+        ((DSV3, VLLM, "model.sequence_parallel_size=2"), ("sequence_parallel_size", "MLA attention")),
+        ((GPT_OSS, VLLM, "model.sequence_parallel_size=2"), ("sequence_parallel_size", "sinks")),
         ((DSV3, VLLM, "actor.moe_aux_loss_coef=0.01"), ("actor.moe_aux_loss_coef", "no load-balancing loss")),
         (
             (DSV3, VLLM, "algorithm.adv_estimator=gae", "critic.moe_aux_loss_coef=0.01"),

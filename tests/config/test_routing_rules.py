@@ -38,7 +38,7 @@ def test_replay_implies_the_record_and_is_off_by_default() -> None:
         ((MOE, REPLAY, "rollout.engine=vllm"), ("rollout.engine=vllm", "rollout.engine=torch")),
         (
             (MOE, REPLAY, "model.sequence_parallel_size=2", "cluster.bundles_per_node=2"),
-            ("model.sequence_parallel_size", "mixture-of-experts", "model.sequence_parallel_size: 1"),
+            ("model.sequence_parallel_size=2", "would cut them", "model.sequence_parallel_size=1"),
         ),
     ],
     ids=["dense-replay", "dense-record", "vllm", "sequence-parallel"],

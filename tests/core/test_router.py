@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-from quartet.core.router import load_balancing_loss, router_metrics, router_z_loss
+from quartet.core.router import RouterStats, load_balancing_loss, router_metrics, router_stats, router_z_loss
 
 
 def _layers(seed: int, tokens: int = 12, experts: int = 6, n: int = 3) -> list[torch.Tensor]:
@@ -82,3 +82,27 @@ def test_balanced_routing_has_imbalance_one() -> None:
     got = router_metrics([logits], 1)
     assert got["load_imbalance_max"] == pytest.approx(1.0)
     assert got["router_entropy"] < 1e-6
+
+
+def test_the_statistics_of_token_slices_add_up_to_the_whole_pass() -> None:
+    """What a sequence group does: each rank sums over its slice, the sums are added, the losses formed."""
+    layers = [t.requires_grad_() for t in _layers(4, tokens=13)]
+    mask = torch.ones(13)
+    mask[-2:] = 0  # padding at the end, as SP's rounding up leaves it
+    slices = [(0, 5), (5, 13)]
+    parts = [router_stats([t[a:b] for t in layers], 2, mask[a:b]) for a, b in slices]
+    summed = RouterStats.from_flat(parts[0].flat() + parts[1].flat(), layers=3, experts=6)
+    want_aux = load_balancing_loss(layers, 2, mask)
+    torch.testing.assert_close(summed.load_balancing_loss(), want_aux)
+    torch.testing.assert_close(summed.z_loss(), router_z_loss(layers, mask))
+    assert summed.metrics() == pytest.approx(router_metrics(layers, 2, mask), rel=1e-6)
+    # the gradient through the summed statistics is the whole pass's
+    (summed.load_balancing_loss() + summed.z_loss()).backward()
+    got = [t.grad.clone() for t in layers]  # type: ignore[union-attr]
+    for t in layers:
+        t.grad = None
+    (want_aux + router_z_loss(layers, mask)).backward()
+    for g, t in zip(got, layers, strict=True):
+        torch.testing.assert_close(g, t.grad)
+    # while a slice's own load-balancing loss is another number (a product of means is not a mean)
+    assert abs(float(parts[0].load_balancing_loss()) - float(want_aux)) > 1e-2

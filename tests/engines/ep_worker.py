@@ -4,7 +4,8 @@ that the test must see fail.
 Rows are dealt over the whole world, unevenly (as the trainer deals them): with world 2, rank 1 has one
 micro-batch fewer and runs a dummy one, whose all-to-alls keep it in step. Each case is
 (variant, ep, sp, model folder): variant "packed" or "padded" (`remove_padding`), "ckpt" (packed, with
-gradient checkpointing: the backward replays each layer's all-to-alls), or a mutant (packed):
+gradient checkpointing: the backward replays each layer's all-to-alls), "router" (packed, the router's
+aux and z-loss on: with sp = world, where one process cuts the same micro-batches), or a mutant (packed):
 
     drop       every all-to-all loses the chunk bound for the last rank of the group (zeros arrive)
     swap       the ranks of an expert group hold each other's experts, while tokens are sent as before
@@ -33,7 +34,7 @@ Case = tuple[str, int, int, str]
 
 
 def make_engine(
-    model_dir: str, ep: int, sp: int = 1, packed: bool = True, ckpt: bool = False
+    model_dir: str, ep: int, sp: int = 1, packed: bool = True, ckpt: bool = False, router: bool = False
 ) -> TrainingEngine:
     spec = EngineSpec(
         model_dir,
@@ -47,8 +48,10 @@ def make_engine(
         gradient_checkpointing=ckpt,
         # the router's loss is a mean per micro-batch, and one process cuts other micro-batches than the
         # ranks do: off here, so the comparison isolates the dispatch (tests/engines/test_moe_fsdp.py
-        # checks the router loss with matching micro-batches)
-        moe_aux_loss_coef=0.0,
+        # checks the router loss with matching micro-batches), except for "router": sp = world, so the
+        # sequence group's micro-batches are one process's (tests/engines/test_moe_sp_dist.py for more)
+        moe_aux_loss_coef=0.5 if router else 0.0,
+        moe_z_loss_coef=0.1 if router else 0.0,
     )
     return TrainingEngine(spec)
 
@@ -97,7 +100,8 @@ def run_rank(rank: int, world: int, port: int, cases: list[Case], out: str) -> N
     results: dict[str, dict[str, float]] = {}
     for index, (variant, ep, sp, path) in enumerate(cases):
         with mutant(variant):
-            engine = make_engine(path, ep, sp, packed=variant != "padded", ckpt=variant == "ckpt")
+            packed, ckpt, router = variant != "padded", variant == "ckpt", variant == "router"
+            engine = make_engine(path, ep, sp, packed=packed, ckpt=ckpt, router=router)
             assert engine.ctx.ep == ep and engine.ctx.dp == world // sp
             mine = rank_rows(full_batch(), rank, world)
             record_case(engine, mine, index, rank, out_dir, results)

@@ -15,25 +15,29 @@ import torch
 from sp_worker import MICRO, TEMPERATURE, full_batch, pg_entropy_loss
 
 from quartet.core.batch import Batch
-from quartet.core.loss_agg import count_valid_sequences, count_valid_tokens
-from quartet.engines import LossScale, TrainingEngine
-from quartet.engines.dist import all_reduce_sum, to_local_full
+from quartet.engines import TrainingEngine
+from quartet.engines.dist import to_local_full
 from quartet.engines.hf_modules import hf_model
 from quartet.engines.inputs import build_inputs
+from quartet.engines.loss_scale import loss_scale
+from quartet.engines.router import routing
 from quartet.engines.tensor_parallel import clip_grad_norm
 from quartet.engines.ulysses import group_rows
 from quartet.engines.weight_export import inference_weights
 
 
 def gradients(engine: TrainingEngine, batch: Batch) -> tuple[dict[str, torch.Tensor], float]:
-    """The parameter gradients of one pass's loss, scaled and reduced as `train_step` does, and their norm."""
+    """The parameter gradients of one pass's loss (an MoE's router terms included), scaled and reduced as
+    `train_step` does, and their norm. The pass is one micro-batch of the rows of this rank's group."""
     engine.module.train()
     batch, _ = group_rows(batch, engine._row_group)
-    mask = batch["response_mask"]
-    tokens, seqs = all_reduce_sum([count_valid_tokens(mask), count_valid_sequences(mask)], engine.ctx)
-    scale = LossScale(tokens=tokens, sequences=seqs, dp_size=engine.ctx.dp)
-    outputs = engine._run(batch, build_inputs(batch), TEMPERATURE, True)
-    loss, _ = pg_entropy_loss(outputs, batch, scale)
+    scale = loss_scale(batch, engine.ctx)
+    inputs = build_inputs(batch)
+    with routing(engine._router, inputs, engine.spec.packs) as routed:
+        outputs = engine._run(batch, inputs, TEMPERATURE, True)
+    loss, metrics = pg_entropy_loss(outputs, batch, scale)
+    if engine._router is not None:  # MoE: the router's terms as train_step adds them (0 without coefficients)
+        loss, _ = engine._router.add(loss, metrics, routed, scale)
     torch.autograd.backward(loss * engine.ctx.loss_factor)
     params = list(hf_model(engine.module).named_parameters())
     grads = {name: to_local_full(p.grad).detach().clone() for name, p in params if p.grad is not None}

@@ -31,9 +31,9 @@ def test_model_config_refuses_what_ep_cannot_split() -> None:
         ModelConfig(tiny=MOE, expert_parallel_size=2, lora=LoraConfig(rank=4))
     with pytest.raises(ConfigError, match="expert_parallel_size: must be >= 1"):
         ModelConfig(tiny=MOE, expert_parallel_size=0)
-    # no sequence parallelism on an MoE model, with or without ep (the router loss is not reduced over slices)
-    with pytest.raises(ConfigError, match="mixture-of-experts"):
-        ModelConfig(tiny=MOE, expert_parallel_size=2, sequence_parallel_size=2)
+    # sequence parallelism composes with ep (the router's statistics are summed over the sequence group)
+    both = ModelConfig(tiny=MOE, expert_parallel_size=2, sequence_parallel_size=2)
+    assert (both.expert_parallel_size, both.sequence_parallel_size) == (2, 2)
 
 
 def test_expert_parallel_size_must_divide_the_pool() -> None:

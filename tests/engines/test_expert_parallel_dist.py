@@ -1,5 +1,5 @@
-"""Expert parallelism on gloo: ep2 (world 2) and dp2 x ep2 (world 4) compute
-exactly what one process computes on all the rows.
+"""Expert parallelism on gloo: ep2 (world 2), ep2 x sp2 with the router's losses on (world 2) and dp2 x ep2
+(world 4) compute exactly what one process computes on all the rows.
 
 Log-probs, entropy, every parameter's gradient (the experts' gathered to the full [E, ...] tensors) and the
 gradient norm of one pass, and after one AdamW step the loss, the gradient norm, the parameters and the
@@ -24,8 +24,6 @@ import torch.multiprocessing as mp
 from ep_worker import Case, make_engine, run_rank
 from mesh_worker import compare_with_one_process
 
-from quartet.config import TinyModelConfig
-from quartet.config.model import TinyArch
 from quartet.engines.hf_modules import hf_model
 
 
@@ -36,31 +34,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen3-MoE with expert weights x4 and router weights x10 (see the module doc)."""
-    from transformers import AutoModelForCausalLM
-
-    from quartet.models.tiny import ensure_tiny_model
-
-    tiny = ensure_tiny_model(TinyModelConfig(arch=TinyArch.QWEN3_MOE), tmp_path_factory.mktemp("moe_src"))
-    model = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.mlp.experts.gate_up_proj.mul_(4.0)
-            layer.mlp.experts.down_proj.mul_(4.0)
-            layer.mlp.gate.weight.mul_(10.0)
-    folder = tmp_path_factory.mktemp("moe")
-    model.save_pretrained(folder)
-    for file in tiny.iterdir():
-        if file.is_file() and not (folder / file.name).exists():  # the tokenizer's files
-            (folder / file.name).write_bytes(file.read_bytes())
-    return folder
-
-
-@pytest.fixture(scope="module")
 def ep2_cases(moe_dir: Path) -> list[Case]:
     plain = [(variant, 2, 1, str(moe_dir)) for variant in ("packed", "padded", "ckpt")]
-    return plain + [(bug, 2, 1, str(moe_dir)) for bug in ("drop", "swap", "unweighted", "unscaled")]
+    bugs = [(bug, 2, 1, str(moe_dir)) for bug in ("drop", "swap", "unweighted", "unscaled")]
+    return [*plain, *bugs, ("router", 2, 2, str(moe_dir))]  # ep2 x sp2, the router's losses on
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +73,11 @@ def test_ep2_equals_one_process(ep2: Path, ep2_cases: list[Case], index: int) ->
 def test_a_broken_dispatch_fails_the_comparison(ep2: Path, ep2_cases: list[Case], index: int) -> None:
     with pytest.raises(AssertionError, match="experts" if index == 6 else "Tensor-likes are not close"):
         _compare(ep2, ep2_cases[index], index, world=2)
+
+
+def test_ep2_sp2_with_the_router_loss_equals_one_process(ep2: Path, ep2_cases: list[Case]) -> None:
+    """Sequence parallelism on the MoE: the router's statistics summed over the sequence group."""
+    _compare(ep2, ep2_cases[7], 7, world=2)
 
 
 # slow (CI time): four processes; ep2 alone (test_ep2_equals_one_process) stays in CI
@@ -139,5 +121,5 @@ def _compare(out: Path, case: Case, index: int, world: int) -> None:
         experts = [g for name, g in grads.items() if name.endswith("experts.gate_up_proj")]
         return bool(experts) and all(bool((e.flatten(1).abs().amax(1) > 1e-4).all()) for e in experts)
 
-    single = make_engine(model_dir, 1, packed=variant != "padded")
+    single = make_engine(model_dir, 1, packed=variant != "padded", router=variant == "router")
     compare_with_one_process(out, single, index, world, every_expert_routed_to)

@@ -29,6 +29,14 @@ def test_slices_tile_the_padded_sequence(n: int, sp: int) -> None:
     assert spans[-1][1] == total and len({z - a for a, z in spans}) == 1  # equal shares
 
 
+@pytest.mark.parametrize(("n", "sp"), [(29, 2), (30, 4), (8, 4)])
+def test_slice_masks_mark_the_real_tokens_of_each_slice(n: int, sp: int) -> None:
+    # what the MoE router counts on each rank: the slices' masks joined are n real tokens, then the padding
+    masks = [uly.slice_mask(n, uly.SeqGroup(size=sp, rank=r)) for r in range(sp)]
+    joined = torch.cat(masks)
+    assert joined.shape[0] == uly.padded_length(n, sp) and int(joined.sum()) == n and bool(joined[:n].all())
+
+
 def test_slice_errors() -> None:
     with pytest.raises(ValueError, match="outside"):
         uly.slice_bounds(10, 2, 2)

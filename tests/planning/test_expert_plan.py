@@ -152,9 +152,9 @@ def test_ep_proposal_takes_a_size_that_divides_the_experts_and_the_world() -> No
     assert eps == ["model.expert_parallel_size=2"]
 
 
-def test_sequence_and_tensor_parallelism_are_not_proposed_for_an_moe_folder(tmp_path: Path) -> None:
-    """The engines refuse sp and tp on a mixture of experts; for a model folder the config does not know
-    it is one, so the planner must not offer them (long rows: sp would be offered to a dense model)."""
+def test_tensor_parallelism_is_not_proposed_for_an_moe_folder_sequence_parallelism_is(tmp_path: Path) -> None:
+    """The engines refuse tp on a mixture of experts and run Ulysses sp on a Qwen3-MoE; for a model folder
+    the config does not know it is one, so the planner must not offer tp (long rows: sp helps)."""
     Qwen3MoeConfig(**{**SMALL_MOE, "vocab_size": 32768}).save_pretrained(tmp_path)
     cfg = load_config(
         None,
@@ -170,7 +170,8 @@ def test_sequence_and_tensor_parallelism_are_not_proposed_for_an_moe_folder(tmp_
     peak = estimate_memory(cfg, device="cpu").peak_device
     report = fit_config(cfg, device="cpu", capacity=_capacity(0.5 * peak / 2**20))
     keys = {o.split("=")[0] for o in report.overrides}
-    assert not keys & {"model.sequence_parallel_size", "model.tensor_parallel_size"}
+    assert "model.tensor_parallel_size" not in keys
+    assert "model.sequence_parallel_size" in keys
 
 
 QWEN3_30B_A3B: dict[str, Any] = dict(

@@ -267,7 +267,7 @@ class ModelConfig:
         sp = self.sequence_parallel_size
         tiny = self.tiny
         vision = vision_problem(sp) if tiny.arch.is_vision else None
-        if tiny.arch.is_moe and (moe := moe_problems(sp, self.tensor_parallel_size)):
+        if tiny.arch.is_moe and (moe := moe_problems(self.tensor_parallel_size)):
             return moe
         heads = head_problems(
             tiny.num_attention_heads,
@@ -279,7 +279,9 @@ class ModelConfig:
         experts = expert_problems(
             tiny.num_experts if tiny.arch.is_moe else 0, self.expert_parallel_size, "the tiny model's"
         )
-        shape = shape_problems(tiny.arch.value, self.expert_parallel_size, self.lora.rank)
+        shape = shape_problems(
+            tiny.arch.value, self.expert_parallel_size, self.lora.rank, sp=self.sequence_parallel_size
+        )
         return [vision, *heads, *experts, *shape] if vision else [*heads, *experts, *shape]
 
     @property

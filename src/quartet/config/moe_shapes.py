@@ -3,7 +3,7 @@
 Both train through the roles (actor, reference, critic; padded and packed; FSDP2; checkpointing). What
 quartet has not built for them is refused where it is first known, naming the missing piece and the key:
 
-    shape_problems         LoRA, gpt-oss's expert parallelism   the tiny model's config, the loaded model
+    shape_problems         LoRA, Ulysses SP, gpt-oss's ep    the tiny model's config, the loaded model
     rollout_gap            the built-in rollout engine       validate (tiny model), the engine at load
     SIGMOID_ROUTED         no load-balancing loss            validate (tiny model), the engine's router
 
@@ -11,6 +11,8 @@ quartet has not built for them is refused where it is first known, naming the mi
   and silently none of the experts; on DeepSeek-V3 the MLA projections (`q_a_proj`, `kv_b_proj`, ...) are
   not in the default targets and the dense layers' MLP names go to the experts instead. Neither is what the
   targets say, and the weight sync and the planner do not count them.
+- Sequence parallelism: the Ulysses path with MoE is checked against one process on Qwen-MoE attention;
+  gpt-oss's sinks and windows and DeepSeek-V3's MLA under it are not, so both are refused.
 - Expert parallelism: gpt-oss stores its experts transposed ([E, H, 2I], gate and up interleaved) with
   biases, which `engines.expert_parallel` does not split. DeepSeek-V3's routed experts are in the fused
   layout it splits (its router and shared expert run on each rank's tokens): it runs, exact against one
@@ -43,10 +45,10 @@ def rollout_gap(model_type: str) -> str:
 
 
 def shape_problems(
-    model_type: str, ep: int = 1, lora_rank: int = 0, section: str = "model"
+    model_type: str, ep: int = 1, lora_rank: int = 0, section: str = "model", sp: int = 1
 ) -> list[ConfigError]:
-    """LoRA on a gpt-oss or DeepSeek-V3 model, expert parallelism on gpt-oss (see the module doc); keys
-    relative to `section`, fixes with the full key."""
+    """LoRA or sequence parallelism on a gpt-oss or DeepSeek-V3 model, expert parallelism on gpt-oss (see
+    the module doc); keys relative to `section`, fixes with the full key."""
     if model_type not in SHAPE_MODEL_TYPES:
         return []
     out: list[ConfigError] = []
@@ -58,6 +60,17 @@ def shape_problems(
                 f"{'MLA projections' if model_type == 'deepseek_v3' else 'their biases'}) as the target "
                 "names say, and the weight sync does not merge them (docs/moe.md)",
                 f"set {section}.lora.rank: 0 (train the full model)",
+            )
+        )
+    if sp > 1:
+        out.append(
+            ConfigError(
+                "sequence_parallel_size",
+                f"is {sp} on a {model_type} model: Ulysses sequence parallelism has been checked against one "
+                f"process on Qwen-MoE attention only, not on "
+                f"{'attention sinks and sliding windows' if model_type == 'gpt_oss' else 'MLA attention'} "
+                "(docs/moe.md)",
+                f"set {section}.sequence_parallel_size: 1",
             )
         )
     if ep > 1 and model_type == "gpt_oss":

@@ -9,12 +9,12 @@ Each rule is stated here once, as arithmetic over numbers, and applied wherever 
                                                                                      the loaded model (engine)
     expert_problems   ep against a model's experts per MoE layer (none: dense)       the same two
     vision_problem    sequence parallelism on a vision-language model                the same two
-    moe_problems      sequence or tensor parallelism on a mixture-of-experts model   the same two
+    moe_problems      tensor parallelism on a mixture-of-experts model              the same two
 
-Expert parallelism composes with data parallelism, not with tensor parallelism nor with LoRA (neither has
-been made to split experts). An MoE model takes no sequence parallelism at all (`moe_problems`): its
-router's load-balancing loss is a product of per-expert averages over the whole sequence, which token
-slices do not give without a reduction over the sequence group.
+Expert parallelism composes with data and sequence parallelism, not with tensor parallelism nor with LoRA
+(neither has been made to split experts). An MoE model takes sequence parallelism (its router's statistics
+are summed over the sequence group before the loss is formed: `engines.router`), not tensor parallelism
+(`moe_problems`).
 
 The problems name their key relative to its section (`sequence_parallel_size`, `tensor_parallel_size`,
 `expert_parallel_size`);
@@ -194,31 +194,19 @@ def vision_problem(sp: int, section: str = "model", note: str = "") -> ConfigErr
     )
 
 
-def moe_problems(sp: int, tp: int = 1, section: str = "model", note: str = "") -> list[ConfigError]:
-    """Sequence or tensor parallelism on a mixture-of-experts model: refused (docs/moe.md).
-
-    Tensor parallelism: the plan (`engines.tensor_parallel`) splits dense MLP projections; the fused 3-D
-    expert weights and the router are not in it. Sequence parallelism: the router's load-balancing loss
-    and metrics would be computed on each rank's slice of the tokens, and nothing checks that against one
-    process yet."""
-    out: list[ConfigError] = []
+def moe_problems(tp: int, section: str = "model", note: str = "") -> list[ConfigError]:
+    """Tensor parallelism on a mixture-of-experts model: refused (docs/moe.md): the plan
+    (`engines.tensor_parallel`) splits dense MLP projections; the fused 3-D expert weights and the router
+    are not in it. (Sequence parallelism runs: the router's statistics are summed over the sequence group,
+    `engines.router`.)"""
+    if tp == 1:
+        return []
     why = f" ({note})" if note else ""
-    if tp > 1:
-        out.append(
-            ConfigError(
-                TP,
-                f"is {tp} on a mixture-of-experts model{why}: the tensor-parallel plan does not split "
-                "experts (docs/moe.md)",
-                f"set {section}.{TP}: 1",
-            )
+    return [
+        ConfigError(
+            TP,
+            f"is {tp} on a mixture-of-experts model{why}: the tensor-parallel plan does not split "
+            "experts (docs/moe.md)",
+            f"set {section}.{TP}: 1",
         )
-    if sp > 1:
-        out.append(
-            ConfigError(
-                SP,
-                f"is {sp} on a mixture-of-experts model{why}: the router's loss and metrics are not built "
-                "for token slices yet (docs/moe.md)",
-                f"set {section}.{SP}: 1",
-            )
-        )
-    return out
+    ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from quartet.config.algorithm import unknown_name_fix
 from quartet.config.cluster import gpu_share_problems
 from quartet.config.errors import ConfigError, raise_problems
-from quartet.config.parallel import divisors, head_problems, moe_problems, pool_problems, vision_problem
+from quartet.config.parallel import divisors, head_problems, pool_problems, vision_problem
 from quartet.config.roles import ActorConfig, CriticConfig, Role
 from quartet.config.root import QuartetConfig
 from quartet.config.routing_rules import routing_problems
@@ -120,8 +120,7 @@ def _critic_parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
         heads = head_problems(
             tiny.num_attention_heads, tiny.num_key_value_heads, sp, 1, "the tiny model's", note
         )
-        moe = moe_problems(sp, 1, "critic", note) if tiny.arch.is_moe else []
-        problems = [vision] if vision else moe or heads
+        problems = [vision] if vision else heads
     return [p.under("critic") for p in problems[:1]]
 
 

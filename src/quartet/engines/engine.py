@@ -85,7 +85,7 @@ class TrainingEngine:
         wanted = fused_head_allowed(wanted, self._vocab)  # not under TP (`tensor_parallel`)
         self._lm_head = find_lm_head(self.module) if wanted and spec.kind is ModelKind.CAUSAL_LM else None
         self._routing = RoutingReplay(self.module, spec.routing_replay)  # MoE: replay, mismatch metric
-        self._router = RouterLoss.of(self.module, spec.moe_aux_loss_coef, spec.moe_z_loss_coef)  # MoE only
+        self._router = RouterLoss.of(self.module, spec, self._seq_group)  # MoE only
         self.optimizer: torch.optim.AdamW | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if spec.optim is not None:
@@ -229,7 +229,7 @@ class TrainingEngine:
         inputs = build_inputs(mb)
         metrics: Mapping[str, torch.Tensor | float] = {}
         with self._routing.pass_(inputs, self.spec.packs, self.device):  # backward too: checkpointing
-            with routing(self._router, None if self.spec.packs else inputs.attention_mask) as routed:
+            with routing(self._router, inputs, self.spec.packs) as routed:
                 outputs = self._run(mb, inputs, *run)
             if dummy:
                 loss = outputs.zero_loss(self.device)

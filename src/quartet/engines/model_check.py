@@ -48,7 +48,7 @@ def check_model_layout(
         or getattr(config, "num_local_experts", None)
         or getattr(config, "n_routed_experts", None)
     )
-    moe = moe_problems(sp, tp, section) if is_moe else []
+    moe = moe_problems(tp, section) if is_moe else []
     if moe:
         raise moe[0].under(section)
     kind = getattr(config, "model_type", "?")
@@ -67,6 +67,6 @@ def check_model_layout(
         or 0
     )
     problems = head_problems(heads, kv, sp, tp) + expert_problems(experts, ep)
-    problems += shape_problems(kind, ep, lora_rank, section)
+    problems += shape_problems(kind, ep, lora_rank, section, sp)
     if problems:
         raise problems[0].under(section)

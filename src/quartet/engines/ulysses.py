@@ -49,6 +49,8 @@ __all__ = [
     "seq_to_heads",
     "shard_packed",
     "slice_bounds",
+    "slice_mask",
+    "sum_over_group",
     "ulysses_attention",
     "use_ulysses_attention",
 ]
@@ -294,6 +296,38 @@ def gather_outputs(x: torch.Tensor, counts: tuple[int, ...], group: SeqGroup) ->
         raise ValueError(f"rank {group.rank} holds {x.shape[0]} outputs, expected {counts[group.rank]}")
     out: torch.Tensor = _Gather.apply(x, counts, group)  # type: ignore[no-untyped-call]
     return out
+
+
+class _SumOverGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: SeqGroup) -> torch.Tensor:
+        out = x.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group.group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def sum_over_group(x: torch.Tensor, group: SeqGroup | None) -> torch.Tensor:
+    """The sum of `x` over the ranks of the sequence group, differentiable (`x` unchanged without SP).
+
+    Every rank of the group forms the same loss from the sum, as from `gather_outputs`, so the backward
+    hands this rank the incoming gradient as it is: the rank's share of d loss / d theta is d loss / d sum
+    times d x / d theta, and the shares of the group add up to the whole gradient. (An all-reduce of the
+    gradient, torch.distributed.nn's backward, would make it sp times too large.)"""
+    if group is None or group.size == 1:
+        return x
+    out: torch.Tensor = _SumOverGroup.apply(x, group)  # type: ignore[no-untyped-call]
+    return out
+
+
+def slice_mask(n: int, group: SeqGroup) -> torch.Tensor:
+    """[padded n / sp] bool: which tokens of this rank's slice of a packed sequence of `n` real tokens are
+    real (the tokens past n pad the sequence to a multiple of sp)."""
+    start, end = slice_bounds(n, group.size, group.rank)
+    return torch.arange(start, end) < n
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

