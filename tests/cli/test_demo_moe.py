@@ -81,13 +81,12 @@ def _kwargs(flags: list[str]) -> dict[str, str]:
     return {flags[0].removeprefix("--"): flags[1]}
 
 
-def _expert_share(config: dict[str, Any]) -> tuple[int, int]:
+def _expert_share(cfg: Any) -> tuple[int, int]:
     """(total, active) parameters of the exported model, counted on the module transformers builds: the
     active count leaves out each layer's experts a token is not routed to."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(**config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     total = sum(p.numel() for p in model.parameters())
@@ -111,8 +110,10 @@ def test_the_moe_demo_runs_every_stage_through_the_cli(tmp_path: Path) -> None:
     for row in ("SFT start", "GRPO", "more SFT (control)"):
         assert f"│ {row} " in out.stdout
     run = tmp_path / "demo-moe-quick-seed0"  # not demo-quick-seed0: a dense run's models stay
-    exported = json.loads((run / "grpo" / "hf" / "config.json").read_text())
-    assert exported["model_type"] == "qwen3_moe" and exported["num_experts"] == 4
+    from transformers import AutoConfig
+
+    exported = AutoConfig.from_pretrained(run / "grpo" / "hf")
+    assert exported.model_type == "qwen3_moe" and exported.num_experts == 4
     total, active = _expert_share(exported)
     words = " ".join(out.stdout.split())
     assert f"tiny Qwen3-MoE: {active:,} of {total:,} parameters active (2 of 4 experts)" in words

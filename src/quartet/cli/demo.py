@@ -5,8 +5,8 @@ A tiny model built by the code gets an SFT warm start on a few hundred worked 2-
 on fresh problems scored by the verifier, and a control that spends GRPO's training time on more SFT over
 the same examples. The table compares greedy accuracy on held-out problems. `--task vision` runs the same
 three rows with a tiny vision-language model counting shapes in pictures; `--model moe` the arithmetic demo
-with a tiny mixture-of-experts model (docs/moe.md). Exit status: 0 done, 1 the run
-failed, 2 the config is invalid or the device is not there.
+with a tiny mixture-of-experts model (docs/moe.md). Exit status: 0 done, 1 the run failed, 2 the config is
+invalid or the device is not there.
 """
 
 from __future__ import annotations
