@@ -10,7 +10,8 @@ agree with `benchmarks/results/demo_times.json`).
 
 An item is `task:full|quick[:model]` (model: `quartet demo --model`, dense when left out). `--merge` keeps the
 runs of the results file that this call does not repeat (same task, size and model), so one demo can be
-timed again without the others; the machine block is then this call's.
+timed again without the others; the machine block is then this call's, and each run carries the load
+average at its end (`load_average_after`; runs recorded before it have none).
 
 Each run is a fresh `quartet demo` process in a scratch output folder; the time is the parent's clock from
 spawn to exit. The full calculator and vision demos are not in the default set (7 and ~36 minutes; their
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -53,7 +55,9 @@ def run_one(task: str, quick: bool, seed: int, timeout_s: float, model: str = "d
         raise RuntimeError(
             f"{' '.join(command)} failed (rc {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
         )
-    return {"task": task, "quick": quick, "model": model, "seed": seed, "seconds": seconds, "rows": rows}
+    load = [round(x, 2) for x in os.getloadavg()]  # per run: `--merge` keeps runs of other calls
+    return {"task": task, "quick": quick, "model": model, "seed": seed, "seconds": seconds, "rows": rows,
+            "load_average_after": load}  # fmt: skip
 
 
 def key(run: dict[str, Any]) -> str:
@@ -62,9 +66,8 @@ def key(run: dict[str, Any]) -> str:
     return f"{run['task']}:{'quick' if run['quick'] else 'full'}" + ("" if model == "dense" else f":{model}")
 
 
-def earlier_runs(repeated: set[str]) -> list[dict[str, Any]]:
+def earlier_runs(repeated: set[str], path: Path = RESULTS_DIR / "demo_times.json") -> list[dict[str, Any]]:
     """The recorded runs (`benchmarks/results/demo_times.json`) whose key is not in `repeated`."""
-    path = RESULTS_DIR / "demo_times.json"
     if not path.exists():
         return []
     return [r for r in json.loads(path.read_text())["raw"] if key(r) not in repeated]
