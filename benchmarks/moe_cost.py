@@ -12,6 +12,8 @@ A CPU shared with other work is noisy, so the two are measured in turns, A/B/A/B
 first (which allocates Adam's states and warms the kernels); the ratios MoE / dense are of one run.
 
 - `update_s`: one `train_step` (forward, backward, the router's losses for the MoE, one optimizer step);
+- `small_update_s`: one `train_step` on 32 rows of 8 + 8 tokens, the size of the demo's SFT steps, where
+  fixed costs per layer (the MoE's routing, gathers and hooks) weigh most (the median of 5 per turn);
 - `logprob_s`: one `forward_policy` (the old-log-prob pass, no gradient);
 - `update_peak_mib`, `logprob_peak_mib`: the resident set's peak increase during the call over the resident
   set before it (`quartet.planning.measure`: VmHWM reset before the call; the script re-runs itself with
@@ -135,11 +137,11 @@ def decode_rate(folder: Path, prompts: Batch, n: int, tokens: int) -> float:
 
 
 def measure(
-    folders: dict[str, Path], batch: Batch, turns: int, decode: tuple[Batch, int, int]
+    folders: dict[str, Path], batch: Batch, turns: int, decode: tuple[Batch, int, int], small: Batch
 ) -> dict[str, Any]:
     """Every figure of each model, measured in turns A/B/A/B; the raw per-turn lists."""
     engines = {name: engine_for(folder) for name, folder in folders.items()}
-    micro = MicroSpec(size=len(batch))
+    micro, small_micro = MicroSpec(size=len(batch)), MicroSpec(size=len(small))
     raw: dict[str, dict[str, list[float]]] = {name: {} for name in folders}
     for _ in range(turns):
         for name, engine in engines.items():
@@ -150,6 +152,9 @@ def measure(
             seconds, peak = timed(lambda engine=engine: engine.forward_policy(batch, 1.0, micro))  # type: ignore[misc]
             figures.setdefault("logprob_s", []).append(seconds)
             figures.setdefault("logprob_peak_bytes", []).append(peak)
+            step = engine.train_step  # the SFT start's step: 32 short rows (median of 5 a turn)
+            times = [timed(lambda step=step: step(small, pg_loss, small_micro))[0] for _ in range(5)]  # type: ignore[misc]
+            figures.setdefault("small_update_s", []).append(statistics.median(times))
     for name, engine in engines.items():
         params, adam = state_bytes(engine)
         raw[name]["param_bytes"] = [params]
@@ -171,6 +176,7 @@ def summarize(raw: dict[str, list[float]]) -> dict[str, float]:
 
     return {
         "update_s": med("update_s"),
+        "small_update_s": med("small_update_s"),
         "logprob_s": med("logprob_s"),
         "update_peak_mib": med("update_peak_bytes") / 2**20,
         "logprob_peak_mib": med("logprob_peak_bytes") / 2**20,
@@ -182,6 +188,7 @@ def summarize(raw: dict[str, list[float]]) -> dict[str, float]:
 
 KEYS = [
     "update_s",
+    "small_update_s",
     "logprob_s",
     "update_peak_mib",
     "logprob_peak_mib",
@@ -210,7 +217,8 @@ def main() -> None:
     prompts = Batch({"prompts": ids, "attention_mask": torch.ones_like(ids)})
     with tempfile.TemporaryDirectory() as tmp:
         folders = {name: ensure_tiny_model(spec, Path(tmp) / name) for name, spec in MODELS.items()}
-        raw = measure(folders, batch, turns, (prompts, n, new))
+        small = rows(2 if args.smoke else 32, 8, 8, vocab, seed=2)
+        raw = measure(folders, batch, turns, (prompts, n, new), small)
     summary = {name: summarize(figures) for name, figures in raw.items()}
     ratios = {k: summary["moe"][k] / summary["dense"][k] for k in KEYS}
     shapes = {name: shape_from_tiny(spec) for name, spec in MODELS.items()}
@@ -218,6 +226,8 @@ def main() -> None:
         "rows": count,
         "prompt_tokens": prompt,
         "response_tokens": response,
+        "small_rows": 2 if args.smoke else 32,
+        "small_tokens": "8+8",
         "turns": turns,
         "decode": {"prompts": decode_prompts, "samples": n, "new_tokens": new, "dtype": "float32"},
         "dtype": "float32",
@@ -230,7 +240,15 @@ def main() -> None:
     path = write_result(
         "moe_cost", settings, raw, {**summary, "moe_over_dense": ratios}, out_dir=args.out_dir
     )
-    headers = ["model", "update s", "logprob s", "update peak MiB", "logprob peak MiB", "params MiB"]
+    headers = [
+        "model",
+        "update s",
+        "small update s",
+        "logprob s",
+        "update peak MiB",
+        "logprob peak MiB",
+        "params MiB",
+    ]
     headers += ["Adam MiB", "decode tok/s"]
     body = [[name, *(summary[name][k] for k in KEYS)] for name in MODELS]
     body.append(["moe / dense", *(ratios[k] for k in KEYS)])

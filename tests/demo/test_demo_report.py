@@ -85,14 +85,17 @@ def test_the_gpu_demo_says_its_time_is_an_estimate() -> None:
 
 
 def test_the_moe_demo_times_follow_from_the_dense_ones_and_the_recorded_cost_ratio() -> None:
-    """`--model moe`'s times are the dense demo's times the MoE / dense update time that
-    benchmarks/moe_cost.py recorded (the machine was too busy to time the demo itself)."""
+    """`--model moe`'s estimated times are the dense demo's times the larger MoE / dense update time that
+    benchmarks/moe_cost.py recorded (GRPO's update or an SFT step)."""
     recorded = json.loads((ROOT / "benchmarks" / "results" / "moe_cost.json").read_text())
-    ratio = recorded["summary"]["moe_over_dense"]["update_s"]
+    ratios = recorded["summary"]["moe_over_dense"]
+    ratio = max(ratios["update_s"], ratios["small_update_s"])
     assert round(ratio, 2) == MOE_STEP_RATIO
     for quick in (False, True):
         dense, moe = EXPECTATIONS[("arithmetic", quick, "dense")], EXPECTATIONS[("arithmetic", quick, "moe")]
-        assert moe.seconds == 5 * round(dense.seconds * ratio / 5) and str(MOE_STEP_RATIO) in moe.measured
+        if moe.measured.startswith("estimated"):
+            assert moe.seconds == 5 * round(dense.seconds * MOE_STEP_RATIO / 5)
+            assert str(MOE_STEP_RATIO) in moe.measured
 
 
 def test_the_measured_times_are_those_the_benchmark_recorded() -> None:
