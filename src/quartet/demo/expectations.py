@@ -83,10 +83,9 @@ EXPECTATIONS: dict[tuple[str, bool, str], DemoExpectation] = {
 estimate (`quartet.demo.GPU`)."""
 
 EXPECTATIONS[("arithmetic", False, "moe")] = DemoExpectation(
-    _moe_estimate(EXPECTATIONS[("arithmetic", False, "dense")].seconds),
+    1185,  # at a load average of 2-4 on the 2 cores: a quiet machine is faster (the estimate: ~815 s)
     "what GRPO adds over the same training time of more SFT with a tiny mixture-of-experts model, on 200 "
     "held-out problems",
-    measured=MOE_ESTIMATE,
 )
 EXPECTATIONS[("arithmetic", True, "moe")] = DemoExpectation(
     _moe_estimate(EXPECTATIONS[("arithmetic", True, "dense")].seconds),
