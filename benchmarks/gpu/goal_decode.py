@@ -88,12 +88,15 @@ def _requests(rows: int, prompt: int, new: int, vocab: int) -> list[Any]:
     return [GenerationRequest(tuple(r), p) for r, p in zip(ids, params, strict=True)]
 
 
-def engine_case(step: Step, model: Any, rows: int, new: int, vocab: int, profile: bool) -> dict[str, Any]:
-    """The built-in engine (CUDA graphs where on CUDA): a warm-up generate (captures), then a timed one."""
+def engine_case(
+    step: Step, model: Any, rows: int, new: int, vocab: int, profile: bool, cuda_graphs: bool = True
+) -> dict[str, Any]:
+    """The built-in engine (CUDA graphs where on CUDA, unless `cuda_graphs` is off): a warm-up generate
+    (captures), then a timed one."""
     from quartet.rollout import TorchRolloutEngine
 
     requests = _requests(rows, PROMPT, new, vocab)
-    with TorchRolloutEngine(model, None, max_num_seqs=rows, eos_token_ids=[], cuda_graphs=True) as eng:
+    with TorchRolloutEngine(model, None, max_num_seqs=rows, eos_token_ids=[], cuda_graphs=cuda_graphs) as eng:
         step.sync()
         t0 = time.perf_counter()
         eng.generate(requests)

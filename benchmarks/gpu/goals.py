@@ -8,6 +8,8 @@ Steps, in order (each in its own process with its own deadline; in a dry run, in
                     the HBM roofline; the 7B/64 kernel profile
   hf_baseline    a. HF's static-cache generate (compiled by transformers) at 0.5B/64: the issue's baseline
   update         b. the actor update's MFU at the 1.5B shape (packed, no offload; fused head on and off)
+  moe            issue 49: a Qwen3-MoE (hidden 1024, 12 layers, 64 experts, top 8): the experts' matmul that
+                    ran (grouped where torch has one), decode tok/s at 64 rows, one update's time and memory
   first_step     c. `quartet train` of the single-GPU example at 1.5B to its first step, phase by phase
   async_vs_sync  d. sync.yaml against async.yaml on the one GPU (skipped where async.yaml is absent)
   hooks          e. fused_head.py, cuda_ipc_check.py, `quartet demo --device gpu`, where present
@@ -45,6 +47,7 @@ STEPS: dict[str, tuple[str, float, float]] = {
     "decode": ("goal_decode:run", 90.0, 50.0),
     "hf_baseline": ("goal_decode:hf_baseline", 100.0, 60.0),
     "update": ("goal_update:run", 80.0, 45.0),
+    "moe": ("goal_moe:run", 90.0, 50.0),
     "first_step": ("goal_train:first_step", 120.0, 90.0),
     "async_vs_sync": ("goal_train:async_vs_sync", 160.0, 110.0),
     "hooks": ("goal_hooks:run", 120.0, 40.0),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,7 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
         "decode",
         "hf_baseline",
         "update",
+        "moe",
         "first_step",
         "async_vs_sync",
         "hooks",
@@ -154,12 +156,42 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     )
     flops = 6 * update["params"] * update["tokens"] / best
     assert update["mfu"] == pytest.approx(flops / steps["update"]["matmul_flops_per_s"], rel=0.01, abs=1e-4)
+    _check_moe(steps["moe"])
     first = steps["first_step"]["example_1.5B"]
     assert first["steps"] == 1 and first["startup"]["to_first_step_s"] > first["startup"]["imports_s"] > 0
     assert steps["first_step_example"]["example_0.36B"]["status"] == "pass"  # its GPU config loads
     assert all(g["met"] is None for g in record["goals"].values())
     variants = [v for k, v in steps["update"].items() if k.startswith("update")]
     assert record["goals"]["update_1.5B_mfu"]["figure"] == max(v["mfu"] for v in variants)  # the best variant
+
+
+def _check_moe(moe: dict[str, Any]) -> None:
+    """The MoE step: the experts ran on the grouped matmul this torch has, and the decode and update figures
+    follow from the tokens and times it records; the parameter counts from the shape, counted here."""
+    import torch
+
+    shape = moe["shape"]
+    h, layers, e, k, i = (shape[x] for x in ("hidden_size", "num_hidden_layers", "num_experts",
+                                             "num_experts_per_tok", "moe_intermediate_size"))  # fmt: skip
+    assert moe["shape"]["params"] - moe["shape"]["active_params"] == layers * (e - k) * 3 * h * i
+    experts = moe["experts"]
+    if hasattr(torch.nn.functional, "grouped_mm"):  # torch >= 2.10: transformers' grouped_mm runs it
+        assert experts["experts_implementation"] == "grouped_mm"
+        assert experts["grouped_mm_called"] == "torch.nn.functional.grouped_mm"
+        assert experts["grouped_mm_calls_per_forward"][experts["grouped_mm_called"]] == 2 * layers  # up, down
+    decode = moe["decode/64"]
+    assert decode["tokens"] == 4 * 8 and decode["cuda_graphs"] is False  # the dry run's 4 rows x 8 tokens
+    assert decode["tokens_per_s"] == pytest.approx(decode["tokens"] / decode["seconds"], rel=0.01)
+    update = moe["update"]
+    best = min(update["step_seconds"][1:])
+    assert update["tokens"] == 4 * (8 + 16) and len(update["losses"]) == 3
+    assert update["tokens_per_s"] == pytest.approx(update["tokens"] / best, rel=0.01)
+    flops = 6 * moe["shape"]["active_params"] * update["tokens"] / best
+    assert update["mfu_active"] == pytest.approx(flops / moe["matmul_flops_per_s"], rel=0.01, abs=1e-4)
+    assert (
+        update["peak_memory_bytes"] > 0
+        and update["experts_implementation"] == experts["experts_implementation"]
+    )
 
 
 def test_a_goals_step_runs_in_a_child_process_and_its_part_file_is_its_record(tmp_path: Path) -> None:

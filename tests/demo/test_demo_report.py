@@ -11,8 +11,14 @@ import pytest
 from rich.console import Console
 
 from quartet.cli.demo import _report
-from quartet.demo import DEMOS, DemoResult, DemoRow
-from quartet.demo.expectations import EXPECTATIONS, closing_note, expectation, opening_note
+from quartet.demo import DEMOS, MOE, DemoResult, DemoRow
+from quartet.demo.expectations import (
+    EXPECTATIONS,
+    MOE_STEP_RATIO,
+    closing_note,
+    expectation,
+    opening_note,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = "/home/a-user/projects/quartet/runs/demo-seed0/sft_control/hf"
@@ -24,6 +30,19 @@ def _printed(result: DemoResult) -> str:
     console.soft_wrap = True  # as `command_console` sets it off a terminal
     _report(console, result, seed=0)
     return out.getvalue()
+
+
+def test_a_model_other_than_the_default_heads_the_title_on_its_own_line(tmp_path: Path) -> None:
+    model = "tiny Qwen3-MoE: 1.05M of 3.41M parameters active"
+    rows = [DemoRow(name, 0.5, 100, 200, 10.0, LONG) for name in ("SFT start", "GRPO", "more SFT (control)")]
+    out = io.StringIO()
+    console = Console(file=out, width=80, highlight=False, emoji=False)
+    console.soft_wrap = True
+    _report(console, DemoResult(rows=rows, run_dir=tmp_path, seconds=1.0), seed=0, model=model)
+    lines = [line.strip() for line in out.getvalue().splitlines()]
+    title = lines.index(model)
+    assert lines[title + 1] == "greedy accuracy on 200 held-out problems (seed 0)"
+    assert all(len(line) <= 80 for line in out.getvalue().splitlines()[: title + 8])
 
 
 def test_the_table_fits_a_log_and_the_folders_follow_in_full(tmp_path: Path) -> None:
@@ -44,16 +63,19 @@ def test_the_table_fits_a_log_and_the_folders_follow_in_full(tmp_path: Path) -> 
         assert any(x.startswith(row.name + " model:") and x.endswith(row.model_dir) for x in lines)
 
 
-@pytest.mark.parametrize("task", sorted(DEMOS))
-def test_every_cpu_demo_states_its_time_and_a_quick_one_says_it_is_a_smoke(task: str) -> None:
-    full, quick = expectation(task, False), expectation(task, True)
-    assert full is not None and quick is not None and quick.seconds < full.seconds
-    assert opening_note(task, False).startswith(f"expected: {full.duration()} on a 2-core CPU")
-    assert closing_note(task, False) is None  # the full table is the comparison
-    assert "cannot show" in opening_note(task, True)
-    closing = closing_note(task, True)
+@pytest.mark.parametrize(
+    ("task", "model"), [*((task, "dense") for task in sorted(DEMOS)), *((task, "moe") for task in MOE)]
+)
+def test_every_cpu_demo_states_its_time_and_a_quick_one_says_it_is_a_smoke(task: str, model: str) -> None:
+    full, quick = expectation(task, False, model=model), expectation(task, True, model=model)
+    assert full is not None and quick is not None and 0 < quick.seconds < full.seconds
+    assert opening_note(task, False, model=model).startswith(f"expected: {full.duration()} on a 2-core CPU")
+    assert closing_note(task, False, model=model) is None  # the full table is the comparison
+    assert "cannot show" in opening_note(task, True, model=model)
+    closing = closing_note(task, True, model=model)
     assert closing is not None and "says nothing about which row is better" in closing
     command = "quartet demo" if task == "arithmetic" else f"quartet demo --task {task}"
+    command += "" if model == "dense" else f" --model {model}"
     assert f"{command} ({full.duration()}) does." in closing
 
 
@@ -62,10 +84,24 @@ def test_the_gpu_demo_says_its_time_is_an_estimate() -> None:
     assert "not yet timed" in opening_note("arithmetic", False, "gpu")
 
 
+def test_the_moe_demo_times_follow_from_the_dense_ones_and_the_recorded_cost_ratio() -> None:
+    """`--model moe`'s estimated times are the dense demo's times the larger MoE / dense update time that
+    benchmarks/moe_cost.py recorded (GRPO's update or an SFT step)."""
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "moe_cost.json").read_text())
+    ratios = recorded["summary"]["moe_over_dense"]
+    ratio = max(ratios["update_s"], ratios["small_update_s"])
+    assert round(ratio, 2) == MOE_STEP_RATIO
+    for quick in (False, True):
+        dense, moe = EXPECTATIONS[("arithmetic", quick, "dense")], EXPECTATIONS[("arithmetic", quick, "moe")]
+        if moe.measured.startswith("estimated"):
+            assert moe.seconds == 5 * round(dense.seconds * MOE_STEP_RATIO / 5)
+            assert str(MOE_STEP_RATIO) in moe.measured
+
+
 def test_the_measured_times_are_those_the_benchmark_recorded() -> None:
     """An expectation that names `benchmarks/demo_times.py` holds the wall time it wrote (to 5 s)."""
     recorded = json.loads((ROOT / "benchmarks" / "results" / "demo_times.json").read_text())
-    measured = {(r["task"], r["quick"]): r["seconds"] for r in recorded["raw"]}
+    measured = {(r["task"], r["quick"], r.get("model", "dense")): r["seconds"] for r in recorded["raw"]}
     for key, found in EXPECTATIONS.items():
         if found.measured == "benchmarks/demo_times.py":
             assert key in measured, f"{key} names benchmarks/demo_times.py, which did not measure it"

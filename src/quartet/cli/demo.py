@@ -1,11 +1,12 @@
-"""`quartet demo [--task T] [--quick] [--seed N] [--device cpu|gpu] [key=value ...]`: the main job on the
-embedded default, on CPU (or, with `--device gpu`, at a GPU size on one CUDA device).
+"""`quartet demo [--task T] [--model dense|moe] [--quick] [--seed N] [--device cpu|gpu] [key=value ...]`:
+the main job on the embedded default, on CPU (or, with `--device gpu`, at a GPU size on one CUDA device).
 
 A tiny model built by the code gets an SFT warm start on a few hundred worked 2-digit additions, then GRPO
 on fresh problems scored by the verifier, and a control that spends GRPO's training time on more SFT over
 the same examples. The table compares greedy accuracy on held-out problems. `--task vision` runs the same
-three rows with a tiny vision-language model counting shapes in pictures. Exit status: 0 done, 1 the run
-failed, 2 the config is invalid or the device is not there.
+three rows with a tiny vision-language model counting shapes in pictures; `--model moe` the arithmetic demo
+with a tiny mixture-of-experts model (docs/moe.md). Exit status: 0 done, 1 the run failed, 2 the config is
+invalid or the device is not there.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ def add_parser(sub: Any) -> None:
         help="arithmetic: 2-digit addition, one turn; calculator: multi-turn, the model calls a tool; "
         "vision: a tiny VLM counts the circles in a picture (its SFT side: vision.<name>=<value>, e.g. "
         "vision.sft_steps=500; see docs/vision.md)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=["dense", "moe"],  # quartet.demo.MODELS
+        default="dense",
+        help="dense: the tiny Qwen2; moe: a tiny Qwen3-MoE with as many parameters active per token "
+        "(8 experts, 2 per token; --task arithmetic on CPU; see docs/moe.md)",
     )
     parser.add_argument(
         "--filtered-control",
@@ -100,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"config error: {NO_FILTERED_VISION}", file=sys.stderr)
         return 2
     try:
-        cfg = demo_config(args.overrides, args.seed, args.quick, args.task, device)
+        cfg = demo_config(args.overrides, args.seed, args.quick, args.task, device, args.model)
     except (ConfigError, ValueError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -114,9 +122,12 @@ def run(args: argparse.Namespace) -> int:
     what = WHAT[args.task]
     model = "tiny Qwen2, CPU" if device == "cpu" else "~0.1B Qwen2 shape, GPU"
     model = "tiny Qwen2-VL, CPU" if args.task == "vision" else model
-    console.rule(f"[bold]quartet demo --task {args.task}")  # short: a rule is cut at 80 columns in a log
+    moe = _moe_model(cfg) if args.model == "moe" else None
+    model = f"{moe[0]}, CPU" if moe else model
+    flags = f"--task {args.task}" + (f" --model {args.model}" if args.model != "dense" else "")
+    console.rule(f"[bold]quartet demo {flags}")  # short: a rule is cut at 80 columns in a log
     console.print(f"SFT start -> GRPO vs more SFT: {model}, {what}", markup=False)
-    console.print(opening_note(args.task, args.quick, device), markup=False)
+    console.print(opening_note(args.task, args.quick, device, args.model), markup=False)
     source = cfg.data.builtin_task.value
     try:
         result = run_demo(
@@ -127,16 +138,32 @@ def run(args: argparse.Namespace) -> int:
             args.task,
             filtered_control=args.filtered_control,
             device=device,
+            model=args.model,
         )
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"demo failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
-    _report(console, result, args.seed, _noun(args.task))
-    closing = closing_note(args.task, args.quick, device)
+    _report(console, result, args.seed, _noun(args.task), moe[1] if moe else None)
+    closing = closing_note(args.task, args.quick, device, args.model)
     if closing:
         console.print(closing, style="yellow", markup=False)
     return 0
+
+
+def _moe_model(cfg: Any) -> tuple[str, str]:
+    """`--model moe`'s model in words with its active and total parameters (the planner's counts, those
+    `quartet plan` prints), so its table reads against the dense demo's ~1.05M parameters: the opening
+    line's exact counts, and the table title's rounded ones (a title wider than the table wraps)."""
+    from quartet.planning.model_shape import shape_from_tiny
+
+    tiny, shape = cfg.model.tiny, shape_from_tiny(cfg.model.tiny)
+    active, total = shape.active_params, shape.total_params
+    return (
+        f"tiny Qwen3-MoE: {active:,} of {total:,} parameters active "
+        f"({tiny.num_experts_per_tok} of {tiny.num_experts} experts)",
+        f"tiny Qwen3-MoE: {active / 1e6:.2f}M of {total / 1e6:.2f}M parameters active",
+    )
 
 
 def _noun(task: str) -> str:
@@ -144,12 +171,16 @@ def _noun(task: str) -> str:
     return "pictures" if task == "vision" else "problems"
 
 
-def _report(console: Console, result: DemoResult, seed: int, noun: str = "problems") -> None:
+def _report(
+    console: Console, result: DemoResult, seed: int, noun: str = "problems", model: str | None = None
+) -> None:
     """The accuracy table and where the run's files are (the same on CPU and GPU). The table is narrow
-    enough for the 80 columns of a log file; the model folders, long paths, follow it one per line."""
+    enough for the 80 columns of a log file; the model folders, long paths, follow it one per line. A
+    `model` other than the task's default (`--model moe`) heads the title, on a line of its own."""
     from rich.table import Table
 
-    table = Table(title=f"greedy accuracy on {result.rows[0].total} held-out {noun} (seed {seed})")
+    title = f"greedy accuracy on {result.rows[0].total} held-out {noun} (seed {seed})"
+    table = Table(title=f"{model}\n{title}" if model else title)
     for column in ("model", "accuracy", "correct", "train time"):
         table.add_column(column, no_wrap=True)
     for row in result.rows:

@@ -6,11 +6,14 @@ from quartet.demo.pipeline import (
     DEVICES,
     FILTERED_ROW,
     GPU,
+    MODELS,
+    MOE,
     NO_FILTERED_VISION,
     DemoResult,
     DemoRow,
     cuda_problem,
     demo_config,
+    model_problem,
     run_demo,
 )
 
@@ -19,10 +22,13 @@ __all__ = [
     "DEVICES",
     "FILTERED_ROW",
     "GPU",
+    "MODELS",
+    "MOE",
     "NO_FILTERED_VISION",
     "DemoResult",
     "DemoRow",
     "cuda_problem",
     "demo_config",
+    "model_problem",
     "run_demo",
 ]

@@ -30,49 +30,79 @@ class DemoExpectation:
         return f"~{self.seconds:.0f} s" if self.seconds < 120 else f"~{self.seconds / 60:.0f} min"
 
 
+MOE_STEP_RATIO = 1.57
+"""The MoE demo model's step time over the dense one's (`benchmarks/moe_cost.py`, the two measured in turns
+in one run): the larger of the GRPO-sized and the SFT-sized update's ratios (`update_s`, `small_update_s`
+of benchmarks/results/moe_cost.json's `summary.moe_over_dense`), to 2 decimals."""
+
+MOE_ESTIMATE = (
+    f"estimated: the dense demo's time x {MOE_STEP_RATIO}, the MoE / dense step time of "
+    "benchmarks/moe_cost.py"
+)
+"""What `--model moe`'s times are: the machine they were measured on was too busy to time the demo alone."""
+
+
+def _moe_estimate(dense_seconds: float) -> float:
+    """The `--model moe` demo's expected seconds from the dense demo's measured ones, to 5 s."""
+    return 5 * round(dense_seconds * MOE_STEP_RATIO / 5)
+
+
 SMOKE = "a smoke of the pipeline: every stage runs (SFT start, GRPO, the control, the scoring, the table)"
 
-EXPECTATIONS: dict[tuple[str, bool], DemoExpectation] = {
-    ("arithmetic", False): DemoExpectation(
+EXPECTATIONS: dict[tuple[str, bool, str], DemoExpectation] = {
+    ("arithmetic", False, "dense"): DemoExpectation(
         520,
         "what GRPO adds over the same training time of more SFT, on 200 held-out problems",
         measured="`make demo` in a fresh clone: its 'whole demo' line, 521 s",
     ),
-    ("arithmetic", True): DemoExpectation(
+    ("arithmetic", True, "dense"): DemoExpectation(
         130,
         SMOKE,
         "which row is better: 40 SFT epochs and 20 GRPO steps are too few, the margins are noise",
     ),
-    ("calculator", False): DemoExpectation(
+    ("calculator", False, "dense"): DemoExpectation(
         420,
         "GRPO over whole conversations learning when to call the tool, against more SFT",
         measured="docs/agentic.md (seed 0, under 7 minutes)",
     ),
-    ("calculator", True): DemoExpectation(
+    ("calculator", True, "dense"): DemoExpectation(
         135, SMOKE, "which row is better: 8 SFT epochs and 4 GRPO steps are too few, the margins are noise"
     ),
-    ("vision", False): DemoExpectation(
+    ("vision", False, "dense"): DemoExpectation(
         2160,
         "GRPO against more SFT on counting circles; one seed is noisy (docs/vision.md: 3 seeds, GRPO won 1)",
         measured="docs/vision.md (36 min each with three seeds sharing the 2 cores; not timed alone)",
     ),
-    ("vision", True): DemoExpectation(
+    ("vision", True, "dense"): DemoExpectation(
         25,
         SMOKE,
         "anything about accuracy: 10 SFT steps and 3 GRPO steps leave the model guessing, the rows are noise",
     ),
 }
-"""(task, quick) -> expectation, on CPU. The GPU demo has its own estimate (`quartet.demo.GPU`)."""
+"""(task, quick, model) -> expectation, on CPU (model: `quartet demo --model`). The GPU demo has its own
+estimate (`quartet.demo.GPU`)."""
+
+EXPECTATIONS[("arithmetic", False, "moe")] = DemoExpectation(
+    1185,  # at a load average of 2-4 on the 2 cores: a quiet machine is faster (the estimate: ~815 s)
+    "what GRPO adds over the same training time of more SFT with a tiny mixture-of-experts model, on 200 "
+    "held-out problems",
+)
+EXPECTATIONS[("arithmetic", True, "moe")] = DemoExpectation(
+    _moe_estimate(EXPECTATIONS[("arithmetic", True, "dense")].seconds),
+    SMOKE,
+    EXPECTATIONS[("arithmetic", True, "dense")].cannot_show,  # the same epochs and steps as the dense smoke
+    measured=MOE_ESTIMATE,
+)
 
 
-def expectation(task: str, quick: bool, device: str = "cpu") -> DemoExpectation | None:
+def expectation(task: str, quick: bool, device: str = "cpu", model: str = "dense") -> DemoExpectation | None:
     """The expectation of a CPU demo; None on a GPU (sized, not yet timed there)."""
-    return EXPECTATIONS.get((task, quick)) if device == "cpu" else None
+    return EXPECTATIONS.get((task, quick, model)) if device == "cpu" else None
 
 
-def opening_note(task: str, quick: bool, device: str = "cpu") -> str:
+def opening_note(task: str, quick: bool, device: str = "cpu", model: str = "dense") -> str:
     """The line printed before a demo starts."""
-    found = expectation(task, quick, device)
+    found = expectation(task, quick, device, model)
     if found is None:
         return "expected: under 5 minutes on one H100 (an estimate: not yet timed on a GPU)"
     text = f"expected: {found.duration()} on a 2-core CPU ({found.measured}); shows {found.shows}"
@@ -81,13 +111,14 @@ def opening_note(task: str, quick: bool, device: str = "cpu") -> str:
     return text
 
 
-def closing_note(task: str, quick: bool, device: str = "cpu") -> str | None:
+def closing_note(task: str, quick: bool, device: str = "cpu", model: str = "dense") -> str | None:
     """The line printed under the table of a run whose table is not the comparison (`--quick`), else None."""
-    found = expectation(task, quick, device)
+    found = expectation(task, quick, device, model)
     if found is None or not found.cannot_show:
         return None
-    full = EXPECTATIONS.get((task, False))
+    full = EXPECTATIONS.get((task, False, model))
     command = "quartet demo" + ("" if task == "arithmetic" else f" --task {task}")
+    command += "" if model == "dense" else f" --model {model}"
     took = f" ({full.duration()})" if full is not None else ""
     return (
         f"--quick is {SMOKE}; the table above says nothing about which row is better. {command}{took} does."

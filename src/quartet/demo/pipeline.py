@@ -38,12 +38,15 @@ __all__ = [
     "DEVICES",
     "FILTERED_ROW",
     "GPU",
+    "MODELS",
+    "MOE",
     "NO_FILTERED_VISION",
     "DemoResult",
     "DemoRow",
     "cuda_problem",
     "demo_config",
     "greedy_accuracy",
+    "model_problem",
     "run_demo",
 ]
 
@@ -99,6 +102,45 @@ model build), SFT start 45 s, GRPO ~50 s (50 steps of 256 samples of <= 8 tokens
 control as long, the evaluation and the imports ~30 s: about 4.5 minutes."""
 
 
+MODELS = ("dense", "moe")
+"""`quartet demo --model M`: the tiny model the demo trains (dense: the embedded configs' Qwen2)."""
+
+MOE = {
+    "arithmetic": [
+        # examples/moe/config.yaml's tiny Qwen3-MoE: 1,054,080 parameters active per token (the dense demo
+        # model has 1,050,752 in all) of 3,413,376; tests/cli/test_demo_moe.py holds the two equal
+        "model.tiny={arch: qwen3_moe, hidden_size: 128, num_hidden_layers: 4, num_attention_heads: 4, "
+        "num_key_value_heads: 2, num_experts: 8, num_experts_per_tok: 2, moe_intermediate_size: 256, "
+        "intermediate_size: 128}",
+        "actor.moe_aux_loss_coef=0.01",
+        "actor.moe_z_loss_coef=0.001",
+        "trainer.experiment_name=demo-moe",  # its own run folders: a dense run's models stay
+    ],
+}
+"""`--model moe`: the tiny Qwen3-MoE of examples/moe with its router loss coefficients, on the tasks whose
+demo is sized for it (arithmetic). The rest of the demo (data, GRPO, the control, the scoring) is as dense."""
+
+
+def model_problem(task: str, model: str, device: str = "cpu") -> str | None:
+    """Why `--model` cannot run with this `--task` and `--device`, naming the flags and the fix; None when
+    it can."""
+    if model not in MODELS:
+        return f"unknown demo model {model!r}; the models are {', '.join(MODELS)}"
+    if model == "dense":
+        return None
+    if task not in MOE:
+        return (
+            f"--model {model} runs the {', '.join(MOE)} demo; --task {task} has a dense model only. "
+            f"Fix: drop --model {model}, or use --task {' / '.join(MOE)}"
+        )
+    if device != "cpu":
+        return (
+            f"--model {model} runs on CPU; --device {device} has a dense model only. "
+            f"Fix: drop --device {device}"
+        )
+    return None
+
+
 def cuda_problem() -> str | None:
     """Why `--device gpu` cannot run here, with the fix; None when torch sees a CUDA device."""
     import torch
@@ -152,22 +194,29 @@ NO_FILTERED_VISION = (
 
 
 def demo_config(
-    overrides: list[str], seed: int, quick: bool, task: str = "arithmetic", device: str = "cpu"
+    overrides: list[str],
+    seed: int,
+    quick: bool,
+    task: str = "arithmetic",
+    device: str = "cpu",
+    model: str = "dense",
 ) -> QuartetConfig:
-    """The embedded demo config with the `device`'s sizes (`GPU`), the seed applied everywhere, `--quick`
-    settings, then the user's. Builds the config only: nothing checks that the device is there. For
-    `task="vision"` the `vision.<name>=<value>` overrides are the SFT side's (`split_settings`), checked
-    here and left out of the config."""
+    """The embedded demo config with the `device`'s sizes (`GPU`) or the `model`'s (`MOE`), the seed applied
+    everywhere, `--quick` settings, then the user's. Builds the config only: nothing checks that the device
+    is there. For `task="vision"` the `vision.<name>=<value>` overrides are the SFT side's
+    (`split_settings`), checked here and left out of the config."""
     if task not in DEMOS:
         raise ValueError(f"unknown demo task {task!r}; the demos are {', '.join(DEMOS)}")
     if device not in DEVICES:
         raise ValueError(f"unknown demo device {device!r}; the devices are {', '.join(DEVICES)}")
     if device == "gpu" and task not in GPU:
         raise ValueError(f"--device gpu runs the {', '.join(GPU)} demo; --task {task} is on CPU only")
+    if problem := model_problem(task, model, device):
+        raise ValueError(problem)
     if task == "vision":
         overrides = split_settings(overrides, quick)[1]
     path = resources.files("quartet.demo") / DEMOS[task]
-    sized = GPU[task] if device == "gpu" else []
+    sized = GPU[task] if device == "gpu" else MOE[task] if model == "moe" else []
     seeds = [f"trainer.seed={seed}", f"data.seed={seed}", f"sft.seed={seed}", f"model.tiny.seed={seed}"]
     seeds += [f"rollout.seed={seed}"]
     with resources.as_file(path) as file:
@@ -241,6 +290,7 @@ def run_demo(
     task: str = "arithmetic",
     filtered_control: bool = False,
     device: str = "cpu",
+    model: str = "dense",
 ) -> DemoResult:
     """SFT start, GRPO from it, and the time-matched more-SFT control; the accuracy table.
 
@@ -248,12 +298,13 @@ def run_demo(
     verifier accepts only (`sft.keep_verified`: rejection-sampled demonstrations), the control a reviewer
     asks for when the traces are of mixed quality. `device="gpu"` runs the GPU sizes (`GPU`); it fails at
     once (RuntimeError, with the fix) where torch sees no CUDA device. `task="vision"` runs the same three
-    rows on pictures (`quartet.demo.vision`); it has no filtered control (ValueError).
+    rows on pictures (`quartet.demo.vision`); it has no filtered control (ValueError). `model="moe"` trains
+    the tiny Qwen3-MoE of `MOE` instead (arithmetic on CPU only: ValueError otherwise, naming the flags).
     """
     start = time.perf_counter()
     if task == "vision" and filtered_control:
         raise ValueError(NO_FILTERED_VISION)
-    cfg = demo_config(overrides, seed, quick, task, device)
+    cfg = demo_config(overrides, seed, quick, task, device, model)
     problem = cuda_problem() if device == "gpu" else None
     if problem:
         raise RuntimeError(problem)
