@@ -101,3 +101,44 @@ def save_with_template(tiny_model_dir: Path, template: str, folder: Path) -> Pat
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+HERMES_STRICT = (
+    # written for these tests in the style of Hermes-2-Pro's tool template (vLLM's
+    # tool_chat_template_hermes.jinja): tools listed in the system turn, calls as <tool_call> JSON, tool
+    # results grouped in one `tool` turn as <tool_response> blocks, and a tool message without `name` refused
+    "{%- if tools -%}"
+    "{%- set head = messages[0]['content'] + '\\n\\n' if messages[0]['role'] == 'system' else '' -%}"
+    "{{- '<|im_start|>system\\n' + head + 'You may call functions. Signatures:\\n<tools>\\n' -}}"
+    "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
+    "{{- '</tools><|im_end|>\\n' -}}"
+    "{%- elif messages[0]['role'] == 'system' -%}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' and loop.first -%}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{%- set fn = call['function'] -%}"
+    "{%- set args = fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' -}}"
+    "{{- args + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if message.name is not defined -%}"
+    "{{- raise_exception(\"a tool message needs a 'name' key: the name of the function called\") -}}"
+    "{%- endif -%}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>tool\\n' -}}{%- endif -%}"
+    '{{- \'<tool_response>\\n{"name": "\' + message.name + \'", "content": \' -}}'
+    "{{- message['content'] | tojson -}}{{- '}\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+"""Hermes-style tool template (not in TEMPLATES: it is prefix-safe; its tests are in test_tool_messages)."""

@@ -6,6 +6,9 @@ spell, without the end-of-turn token) and how the conversation keeps that turn i
 Those two differ on purpose in the probes that mimic an OpenAI-compatible client: the client keeps a
 tool call as structured `tool_calls` and a reasoning block as `reasoning_content`, so the template renders
 them back in its own spelling. quartet's agent loops keep the decoded text as `content` (the `loop` form).
+A tool result carries its call's `name` and `tool_call_id` (`PROBE_CALL_ID`, also the structured call's
+`id`), as the tool loop and OpenAI clients send it: templates such as Hermes' refuse a tool message
+without `name`.
 
 The model's tool-call text is taken from the template itself (its wrapper around the call, e.g.
 `<tool_call>\\n...\\n</tool_call>`), with the JSON written as a model writes it: `name` first, the
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "PROBE_CALL_ID",
     "PROBE_TOOLS",
     "ModelTurn",
     "Probe",
@@ -98,7 +102,7 @@ def model_tool_call_text(render: Any, tool: dict[str, Any]) -> tuple[str, dict[s
     name = str(tool.get("function", tool)["name"])
     args = _call_arguments(tool)
     written = json.dumps({"name": name, "arguments": args})
-    structured = {"type": "function", "function": {"name": name, "arguments": args}}
+    structured = {"id": PROBE_CALL_ID, "type": "function", "function": {"name": name, "arguments": args}}
     hermes = f"<tool_call>\n{written}\n</tool_call>"
     user = {"role": "user", "content": "u"}
     try:  # where the assistant's content starts, then the call rendered after empty content
@@ -132,8 +136,14 @@ def _with_calls(content: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
     return {"role": "assistant", "content": content, "tool_calls": calls}
 
 
-def _tool_reply(content: str) -> list[dict[str, Any]]:
-    return [{"role": "tool", "content": content}]
+PROBE_CALL_ID = "call_0_0"
+"""The id of a probe's tool call, as quartet's tool loop numbers a first turn's first call."""
+
+
+def _tool_reply(content: str, name: str) -> list[dict[str, Any]]:
+    """The tool message answering the probe's call, with the call's `name` and `tool_call_id` as quartet's
+    loop and OpenAI clients send them (templates such as Hermes' refuse a tool message without `name`)."""
+    return [{"role": "tool", "name": name, "tool_call_id": PROBE_CALL_ID, "content": content}]
 
 
 def _user(content: str) -> list[dict[str, Any]]:
@@ -188,7 +198,8 @@ def standard_probes(render_with_tools: Any, reasoning_field: bool) -> list[Probe
         for loop_form in (True, False):
             form = "text" if loop_form else "structured"
             turns = _tool_turns(call, structured, think, loop_form, reasoning_field)
-            bodies.append((f"{tag}tool_call_{form}", question, turns, [_tool_reply("5"), []], True))
+            reply = _tool_reply("5", PROBE_TOOLS[0]["function"]["name"])
+            bodies.append((f"{tag}tool_call_{form}", question, turns, [reply, []], True))
         bodies.append((f"{tag}user_turns", game, _chat_turns(think, False), users, False))
     if reasoning_field:
         bodies.append(("reasoning_content_user_turns", game, _chat_turns(True, True), users, False))
@@ -224,7 +235,10 @@ def row_probes(
         if tools:
             call, structured = model_tool_call_text(render_with_tools, tools[0])
             turns += _tool_turns(call, structured, think=True, loop_form=True)
-            env += [_tool_reply("5"), _user("Go on.") if user_turns else []]
+            env += [
+                _tool_reply("5", str(structured["function"]["name"])),
+                _user("Go on.") if user_turns else [],
+            ]
         if user_turns:
             turns += _chat_turns(think=True, reasoning_field=False)[:2]
             env += [_user("Higher."), []]

@@ -10,6 +10,12 @@ pass `max_response_tokens`, or when a turn is cut by the token limit. A malforme
 tool, arguments off the schema) is answered to the model as a tool error message and counted; it never ends
 the trajectory by itself. Tool results are cut to `max_tool_response_chars`.
 
+Each tool message carries its call's `name` and `tool_call_id` (templates such as Hermes' refuse a tool
+message without `name`; OpenAI's format pairs results with calls by id). The model writes its calls as
+text without ids, so the loop gives them `call_<turn>_<index>` (from 0, the same for the same trajectory)
+and keeps them on the model turn's message as OpenAI `tool_calls`; the template still renders that turn
+as the model wrote it (`Trajectory.template_messages`).
+
 With a simulated user (`UserSim`, the user_sim loop), a model turn without a tool call goes to the
 interaction instead of ending the trajectory: its reply becomes the next user turn (mask 0), until it says
 the conversation is done, or after `max_user_turns` replies. Its last score becomes the trajectory's reward;
@@ -33,6 +39,7 @@ end-of-turn token, which is how the chat template renders an assistant message: 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
@@ -54,11 +61,16 @@ from quartet.rollout.types import FinishReason, GenerationOutput
 if TYPE_CHECKING:
     from quartet.agents.interaction import Interaction
 
-__all__ = ["RERENDER_BREAKS", "LoopLimits", "UserSim", "run_tool_loop"]
+__all__ = ["MALFORMED_CALL", "RERENDER_BREAKS", "LoopLimits", "UserSim", "run_tool_loop"]
 
 RERENDER_BREAKS = "agent/template_rerender_breaks"
 """Per trajectory (rerender mode): environment turns whose rendering of the conversation changed tokens
 the trajectory already held (a template that drops reasoning, re-spells tool calls, ...)."""
+
+
+MALFORMED_CALL = "malformed_tool_call"
+"""The `name` of a tool message answering a call the parser could not read (bad JSON, no name): a
+template that requires a name gets one; no tool by that name is called."""
 
 
 class Generate(Protocol):
@@ -288,7 +300,9 @@ class _Episode:
         return True
 
     async def tool_turn(self, parsed: ParsedTurn, ended: bool) -> None:
-        """Run the turn's calls concurrently; their results (and the malformed calls' errors) answer it."""
+        """Run the turn's calls concurrently; their results (and the malformed calls' errors) answer it,
+        each tool message carrying its call's `name` and `tool_call_id` (`name_calls`)."""
+        heads = self.name_calls(parsed)
         replies: list[Any] = [self.text(f"Error: {problem}") for problem in parsed.errors]
         shown: list[tuple[bytes, Prepared]] = []
         self.counts["tool/parse_errors"] += len(parsed.errors)
@@ -307,7 +321,29 @@ class _Episode:
                 if "latency" not in key:  # counters add up over turns
                     self.counts[key] = self.counts.get(key, 0.0) + value
             self.latencies.append(metrics.get("tool/latency_s/max", 0.0))
-        self.add_env_turn("tool", replies, ended, shown)
+        self.add_env_turn("tool", replies, ended, shown, heads)
+
+    def name_calls(self, parsed: ParsedTurn) -> list[dict[str, str]]:
+        """Ids for the latest model turn's calls, `call_<turn>_<index>` (turn and index from 0: the same
+        ids for the same trajectory), put on its message as OpenAI `tool_calls`; and the `name` and
+        `tool_call_id` of each tool message answering the turn, malformed calls' errors first (those are
+        named `MALFORMED_CALL`, ids `call_<turn>_bad<k>`). Templates such as Hermes' refuse a tool message
+        without `name`; OpenAI's format pairs calls and results by id."""
+        turn = self.trajectory.assistant_turns - 1
+        heads = [
+            {"name": MALFORMED_CALL, "tool_call_id": f"call_{turn}_bad{k}"} for k in range(len(parsed.errors))
+        ]
+        if not parsed.calls:
+            return heads
+        ids = [f"call_{turn}_{i}" for i in range(len(parsed.calls))]
+        message = self.trajectory.messages[-1]
+        assert message["role"] == "assistant", "a tool turn answers the model turn just appended"
+        message["tool_calls"] = [
+            {"id": i, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for i, c in zip(ids, parsed.calls, strict=True)
+        ]
+        self.trajectory.calls_in_text.append(len(self.trajectory.messages) - 1)
+        return heads + [{"name": c.name, "tool_call_id": i} for i, c in zip(ids, parsed.calls, strict=True)]
 
     def text(self, text: str) -> str:
         """Environment text as the turn shows it: with images in play, no image slot smuggled in."""
@@ -331,20 +367,30 @@ class _Episode:
         return image_parts(self.text(result.text), len(blobs)), list(zip(blobs, prepared, strict=True))
 
     def add_env_turn(
-        self, role: str, contents: list[Any], ended: bool, shown: list[tuple[bytes, Prepared]] | None = None
+        self,
+        role: str,
+        contents: list[Any],
+        ended: bool,
+        shown: list[tuple[bytes, Prepared]] | None = None,
+        heads: list[dict[str, str]] | None = None,
     ) -> None:
         """Messages from the environment (`role`: "tool" or "user"), appended: rendered once as a delta
         after the engine's tokens, or (`rerender`) as the template's rendering of the whole conversation,
         counting a turn whose rendering changed tokens already there (`Trajectory.rebase`). `shown`: the
-        images the contents' image parts show, in order, processed (`add_image_turn`)."""
-        env_messages: list[dict[str, Any]] = [{"role": role, "content": c} for c in contents]
+        images the contents' image parts show, in order, processed (`add_image_turn`); `heads`: per
+        content, the keys its message carries besides role and content (a tool message's `name` and
+        `tool_call_id`)."""
+        keys = heads or [{} for _ in contents]
+        env_messages: list[dict[str, Any]] = [
+            {"role": role, **head, "content": c} for head, c in zip(keys, contents, strict=True)
+        ]
         t = self.trajectory
         if shown and self.images is not None:
             self.add_image_turn(role, env_messages, ended, shown)
             return
         if self.rerender:
             before = len(t.prompt_ids) + len(t.response_ids)
-            if t.rebase(self.renderer.prompt_ids(t.messages + env_messages), role) < before:
+            if t.rebase(self.renderer.prompt_ids(t.template_messages() + env_messages), role) < before:
                 self.counts[RERENDER_BREAKS] += 1
         else:
             t.add_env_turn(role, self.renderer.env_turn_ids(env_messages, ended_with_eot=ended))

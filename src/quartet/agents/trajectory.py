@@ -107,6 +107,19 @@ class Trajectory:
     (`routing_lost`)."""
     routing_lost: bool = False
     """A model turn came without a routing record: the trajectory has none (routing replay refuses it)."""
+    calls_in_text: list[int] = field(default_factory=list)
+    """Indexes of `messages` whose `content` is the model's text spelling their `tool_calls` (the loop's
+    model turns): the `tool_calls` (with the ids their tool messages answer) are there for readers, and
+    left out where the template renders the conversation (`template_messages`)."""
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The conversation as the chat template renders it: the model's turns as written (their content),
+        without the `tool_calls` that content already spells, which the template would render again."""
+        drop = set(self.calls_in_text)
+        return [
+            {k: v for k, v in m.items() if k != "tool_calls"} if i in drop else m
+            for i, m in enumerate(self.messages)
+        ]
 
     @property
     def assistant_turns(self) -> int:
@@ -269,7 +282,7 @@ def token_drift(renderer: ChatRenderer, trajectory: Trajectory) -> int:
     """Positions where a one-shot re-render of the conversation differs from the trajectory's ids (plus the
     length difference); 0 when they agree token for token. A trajectory cut by the token limit is compared
     over the ids it has."""
-    messages = trajectory.messages
+    messages = trajectory.template_messages()
     text = renderer.render(messages, add_generation_prompt=messages[-1]["role"] != "assistant")
     expected = renderer.encode(text)
     actual = trajectory.prompt_ids + trajectory.response_ids
