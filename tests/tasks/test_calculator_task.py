@@ -51,6 +51,7 @@ def test_rl_and_sft_rows(tmp_path: Path) -> None:
         assert parsed == {"name": "calculator", "arguments": {"expression": expression}}
         a, b, c = (int(x) for x in expression.replace("*", "+").split("+"))
         assert tool["role"] == "tool" and tool["content"] == answer["content"] == str(a * b + c)
+        assert (tool["name"], tool["tool_call_id"]) == ("calculator", "call_0_0")  # as the tool loop
         assert json.loads(r["tools"]) == CALCULATOR_TOOLS
 
 
@@ -77,7 +78,8 @@ def test_sft_with_tools_renders_the_block_and_masks_assistant_turns(
     examples, report = load_sft_files([path], tok, max_length=1024)
     assert report.kept == 3
     row = pq.read_table(path).to_pylist()[0]
-    ex = tokenize_chat(tok, row["messages"], tools=CALCULATOR_TOOLS)
+    messages = [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]  # parquet fills keys
+    ex = tokenize_chat(tok, messages, tools=CALCULATOR_TOOLS)
     assert dataclasses.replace(ex, ground_truth=examples[0].ground_truth) == examples[0]
     prompt_text = tok.decode(list(ex.prompt_ids))
     assert "You can call these tools" in prompt_text and "calculator(expression)\n<|im_end|>" in prompt_text

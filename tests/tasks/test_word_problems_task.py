@@ -79,6 +79,7 @@ def test_the_trace_shows_exactly_what_the_python_tool_answers() -> None:
         assert arguments == {"name": "python", "arguments": {"code": problem.program}}
         result = asyncio.run(tool.execute("trace", arguments["arguments"]))
         assert result.text == tool_turn["content"] and result.error is None
+        assert (tool_turn["name"], tool_turn["tool_call_id"]) == (tool.name, "call_0_0")  # as the tool loop
         assert json.loads(row["tools"]) == [tool.schema]  # the prompt's tools block as the RL run has it
 
 

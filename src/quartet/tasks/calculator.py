@@ -154,7 +154,7 @@ def _sft_messages(problem: CalculatorProblem, from_head: bool = False) -> list[d
     return [
         question,
         {"role": "assistant", "content": tool_call_text(problem.expression)},
-        {"role": "tool", "content": result},
+        {"role": "tool", "name": "calculator", "tool_call_id": "call_0_0", "content": result},
         {"role": "assistant", "content": result},
     ]
 

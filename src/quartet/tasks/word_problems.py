@@ -201,7 +201,12 @@ def _sft_messages(problem: WordProblem, from_head: bool = False) -> list[dict[st
     return [
         question,
         {"role": "assistant", "content": python_call_text(problem.program)},
-        {"role": "tool", "content": tool_message(f"{problem.answer}\n")},
+        {
+            "role": "tool",
+            "name": "python",
+            "tool_call_id": "call_0_0",
+            "content": tool_message(f"{problem.answer}\n"),
+        },
         {"role": "assistant", "content": problem.answer},
     ]
 
