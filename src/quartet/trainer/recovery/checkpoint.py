@@ -8,6 +8,7 @@ Layout, under `<run dir>/checkpoints/`:
         critic/                 the same for the critic (PPO with GAE)
         trainer_state.json      step, sampler position, KL controller, train seconds, world size, base model
         config.yaml             the run's resolved config
+        manifest.json           written last: every other file's size and sha256 (`recovery.manifest`)
     latest                      one line: the name of the newest complete checkpoint ("global_step_N")
 
 Atomicity: a checkpoint is written under `.tmp-global_step_N/`, every file flushed to disk, then the folder
