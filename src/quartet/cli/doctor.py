@@ -1,9 +1,10 @@
 """`quartet doctor`: the first thing to run. What is installed, this machine's CPUs, RAM and CUDA devices,
-what the Ray cluster holds, whether a fresh process can find a run's workers, and a tiny-model smoke test.
+what the Ray cluster holds, whether a fresh process can find a run's workers, and a tiny-model smoke test;
+with `--run-dir`, every checkpoint of the run against its manifest (`quartet.cli.doctor_checkpoints`).
 
 Every finding is a check (ok / warn / fail, with the fix), listed at the end; `--json` prints the facts and
 the checks as one object. Exit status: 0 no check failed (warnings allowed), 1 a check failed (a discovery
-round trip, the smoke test, the device), 2 no Ray cluster could be reached at the address.
+round trip, the smoke test, the device, a checkpoint), 2 no Ray cluster could be reached at the address.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import platform
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from quartet.cli.doctor_checks import (
@@ -40,6 +42,7 @@ from quartet.cluster.survey import (
     probe_discovery,
     survey,
 )
+from quartet.tracking.run_layout import CLUSTER_FILE
 
 AUTH_FIX = (
     "run `quartet doctor` as the user that started the run (Ray reads its token from that user's "
@@ -59,7 +62,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--address", default="auto", help="Ray address (default `auto`: the cluster running on this machine)"
     )
-    parser.add_argument("--run-dir", help="a run folder: use its recorded address/namespace/prefix")
+    parser.add_argument(
+        "--run-dir", help="a run folder: use its recorded address/namespace/prefix, verify its checkpoints"
+    )
     parser.add_argument("--no-probe", action="store_true", help="skip the discovery round trips")
     parser.add_argument("--probe-timeout", type=float, default=20.0, help="seconds per discovery probe")
     parser.add_argument(
@@ -90,11 +95,18 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False, highlight=False, emoji=False)  # ":1234:" is not an emoji
     address, only = args.address, None
     record: RunRecord | None = None
-    if args.run_dir:
-        record = RunRecord.load(args.run_dir)
-        address, only = record.names.address or address, (record.names.namespace, record.names.prefix)
     report: dict[str, Any] = {"versions": versions()}
     checks = [_package_check(report["versions"])]
+    if args.run_dir:
+        # here, not at the top: importing quartet.trainer imports torch, which `quartet --help` must not
+        from quartet.cli.doctor_checkpoints import checkpoint_checks
+
+        checks += checkpoint_checks(Path(args.run_dir))
+        if (Path(args.run_dir) / CLUSTER_FILE).exists():
+            record = RunRecord.load(args.run_dir)
+            address, only = record.names.address or address, (record.names.namespace, record.names.prefix)
+        else:
+            checks.append(Check("run record", "warn", f"no {CLUSTER_FILE} in {args.run_dir}", ""))
     facts, why, refused, auth_fix = _reach_cluster(address, only)
     if facts is None:
         report.update(address=address, error=why, auth_refused=refused)

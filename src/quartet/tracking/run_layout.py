@@ -13,7 +13,7 @@
       rollouts/step_<N>.parquet        the same samples as a table, with per-token columns
       rollouts/images/<sha256>.<ext>   the recorded samples' images, each once (named by its content)
       checkpoints/latest               the name of the newest complete checkpoint
-      checkpoints/global_step_<N>/     trainer_state.json, config.yaml, one folder per role
+      checkpoints/global_step_<N>/     trainer_state.json, config.yaml, one folder per role, manifest.json
       hf/                              the exported model
       plots.png                        `quartet plot`
       summary.json                     an SFT run's result
@@ -37,6 +37,7 @@ __all__ = [
     "HF_DIR",
     "IMAGE_TYPES",
     "LATEST_FILE",
+    "MANIFEST_FILE",
     "METRICS_FILE",
     "PLOTS_FILE",
     "ROLLOUTS_DIR",
@@ -83,6 +84,8 @@ CHECKPOINT_GLOB = "global_step_*"
 _CHECKPOINT = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
 """In a checkpoint folder: the driver's state; a folder without it is no complete checkpoint."""
+MANIFEST_FILE = "manifest.json"
+"""In a checkpoint folder, written last: every other file's size and sha256 (`trainer.recovery.manifest`)."""
 
 ROLLOUTS_DIR = "rollouts"
 ROLLOUT_TABLE_GLOB = "step_*.parquet"

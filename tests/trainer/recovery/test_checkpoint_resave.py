@@ -126,7 +126,7 @@ def test_an_interrupted_resave_of_a_step_latest_does_not_name_leaves_latest_wher
     _run_with_two_checkpoints(tmp_path)
     _save(tmp_path, 3, "second-3")
     with pytest.MonkeyPatch.context() as mp:
-        FileOps(mp, crash_at=1)  # 0: step 4 set aside; 1: the new step 4 renamed in
+        FileOps(mp, crash_at=2)  # 0: its manifest renamed in; 1: step 4 set aside; 2: the new one renamed in
         with pytest.raises(Crash):
             _save(tmp_path, 4, "second-4")
     assert (tmp_path / "checkpoints" / ".old-global_step_4").is_dir()

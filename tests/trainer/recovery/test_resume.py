@@ -24,6 +24,7 @@ from quartet.config import QuartetConfig, load_config
 from quartet.trainer.loop.rl_trainer import RLTrainer
 from quartet.trainer.records.callbacks import StopAfter
 from quartet.trainer.recovery.checkpoint import CheckpointError, list_checkpoints
+from quartet.trainer.recovery.manifest import write_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_local_rank")]
 
@@ -170,6 +171,7 @@ def test_resume_refuses_another_world_size_and_a_missing_checkpoint(
     ckpt = tmp_path / "quartet" / "demo" / "checkpoints" / "global_step_1"
     state = json.loads((ckpt / "trainer_state.json").read_text())
     (ckpt / "trainer_state.json").write_text(json.dumps({**state, "world_size": 2}))
+    write_manifest(ckpt, 1)  # as a run of 2 ranks would have written it
     with pytest.raises(CheckpointError, match="written by 2 rank"):
         RLTrainer(cfg).run()
     with pytest.raises(CheckpointError, match="not a checkpoint folder"):

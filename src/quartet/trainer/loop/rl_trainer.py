@@ -337,12 +337,14 @@ class RLTrainer:
         restore_roles(workers, weights, checkpoint, resumed.roles, resumed.weight_version)
         step, total = resumed.step, prep.total
         note = f"resumed from {checkpoint} at step {step} of {total}"
+        if prep.rejected:
+            note += " (newer checkpoints that do not match their manifest: " + " | ".join(prep.rejected) + ")"
         if step >= total:
             note += (
                 ": nothing left to train. Raise trainer.total_steps to go on, or set trainer.resume=off to "
                 "start over"
             )
-        self.record("resume", step=step, checkpoint=str(checkpoint), note=note)
+        self.record("resume", step=step, checkpoint=str(checkpoint), note=note, rejected=list(prep.rejected))
 
 
 def _every(freq: int, step: int) -> bool:

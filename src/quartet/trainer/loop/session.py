@@ -35,7 +35,7 @@ from quartet.trainer.feed.rollout_feed import RolloutFeed
 from quartet.trainer.feed.run_files import prepare_metrics_file
 from quartet.trainer.loop.step import kl_controller
 from quartet.trainer.records.memory import PlannedRun, plan_run
-from quartet.trainer.recovery.checkpoint import TrainerState, find_resume_checkpoint, load_trainer_state
+from quartet.trainer.recovery.checkpoint import TrainerState, choose_resume_checkpoint, load_trainer_state
 from quartet.trainer.recovery.healing import heal_rollout
 from quartet.trainer.workers.rollout_calls import RolloutCalls
 from quartet.trainer.workers.start import Workers, start_workers
@@ -67,6 +67,8 @@ class Prepared:
     sampler: PromptSampler
     kl_ctrl: KLController
     total: int
+    rejected: tuple[str, ...] = ()
+    """Newer checkpoints skipped because they do not match their manifest, each with its bad files."""
 
     @property
     def cfg(self) -> QuartetConfig:
@@ -80,7 +82,8 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     planned = plan_run(cfg)  # may apply the memory plan's proposal (trainer.auto_fit)
     cfg = planned.cfg
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = find_resume_checkpoint(cfg.trainer.resume, run_dir)
+    choice = choose_resume_checkpoint(cfg.trainer.resume, run_dir)
+    checkpoint = choice.checkpoint
     resumed = load_trainer_state(checkpoint, cfg.cluster.world_size) if checkpoint else None
     prepare_metrics_file(metrics_path, resumed.step if resumed else None)
     (run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
@@ -96,7 +99,10 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
         sampler.load_state_dict(resumed.sampler)
         kl_ctrl.load_state_dict(resumed.kl_ctrl)
     total = cfg.trainer.total_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
-    return Prepared(planned, checkpoint, resumed, model_path, tokenizer, data, sampler, kl_ctrl, total)
+    rejected = tuple(v.describe() for v in choice.rejected)
+    return Prepared(
+        planned, checkpoint, resumed, model_path, tokenizer, data, sampler, kl_ctrl, total, rejected
+    )
 
 
 def check_chat_template(cfg: QuartetConfig, tokenizer: Any, data: RLData, model_path: str) -> None:

@@ -8,6 +8,7 @@ Layout, under `<run dir>/checkpoints/`:
         critic/                 the same for the critic (PPO with GAE)
         trainer_state.json      step, sampler position, KL controller, train seconds, world size, base model
         config.yaml             the run's resolved config
+        manifest.json           written last: every other file's size and sha256 (`recovery.manifest`)
     latest                      one line: the name of the newest complete checkpoint ("global_step_N")
 
 Atomicity: a checkpoint is written under `.tmp-global_step_N/`, every file flushed to disk, then the folder
@@ -26,6 +27,13 @@ back, one whose step folder is back is deleted; a marker whose step is complete 
 `latest` back at it, so the run resumes from that step, not the older one `latest` was parked on (which
 redid the steps between); and a `latest` naming a missing or incomplete folder falls back, with a warning,
 to the newest complete checkpoint.
+
+Integrity (`quartet.trainer.recovery.manifest`): each checkpoint's `manifest.json`, every file's size and
+sha256, is written last inside `.tmp-global_step_N/` (temporary file, renamed in), before the folder is
+renamed into place and `latest` moves. Resuming checks the chosen checkpoint against it (sizes, then hashes);
+a missing, truncated or changed file is named (file, expected, found) and the next older complete checkpoint
+is tried, with a warning and the rejected ones in the `resume` record. A checkpoint without a manifest
+(written before manifests) is used with a one-line warning.
 
 The reference policy is frozen (it is the starting model) and the rollout engine gets the actor's weights
 by a sync after loading, so neither is saved. With several nodes the run folder must be on storage every
@@ -52,10 +60,13 @@ from quartet.tracking.run_layout import (
     checkpoint_name,
     checkpoint_step,
 )
+from quartet.trainer.recovery.manifest import Verdict, verify_checkpoint, write_manifest
 
 __all__ = [
     "CheckpointError",
+    "ResumeChoice",
     "TrainerState",
+    "choose_resume_checkpoint",
     "find_resume_checkpoint",
     "list_checkpoints",
     "load_trainer_state",
@@ -213,7 +224,9 @@ def save_checkpoint(
         after_roles_saved(tmp)
     (tmp / TRAINER_STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
     (tmp / CONFIG_FILE).write_text(config_yaml)
-    _fsync_tree(tmp)
+    _fsync_tree(tmp)  # every file complete on disk before it is hashed
+    write_manifest(tmp, state.step)  # last: its presence says every file it lists was whole
+    _fsync(tmp)
     # a checkpoint of this step from an earlier attempt: replaced, deleted only once the new one is in
     aside = _set_aside(root, final) if final.exists() else None
     os.rename(tmp, final)
@@ -230,9 +243,17 @@ def save_checkpoint(
     return final
 
 
-def _latest(run_dir: Path) -> Path | None:
+@dataclass
+class ResumeChoice:
+    """The checkpoint to resume from (None: start fresh) and the newer ones rejected as corrupt on the way."""
+
+    checkpoint: Path | None
+    rejected: list[Verdict] = field(default_factory=list)
+
+
+def _named(run_dir: Path) -> tuple[Path | None, list[Path]]:
     """The checkpoint `latest` names, else the newest complete one, else None (after repairing what an
-    interrupted re-save left)."""
+    interrupted re-save left); and every complete checkpoint, oldest first."""
     root = run_dir / CHECKPOINTS_DIR
     _repair(root)
     pointer = root / LATEST_FILE
@@ -240,7 +261,7 @@ def _latest(run_dir: Path) -> Path | None:
     if pointer.exists():
         target = root / pointer.read_text().strip()
         if (target / TRAINER_STATE_FILE).exists():
-            return target
+            return target, found
         if not found:
             raise CheckpointError(
                 f"{pointer} names '{target.name}', which is missing or incomplete, and there is no other "
@@ -254,28 +275,77 @@ def _latest(run_dir: Path) -> Path | None:
             found[-1].name,
             [p.name for p in found],
         )
-    return found[-1] if found else None
+    return (found[-1] if found else None), found
 
 
-def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
-    """The checkpoint `trainer.resume` asks for: `auto` (latest, if any), `off` (None), or a folder."""
+def _accepted(verdict: Verdict) -> bool:
+    """Log the verdict of a checkpoint about to be resumed; True when it may be used."""
+    if verdict.status == "ok":
+        log.info("checkpoint %s", verdict.describe())
+    elif verdict.status == "unverified":
+        log.warning("checkpoint %s", verdict.describe())
+    return verdict.status != "bad"
+
+
+def _latest(run_dir: Path) -> ResumeChoice:
+    """The newest sound checkpoint from the one `latest` names down: one whose manifest does not match is
+    named and skipped for the next older complete one."""
+    target, found = _named(run_dir)
+    if target is None:
+        return ResumeChoice(None)
+    older = found[: found.index(target)] if target in found else found
+    candidates = [target, *reversed(older)]
+    rejected: list[Verdict] = []
+    for candidate in candidates:
+        verdict = verify_checkpoint(candidate)
+        if _accepted(verdict):
+            if rejected:
+                log.warning(
+                    "resuming from %s, the newest checkpoint that matches its manifest; rejected: %s",
+                    candidate.name,
+                    " | ".join(v.describe() for v in rejected),
+                )
+            return ResumeChoice(candidate, rejected)
+        log.warning("checkpoint %s does not match its manifest: %s", candidate.name, verdict.describe())
+        rejected.append(verdict)
+    raise CheckpointError(
+        "no checkpoint matches its manifest: "
+        + " | ".join(v.describe() for v in rejected)
+        + ". Fix: restore the named files from a copy, or set trainer.resume=off to start over"
+    )
+
+
+def choose_resume_checkpoint(resume: str, run_dir: Path) -> ResumeChoice:
+    """The checkpoint `trainer.resume` asks for, checked against its manifest: `auto` (the newest sound one,
+    if any), `off` (None), or a folder (refused when it does not match its manifest)."""
     if resume == "off":
-        return None
+        return ResumeChoice(None)
     if resume == "auto":
         return _latest(run_dir)
     path = Path(resume).expanduser()
     # a run folder or its checkpoints folder
     if (path / CHECKPOINTS_DIR).is_dir() or (path / LATEST_FILE).exists():
-        found = _latest(path if (path / CHECKPOINTS_DIR).is_dir() else path.parent)
-        if found is None:
+        choice = _latest(path if (path / CHECKPOINTS_DIR).is_dir() else path.parent)
+        if choice.checkpoint is None:
             raise CheckpointError(f"trainer.resume={resume}: the run folder has no checkpoint")
-        return found
+        return choice
     if not (path / TRAINER_STATE_FILE).exists():
         raise CheckpointError(
             f"trainer.resume={resume} is not a checkpoint folder (no {TRAINER_STATE_FILE} in it). Fix: "
             "give a '.../checkpoints/global_step_N' folder, or trainer.resume=auto|off"
         )
-    return path
+    verdict = verify_checkpoint(path)
+    if not _accepted(verdict):
+        raise CheckpointError(
+            f"trainer.resume={resume} does not match its manifest: {verdict.describe()}. Fix: restore the "
+            "named files from a copy, or give an older checkpoint folder"
+        )
+    return ResumeChoice(path)
+
+
+def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint `trainer.resume` asks for (`choose_resume_checkpoint` without the rejected ones)."""
+    return choose_resume_checkpoint(resume, run_dir).checkpoint
 
 
 def load_trainer_state(checkpoint: Path, world_size: int) -> TrainerState:
