@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import random
 from typing import Any
 
 import openai
@@ -14,6 +17,7 @@ import pytest
 from serving_cases import MODEL_NAME, client
 
 from quartet.serving import OpenAIServer, ServerThread
+from quartet.serving.tool_calls import parse_assistant_turn
 
 Served = tuple[OpenAIServer, ServerThread, str]
 
@@ -23,6 +27,97 @@ POINT = {
     "required": ["x", "y"],
     "additionalProperties": False,
 }
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def strict_loads(text: str) -> Any:
+    """`json.loads` that refuses NaN and Infinity, as strict parsers (RFC 8259) do; floats must be finite."""
+    value = json.loads(text, parse_constant=_refuse_constant)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"non-finite number in {text!r}")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
+def _number(rng: random.Random) -> str:
+    """A JSON-looking number as a model may write one: plain, long, huge or tiny exponents, or a constant."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return rng.choice(["NaN", "Infinity", "-Infinity"])
+    digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 400 if kind == 1 else 6)))
+    mantissa = ("-" if rng.random() < 0.5 else "") + (digits.lstrip("0") or "0")
+    if kind >= 3:
+        mantissa += "." + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 20)))
+    if kind >= 4:
+        mantissa += (
+            rng.choice("eE") + rng.choice(["", "+", "-"]) + str(rng.randint(0, 10 ** rng.randint(1, 5)))
+        )
+    return mantissa
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_parsed_tool_call_arguments_are_always_strict_json(seed: int) -> None:
+    rng = random.Random(seed)
+    finite_seen = 0
+    for _ in range(50):
+        x, y = _number(rng), _number(rng)
+        text = f'<tool_call>\n{{"name": "point", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>'
+        turn = parse_assistant_turn(text)
+        try:
+            expected = strict_loads(f'{{"x": {x}, "y": {y}}}')
+        except ValueError:  # not representable as strict JSON: the call is malformed, the text comes back
+            assert turn.tool_calls == [] and turn.content == text
+            continue
+        finite_seen += 1
+        [call] = turn.tool_calls
+        assert strict_loads(call["function"]["arguments"]) == expected
+    assert finite_seen > 0
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_forced_calls_over_seeds_carry_strict_json_arguments(served: Served, api: str) -> None:
+    _, _, url = served
+    api_client = client(url)
+    tool = {"name": "point", "description": "a point", "parameters": POINT}
+    for seed in range(4):
+        if api == "chat":
+            out = api_client.chat.completions.create(
+                model=MODEL_NAME,
+                messages=[{"role": "user", "content": "give a point"}],
+                tools=[{"type": "function", "function": tool}],  # type: ignore[list-item]
+                tool_choice="required",
+                parallel_tool_calls=False,
+                max_tokens=80,
+                temperature=1.0,
+                seed=seed,
+            )
+            message = out.choices[0].message
+            args = [c.function.arguments for c in message.tool_calls or []]  # type: ignore[union-attr]
+            if not args:  # a malformed call (or one cut by the limit) comes back as text
+                assert message.content
+        else:
+            resp = api_client.responses.create(
+                model=MODEL_NAME,
+                input="give a point",
+                tools=[{"type": "function", **tool}],  # type: ignore[list-item]
+                tool_choice="required",
+                parallel_tool_calls=False,
+                max_output_tokens=80,
+                temperature=1.0,
+            )
+            args = [o.arguments for o in resp.output if o.type == "function_call"]
+        for arguments in args:
+            point = strict_loads(arguments)
+            assert set(point) == {"x", "y"}
 
 
 def _bad_request(call: Any) -> dict[str, Any]:
