@@ -17,6 +17,7 @@ import pytest
 from serving_cases import MODEL_NAME, client
 
 from quartet.serving import OpenAIServer, ServerThread
+from quartet.serving.limits import MAX_SCHEMA_PROPERTIES
 from quartet.serving.tool_calls import parse_assistant_turn
 
 Served = tuple[OpenAIServer, ServerThread, str]
@@ -176,3 +177,60 @@ def test_max_output_tokens_out_of_range_is_named_as_sent(served: Served, value: 
     )
     assert body["param"] == "max_output_tokens"
     assert "'max_output_tokens'" in body["message"] and "max_completion_tokens" not in body["message"]
+
+
+def _wide(n: int) -> dict[str, Any]:
+    """An object schema of n optional string properties, additional ones allowed (the widest parser row)."""
+    return {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(n)}}
+
+
+def test_a_schema_at_the_property_limit_is_enforced(served: Served) -> None:
+    _, _, url = served
+    out = client(url).chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "fill the form"}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "form", "schema": _wide(MAX_SCHEMA_PROPERTIES)},
+        },
+        max_tokens=24,
+        temperature=1.0,
+        seed=0,
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_schema_over_the_property_limit_is_a_400_on_chat_and_responses(served: Served) -> None:
+    _, _, url = served
+    api = client(url)
+    wide = _wide(MAX_SCHEMA_PROPERTIES + 1)
+    nested = {"type": "object", "properties": {"inner": wide}}
+    limit = f"at most {MAX_SCHEMA_PROPERTIES}"
+    body = _bad_request(
+        lambda: api.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "form", "schema": nested}},
+            max_tokens=4,
+        )
+    )
+    assert body["param"] == "response_format.json_schema.schema" and limit in body["message"]
+    body = _bad_request(
+        lambda: api.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "function", "function": {"name": "form", "parameters": wide}}],
+            tool_choice="required",
+            max_tokens=4,
+        )
+    )
+    assert body["param"] == "tools[0].function.parameters" and limit in body["message"]
+    body = _bad_request(
+        lambda: api.responses.create(
+            model=MODEL_NAME,
+            input="hi",
+            text={"format": {"type": "json_schema", "name": "form", "schema": wide}},  # type: ignore[typeddict-item]
+            max_output_tokens=4,
+        )
+    )
+    assert body["param"].startswith("text.format") and limit in body["message"]

@@ -15,8 +15,9 @@ schemas embedded by `%json`) from the OpenAI fields:
 JSON is written compactly (no free whitespace), so a response cannot pad itself with blanks until its token
 limit. The response ends as soon as the grammar is complete (finish reason "stop", or "tool_calls" for
 calls); a response cut by `max_tokens` first is incomplete, as with OpenAI. Schemas are compiled here, in a
-worker thread, before anything reaches the engine: a schema llguidance cannot compile is a 400 naming the
-field (`response_format.json_schema.schema`, `tools[i].function.parameters`).
+worker thread, before anything reaches the engine: a schema llguidance cannot compile, or one with more than
+`MAX_SCHEMA_PROPERTIES` properties in one object (which compiles but fails while decoding), is a 400 naming
+the field (`response_format.json_schema.schema`, `tools[i].function.parameters`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from quartet.serving.fields import bad, boolean, show
+from quartet.serving.limits import MAX_SCHEMA_PROPERTIES
 from quartet.serving.tool_calls import HERMES_TAGS
 
 if TYPE_CHECKING:
@@ -51,11 +53,34 @@ def _matcher() -> type[LLMatcher]:
     return LLMatcher
 
 
+def _check_properties(schema: dict[str, Any], param: str) -> None:
+    """A 400 naming `param` when one object of `schema` declares more than `MAX_SCHEMA_PROPERTIES`.
+
+    llguidance compiles such a schema but fails while decoding it (see `MAX_SCHEMA_PROPERTIES`), which
+    would be an HTTP 500 in the middle of a request; refused up front instead.
+    """
+    stack: list[Any] = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            properties = item.get("properties")
+            if isinstance(properties, dict) and len(properties) > MAX_SCHEMA_PROPERTIES:
+                raise bad(
+                    f"'{param}' declares {len(properties)} properties in one object; at most "
+                    f"{MAX_SCHEMA_PROPERTIES} per object can be enforced (split the object or nest it)",
+                    param,
+                )
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def check_schema(schema: Any, param: str) -> dict[str, Any]:
-    """`schema` if llguidance can compile it to a grammar, else a 400 naming `param`."""
+    """`schema` if llguidance can compile and enforce it, else a 400 naming `param`."""
     LLMatcher = _matcher()  # noqa: N806
     if not isinstance(schema, dict):
         raise bad(f"'{param}' must be a JSON schema object, got {show(schema)}", param)
+    _check_properties(schema, param)
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)  # type: ignore[arg-type]
     except Exception as exc:  # llguidance raises ValueError, or others on odd input: all the caller's
