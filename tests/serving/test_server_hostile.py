@@ -2,15 +2,22 @@
 
 - tool-call `arguments` must be JSON as RFC 8259 defines it (no NaN / Infinity), checked with a strict parser;
 - duplicate function names and a `function_call_output` answering no call are 400s naming the field;
-- `max_output_tokens` out of range is reported under that name, not the chat field it becomes.
+- `max_output_tokens` out of range is reported under that name, not the chat field it becomes;
+- a schema wider than llguidance can decode is a 400 naming the limit, not a 500 mid-request;
+- a request aiohttp's HTTP parser refuses (huge URL or header, too many headers, bad Content-Length) leaves
+  one log line, not a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
+import socket
+import time
 from typing import Any
+from urllib.parse import urlparse
 
 import openai
 import pytest
@@ -234,3 +241,45 @@ def test_a_schema_over_the_property_limit_is_a_400_on_chat_and_responses(served:
         )
     )
     assert body["param"].startswith("text.format") and limit in body["message"]
+
+
+def _raw_status(url: str, data: bytes) -> bytes:
+    """The status line the server answers to raw bytes (requests no HTTP client would send)."""
+    address = urlparse(url)
+    assert address.hostname is not None and address.port is not None
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(data)
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+MALFORMED = {
+    "a 100 KB URL": b"GET /v1/models?" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "200 headers": b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+    + b"\r\n",
+    "a 100 KB header": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 100_000 + b"\r\n\r\n",
+    "Content-Length: -5": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_request_the_http_parser_refuses_logs_one_line(
+    served: Served, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, _, url = served
+    caplog.set_level(logging.DEBUG, logger="quartet.serving.http")
+    assert _raw_status(url, MALFORMED[case]).split(b" ")[1] == b"400"
+    deadline = time.monotonic() + 5
+    while not caplog.records and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [record] = [r for r in caplog.records if r.name == "quartet.serving.http"]
+    text = caplog.text
+    assert record.levelno == logging.WARNING and record.exc_info is None and "Traceback" not in text
+    assert len(text.strip().splitlines()) == 1 and len(text) < 500
+    assert "400" in record.getMessage() and "127.0.0.1" in record.getMessage()
