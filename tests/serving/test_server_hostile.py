@@ -19,11 +19,13 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
+import jsonschema
 import openai
 import pytest
 from serving_cases import MODEL_NAME, client
 
 from quartet.serving import OpenAIServer, ServerThread
+from quartet.serving.constraints import FLOAT_BOUND, finite_numbers
 from quartet.serving.limits import MAX_SCHEMA_PROPERTIES
 from quartet.serving.tool_calls import parse_assistant_turn
 
@@ -91,12 +93,39 @@ def test_parsed_tool_call_arguments_are_always_strict_json(seed: int) -> None:
     assert finite_seen > 0
 
 
+def test_finite_numbers_bounds_only_unbounded_numbers_and_keeps_their_values() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "free": {"type": "number", "description": "any"},
+            "ranged": {"type": "number", "minimum": 0, "maximum": 5},
+            "list": {"type": "array", "items": {"type": "number"}},
+            "pick": {"anyOf": [{"type": "number"}, {"type": "string"}]},
+            "fixed": {"const": {"type": "number"}},
+        },
+    }
+    out = finite_numbers(schema)
+    props = out["properties"]
+    bounded = {"type": "number", "minimum": -FLOAT_BOUND, "maximum": FLOAT_BOUND}
+    assert props["free"] == {"description": "any", "anyOf": [{"type": "integer"}, bounded]}
+    assert props["ranged"] == schema["properties"]["ranged"]  # type: ignore[index]
+    assert props["list"]["items"]["anyOf"][1] == bounded and props["pick"]["anyOf"][0]["anyOf"]
+    assert props["fixed"] == {"const": {"type": "number"}}  # data, not a schema
+    rng = random.Random(0)
+    for _ in range(200):
+        value = rng.choice([rng.randint(-(10**30), 10**30), rng.uniform(-1e15, 1e15), rng.random()])
+        jsonschema.validate({"free": value, "list": [value], "pick": value}, out)
+        jsonschema.validate({"free": value, "list": [value], "pick": value}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"free": 2.5e15}, {**out, "properties": {"free": {"anyOf": [bounded]}}})
+
+
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_forced_calls_over_seeds_carry_strict_json_arguments(served: Served, api: str) -> None:
     _, _, url = served
     api_client = client(url)
     tool = {"name": "point", "description": "a point", "parameters": POINT}
-    for seed in range(4):
+    for seed in range(8):
         if api == "chat":
             out = api_client.chat.completions.create(
                 model=MODEL_NAME,
@@ -110,8 +139,8 @@ def test_forced_calls_over_seeds_carry_strict_json_arguments(served: Served, api
             )
             message = out.choices[0].message
             args = [c.function.arguments for c in message.tool_calls or []]  # type: ignore[union-attr]
-            if not args:  # a malformed call (or one cut by the limit) comes back as text
-                assert message.content
+            # the grammar bounds numbers (constraints.finite_numbers): a finished forced call always parses
+            assert args or out.choices[0].finish_reason == "length"
         else:
             resp = api_client.responses.create(
                 model=MODEL_NAME,
@@ -123,6 +152,7 @@ def test_forced_calls_over_seeds_carry_strict_json_arguments(served: Served, api
                 temperature=1.0,
             )
             args = [o.arguments for o in resp.output if o.type == "function_call"]
+            assert args or resp.status == "incomplete"
         for arguments in args:
             point = strict_loads(arguments)
             assert set(point) == {"x", "y"}

@@ -12,6 +12,9 @@ schemas embedded by `%json`) from the OpenAI fields:
   arguments valid against that tool's `parameters`; with `parallel_tool_calls: false`, exactly one block.
 - `tool_choice: {"type": "function", "function": {"name": X}}`: exactly one block calling X.
 
+Numbers stay finite: an unbounded `number` is constrained as an integer or a bounded float
+(`finite_numbers`), as llguidance would otherwise allow `1e999`, which Python reads as infinity.
+
 JSON is written compactly (no free whitespace), so a response cannot pad itself with blanks until its token
 limit. The response ends as soon as the grammar is complete (finish reason "stop", or "tool_calls" for
 calls); a response cut by `max_tokens` first is incomplete, as with OpenAI. Schemas are compiled here, in a
@@ -35,8 +38,10 @@ if TYPE_CHECKING:
     from llguidance import LLMatcher
 
 __all__ = [
+    "FLOAT_BOUND",
     "ToolPlan",
     "check_schema",
+    "finite_numbers",
     "parse_response_format",
     "parse_tool_choice",
     "tool_grammar",
@@ -126,9 +131,36 @@ def parse_response_format(value: Any) -> dict[str, Any] | None:
     )
 
 
+FLOAT_BOUND = 1e15
+"""Largest magnitude of a non-integer the grammar lets an unbounded `number` take (see `finite_numbers`)."""
+_PLAIN_NUMBER_KEYS = {"type", "description", "title", "default", "examples"}
+_DATA_KEYS = {"const", "enum", "default", "examples"}
+"""Keywords whose values are JSON data, not schemas: left as they are."""
+
+
+def finite_numbers(schema: Any) -> Any:
+    """`schema` with every unbounded `{"type": "number"}` written so that its value is a finite float.
+
+    llguidance lets a `number` take any exponent (`1e999`), which Python reads as infinity: no longer JSON
+    (RFC 8259) once written back. Such a number becomes `anyOf` an integer (any digits: Python's ints do
+    not overflow) and a number within +-`FLOAT_BOUND` (llguidance writes a bounded number without an
+    exponent, so it cannot overflow either). Every finite float is still reachable, large ones as integers.
+    Numbers with keywords beyond a description are left as written (tool_calls refuses a non-finite one).
+    """
+    if isinstance(schema, list):
+        return [finite_numbers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if schema.get("type") == "number" and set(schema) <= _PLAIN_NUMBER_KEYS:
+        bounded = {"type": "number", "minimum": -FLOAT_BOUND, "maximum": FLOAT_BOUND}
+        rest = {k: v for k, v in schema.items() if k != "type"}
+        return {**rest, "anyOf": [{"type": "integer"}, bounded]}
+    return {k: v if k in _DATA_KEYS else finite_numbers(v) for k, v in schema.items()}
+
+
 def json_grammar(schema: Mapping[str, Any]) -> str:
-    """The grammar of one compact JSON value valid against `schema`."""
-    return _matcher().grammar_from_json_schema(dict(schema), overrides=_COMPACT)  # type: ignore[arg-type]
+    """The grammar of one compact JSON value valid against `schema` (numbers finite: `finite_numbers`)."""
+    return _matcher().grammar_from_json_schema(finite_numbers(dict(schema)), overrides=_COMPACT)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -201,7 +233,7 @@ def tool_grammar(plan: ToolPlan, tag_ids: Mapping[int, str]) -> str:
             "type": "object",
             "properties": {
                 "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
+                "arguments": finite_numbers(f.get("parameters") or {"type": "object"}),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
