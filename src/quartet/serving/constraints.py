@@ -12,11 +12,15 @@ schemas embedded by `%json`) from the OpenAI fields:
   arguments valid against that tool's `parameters`; with `parallel_tool_calls: false`, exactly one block.
 - `tool_choice: {"type": "function", "function": {"name": X}}`: exactly one block calling X.
 
+Numbers stay finite: an unbounded `number` is constrained as an integer or a bounded float
+(`finite_numbers`), as llguidance would otherwise allow `1e999`, which Python reads as infinity.
+
 JSON is written compactly (no free whitespace), so a response cannot pad itself with blanks until its token
 limit. The response ends as soon as the grammar is complete (finish reason "stop", or "tool_calls" for
 calls); a response cut by `max_tokens` first is incomplete, as with OpenAI. Schemas are compiled here, in a
-worker thread, before anything reaches the engine: a schema llguidance cannot compile is a 400 naming the
-field (`response_format.json_schema.schema`, `tools[i].function.parameters`).
+worker thread, before anything reaches the engine: a schema llguidance cannot compile, or one with more than
+`MAX_SCHEMA_PROPERTIES` properties in one object (which compiles but fails while decoding), is a 400 naming
+the field (`response_format.json_schema.schema`, `tools[i].function.parameters`).
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from quartet.serving.fields import bad, boolean, show
+from quartet.serving.limits import MAX_SCHEMA_PROPERTIES
 from quartet.serving.tool_calls import HERMES_TAGS
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
 
 __all__ = [
+    "FLOAT_BOUND",
     "ToolPlan",
     "check_schema",
+    "finite_numbers",
     "parse_response_format",
     "parse_tool_choice",
     "tool_grammar",
@@ -51,11 +58,34 @@ def _matcher() -> type[LLMatcher]:
     return LLMatcher
 
 
+def _check_properties(schema: dict[str, Any], param: str) -> None:
+    """A 400 naming `param` when one object of `schema` declares more than `MAX_SCHEMA_PROPERTIES`.
+
+    llguidance compiles such a schema but fails while decoding it (see `MAX_SCHEMA_PROPERTIES`), which
+    would be an HTTP 500 in the middle of a request; refused up front instead.
+    """
+    stack: list[Any] = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            properties = item.get("properties")
+            if isinstance(properties, dict) and len(properties) > MAX_SCHEMA_PROPERTIES:
+                raise bad(
+                    f"'{param}' declares {len(properties)} properties in one object; at most "
+                    f"{MAX_SCHEMA_PROPERTIES} per object can be enforced (split the object or nest it)",
+                    param,
+                )
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def check_schema(schema: Any, param: str) -> dict[str, Any]:
-    """`schema` if llguidance can compile it to a grammar, else a 400 naming `param`."""
+    """`schema` if llguidance can compile and enforce it, else a 400 naming `param`."""
     LLMatcher = _matcher()  # noqa: N806
     if not isinstance(schema, dict):
         raise bad(f"'{param}' must be a JSON schema object, got {show(schema)}", param)
+    _check_properties(schema, param)
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)  # type: ignore[arg-type]
     except Exception as exc:  # llguidance raises ValueError, or others on odd input: all the caller's
@@ -101,9 +131,36 @@ def parse_response_format(value: Any) -> dict[str, Any] | None:
     )
 
 
+FLOAT_BOUND = 1e15
+"""Largest magnitude of a non-integer the grammar lets an unbounded `number` take (see `finite_numbers`)."""
+_PLAIN_NUMBER_KEYS = {"type", "description", "title", "default", "examples"}
+_DATA_KEYS = {"const", "enum", "default", "examples"}
+"""Keywords whose values are JSON data, not schemas: left as they are."""
+
+
+def finite_numbers(schema: Any) -> Any:
+    """`schema` with every unbounded `{"type": "number"}` written so that its value is a finite float.
+
+    llguidance lets a `number` take any exponent (`1e999`), which Python reads as infinity: no longer JSON
+    (RFC 8259) once written back. Such a number becomes `anyOf` an integer (any digits: Python's ints do
+    not overflow) and a number within +-`FLOAT_BOUND` (llguidance writes a bounded number without an
+    exponent, so it cannot overflow either). Every finite float is still reachable, large ones as integers.
+    Numbers with keywords beyond a description are left as written (tool_calls refuses a non-finite one).
+    """
+    if isinstance(schema, list):
+        return [finite_numbers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if schema.get("type") == "number" and set(schema) <= _PLAIN_NUMBER_KEYS:
+        bounded = {"type": "number", "minimum": -FLOAT_BOUND, "maximum": FLOAT_BOUND}
+        rest = {k: v for k, v in schema.items() if k != "type"}
+        return {**rest, "anyOf": [{"type": "integer"}, bounded]}
+    return {k: v if k in _DATA_KEYS else finite_numbers(v) for k, v in schema.items()}
+
+
 def json_grammar(schema: Mapping[str, Any]) -> str:
-    """The grammar of one compact JSON value valid against `schema`."""
-    return _matcher().grammar_from_json_schema(dict(schema), overrides=_COMPACT)  # type: ignore[arg-type]
+    """The grammar of one compact JSON value valid against `schema` (numbers finite: `finite_numbers`)."""
+    return _matcher().grammar_from_json_schema(finite_numbers(dict(schema)), overrides=_COMPACT)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -176,7 +233,7 @@ def tool_grammar(plan: ToolPlan, tag_ids: Mapping[int, str]) -> str:
             "type": "object",
             "properties": {
                 "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
+                "arguments": finite_numbers(f.get("parameters") or {"type": "object"}),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

@@ -27,6 +27,7 @@ from quartet.serving.errors import ApiError
 __all__ = [
     "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
+    "MAX_SCHEMA_PROPERTIES",
     "MAX_SEED",
     "MAX_STOP",
     "MAX_STOP_CHARS",
@@ -57,6 +58,11 @@ MIN_TEMPERATURE = 1e-3
 """Smallest non-zero temperature: logits / T must stay finite in float32 (below: use 0, greedy)."""
 MAX_TEMPERATURE = 100.0
 """Largest temperature (above it the distribution is uniform to float32 precision anyway)."""
+MAX_SCHEMA_PROPERTIES = 400
+"""Most `properties` one object of a JSON schema may declare (response_format, forced tools' parameters).
+llguidance's parser holds at most 2000 items in a row, and an object with n optional properties opens a row
+of 4n + 7: 498 compile, 499 fail mid-request ("Current row has 2003 items", an HTTP 500 before this limit).
+400 leaves a margin for what else shares the row (a tool call's name, `anyOf` branches)."""
 PROMPT_CHARS_PER_TOKEN = 8
 """Characters of prompt text allowed per token of `max_request_tokens` before tokenizing is refused."""
 

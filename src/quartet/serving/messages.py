@@ -8,7 +8,8 @@
   string is decoded to its object here; an object is accepted as is; anything else is a 400 naming the field.
   The function's keys are put in the order the model writes them (`name`, then `arguments`): templates that
   dump the function object keep key order, and the official client sends `arguments` first.
-- `tools` must be a list of objects; each `function` tool needs a `function.name`.
+- `tools` must be a list of objects; each `function` tool needs a `function.name`, unique among the tools
+  (OpenAI refuses duplicates too: a call naming one would be ambiguous).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise bad("'tools' must be a list of tool objects", "tools")
+    names: set[str] = set()
     for i, tool in enumerate(value):
         function = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(function, dict):
@@ -121,6 +123,13 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
             )
         if not isinstance(function.get("name"), str) or not function["name"]:
             raise bad(f"'tools[{i}].function.name' must be a non-empty string", f"tools[{i}].function.name")
+        if function["name"] in names:
+            raise bad(
+                f"'tools[{i}].function.name' {show(function['name'])} is already the name of another tool: "
+                "function names must be unique",
+                f"tools[{i}].function.name",
+            )
+        names.add(function["name"])
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise bad(

@@ -73,6 +73,7 @@ from quartet.serving.address import advertised_host
 from quartet.serving.bridge import EngineBridge, wait_in_loop
 from quartet.serving.errors import ApiError, GenerationTimeoutError, ServerAsleepError, error_body
 from quartet.serving.gate import AdmissionGate
+from quartet.serving.http_log import http_logger
 from quartet.serving.images import check_multi_modal, vision_spec
 from quartet.serving.limits import RequestLimits, check_sampling, check_text_size, check_token_ids
 from quartet.serving.openapi import openapi_schema
@@ -200,7 +201,7 @@ class OpenAIServer:
         """Listen on `host:port` and return the base URL `http://host:port/v1` (the port actually bound)."""
         if self._runner is not None:
             raise RuntimeError(f"the server is already running at {self.url}")
-        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0, logger=http_logger())
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()

@@ -10,7 +10,8 @@ Request fields honoured:
   without `"type": "message"`; roles user, assistant, system, and developer as system; content a string or
   `input_text` / `output_text` parts), `function_call` items (an earlier call of the model: `call_id`,
   `name`, `arguments`), and `function_call_output` items (`call_id`, `output`: the tool's answer, a tool
-  message in the chat template);
+  message in the chat template; its `call_id` must be that of a `function_call` item before it, as OpenAI
+  requires);
 - `instructions` (a system message before the input), `tools` (function tools only: `{"type": "function",
   "name", "description", "parameters", "strict"}`), `tool_choice` ("auto", "none", "required",
   `{"type": "function", "name"}`), `parallel_tool_calls`, `max_output_tokens`, `temperature`, `top_p`,
@@ -112,6 +113,13 @@ def _append_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
     elif kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise bad(f"'{where}.call_id' must be a string", f"{where}.call_id")
+        known = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
+        if item["call_id"] not in known:
+            raise bad(
+                f"'{where}.call_id' {show(item['call_id'])} matches no function_call item before it "
+                "(send the call with its output: this server keeps no state)",
+                f"{where}.call_id",
+            )
         output = _text(item.get("output"), f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
     else:
@@ -147,12 +155,21 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     if not isinstance(value, list):
         raise bad("'tools' must be a list of function tools", "tools")
     tools = []
+    names: set[Any] = set()
     for i, tool in enumerate(value):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else tool
             raise bad(
                 f"'tools[{i}].type' {show(kind)} is not supported: only function tools", f"tools[{i}].type"
             )
+        name = tool.get("name")
+        if isinstance(name, str) and name in names:
+            raise bad(
+                f"'tools[{i}].name' {show(name)} is already the name of another tool: function names must "
+                "be unique",
+                f"tools[{i}].name",
+            )
+        names.add(name)
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         tools.append({"type": "function", "function": function})
     return tools
@@ -205,9 +222,10 @@ def parse_responses(body: Mapping[str, Any], default_max_tokens: int) -> Respons
         renamed = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
         for old, new in renamed.items():
             param = param.replace(old, new)
-        raise ApiError(
-            exc.status, exc.message.replace("response_format", "text.format"), exc.error_type, param
-        ) from None
+        message = exc.message
+        for old, new in renamed.items():
+            message = message.replace(old, new)
+        raise ApiError(exc.status, message, exc.error_type, param) from None
     chat = replace(chat, stream=boolean(body, "stream", False, "stream"))
     echo = {
         "instructions": body.get("instructions"),

@@ -12,8 +12,13 @@ message carries:
 - `finish_reason`: "tool_calls" when the model ended its turn (a response cut by the length limit keeps
   "length").
 
-When a block is malformed (bad JSON, no name, unclosed), no call is returned and `content` is the text as
-the model wrote it, tags included, so the caller sees what went wrong (vLLM's Hermes parser does the same).
+`arguments` is always JSON as RFC 8259 defines it: Python's `json` reads `NaN`, `Infinity` and numbers
+too large for a float (`1e999`, read as infinity), and would write them back as `NaN` / `Infinity`, which
+strict parsers refuse; a call holding one is malformed.
+
+When a block is malformed (bad JSON, a non-finite number, no name, unclosed), no call is returned and
+`content` is the text as the model wrote it, tags included, so the caller sees what went wrong (vLLM's
+Hermes parser does the same).
 """
 
 from __future__ import annotations
@@ -50,12 +55,12 @@ def parse_assistant_turn(text: str) -> AssistantTurn:
     parsed = HermesParser().parse(text)
     if parsed.errors or not parsed.calls:
         return AssistantTurn(text)
+    try:
+        arguments = [json.dumps(call.arguments, ensure_ascii=False, allow_nan=False) for call in parsed.calls]
+    except ValueError:  # NaN, Infinity, or a number too large for a float (1e999): not JSON (RFC 8259)
+        return AssistantTurn(text)
     calls = [
-        {
-            "id": _call_id(),
-            "type": "function",
-            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
-        }
-        for call in parsed.calls
+        {"id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": args}}
+        for call, args in zip(parsed.calls, arguments, strict=True)
     ]
     return AssistantTurn(parsed.content or None, calls)
