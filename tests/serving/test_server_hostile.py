@@ -27,6 +27,7 @@ from serving_cases import MODEL_NAME, client
 from quartet.serving import OpenAIServer, ServerThread
 from quartet.serving.constraints import FLOAT_BOUND, finite_numbers
 from quartet.serving.limits import MAX_SCHEMA_PROPERTIES
+from quartet.serving.responses_api import parse_responses
 from quartet.serving.tool_calls import parse_assistant_turn
 
 Served = tuple[OpenAIServer, ServerThread, str]
@@ -204,6 +205,19 @@ def test_a_function_call_output_answering_no_call_is_refused(served: Served) -> 
     matched = [*stray[:2], {"type": "function_call_output", "call_id": "call_a", "output": "1"}]
     out = api.responses.create(model=MODEL_NAME, input=matched, max_output_tokens=4)
     assert out.status in ("completed", "incomplete")
+
+
+def test_a_function_call_output_becomes_a_tool_message_named_as_its_call() -> None:
+    """Templates such as Hermes' refuse a tool message without `name`: the output carries its call's."""
+    calls = [
+        {"type": "function_call", "call_id": "call_a", "name": "lookup", "arguments": "{}"},
+        {"type": "function_call", "call_id": "call_b", "name": "weather", "arguments": "{}"},
+    ]
+    answered = ("call_b", "call_a")
+    outputs = [{"type": "function_call_output", "call_id": cid, "output": "1"} for cid in answered]
+    request = parse_responses({"input": [{"role": "user", "content": "hi"}, *calls, *outputs]}, 16)
+    tools = [(m["tool_call_id"], m["name"]) for m in request.chat.messages if m["role"] == "tool"]
+    assert tools == [("call_b", "weather"), ("call_a", "lookup")]
 
 
 @pytest.mark.parametrize("value", [0, -3, 2**31])

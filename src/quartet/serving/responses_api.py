@@ -113,7 +113,7 @@ def _append_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
     elif kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise bad(f"'{where}.call_id' must be a string", f"{where}.call_id")
-        known = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
+        known = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
         if item["call_id"] not in known:
             raise bad(
                 f"'{where}.call_id' {show(item['call_id'])} matches no function_call item before it "
@@ -121,7 +121,9 @@ def _append_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
                 f"{where}.call_id",
             )
         output = _text(item.get("output"), f"{where}.output")
-        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        # the call's name too: templates such as Hermes' refuse a tool message without it
+        name = known[item["call_id"]]
+        messages.append({"role": "tool", "name": name, "tool_call_id": item["call_id"], "content": output})
     else:
         raise bad(
             f"'{where}.type' {show(kind)} is not supported: only message, function_call and "
