@@ -61,14 +61,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rows(count: int, prompt: int, response: int, seed: int) -> Batch:
-    """`count` rows of random tokens, every position real, with random advantages."""
+def rows(count: int, prompt: int, response: int, seed: int = 0, vocab: int = 400) -> Batch:
+    """`count` rows of random tokens below `vocab`, every position real, with random advantages."""
     g = torch.Generator().manual_seed(seed)
     mask = torch.ones(count, prompt + response, dtype=torch.int64)
     return Batch(
         {
-            "prompts": torch.randint(10, 400, (count, prompt), generator=g),
-            "responses": torch.randint(10, 400, (count, response), generator=g),
+            "prompts": torch.randint(10, vocab, (count, prompt), generator=g),
+            "responses": torch.randint(10, vocab, (count, response), generator=g),
             "attention_mask": mask,
             "response_mask": mask[:, prompt:].clone(),
             "advantages": torch.randn(count, response, generator=g),
@@ -83,7 +83,8 @@ def pg_loss(out: Any, mb: Batch, scale: Any) -> tuple[torch.Tensor, dict[str, fl
     return torch.where(valid, -mb["advantages"] * out.logprobs, 0.0).sum() / scale.tokens, {}
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
+    """Collect garbage and hand freed heap back to the OS, so a peak measured next starts from a floor."""
     gc.collect()
     with contextlib.suppress(OSError):  # not glibc: the peaks are then upper bounds
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -121,7 +122,7 @@ def run_rank(rank: int, ep: int, port: int, model_dir: str, batch: Batch, steps:
     mine = batch.slice(rank * share, (rank + 1) * share)
     record: dict[str, Any] = {"seconds": [], "increase_bytes": [], "before_bytes": [], "grad_norm": []}
     for _ in range(steps):
-        _trim_heap()
+        trim_heap()
         before = current_rss_bytes()
         reset_peak_rss()
         start = time.perf_counter()

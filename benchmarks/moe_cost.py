@@ -30,9 +30,6 @@ first (which allocates Adam's states and warms the kernels); the ratios MoE / de
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import os
 import statistics
 import sys
@@ -46,10 +43,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, table, write_result  # noqa: E402
+from expert_parallel import pg_loss, rows, trim_heap  # noqa: E402
 
 from quartet.config import Dtype, TinyArch, TinyModelConfig  # noqa: E402
 from quartet.config.optim import OptimConfig  # noqa: E402
-from quartet.core.batch import Batch, BatchMeta  # noqa: E402
+from quartet.core.batch import Batch  # noqa: E402
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine  # noqa: E402
 from quartet.models.tiny import ensure_tiny_model  # noqa: E402
 from quartet.planning.measure import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
@@ -73,37 +71,9 @@ ROUTER = {"moe_aux_loss_coef": 0.01, "moe_z_loss_coef": 0.001}
 MMAP_THRESHOLD = str(64 * 1024)
 
 
-def rows(count: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
-    """`count` rows of random tokens, every position real, with random advantages."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(count, prompt + response, dtype=torch.int64)
-    return Batch(
-        {
-            "prompts": torch.randint(10, vocab, (count, prompt), generator=g),
-            "responses": torch.randint(10, vocab, (count, response), generator=g),
-            "attention_mask": mask,
-            "response_mask": mask[:, prompt:].clone(),
-            "advantages": torch.randn(count, response, generator=g),
-        },
-        meta=BatchMeta(temperature=1.0),
-    )
-
-
-def pg_loss(out: Any, mb: Batch, scale: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """-advantage x log-prob, token-mean over the mini-batch's tokens."""
-    valid = mb["response_mask"] != 0
-    return torch.where(valid, -mb["advantages"] * out.logprobs, 0.0).sum() / scale.tokens, {}
-
-
-def _trim_heap() -> None:
-    gc.collect()
-    with contextlib.suppress(OSError):  # not glibc: the peaks are then upper bounds
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def timed(call: Callable[[], Any]) -> tuple[float, int]:
     """(seconds, peak resident-set increase in bytes) of one call."""
-    _trim_heap()
+    trim_heap()
     before = current_rss_bytes()
     reset_peak_rss()
     start = time.perf_counter()
@@ -160,7 +130,7 @@ def measure(
         raw[name]["param_bytes"] = [params]
         raw[name]["adam_bytes"] = [adam]
     del engines
-    _trim_heap()
+    trim_heap()
     for _ in range(turns):
         for name, folder in folders.items():
             raw[name].setdefault("decode_tok_s", []).append(decode_rate(folder, *decode))
@@ -212,12 +182,12 @@ def main() -> None:
     count, prompt, response, turns = (8, 8, 4, 2) if args.smoke else (256, 24, 8, args.turns)
     decode_prompts, n, new = (2, 2, 4) if args.smoke else (32, 8, 32)
     vocab = MODELS["dense"].vocab_size
-    batch = rows(count, prompt, response, vocab)
-    ids = rows(decode_prompts, prompt, 0, vocab, seed=1)["prompts"]
+    batch = rows(count, prompt, response, vocab=vocab)
+    ids = rows(decode_prompts, prompt, 0, seed=1, vocab=vocab)["prompts"]
     prompts = Batch({"prompts": ids, "attention_mask": torch.ones_like(ids)})
     with tempfile.TemporaryDirectory() as tmp:
         folders = {name: ensure_tiny_model(spec, Path(tmp) / name) for name, spec in MODELS.items()}
-        small = rows(2 if args.smoke else 32, 8, 8, vocab, seed=2)
+        small = rows(2 if args.smoke else 32, 8, 8, seed=2, vocab=vocab)
         raw = measure(folders, batch, turns, (prompts, n, new), small)
     summary = {name: summarize(figures) for name, figures in raw.items()}
     ratios = {k: summary["moe"][k] / summary["dense"][k] for k in KEYS}
