@@ -30,9 +30,10 @@ import time
 from typing import Any
 
 import torch
-from checks import random_batch, response_nll
+from checks import random_batch
 from goal_decode import NEW, VOCAB, engine_case
 from goal_io import Step, log, matmul_rate
+from goal_update import timed_updates
 
 SHAPE = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
          "head_dim": 64, "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
@@ -130,7 +131,7 @@ def update_case(step: Step, model_dir: str, active: int, peak_flops: float) -> d
     """Three optimizer steps of the training engine; the first allocates Adam's states and warms up."""
     from quartet.config.model import Dtype
     from quartet.config.optim import OptimConfig
-    from quartet.engines import EngineSpec, MicroSpec, TrainingEngine
+    from quartet.engines import EngineSpec, TrainingEngine
     from quartet.planning.measure import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     rows, prompt, response, micro = (4, 8, 16, 2) if step.dry_run else (32, 128, 512, 8)
@@ -144,14 +145,7 @@ def update_case(step: Step, model_dir: str, active: int, peak_flops: float) -> d
     engine = TrainingEngine(spec)
     module: Any = engine.module
     batch = random_batch(rows, prompt, response, int(module.config.vocab_size))
-    times, losses = [], []
-    for _ in range(3):
-        step.sync()
-        t0 = time.perf_counter()
-        out = engine.train_step(batch, response_nll, MicroSpec(size=micro), temperature=1.0)
-        step.sync()
-        times.append(time.perf_counter() - t0)
-        losses.append(round(float(out["loss"]), 5))
+    times, losses = timed_updates(step, engine, batch, micro)
     tokens = rows * (prompt + response)
     best = min(times[1:])
     result = {

@@ -31,11 +31,28 @@ def has_fused_head() -> bool:
     return "fused_head" in {f.name for f in dataclasses.fields(EngineSpec)}
 
 
+def timed_updates(
+    step: Step, engine: Any, batch: Any, micro: int, **kwargs: Any
+) -> tuple[list[float], list[float]]:
+    """Three synchronised `train_step`s of `response_nll` on `batch`: their seconds and losses."""
+    from quartet.engines import MicroSpec
+
+    times, losses = [], []
+    for _ in range(3):
+        step.sync()
+        t0 = time.perf_counter()
+        out = engine.train_step(batch, response_nll, MicroSpec(size=micro), temperature=1.0, **kwargs)
+        step.sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(round(float(out["loss"]), 5))
+    return times, losses
+
+
 def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> dict[str, Any]:
     """Three optimizer steps (the first warms up); tokens/s and MFU of the best of the last two."""
     from quartet.config.model import Dtype
     from quartet.config.optim import OptimConfig
-    from quartet.engines import EngineSpec, MicroSpec, TrainingEngine
+    from quartet.engines import EngineSpec, TrainingEngine
 
     rows, prompt, response, micro = (4, 8, 16, 2) if step.dry_run else (64, 128, 512, 16)
     extra: dict[str, Any] = {} if fused is None else {"fused_head": fused}
@@ -47,16 +64,7 @@ def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> 
     engine = TrainingEngine(spec)
     module: Any = engine.module
     batch = random_batch(rows, prompt, response, int(module.config.vocab_size))
-    times, losses = [], []
-    for _ in range(3):
-        step.sync()
-        t0 = time.perf_counter()
-        micro_spec = MicroSpec(size=micro)
-        out = engine.train_step(batch, response_nll, micro_spec, temperature=1.0, with_entropy=True,
-                                entropy_grad=False)  # fmt: skip
-        step.sync()
-        times.append(time.perf_counter() - t0)
-        losses.append(round(float(out["loss"]), 5))
+    times, losses = timed_updates(step, engine, batch, micro, with_entropy=True, entropy_grad=False)
     params = sum(p.numel() for p in engine.module.parameters())
     tokens = rows * (prompt + response)
     best = min(times[1:])
