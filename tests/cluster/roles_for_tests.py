@@ -117,6 +117,17 @@ class BrokenInit:
         return 1
 
 
+class SlowInit:
+    """A role whose constructor takes `seconds` (a model loading on a busy machine)."""
+
+    def __init__(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @dispatch(Split.BROADCAST)
+    def ping(self) -> int:
+        return 1
+
+
 class TensorParallelEcho:
     """Ranks in tensor-parallel pairs: (0, 1) share data chunk 0, (2, 3) chunk 1; the even rank collects."""
 

@@ -12,7 +12,15 @@ import pytest
 import roles_for_tests
 import torch
 from ray import cloudpickle
-from roles_for_tests import AllReducer, BrokenInit, Counter, Doubler, TensorParallelEcho, TwoCollectors
+from roles_for_tests import (
+    AllReducer,
+    BrokenInit,
+    Counter,
+    Doubler,
+    SlowInit,
+    TensorParallelEcho,
+    TwoCollectors,
+)
 
 from quartet.cluster.colocate import HostSet, RoleSpec, colocate, live_runs
 from quartet.cluster.errors import DispatchError, ResourcesUnavailableError, WorkerError
@@ -222,6 +230,19 @@ def test_role_constructor_error_is_reported_and_cleaned_up(ray_cluster: None) ->
         if (a.name or "").startswith(names.prefix)
     ]
     assert alive == []
+
+
+def test_a_role_slower_to_start_than_its_bound_is_named_with_the_start_key(ray_cluster: None) -> None:
+    # Starting is bounded by cluster.start_timeout_s, not call_timeout_s: the error names that key, the
+    # silent rank, and comes at the bound (plus the 1 s poll), not at the role's 60 s
+    began = time.monotonic()
+    with pytest.raises(WorkerError, match=r"start\(\)|__init__\(\)") as info:
+        colocate(_pool(1), _names(), start_timeout_s=3.0, slow=RoleSpec(SlowInit, 60.0))
+    waited = time.monotonic() - began
+    message = str(info.value)
+    assert "gave no answer within 3 s (cluster.start_timeout_s)" in message, message
+    assert info.value.rank == 0
+    assert waited < 30.0, f"named after {waited:.1f} s"
 
 
 def test_shutdown_leaves_no_actors_or_placement_groups(ray_cluster: None) -> None:

@@ -22,7 +22,7 @@ from quartet.cluster.dispatch import check_layout
 from quartet.cluster.errors import DispatchError
 from quartet.cluster.group import RoleGroup, driver_methods
 from quartet.cluster.host import Sibling
-from quartet.cluster.hostset import HostSet, live_runs
+from quartet.cluster.hostset import START_BOUND, HostSet, live_runs
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import BundleSlot, ResourcePool
 
@@ -70,16 +70,18 @@ def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) ->
     hosts.register()
     began = time.perf_counter()
     try:
-        hosts.nodes = hosts.wait(label, "start", [h.node_info.remote() for h in hosts.handles], timeout_s)
+        infos = [h.node_info.remote() for h in hosts.handles]
+        hosts.nodes = hosts.wait(label, "start", infos, timeout_s, START_BOUND)
         hosts.timing["hosts"] = time.perf_counter() - began  # the host processes up (Python, imports)
-        port = hosts.wait(label, "free_port", [hosts.handles[0].free_port.remote()], timeout_s)[0]
+        free_port = [hosts.handles[0].free_port.remote()]
+        port = hosts.wait(label, "free_port", free_port, timeout_s, START_BOUND)[0]
         hosts.master = (str(hosts.nodes[0]["ip"]), int(port))
         master = [h.set_master.remote(*hosts.master) for h in hosts.handles]
-        hosts.wait(label, "set_master", master, timeout_s)
+        hosts.wait(label, "set_master", master, timeout_s, START_BOUND)
         for role, spec in roles.items():
             began = time.perf_counter()
             refs = [h.add_role.remote(role, spec.cls, spec.args, spec.kwargs) for h in hosts.handles]
-            layout = hosts.wait(role, "__init__", refs, timeout_s)
+            layout = hosts.wait(role, "__init__", refs, timeout_s, START_BOUND)
             hosts.timing[f"role/{role}"] = time.perf_counter() - began  # the role built: its model loaded
             check_layout(role, layout)
             hosts.layouts[role] = layout

@@ -26,10 +26,12 @@ from quartet.cluster.watchdog import active_deadline, hang_error
 if TYPE_CHECKING:
     from quartet.cluster.pool import ResourcePool
 
-__all__ = ["HostSet", "live_runs"]
+__all__ = ["CALL_BOUND", "START_BOUND", "HostSet", "live_runs"]
 
 log = logging.getLogger(__name__)
 _LIVE: dict[str, HostSet] = {}
+CALL_BOUND = "cluster.call_timeout_s"
+START_BOUND = "cluster.start_timeout_s"
 _POLL_S = 1.0  # how often a long wait looks for a failed rank while others still run
 _SENTINELS: list[Callable[[], None]] = []
 
@@ -82,7 +84,7 @@ class HostSet:
         self.master: tuple[str, int] | None = None
         """The torch.distributed master (address, port) the hosts were given."""
         self.start_timeout_s = call_timeout_s
-        """Bound on starting one host and building its roles (`cluster.pool_timeout_s` on Ray)."""
+        """Bound on starting one host and building its roles (`cluster.start_timeout_s` on Ray)."""
 
     @property
     def backend(self) -> str:
@@ -103,11 +105,16 @@ class HostSet:
         slot = self.pool.slots[rank] if self.pool and rank < len(self.pool.slots) else None
         return f"{slot.node_ip} (node {slot.node_id[:8]})" if slot else "unknown"
 
-    def wait(self, role: str, method: str, refs: list[Any], timeout_s: float | None) -> list[Any]:
-        """Results of `refs` (one per rank) in rank order; any failure names role, rank and node."""
+    def wait(
+        self, role: str, method: str, refs: list[Any], timeout_s: float | None, bound: str = CALL_BOUND
+    ) -> list[Any]:
+        """Results of `refs` (one per rank) in rank order; any failure names role, rank and node.
+
+        `bound` names what set `timeout_s` (a config key), for the error of a silent rank."""
         if all(isinstance(r, LocalRef) for r in refs):
             return [self._local_result(role, method, rank, ref) for rank, ref in enumerate(refs)]
-        return self._ray_wait(role, method, refs, self.call_timeout_s if timeout_s is None else timeout_s)
+        timeout = self.call_timeout_s if timeout_s is None else timeout_s
+        return self._ray_wait(role, method, refs, timeout, bound)
 
     def _local_result(self, role: str, method: str, rank: int, ref: LocalRef) -> Any:
         if ref.error is not None:
@@ -117,7 +124,7 @@ class HostSet:
             ) from cause
         return ref.value
 
-    def _ray_wait(self, role: str, method: str, refs: list[Any], timeout: float) -> list[Any]:
+    def _ray_wait(self, role: str, method: str, refs: list[Any], timeout: float, bound: str) -> list[Any]:
         """Wait for all refs at once (one fetch when all succeed); a failed rank is reported as soon as
         it is seen, without waiting for the others, and a silent one when the timeout (or the open phase's
         deadline, `quartet.cluster.watchdog`, whichever comes first) passes."""
@@ -152,7 +159,7 @@ class HostSet:
                     role,
                     missing[0],
                     self.node_of(missing[0]),
-                    f"{method}() gave no answer within {timeout:.0f} s (cluster.call_timeout_s); "
+                    f"{method}() gave no answer within {timeout:.0f} s ({bound}); "
                     f"ranks still running: {missing}",
                 )
 
@@ -171,7 +178,8 @@ class HostSet:
 
     def health(self, timeout_s: float = 10.0) -> list[int]:
         """Ping every host; their pids in rank order, or a WorkerError naming the first silent one."""
-        return self.wait(self.label, "ping", [h.ping.remote() for h in self.handles], timeout_s)
+        refs = [h.ping.remote() for h in self.handles]
+        return self.wait(self.label, "ping", refs, timeout_s, f"the health check's {timeout_s:.0f} s")
 
     def shutdown(self) -> None:
         """Kill the host actors and release the placement groups (the local backend drops its roles)."""

@@ -19,7 +19,7 @@ from typing import Any
 from quartet.cluster.colocate import host_options
 from quartet.cluster.dispatch import check_layout
 from quartet.cluster.errors import WorkerError
-from quartet.cluster.hostset import HostSet
+from quartet.cluster.hostset import START_BOUND, HostSet
 
 __all__ = ["replace_host"]
 
@@ -56,16 +56,16 @@ def replace_host(hosts: HostSet, rank: int) -> dict[str, Any]:
 def _build_roles(hosts: HostSet, rank: int, handle: Any, deadline: float) -> dict[str, Any]:
     """Node facts, the torch.distributed master and every role of the pool on the new host, in order."""
     label, left = hosts.label, max(1.0, deadline - time.monotonic())
-    info: dict[str, Any] = hosts.wait(label, "start", [handle.node_info.remote()], left)[0]
+    info: dict[str, Any] = hosts.wait(label, "start", [handle.node_info.remote()], left, START_BOUND)[0]
     if rank < len(hosts.nodes):
         hosts.nodes[rank] = info
     if hosts.master is not None:
-        hosts.wait(label, "set_master", [handle.set_master.remote(*hosts.master)], left)
+        hosts.wait(label, "set_master", [handle.set_master.remote(*hosts.master)], left, START_BOUND)
     for role, spec in hosts.specs.items():
         left = max(1.0, deadline - time.monotonic())
         ref = handle.add_role.remote(role, spec.cls, spec.args, spec.kwargs)
         layouts = list(hosts.layout(role))
-        layouts[rank] = hosts.wait(role, "__init__", [ref], left)[0]
+        layouts[rank] = hosts.wait(role, "__init__", [ref], left, START_BOUND)[0]
         check_layout(role, layouts)
         hosts.layouts[role] = layouts
     return info

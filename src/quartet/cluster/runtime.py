@@ -46,7 +46,7 @@ def launch(
     resources = ResourcePool.from_config(cfg, pool)
     pooled = time.perf_counter()
     hosts = colocate(
-        resources, names, label, cfg.call_timeout_s, cfg.pool_timeout_s, max_concurrency, **roles
+        resources, names, label, cfg.call_timeout_s, cfg.start_timeout_s, max_concurrency, **roles
     )
     early_s = take_early_connect_seconds()  # Ray started while the driver imported (`quartet train`)
     early = {"connect_early": early_s} if early_s else {}

@@ -182,6 +182,12 @@ class ClusterConfig:
     call_timeout_s: float = 3600.0
     """Longest wait for one call on a worker group before the driver reports which ranks hang."""
 
+    start_timeout_s: float = 300.0
+    """Longest wait for the worker processes to start and build their roles (Python and torch imports, the
+    model loaded): past it the run fails naming the silent ranks. Minutes on a busy or cold machine (a
+    first import of torch and transformers under load took over 60 s here), hence 300 s, verl's wait for
+    its workers to register."""
+
     separate_pools: tuple[Role, ...] = ()
     """Roles on a pool of their own, of the same shape as the main one (`rollout`, `reference`, `critic`,
     `reward_model`): their memory never competes with the actor's, at the price of more devices. A separate
@@ -206,6 +212,7 @@ class ClusterConfig:
         require(bool(self.namespace), "namespace", "must not be empty", "name the run's Ray namespace")
         require(self.pool_timeout_s > 0, "pool_timeout_s", "must be > 0")
         require(self.call_timeout_s > 0, "call_timeout_s", "must be > 0")
+        require(self.start_timeout_s > 0, "start_timeout_s", "must be > 0")
         require(self.connect_timeout_s > 0, "connect_timeout_s", "must be > 0")
         for role in self.separate_pools:
             require(

@@ -63,7 +63,7 @@ UNMAPPED: dict[str, str] = {
     "trainer.log_val_generations": "see trainer.rollout_freq (writes validation generations)",
     "trainer.use_legacy_worker_impl": "quartet has one worker implementation",
     "trainer.max_critic_ckpt_to_keep": "quartet keeps actor and critic checkpoints together",
-    "trainer.ray_wait_register_center_timeout": "see cluster.pool_timeout_s",
+    "trainer.ray_wait_register_center_timeout": "see cluster.start_timeout_s",
     "trainer.rollout_data_dir": "quartet writes rollouts to the run folder (trainer.rollout_freq)",
     "trainer.validation_data_dir": "quartet writes validation generations to the run folder",
     "data.return_raw_input_ids": "quartet re-renders prompts for a reward model itself",
