@@ -135,3 +135,21 @@ def test_a_missing_or_broken_file_is_named_with_its_key(
     assert "the verl interaction 'verl.interactions.x.Unknown' has no quartet equivalent" in err
     assert f"- data.train_files: {data}: no such file" in err  # every file problem, not only the first
     assert main(["config", "from-verl", "--no-validate", *GRPO, *argv]) == 0  # the user's choice
+
+
+def test_notes_are_printed_only_where_a_mapping_changed_the_value(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "from-verl", *GRPO, "trainer.test_freq=5"]) == 0
+    err = capsys.readouterr().err
+    assert "trainer.test_freq" not in err  # copied: nothing to say (was "5 -> 5 (-1 (never) -> 0 (never))")
+    assert "converted: trainer.save_freq=-1 -> trainer.save_freq=0" in err  # applied
+    assert "converted: trainer.n_gpus_per_node=8 -> cluster.bundles_per_node=8 (GPUs per node" in err
+    assert main(["config", "from-verl", *GRPO, "trainer.test_freq=-1"]) == 0
+    err = capsys.readouterr().err
+    assert "converted: trainer.test_freq=-1 -> trainer.test_freq=0 (-1 (never) -> 0 (never))" in err
+    assert main(["config", "from-verl", *GRPO]) == 0  # unset: verl's default -1, converted
+    err = capsys.readouterr().err
+    default = "converted: verl default trainer.test_freq=-1 -> trainer.test_freq=0"
+    assert f"{default} (-1 (never) -> 0 (never))" in err
+    assert main(["config", "from-verl", *GRPO, "actor_rollout_ref.rollout.name=vllm"]) == 0
+    err = capsys.readouterr().err
+    assert "rollout.name" not in err and "rollout.engine" not in err  # vllm -> vllm: copied

@@ -1,4 +1,4 @@
-"""`from_verl` where verl's own checks decide: micro-batches per data-parallel group.
+"""`from_verl` where verl's own checks decide: micro-batches per data-parallel group, and notes that apply.
 
 verl's FSDP engine takes its data-parallel size as world / ulysses_sp (`get_data_parallel_size`), asserts
 that the mini-batch's responses split over it, and cuts each data-parallel rank's rows into micro-batches of
@@ -13,6 +13,7 @@ import pytest
 
 from quartet.config import ConfigError, load_config
 from quartet.config.from_verl import FromVerlError, translate_overrides
+from quartet.config.verl_keys import RULES
 
 AR = "actor_rollout_ref"
 
@@ -98,3 +99,69 @@ def test_global_micro_batch_names_the_data_parallel_size_when_it_does_not_split(
     assert "dp 4 = 8 GPUs / (sp 2 x tp 1)" in u.reason
     critic = translate_overrides(["critic.ulysses_sequence_parallel_size=4", "critic.ppo_micro_batch_size=6"])
     assert critic.quartet_values["critic.micro_batch_size_per_device"] == 3  # dp 2: the critic's own sp
+
+
+# Every rule with a `how`: an override whose value the conversion keeps, and one it changes (None: there is
+# none). A kept value must print nothing (`trainer.test_freq=5 -> trainer.test_freq=5 (-1 (never) -> 0)`
+# was the defect); a changed one, or a rule whose note is about the key, prints its note.
+NOTE_CASES: dict[str, tuple[str | None, str | None]] = {
+    "data.train_files": ("[a.parquet]", "a.parquet"),
+    "data.val_files": ("[a.parquet]", "a.parquet"),
+    "data.filter_overlong_prompts": (None, "True"),
+    "data.truncation": ("error", None),  # left -> truncate is skipped when filtering, tested below
+    f"{AR}.model.target_modules": ("[q_proj,v_proj]", None),
+    f"{AR}.actor.optim.lr_warmup_steps": ("10", "-1"),
+    f"{AR}.actor.optim.min_lr_ratio": ("0.1", "null"),
+    f"{AR}.actor.ppo_micro_batch_size": (None, "128"),
+    f"{AR}.actor.policy_loss.loss_mode": ("gspo", "vanilla"),
+    f"{AR}.rollout.name": ("vllm", "hf"),
+    f"{AR}.rollout.mode": (None, "sync"),
+    f"{AR}.rollout.top_k": ("50", "-1"),
+    f"{AR}.rollout.enforce_eager": (None, "True"),
+    f"{AR}.rollout.log_prob_micro_batch_size": (None, "64"),
+    f"{AR}.rollout.val_kwargs.top_k": ("50", "-1"),
+    f"{AR}.rollout.val_kwargs.do_sample": (None, "False"),
+    f"{AR}.rollout.agent.default_agent_loop": ("tool_agent", "single_turn_agent"),
+    f"{AR}.rollout.multi_turn.format": ("hermes", None),
+    f"{AR}.ref.log_prob_micro_batch_size": (None, "64"),
+    "critic.optim.lr_warmup_steps": ("10", "-1"),
+    "critic.ppo_micro_batch_size": (None, "64"),
+    "critic.forward_micro_batch_size": (None, "64"),
+    "reward_model.micro_batch_size": (None, "64"),
+    "custom_reward_function.path": (None, "r.py"),
+    "trainer.total_training_steps": ("100", "null"),
+    "trainer.logger": (None, "[console]"),  # jsonl is always added
+    "trainer.save_freq": ("5", "-1"),
+    "trainer.test_freq": ("5", "-1"),
+    "trainer.max_actor_ckpt_to_keep": ("3", "null"),
+    "trainer.resume_mode": ("auto", "disable"),
+    "trainer.device": ("cpu", "cuda"),
+    "ray_init.num_cpus": ("16", "null"),
+}
+KEY_NOTES = {f"{AR}.actor.clip_ratio", "trainer.n_gpus_per_node"}  # notes about the key: always printed
+
+
+def test_every_converting_rule_has_a_note_case() -> None:
+    with_how = {key for key, rule in RULES.items() if rule.how}
+    assert with_how == set(NOTE_CASES) | KEY_NOTES
+    assert {key for key in with_how if not RULES[key].value_note} == KEY_NOTES
+
+
+def _applied(key: str, raw: str) -> list[bool]:
+    t = translate_overrides([f"{key}={raw}"], verl_defaults=False)
+    return [c.applied for c in t.conversions if c.verl_key == key and c.how]
+
+
+@pytest.mark.parametrize("key", sorted(NOTE_CASES))
+def test_a_value_mapping_note_applies_only_when_it_changed_the_value(key: str) -> None:
+    kept, changed = NOTE_CASES[key]
+    if kept is not None:
+        assert _applied(key, kept) and not any(_applied(key, kept)), key
+    if changed is not None:
+        assert _applied(key, changed) and all(_applied(key, changed)), key
+
+
+def test_a_ratio_is_not_rounded_to_an_integer() -> None:
+    t = translate_overrides([f"{AR}.actor.optim.min_lr_ratio=0.1", f"{AR}.model.path=/m"])
+    assert t.quartet_values["actor.optim.min_lr_ratio"] == 0.1
+    assert t.build().actor.optim.min_lr_ratio == 0.1

@@ -78,6 +78,9 @@ class Conversion:
     how: str = ""
     from_default: bool = False  # verl's default, applied because the command line did not set it
     fallback: bool = False  # yields to any other source of the same quartet field (verl's `clip_ratio`)
+    applied: bool = True
+    """Whether `how` applied: a value mapping (`-1 (never) -> 0`) applies only when it changed the value;
+    the report prints `how` only then (`trainer.test_freq=5` is copied, and says nothing)."""
 
 
 @dataclass(frozen=True)
@@ -267,9 +270,10 @@ def translate(values: Mapping[str, Any], verl_defaults: bool = True) -> Translat
         except (TypeError, ValueError) as err:
             unmapped.append(Unmapped(key, value, f"value cannot be converted ({err})"))
             continue
+        applied = not rule.value_note or not _same_value(value, converted)
         for target in (rule.target, *rule.also):
             conversions.append(
-                Conversion(key, value, target, converted, rule.how, key not in given, rule.fallback)
+                Conversion(key, value, target, converted, rule.how, key not in given, rule.fallback, applied)
             )
     conversions += _derived(effective, given, conversions)
     if str(effective.get("algorithm.adv_estimator", "")) != "gae":
@@ -317,6 +321,12 @@ def _derived(
             Conversion("trainer.device", "cuda", "cluster.device", "gpu", how, "trainer.device" not in given)
         )
     return out
+
+
+def _same_value(verl: Any, quartet: Any) -> bool:
+    """Whether a conversion left the value as it was (same type and value: `5 -> 5`, not `-1 -> 0`,
+    `'a' -> ['a']`, `'vllm' -> 'vllm'` same, `True -> 'filter'` not)."""
+    return type(verl) is type(quartet) and verl == quartet
 
 
 def _given_critic(c: Conversion, given: Mapping[str, Any]) -> bool:

@@ -70,11 +70,14 @@ class Rule:
     note: str = ""
     also: tuple[str, ...] = ()  # more quartet fields that take the same converted value
     fallback: bool = False  # yields to any other verl key that sets the same quartet field
+    value_note: bool = True
+    """`how` describes a value mapping (`-1 (never) -> 0 (never)`), reported only when it changed the
+    value; False: it describes the key's meaning (`GPUs per node -> bundles per node`), reported always."""
 
     @property
     def takes_null(self) -> bool:
         """Whether `null` has a meaning this rule converts (else null means "unset in verl")."""
-        return self.convert in (_null_zero, _reward_fn)
+        return self.convert in (_null_zero, _null_zero_ratio, _reward_fn)
 
 
 def _per_dp(role: str) -> Convert:
@@ -100,6 +103,10 @@ def _freq(value: Any, ctx: Context) -> int:
 
 def _null_zero(value: Any, ctx: Context) -> int:
     return 0 if value is None else int(value)
+
+
+def _null_zero_ratio(value: Any, ctx: Context) -> float:
+    return 0.0 if value is None else float(value)  # a ratio: int() would turn 0.1 into 0
 
 
 def _not(value: Any, ctx: Context) -> bool:
@@ -298,7 +305,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.actor.optim.weight_decay": Rule("actor.optim.weight_decay"),
     f"{AR}.actor.optim.betas": Rule("actor.optim.betas"),
     f"{AR}.actor.optim.lr_warmup_steps": Rule("actor.optim.warmup_steps", _freq, "-1 (use the ratio) -> 0"),
-    f"{AR}.actor.optim.min_lr_ratio": Rule("actor.optim.min_lr_ratio", _null_zero, "null -> 0"),
+    f"{AR}.actor.optim.min_lr_ratio": Rule("actor.optim.min_lr_ratio", _null_zero_ratio, "null -> 0"),
     f"{AR}.actor.optim.warmup_style": Rule("actor.optim.schedule"),
     f"{AR}.actor.optim.lr_scheduler_type": Rule("actor.optim.schedule"),
     f"{AR}.actor.grad_clip": Rule("actor.optim.grad_clip"),
@@ -316,6 +323,7 @@ RULES: dict[str, Rule] = {
         how="copied to both clip_ratio_low and _high unless those are given",
         also=("actor.clip_ratio_high",),
         fallback=True,
+        value_note=False,
     ),
     f"{AR}.actor.clip_ratio_low": Rule("actor.clip_ratio_low"),
     f"{AR}.actor.clip_ratio_high": Rule("actor.clip_ratio_high"),
@@ -438,7 +446,9 @@ RULES: dict[str, Rule] = {
     "trainer.max_actor_ckpt_to_keep": Rule("trainer.max_checkpoints_to_keep", _null_zero, "null -> 0 (all)"),
     "trainer.resume_mode": Rule("trainer.resume", _resume, "disable -> off, resume_path -> the path"),
     "trainer.nnodes": Rule("cluster.nodes"),
-    "trainer.n_gpus_per_node": Rule("cluster.bundles_per_node", _gpus, "GPUs per node -> bundles per node"),
+    "trainer.n_gpus_per_node": Rule(
+        "cluster.bundles_per_node", _gpus, "GPUs per node -> bundles per node", value_note=False
+    ),
     "trainer.device": Rule("cluster.device", _device, "cuda -> gpu"),
     "ray_init.num_cpus": Rule("cluster.num_cpus", _null_zero, "null -> 0 (Ray detects)"),
 }
