@@ -124,3 +124,37 @@ def test_a_verl_class_without_an_equivalent_names_it_and_quartets_tools() -> Non
 def test_verl_entry_mistakes_are_named(entry: dict[str, Any], says: str) -> None:
     with pytest.raises(ToolConfigError, match=re.escape(says)):
         build_tools({"tools": [entry]})
+
+
+def test_the_fix_names_quartets_registry_and_the_porting_page() -> None:
+    import importlib
+
+    from quartet.agents.interaction import Interaction
+    from quartet.agents.tools.base import Tool
+    from quartet.agents.verl_compat import BUILTIN_INTERACTION_CLASSES, BUILTIN_TOOL_CLASSES, porting_fix
+    from quartet.config.rollout import BUILTIN_INTERACTIONS, BUILTIN_TOOLS
+
+    # the names the fix offers are the ones rollout.multi_turn.tools / .interactions accept
+    assert tuple(BUILTIN_TOOL_CLASSES) == BUILTIN_TOOLS
+    assert tuple(BUILTIN_INTERACTION_CLASSES) == BUILTIN_INTERACTIONS
+    for paths, base in ((QUARTET_TOOLS, Tool), (QUARTET_INTERACTIONS, Interaction)):
+        for path in paths:
+            module, name = path.split(":")
+            assert issubclass(getattr(importlib.import_module(module), name), base), path
+    doc = (Path(__file__).parents[2] / "docs" / "multi_turn.md").read_text()
+    for kind, section, base in (("tool", "Tools", Tool), ("interaction", "Simulated users", Interaction)):
+        fix = porting_fix(kind, "verl.x.y.Thing")
+        assert f"## {section}\n" in doc and f'docs/multi_turn.md, "{section}"' in fix
+        assert f"subclass of {base.__module__}.{base.__name__}" in fix
+        assert "class_name: my_pkg.my_module:Thing" in fix
+
+
+def test_an_unknown_verl_interaction_carries_its_fix_apart(tmp_path: Path) -> None:
+    path = tmp_path / "weather.yaml"
+    weather = "verl.interactions.weather_interaction.WeatherInteraction"
+    path.write_text(f"interaction:\n  - name: w\n    class_name: {weather}\n")
+    with pytest.raises(InteractionConfigError) as caught:
+        load_interactions(path)
+    cause = caught.value.__cause__
+    assert cause is not None and str(caught.value).endswith(f"; {cause.fix}")  # type: ignore[attr-defined]
+    assert "port WeatherInteraction as a subclass of quartet.agents.interaction.Interaction" in cause.fix  # type: ignore[attr-defined]

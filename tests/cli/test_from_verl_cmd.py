@@ -135,3 +135,75 @@ def test_a_missing_or_broken_file_is_named_with_its_key(
     assert "the verl interaction 'verl.interactions.x.Unknown' has no quartet equivalent" in err
     assert f"- data.train_files: {data}: no such file" in err  # every file problem, not only the first
     assert main(["config", "from-verl", "--no-validate", *GRPO, *argv]) == 0  # the user's choice
+
+
+def test_notes_are_printed_only_where_a_mapping_changed_the_value(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "from-verl", *GRPO, "trainer.test_freq=5"]) == 0
+    err = capsys.readouterr().err
+    assert "trainer.test_freq" not in err  # copied: nothing to say (was "5 -> 5 (-1 (never) -> 0 (never))")
+    assert "converted: trainer.save_freq=-1 -> trainer.save_freq=0" in err  # applied
+    assert "converted: trainer.n_gpus_per_node=8 -> cluster.bundles_per_node=8 (GPUs per node" in err
+    assert main(["config", "from-verl", *GRPO, "trainer.test_freq=-1"]) == 0
+    err = capsys.readouterr().err
+    assert "converted: trainer.test_freq=-1 -> trainer.test_freq=0 (-1 (never) -> 0 (never))" in err
+    assert main(["config", "from-verl", *GRPO]) == 0  # unset: verl's default -1, converted
+    err = capsys.readouterr().err
+    default = "converted: verl default trainer.test_freq=-1 -> trainer.test_freq=0"
+    assert f"{default} (-1 (never) -> 0 (never))" in err
+    assert main(["config", "from-verl", *GRPO, "actor_rollout_ref.rollout.name=vllm"]) == 0
+    err = capsys.readouterr().err
+    assert "rollout.name" not in err and "rollout.engine" not in err  # vllm -> vllm: copied
+
+
+SEARCH_TOOL = """\
+tools:
+  - class_name: {cls}
+    config: {{type: native, retrieval_service_url: "http://127.0.0.1:8000/retrieve"}}
+    tool_schema:
+      type: function
+      function:
+        name: search
+        description: search the web
+        parameters: {{type: object, properties: {{query: {{type: string}}}}, required: [query]}}
+"""
+
+PORTED_TOOL = """\
+from quartet.agents.tools.base import Tool, ToolResult
+
+
+class SearchTool(Tool):
+    def __init__(self, *, retrieval_service_url, schema=None):
+        super().__init__(schema=schema)
+        self.url = retrieval_service_url
+
+    async def execute(self, instance_id, arguments):
+        return ToolResult(text="no results for " + arguments["query"])
+"""
+
+
+def test_an_unknown_verl_tool_class_is_answered_with_quartets_tools_and_how_to_port_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quartet.agents.verl_compat import BUILTIN_TOOL_CLASSES, QUARTET_TOOLS
+
+    tools = tmp_path / "search_tool_config.yaml"
+    tools.write_text(SEARCH_TOOL.format(cls="verl.tools.search_tool.SearchTool"))
+    assert main(["config", "from-verl", *GRPO, f"{MT}.tool_config_path={tools}"]) == 2
+    err = capsys.readouterr().err
+    key = "- rollout.multi_turn.tool_config_path"
+    problem = next(line for line in err.splitlines() if line.startswith(key))
+    fix = err.split(problem, 1)[1].splitlines()[1]
+    # the problem: the file, the entry and the class
+    assert f"{tools}: tools[0].class_name: the verl tool 'verl.tools.search_tool.SearchTool'" in problem
+    # the fix: quartet's tools by their built-in names and classes, how to port it, and where it is documented
+    assert fix.startswith("  fix: use one of quartet's tools")
+    assert all(name in fix for name in BUILTIN_TOOL_CLASSES) and all(path in fix for path in QUARTET_TOOLS)
+    assert "subclass of quartet.agents.tools.base.Tool" in fix
+    assert "class_name: my_pkg.my_module:SearchTool" in fix and 'docs/multi_turn.md, "Tools"' in fix
+    assert "give the path" not in err and fix not in problem
+    # following the fix: the tool ported as a quartet Tool subclass and named in the same entry loads
+    (tmp_path / "my_search_v50.py").write_text(PORTED_TOOL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tools.write_text(SEARCH_TOOL.format(cls="my_search_v50:SearchTool"))
+    assert main(["config", "from-verl", *GRPO, f"{MT}.tool_config_path={tools}"]) == 0
+    assert "tool_config_path" not in capsys.readouterr().err

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from quartet.config.algorithm import KLControl as ConfigKLControl
 from quartet.core.choices import KLControl, KLPenalty, LossAggMode
 from quartet.core.kl import (
+    DEFAULT_MIN_COEF,
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
+    KLController,
     apply_kl_penalty,
     kl_estimate,
     kl_loss_term,
@@ -209,18 +211,44 @@ def test_k3_is_clamped_as_verl_at_extreme_log_ratios(kind: KLPenalty) -> None:
     assert torch.isfinite(loss.loss) and float(loss.loss.detach()) <= 10.0
 
 
-def test_adaptive_coefficient_never_goes_negative() -> None:
+def test_adaptive_coefficient_stops_at_its_floor_not_below() -> None:
     # e = -0.2 (KL far under target), n_steps = 10 * horizon: factor 1 - 0.2 * 10 = -1 (verl: beta -> -beta)
     ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
     ctrl.update(0.0, n_steps=100)
-    assert ctrl.value == 0.0
-    # exactly at the boundary factor 0, and an ordinary step still moves as Ziegler's rule says
-    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
+    assert ctrl.value == DEFAULT_MIN_COEF > 0
+    # exactly at the boundary factor 0 (verl: beta = 0 forever); min_coef=0 is verl's rule clamped at 0
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10, min_coef=0.0)
     ctrl.update(0.0, n_steps=50)
-    assert ctrl.value == pytest.approx(0.0, abs=1e-15)
+    assert ctrl.value == 0.0
+    ctrl.update(9.0, n_steps=50)
+    assert ctrl.value == 0.0  # without a floor nothing brings it back, as in verl
+    # an ordinary step still moves as Ziegler's rule says
     ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
     ctrl.update(0.0, n_steps=1)
     assert ctrl.value == pytest.approx(0.05 * 0.98)
+
+
+@pytest.mark.parametrize("start", [0.0, "floor"])
+def test_adaptive_coefficient_recovers_at_kl_9_against_target_1(start: object) -> None:
+    # the case: KL 9 against a target of 1, the coefficient at 0 (or driven to the floor by a
+    # factor <= 0). e = clip(9 / 1 - 1) = +0.2; with n_steps 64 and horizon 640 the factor is 1.02, so
+    # from the floor 1e-6 the coefficient multiplies by 1.02 per update: 1e-6 * 1.02^349 = 1.0e-3.
+    ctrl = AdaptiveKLController(0.001, target_kl=1.0, horizon=640)
+    if start == "floor":
+        ctrl.update(0.0, n_steps=640 * 6)  # factor 1 - 0.2 * 6 < 0: verl's beta flips sign, ours floors
+    else:
+        ctrl.value = 0.0  # as restored from a checkpoint of a run that reached 0
+    first = ctrl.value
+    values = []
+    for _ in range(349):
+        ctrl.update(9.0, n_steps=64)
+        values.append(ctrl.value)
+    assert first == (DEFAULT_MIN_COEF if start == "floor" else 0.0)
+    assert values[0] == pytest.approx(DEFAULT_MIN_COEF * (1.02 if start == "floor" else 1.0), rel=1e-12)
+    assert all(b > a for a, b in zip(values, values[1:], strict=False))  # rises at every update
+    rises = 349 if start == "floor" else 348  # from 0 the first update only lifts it to the floor
+    assert values[-1] == pytest.approx(DEFAULT_MIN_COEF * 1.02**rises, rel=1e-9)
+    assert values[-1] > 0.9e-3
 
 
 @pytest.mark.parametrize("kind", [KLPenalty.K2_PLUS, KLPenalty.MSE_PLUS])
@@ -231,3 +259,35 @@ def test_k2_plus_is_k2(kind: KLPenalty) -> None:
     x = (logp - ref_logp).detach()
     torch.testing.assert_close(kl_estimate(logp, ref_logp, kind).detach(), 0.5 * x * x)
     torch.testing.assert_close(grad, x)
+
+
+def test_min_coef_is_a_config_key_that_reaches_the_controller() -> None:
+    # built as the trainer builds it (tests/trainer/loop/test_rl_steps.py checks the trainer's own call;
+    # importing the trainer here would cost ~10 s)
+    from quartet.config import ConfigError, QuartetConfig, load_config
+
+    def kl_controller(cfg: QuartetConfig) -> KLController:
+        k = cfg.algorithm.kl_ctrl
+        return make_kl_controller(k.kind, k.coef, k.target_kl, k.horizon, k.min_coef)
+
+    base = [
+        "algorithm.kl_ctrl.kind=adaptive",
+        "algorithm.kl_ctrl.target_kl=1.0",
+        "algorithm.kl_ctrl.horizon=10",
+    ]
+    default = kl_controller(load_config(overrides=base))
+    assert isinstance(default, AdaptiveKLController) and default.min_coef == DEFAULT_MIN_COEF
+    ctrl = kl_controller(load_config(overrides=[*base, "algorithm.kl_ctrl.min_coef=0.0005"]))
+    ctrl.update(0.0, n_steps=100)  # factor 1 - 0.2 * 10 = -1: to the floor
+    assert ctrl.value == 0.0005
+    ctrl.update(9.0, n_steps=5)  # factor 1 + 0.2 * 5 / 10 = 1.1
+    assert ctrl.value == pytest.approx(0.00055, rel=1e-12)
+    with pytest.raises(ConfigError, match="min_coef"):
+        load_config(overrides=[*base, "algorithm.kl_ctrl.min_coef=-1"])
+    with pytest.raises(ConfigError, match="lower min_coef"):
+        load_config(overrides=[*base, "algorithm.kl_ctrl.coef=0.0001", "algorithm.kl_ctrl.min_coef=0.001"])
+    # a fixed coefficient below the (unused) floor, and an adaptive one starting at 0, are fine
+    load_config(overrides=["algorithm.kl_ctrl.coef=1e-8"])
+    zero = kl_controller(load_config(overrides=[*base, "algorithm.kl_ctrl.coef=0"]))
+    zero.update(9.0, n_steps=1)
+    assert zero.value == DEFAULT_MIN_COEF

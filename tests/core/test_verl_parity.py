@@ -184,20 +184,23 @@ def test_policy_losses_match_verl(case: Case, loss_type: PolicyLoss, mode: LossA
     coef=st.floats(0.0, 1.0),
     updates=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(1, 200)), min_size=1, max_size=8),
 )
-def test_adaptive_controller_matches_verl_but_stays_nonnegative(
+def test_adaptive_controller_matches_verl_above_its_floor(
     coef: float, updates: list[tuple[float, int]]
 ) -> None:
     # Ziegler et al.: beta *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon (verl's rule); quartet
-    # clamps beta at 0 where that factor is negative (a departure: verl's beta would change sign).
-    ctrl = AdaptiveKLController(coef, target_kl=0.1, horizon=20)
-    verl_beta = coef
+    # keeps beta >= min_coef (a departure: verl's beta stays 0 once 0, and changes sign below a factor 0).
+    floor = 1e-4
+    ctrl = AdaptiveKLController(coef, target_kl=0.1, horizon=20, min_coef=floor)
+    verl_beta = coef  # verl's own trajectory, never floored
+    expected = coef  # verl's rule applied to quartet's previous value, then floored
+    floored = False
     for kl, n in updates:
-        error = min(max(kl / 0.1 - 1.0, -0.2), 0.2)
-        verl_beta = verl_beta * (1.0 + error * n / 20)
+        factor = 1.0 + min(max(kl / 0.1 - 1.0, -0.2), 0.2) * n / 20
+        verl_beta *= factor
+        floored = floored or expected * factor < floor
+        expected = max(floor, expected * factor)
         ctrl.update(kl, n)
-        assert ctrl.value >= 0.0
-        if verl_beta >= 0:
-            assert ctrl.value == pytest.approx(verl_beta, rel=1e-12, abs=1e-15)
-        else:  # the guard: verl's coefficient went negative, quartet's is 0 (and stays 0: 0 * x = 0)
-            assert ctrl.value == 0.0
-            verl_beta = 0.0
+        assert ctrl.value >= floor
+        assert ctrl.value == pytest.approx(expected, rel=1e-12)
+        if not floored:  # the floor has never bitten: verl's coefficient exactly
+            assert ctrl.value == pytest.approx(verl_beta, rel=1e-12)

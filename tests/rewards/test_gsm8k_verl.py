@@ -1,12 +1,22 @@
-"""The GSM8K rule in verl's mode against a character-by-character reference of verl's documented rule.
+"""The GSM8K rule in verl's mode against verl's own answers and a character-by-character reference.
 
-verl 0.9.1 (`verl/utils/reward_score/gsm8k.py`, as documented): read the last 300 characters; strict takes
-the last "#### " followed by a run of [-]?[0-9.,]+ (commas removed); flexible takes the last run of that
-alphabet that is not "." alone; the verdict is string equality with the ground truth. The reference below
-scans characters instead of using a regex, so it is an independent computation of the same rule.
+verl 0.9.1 (`verl/utils/reward_score/gsm8k.py`): read the last 300 characters; strict takes the last
+"#### " followed by a run of [-]?[0-9.,]+ (commas removed); flexible takes the last run of that alphabet
+that is not "." alone; the verdict is string equality with the ground truth. Two checks:
+- the cases of gsm8k_verl_cases.py against `gsm8k_verl_recorded.json`, what verl's file itself answered
+  (tools/record_verl_gsm8k.py ran it), and against the reference below;
+- random responses against the reference, which scans characters instead of using a regex, so it is an
+  independent computation of the same rule.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -55,9 +65,59 @@ def reference_extract(response: str, method: str) -> str | None:
     return good[-1] if good else runs[0]
 
 
-def reference_score(response: str, truth: str, method: str = "strict") -> float:
+def reference_score(response: str, truth: str, method: str = "strict", format_score: float = 0.0) -> float:
     answer = reference_extract(response, method)
-    return 0.0 if answer is None else (1.0 if answer == truth else 0.0)
+    return 0.0 if answer is None else (1.0 if answer == truth else format_score)
+
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from gsm8k_verl_cases import CASES  # noqa: E402  # this folder, on the path above
+
+RECORDER = HERE.parent.parent / "tools" / "record_verl_gsm8k.py"
+RECORD = json.loads((HERE / "gsm8k_verl_recorded.json").read_text())
+DEPARTURES = {"truth_int"}
+"""Cases where quartet answers otherwise than verl on purpose, each named in docs/from_verl.md."""
+
+
+def test_record_is_verls_answers_on_these_cases() -> None:
+    # the record must be of these cases: a changed or added case without a re-record fails here
+    spec = importlib.util.spec_from_file_location("record_verl_gsm8k", RECORDER)
+    assert spec is not None and spec.loader is not None
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)
+    assert RECORD["verl_version"] == "0.9.1"
+    assert len(CASES) >= 42
+    assert len({case_id for case_id, _, _ in CASES}) == len(CASES)
+    assert set(RECORD["cases"]) == {case_id for case_id, _, _ in CASES}
+    for case_id, response, truth in CASES:
+        assert RECORD["cases"][case_id]["hash"] == recorder.case_hash(response, truth), case_id
+
+
+@pytest.mark.parametrize(("case_id", "response", "truth"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("method", ["strict", "flexible"])
+def test_verl_mode_equals_verl(case_id: str, response: str, truth: Any, method: str) -> None:
+    verl = RECORD["cases"][case_id][method]
+    fmt = RECORD["format_score"]
+    ours = extract_solution_verl(response, method)  # type: ignore[arg-type]
+    assert ours == verl["answer"] == reference_extract(response, method)
+    got = compute_score_verl("openai/gsm8k", response, truth, method=method)  # type: ignore[arg-type]
+    got_fmt = compute_score_verl("openai/gsm8k", response, truth, method=method, format_score=fmt)  # type: ignore[arg-type]
+    if case_id in DEPARTURES:
+        # a non-string ground truth: verl compares the answer string with it (never equal), quartet with
+        # str(ground_truth), as its data loader hands every ground truth on as a string
+        assert not isinstance(truth, str) and verl["score"] == 0.0
+        assert got == reference_score(response, str(truth), method) == 1.0
+        return
+    assert got == verl["score"] == reference_score(response, truth, method)
+    assert got_fmt == verl["score_with_format"] == reference_score(response, truth, method, fmt)
+
+
+def test_departures_are_named_in_the_docs() -> None:
+    doc = (HERE.parent.parent / "docs" / "from_verl.md").read_text()
+    section = doc.split("## GSM8K in `reward.rule_mode=verl`", 1)[1].split("\n## ", 1)[0]
+    for case_id in DEPARTURES:
+        assert re.search(rf"`{case_id}`", section), case_id
 
 
 @pytest.mark.parametrize(

@@ -109,8 +109,8 @@ def build_registry(
         if spec.verl_entry is not None and isinstance(raw, Mapping) and "class_name" in raw:
             try:
                 raw = spec.verl_entry(raw)
-            except ValueError as exc:
-                raise spec.error(f"{where}.{exc}") from None
+            except ValueError as exc:  # chained: a caller may read the cause's own `fix`
+                raise spec.error(f"{where}.{exc}") from exc
         entry = _checked_entry(raw, spec, where)
         try:
             cls = _import_class(entry.get("class"), spec)

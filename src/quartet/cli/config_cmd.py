@@ -138,11 +138,11 @@ def _translate(args: argparse.Namespace) -> Translation:
 def _report(translation: Translation) -> None:
     for u in translation.unmapped:
         print(f"unmapped: {u.key}={u.value!r}: {u.reason}", file=sys.stderr)
-    for c in translation.conversions:
-        if c.how and translation.quartet_values.get(c.quartet_key) == c.quartet_value:
+    for c in translation.conversions:  # a value mapping only where it changed the value (`applied`)
+        if c.how and c.applied and translation.quartet_values.get(c.quartet_key) == c.quartet_value:
             origin = "verl default " if c.from_default else ""
             change = f"{c.verl_key}={c.verl_value!r} -> {c.quartet_key}={c.quartet_value!r}"
             print(f"converted: {origin}{change} ({c.how})", file=sys.stderr)
-    defaults = [c for c in translation.conversions if c.from_default and not c.how]
+    defaults = [c for c in translation.conversions if c.from_default and not (c.how and c.applied)]
     for c in defaults:
         print(f"verl default: {c.verl_key}={c.verl_value!r} -> {c.quartet_key}", file=sys.stderr)

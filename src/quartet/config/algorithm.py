@@ -52,10 +52,23 @@ class KLControlConfig:
     horizon: int = 10000
     """Horizon (in samples) of the adaptive controller."""
 
+    min_coef: float = 1e-6
+    """Floor of the adaptive coefficient (quartet.core.kl.DEFAULT_MIN_COEF): from it, a KL above target
+    multiplies the coefficient up again, where verl's stays 0 forever once it reaches 0. 0: no floor
+    (verl's rule, clamped at 0). An adaptive coef of 0 starts at 0 and is lifted to the floor by the first
+    update (docs/from_verl.md)."""
+
     def __post_init__(self) -> None:
         require(self.coef >= 0, "coef", "must be >= 0")
         require(self.target_kl > 0, "target_kl", "must be > 0")
         require(self.horizon > 0, "horizon", "must be > 0")
+        require(self.min_coef >= 0, "min_coef", "must be >= 0 (0: no floor, verl's rule)")
+        require(
+            self.kind != KLControl.ADAPTIVE or self.coef == 0 or self.coef >= self.min_coef,
+            "min_coef",
+            f"{self.min_coef} is above coef {self.coef}: the first update would lift the coefficient to it",
+            "lower min_coef (0: no floor) or raise coef",
+        )
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,9 @@ class Conversion:
     how: str = ""
     from_default: bool = False  # verl's default, applied because the command line did not set it
     fallback: bool = False  # yields to any other source of the same quartet field (verl's `clip_ratio`)
+    applied: bool = True
+    """Whether `how` applied: a value mapping (`-1 (never) -> 0`) applies only when it changed the value;
+    the report prints `how` only then (`trainer.test_freq=5` is copied, and says nothing)."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +143,8 @@ class Translation:
         problems = []
         for key, what in FILE_KEYS.items():
             for path in _named_files(key, self.quartet_values.get(key)):
-                reason = _file_reason(path, loaders.get(key))
+                reason, fix = _file_reason(path, loaders.get(key), what)
                 if reason:
-                    fix = f"give the path of the {what} (relative paths are read from where quartet runs)"
                     problems.append(self._explain(ConfigError(key, f"{path}: {reason}", fix)))
         return problems
 
@@ -267,9 +269,10 @@ def translate(values: Mapping[str, Any], verl_defaults: bool = True) -> Translat
         except (TypeError, ValueError) as err:
             unmapped.append(Unmapped(key, value, f"value cannot be converted ({err})"))
             continue
+        applied = not rule.value_note or not _same_value(value, converted)
         for target in (rule.target, *rule.also):
             conversions.append(
-                Conversion(key, value, target, converted, rule.how, key not in given, rule.fallback)
+                Conversion(key, value, target, converted, rule.how, key not in given, rule.fallback, applied)
             )
     conversions += _derived(effective, given, conversions)
     if str(effective.get("algorithm.adv_estimator", "")) != "gae":
@@ -319,6 +322,12 @@ def _derived(
     return out
 
 
+def _same_value(verl: Any, quartet: Any) -> bool:
+    """Whether a conversion left the value as it was (same type and value: `5 -> 5`, not `-1 -> 0`,
+    `'a' -> ['a']`, `'vllm' -> 'vllm'` same, `True -> 'filter'` not)."""
+    return type(verl) is type(quartet) and verl == quartet
+
+
 def _given_critic(c: Conversion, given: Mapping[str, Any]) -> bool:
     return c.verl_key in given and c.verl_key.startswith("critic.")
 
@@ -349,19 +358,30 @@ def _named_files(key: str, value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
 
 
-def _file_reason(path: str, loader: FileLoader | None) -> str:
-    """Why `path` cannot serve as the file ("" when it can)."""
+def _file_reason(path: str, loader: FileLoader | None, what: str) -> tuple[str, str]:
+    """Why `path` cannot serve as the `what` file and how to fix it (("", "") when it can).
+
+    A missing file's fix is its path; a file that does not load keeps the loader's own fix: the cause of the
+    error that carries `problem` and `fix` (e.g. `quartet.agents.verl_compat.VerlClassError`: a verl class
+    with no quartet equivalent, answered with quartet's classes and how to port it), else the message."""
+    where = f"give the path of the {what} (relative paths are read from where quartet runs)"
     if not os.path.exists(path):
-        return "no such file"
+        return "no such file", where
     if not os.path.isfile(path):
-        return "not a file"
+        return "not a file", where
     if loader is None:
-        return ""
+        return "", ""
     try:
         loader(path)
     except (OSError, ValueError) as err:
-        return f"does not load: {err}"
-    return ""
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(getattr(cause, "fix", None), str):
+            cause = cause.__cause__
+        fix = str(getattr(cause, "fix", "")) if cause is not None else ""
+        if fix:
+            return f"does not load: {str(err).removesuffix(f'; {fix}')}", fix
+        return f"does not load: {err}", f"correct the {what} as the error says"
+    return "", ""
 
 
 def _known_keys() -> list[str]:

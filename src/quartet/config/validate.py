@@ -7,7 +7,12 @@ an RL run, `sft_rules` for `quartet sft`, which reads the `sft` section instead 
     responses per step         = data.train_batch_size x rollout.n
     responses per mini-batch   = <role>.mini_batch_size x rollout.n          (global)
     per device per mini-batch  = responses per mini-batch / cluster.world_size
-    micro-batches per update   = per device per mini-batch / <role>.micro_batch_size_per_device
+    per group per mini-batch   = responses per mini-batch / dp,   dp = cluster.world_size / (sp x tp)
+    micro-batches per update   = per group per mini-batch / <role>.micro_batch_size_per_device
+
+A sequence (or tensor) group pools its ranks' rows and runs them as one set of micro-batches
+(docs/parallelism.md, "Micro-batching with SP"), so the micro-batch divides the rows of a data-parallel
+group, as verl's `*_micro_batch_size_per_gpu` divides the rows of a data-parallel rank (world / sp).
 """
 
 from __future__ import annotations
@@ -70,17 +75,9 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
             )
         )
         return out
-    per_device = responses // world
-    if not rc.use_dynamic_batch and per_device % rc.micro_batch_size_per_device:
-        out.append(
-            ConfigError(
-                f"{role}.micro_batch_size_per_device",
-                f"{rc.micro_batch_size_per_device} responses does not divide the {per_device} responses "
-                f"each device gets per mini-batch ({rc.mini_batch_size} prompts x {n} / {world} devices)",
-                f"set {role}.micro_batch_size_per_device to one of {divisors(per_device)}, "
-                f"or set {role}.use_dynamic_batch=true",
-            )
-        )
+    sp, tp = _row_group(role, cfg)
+    if world % (sp * tp) == 0:  # else _parallel_rules names the sizes
+        out += _micro_rule(role, rc, n, world, sp, tp)
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     if rc.use_dynamic_batch and rc.max_tokens_per_micro_batch < longest:
         out.append(
@@ -92,6 +89,39 @@ def _update_sizes(role: str, rc: ActorConfig | CriticConfig, cfg: QuartetConfig)
             )
         )
     return out
+
+
+def _row_group(role: str, cfg: QuartetConfig) -> tuple[int, int]:
+    """(sp, tp) of the role's engine: the ranks that pool their rows (`engines.ulysses.group_rows`)."""
+    if role == "critic":
+        return cfg.critic.sequence_parallel_size, 1
+    return cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size
+
+
+def _micro_rule(
+    role: str, rc: ActorConfig | CriticConfig, n: int, world: int, sp: int, tp: int
+) -> list[ConfigError]:
+    """The micro-batch against the rows one data-parallel group runs per mini-batch (see the docstring)."""
+    dp = world // (sp * tp)
+    per_group = rc.mini_batch_size * n // dp
+    micro = rc.micro_batch_size_per_device
+    if rc.use_dynamic_batch or per_group % micro == 0:
+        return []
+    if sp * tp == 1:
+        where = f"each device gets per mini-batch ({rc.mini_batch_size} prompts x {n} / {world} devices)"
+    else:
+        where = (
+            f"each data-parallel group gets per mini-batch ({rc.mini_batch_size} prompts x {n} / dp {dp}; "
+            f"dp = {world} devices / (sp {sp} x tp {tp}), a group's ranks pool their rows)"
+        )
+    return [
+        ConfigError(
+            f"{role}.micro_batch_size_per_device",
+            f"{micro} responses does not divide the {per_group} responses {where}",
+            f"set {role}.micro_batch_size_per_device to one of {divisors(per_group)}, "
+            f"or set {role}.use_dynamic_batch=true",
+        )
+    ]
 
 
 def _parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:

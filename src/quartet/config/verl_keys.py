@@ -10,7 +10,8 @@ Units, checked against both sides' docs:
   `rollout.n` internally); quartet's `data.train_batch_size` and `<role>.mini_batch_size` too: copied.
 - `*_micro_batch_size_per_gpu` counts RESPONSES per device in verl, as quartet's
   `micro_batch_size_per_device` does: copied. The deprecated global `*_micro_batch_size` is divided by the
-  world size (`trainer.n_gpus_per_node` x `trainer.nnodes`), as verl itself does.
+  data-parallel size, `trainer.n_gpus_per_node` x `trainer.nnodes` / (sp x tp), as verl itself does (its
+  data-parallel size is the world over the Ulysses group; a sequence group pools its rows in both).
 """
 
 from __future__ import annotations
@@ -34,6 +35,23 @@ class Context:
         nodes = self.values.get("trainer.nnodes", 1)
         return int(gpus) * int(nodes)
 
+    def group_size(self, role: str) -> tuple[int, int]:
+        """(sp, tp) of a role's engine as the translation sets them: `actor` (also the reference's and the
+        log-prob passes, which share the policy's sizes), `critic` (its own sp, no tp), `reward` (neither)."""
+        if role == "critic":
+            return self._size("critic.ulysses_sequence_parallel_size"), 1
+        if role != "actor":
+            return 1, 1
+        sp_key, tp_key = "ulysses_sequence_parallel_size", "megatron.tensor_model_parallel_size"
+        sp = self._size(f"{AR}.actor.{sp_key}", f"{AR}.ref.{sp_key}")
+        return sp, self._size(f"{AR}.actor.{tp_key}", f"{AR}.ref.{tp_key}")
+
+    def _size(self, *keys: str) -> int:
+        for key in keys:
+            if self.values.get(key) is not None:
+                return max(int(self.values[key]), 1)
+        return 1
+
 
 class Skip(Exception):
     """Raised by a conversion whose value has no quartet equivalent; the message is the reason."""
@@ -52,18 +70,31 @@ class Rule:
     note: str = ""
     also: tuple[str, ...] = ()  # more quartet fields that take the same converted value
     fallback: bool = False  # yields to any other verl key that sets the same quartet field
+    value_note: bool = True
+    """`how` describes a value mapping (`-1 (never) -> 0 (never)`), reported only when it changed the
+    value; False: it describes the key's meaning (`GPUs per node -> bundles per node`), reported always."""
 
     @property
     def takes_null(self) -> bool:
         """Whether `null` has a meaning this rule converts (else null means "unset in verl")."""
-        return self.convert in (_null_zero, _reward_fn)
+        return self.convert in (_null_zero, _null_zero_ratio, _reward_fn)
 
 
-def _per_device(value: Any, ctx: Context) -> int:
-    world = ctx.world_size
-    if int(value) % world:
-        raise Skip(f"{value} responses do not split evenly over {world} GPUs (n_gpus_per_node x nnodes)")
-    return int(value) // world
+def _per_dp(role: str) -> Convert:
+    """verl's deprecated global micro-batch of `role` -> rows per data-parallel rank (see the docstring)."""
+
+    def convert(value: Any, ctx: Context) -> int:
+        world = ctx.world_size
+        sp, tp = ctx.group_size(role)
+        if world % (sp * tp):
+            raise Skip(f"sp {sp} x tp {tp} does not divide the {world} GPUs (n_gpus_per_node x nnodes)")
+        dp = world // (sp * tp)
+        if int(value) % dp:
+            where = f"{world} GPUs" if dp == world else f"dp {dp} = {world} GPUs / (sp {sp} x tp {tp})"
+            raise Skip(f"{value} responses do not split evenly over the data-parallel ranks ({where})")
+        return int(value) // dp
+
+    return convert
 
 
 def _freq(value: Any, ctx: Context) -> int:
@@ -72,6 +103,10 @@ def _freq(value: Any, ctx: Context) -> int:
 
 def _null_zero(value: Any, ctx: Context) -> int:
     return 0 if value is None else int(value)
+
+
+def _null_zero_ratio(value: Any, ctx: Context) -> float:
+    return 0.0 if value is None else float(value)  # a ratio: int() would turn 0.1 into 0
 
 
 def _not(value: Any, ctx: Context) -> bool:
@@ -207,7 +242,10 @@ _MOE_AUX = (
     "the router's load-balancing loss; Megatron adds it per layer, quartet pools the layers (docs/moe.md)"
 )
 _MOE_Z = "the router z-loss; Megatron adds it per layer, quartet averages the layers (docs/moe.md)"
-_PER_DEV = "divided by n_gpus_per_node x nnodes (verl's deprecated global count -> per device)"
+_PER_DEV = (
+    "divided by the data-parallel size, n_gpus_per_node x nnodes / (sp x tp) "
+    "(verl's deprecated global count -> per data-parallel rank)"
+)
 
 RULES: dict[str, Rule] = {
     # data
@@ -267,7 +305,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.actor.optim.weight_decay": Rule("actor.optim.weight_decay"),
     f"{AR}.actor.optim.betas": Rule("actor.optim.betas"),
     f"{AR}.actor.optim.lr_warmup_steps": Rule("actor.optim.warmup_steps", _freq, "-1 (use the ratio) -> 0"),
-    f"{AR}.actor.optim.min_lr_ratio": Rule("actor.optim.min_lr_ratio", _null_zero, "null -> 0"),
+    f"{AR}.actor.optim.min_lr_ratio": Rule("actor.optim.min_lr_ratio", _null_zero_ratio, "null -> 0"),
     f"{AR}.actor.optim.warmup_style": Rule("actor.optim.schedule"),
     f"{AR}.actor.optim.lr_scheduler_type": Rule("actor.optim.schedule"),
     f"{AR}.actor.grad_clip": Rule("actor.optim.grad_clip"),
@@ -275,7 +313,7 @@ RULES: dict[str, Rule] = {
     f"{AR}.actor.ppo_micro_batch_size_per_gpu": Rule(
         "actor.micro_batch_size_per_device", note="responses per device in both"
     ),
-    f"{AR}.actor.ppo_micro_batch_size": Rule("actor.micro_batch_size_per_device", _per_device, _PER_DEV),
+    f"{AR}.actor.ppo_micro_batch_size": Rule("actor.micro_batch_size_per_device", _per_dp("actor"), _PER_DEV),
     f"{AR}.actor.use_dynamic_bsz": Rule("actor.use_dynamic_batch"),
     f"{AR}.actor.ppo_max_token_len_per_gpu": Rule("actor.max_tokens_per_micro_batch", note="per device"),
     f"{AR}.actor.ppo_epochs": Rule("actor.epochs"),
@@ -285,6 +323,7 @@ RULES: dict[str, Rule] = {
         how="copied to both clip_ratio_low and _high unless those are given",
         also=("actor.clip_ratio_high",),
         fallback=True,
+        value_note=False,
     ),
     f"{AR}.actor.clip_ratio_low": Rule("actor.clip_ratio_low"),
     f"{AR}.actor.clip_ratio_high": Rule("actor.clip_ratio_high"),
@@ -320,7 +359,7 @@ RULES: dict[str, Rule] = {
         "actor.logprobs.micro_batch_size_per_device", note="responses per device in both"
     ),
     f"{AR}.rollout.log_prob_micro_batch_size": Rule(
-        "actor.logprobs.micro_batch_size_per_device", _per_device, _PER_DEV
+        "actor.logprobs.micro_batch_size_per_device", _per_dp("actor"), _PER_DEV
     ),
     f"{AR}.rollout.log_prob_use_dynamic_bsz": Rule("actor.logprobs.use_dynamic_batch"),
     f"{AR}.rollout.log_prob_max_token_len_per_gpu": Rule("actor.logprobs.max_tokens_per_micro_batch"),
@@ -346,7 +385,7 @@ RULES: dict[str, Rule] = {
     # reference
     f"{AR}.ref.log_prob_micro_batch_size_per_gpu": Rule("reference.logprobs.micro_batch_size_per_device"),
     f"{AR}.ref.log_prob_micro_batch_size": Rule(
-        "reference.logprobs.micro_batch_size_per_device", _per_device, _PER_DEV
+        "reference.logprobs.micro_batch_size_per_device", _per_dp("actor"), _PER_DEV
     ),
     f"{AR}.ref.log_prob_use_dynamic_bsz": Rule("reference.logprobs.use_dynamic_batch"),
     f"{AR}.ref.log_prob_max_token_len_per_gpu": Rule("reference.logprobs.max_tokens_per_micro_batch"),
@@ -362,10 +401,10 @@ RULES: dict[str, Rule] = {
         "critic.mini_batch_size", note="prompts; unset: the actor's (as verl)"
     ),
     "critic.ppo_micro_batch_size_per_gpu": Rule("critic.micro_batch_size_per_device", note="per device"),
-    "critic.ppo_micro_batch_size": Rule("critic.micro_batch_size_per_device", _per_device, _PER_DEV),
+    "critic.ppo_micro_batch_size": Rule("critic.micro_batch_size_per_device", _per_dp("critic"), _PER_DEV),
     "critic.forward_micro_batch_size_per_gpu": Rule("critic.values.micro_batch_size_per_device"),
     "critic.forward_micro_batch_size": Rule(
-        "critic.values.micro_batch_size_per_device", _per_device, _PER_DEV
+        "critic.values.micro_batch_size_per_device", _per_dp("critic"), _PER_DEV
     ),
     "critic.forward_max_token_len_per_gpu": Rule("critic.values.max_tokens_per_micro_batch"),
     "critic.use_dynamic_bsz": Rule("critic.use_dynamic_batch"),
@@ -379,7 +418,7 @@ RULES: dict[str, Rule] = {
     # reward
     "reward_model.model.path": Rule("reward.model_path"),
     "reward_model.micro_batch_size_per_gpu": Rule("reward.micro_batch_size_per_device"),
-    "reward_model.micro_batch_size": Rule("reward.micro_batch_size_per_device", _per_device, _PER_DEV),
+    "reward_model.micro_batch_size": Rule("reward.micro_batch_size_per_device", _per_dp("reward"), _PER_DEV),
     "custom_reward_function.path": Rule("reward.function", _reward_fn, "path + name -> 'path:name'"),
     # algorithm
     "algorithm.adv_estimator": Rule("algorithm.adv_estimator", _adv, note="verl's default gae when unset"),
@@ -407,7 +446,9 @@ RULES: dict[str, Rule] = {
     "trainer.max_actor_ckpt_to_keep": Rule("trainer.max_checkpoints_to_keep", _null_zero, "null -> 0 (all)"),
     "trainer.resume_mode": Rule("trainer.resume", _resume, "disable -> off, resume_path -> the path"),
     "trainer.nnodes": Rule("cluster.nodes"),
-    "trainer.n_gpus_per_node": Rule("cluster.bundles_per_node", _gpus, "GPUs per node -> bundles per node"),
+    "trainer.n_gpus_per_node": Rule(
+        "cluster.bundles_per_node", _gpus, "GPUs per node -> bundles per node", value_note=False
+    ),
     "trainer.device": Rule("cluster.device", _device, "cuda -> gpu"),
     "ray_init.num_cpus": Rule("cluster.num_cpus", _null_zero, "null -> 0 (Ray detects)"),
 }

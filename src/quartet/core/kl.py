@@ -31,9 +31,13 @@ Two uses:
   adaptive controller. The adaptive controller (Ziegler et al. 2019, sec. 2.2):
         e = clip(KL_current / KL_target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
   with n_steps the number of samples since the last update (the batch size), as in verl and TRL.
-  Guard (departure from verl): the factor 1 + e * n_steps / horizon is negative when n_steps > 5 * horizon
-  (e = -0.2), which in verl flips beta's sign, so the penalty would pay the policy for moving away from the
-  reference. Here beta is clamped at 0 after each update (`AdaptiveKLController.update`).
+  Floor (departure from verl): beta is kept >= `min_coef` (`algorithm.kl_ctrl.min_coef`, 1e-6 by default)
+  after each update. verl's rule is multiplicative, so a beta that reaches 0 stays 0 forever whatever the KL
+  (0 * factor = 0), and it reaches 0, or below, when the factor 1 + e * n_steps / horizon is <= 0
+  (n_steps >= 5 * horizon with the KL under target), where verl's beta changes sign and the penalty pays the
+  policy for moving away from the reference. From the floor the same rule moves beta up by the factor
+  1 + e * n_steps / horizon per update while the KL is above target. Away from the floor the rule is verl's
+  exactly. `min_coef=0` gives verl's rule with beta clamped at 0 (which then never recovers).
 
 Departure from verl: the batch KL given to the controller is the mean over sequences with at least one
 valid token of the per-sequence token-mean KL (verl averages over all rows, empty ones included).
@@ -61,6 +65,7 @@ from quartet.core.metrics import (
 
 __all__ = [
     "KL_ESTIMATORS",
+    "DEFAULT_MIN_COEF",
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
@@ -249,34 +254,47 @@ class FixedKLController(KLController):
     """A constant coefficient."""
 
 
-class AdaptiveKLController(KLController):
-    """Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon, kept >= 0.
+DEFAULT_MIN_COEF = 1e-6
+"""The adaptive coefficient's default floor (`algorithm.kl_ctrl.min_coef`): 1/1000 of the default coef."""
 
-    Departure from verl: a factor below 0 (n_steps > 5 * horizon with the KL under target) gives beta = 0
-    instead of a negative beta, which would turn the KL penalty into a bonus for leaving the reference.
+
+class AdaptiveKLController(KLController):
+    """Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon, >= min_coef.
+
+    Departure from verl (see the module docstring): the floor `min_coef`, so that a coefficient driven down
+    (or started at 0) rises again when the KL exceeds the target; verl's coefficient, once 0, stays 0, and
+    with a factor below 0 it changes sign. Above the floor each update is verl's.
     """
 
     kind = KLControl.ADAPTIVE
 
-    def __init__(self, coef: float, target_kl: float, horizon: int) -> None:
+    def __init__(
+        self, coef: float, target_kl: float, horizon: int, min_coef: float = DEFAULT_MIN_COEF
+    ) -> None:
         super().__init__(coef)
         if target_kl <= 0 or horizon <= 0:
             raise ValueError(f"target_kl and horizon must be > 0, got {target_kl} and {horizon}")
+        if min_coef < 0:
+            raise ValueError(f"min_coef must be >= 0, got {min_coef}")
         self.target_kl = float(target_kl)
         self.horizon = int(horizon)
+        self.min_coef = float(min_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """Move the coefficient toward the target: up when the KL is above it, down when below."""
+        """Move the coefficient toward the target: up when the KL is above it, down when below; never
+        under `min_coef` (from there the KL above target multiplies it up again)."""
         error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
-        # Clamped at 0: with n_steps > 5 * horizon the factor is negative and verl's beta changes sign,
-        # which would reward moving away from the reference (see the module docstring).
-        self.value = max(0.0, self.value * (1.0 + error * n_steps / self.horizon))
+        self.value = max(self.min_coef, self.value * (1.0 + error * n_steps / self.horizon))
 
 
 def make_kl_controller(
-    kind: KLControl | str, coef: float, target_kl: float = 0.1, horizon: int = 10000
+    kind: KLControl | str,
+    coef: float,
+    target_kl: float = 0.1,
+    horizon: int = 10000,
+    min_coef: float = DEFAULT_MIN_COEF,
 ) -> KLController:
-    """The controller for `AlgorithmConfig.kl_ctrl` (kind, coef, target_kl, horizon)."""
+    """The controller for `AlgorithmConfig.kl_ctrl` (kind, coef, target_kl, horizon, min_coef)."""
     if KLControl(kind) is KLControl.ADAPTIVE:
-        return AdaptiveKLController(coef, target_kl, horizon)
+        return AdaptiveKLController(coef, target_kl, horizon, min_coef)
     return FixedKLController(coef)

@@ -264,3 +264,12 @@ def test_dynamic_sampling_draws_more_prompts_in_a_real_step(
     scores = batch["token_level_scores"].sum(-1).view(4, cfg.rollout.n)
     informative = (scores.max(-1).values > scores.min(-1).values).tolist()
     assert informative == [True] * int(min(kept, 4)) + [False] * int(padded)
+
+
+def test_kl_controller_takes_the_floor_from_the_config() -> None:
+    # the trainer's controller carries algorithm.kl_ctrl.min_coef (docs/from_verl.md, the adaptive floor)
+    kl_ctrl = {"kind": "adaptive", "coef": "0.01", "min_coef": "0.002"}
+    cfg = load_config(overrides=[f"algorithm.kl_ctrl.{key}={value}" for key, value in kl_ctrl.items()])
+    ctrl = kl_controller(cfg)
+    ctrl.update(0.0, n_steps=10**6)  # the factor is far below 0: verl's coefficient would change sign
+    assert ctrl.value == 0.002

@@ -139,7 +139,9 @@ def compute_score_verl(
     score: float = 1.0,
 ) -> float:
     """verl's verdict: `score` if the extracted answer string equals str(ground_truth), else `format_score`;
-    0 without an answer. Arguments as `compute_score`; the ground truth is compared as given."""
+    0 without an answer. Arguments as `compute_score`. Checked against verl's own answers on recorded cases
+    (tests/rewards/test_gsm8k_verl.py). One departure (docs/from_verl.md): verl compares with the ground truth
+    as given, so a non-string one (the int 42) never matches; here str(ground_truth) does."""
     answer = extract_solution_verl(solution_str, method)
     if answer is None:
         return 0.0

@@ -63,7 +63,7 @@ class TrainedStep:
 def kl_controller(cfg: QuartetConfig) -> KLController:
     """The in-reward KL coefficient controller of `algorithm.kl_ctrl`."""
     k = cfg.algorithm.kl_ctrl
-    return make_kl_controller(k.kind, k.coef, k.target_kl, k.horizon)
+    return make_kl_controller(k.kind, k.coef, k.target_kl, k.horizon, k.min_coef)
 
 
 class StepRunner:
