@@ -83,6 +83,9 @@ class HostSet:
         """The torch.distributed master (address, port) the hosts were given."""
         self.start_timeout_s = call_timeout_s
         """Bound on starting one host and building its roles (`cluster.pool_timeout_s` on Ray)."""
+        self.silent: set[int] = set()
+        """Ranks that passed a deadline without answering (a `HangError` or the call timeout): the run's end
+        does not wait on them again (`Workers.shutdown` skips the rollout engine's clean stop on them)."""
 
     @property
     def backend(self) -> str:
@@ -146,8 +149,11 @@ class HostSet:
                     raise
             if left <= 0:
                 missing = [rank for rank, ref in enumerate(refs) if ref in remaining]
+                self.silent.update(missing)
                 if watch is not None and watch.deadline < deadline:
-                    raise hang_error(role, method, watch, missing, self.nodes)
+                    hang = hang_error(role, method, watch, missing, self.nodes)
+                    log.error("%s", hang)  # named now: the run's own failure line comes after its cleanup
+                    raise hang
                 raise WorkerError(
                     role,
                     missing[0],
