@@ -20,6 +20,7 @@ from ray import cloudpickle
 from roles_for_tests import AllReducer, Stalling
 
 from quartet.cluster.colocate import RoleSpec, colocate
+from quartet.cluster.errors import WorkerError
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
 from quartet.cluster.stopped_stacks import process_state, py_spy_stacks
@@ -90,6 +91,8 @@ def test_a_stopped_rank_is_read_by_py_spy_here_and_through_its_node(
         stopper.join(timeout=30)
         assert process_state(pid) == "T"
         through_tasks = collect_stacks(hosts.nodes, here=None)
+        with pytest.raises(WorkerError) as outside:  # a wait outside every phase: the call timeout's error
+            hosts.health(timeout_s=2.0)
     finally:
         stopper.join(timeout=30)
         os.kill(pid, signal.SIGCONT)  # ours to undo, before the hosts are shut down
@@ -98,6 +101,8 @@ def test_a_stopped_rank_is_read_by_py_spy_here_and_through_its_node(
     assert "rank 1: stopped (SIGSTOP), roles_for_tests.py:107 Stalling.update on " in message, message
     stacks = (tmp_path / "hang_3.txt").read_text().split("## rank 1 (SILENT)")[1]
     assert f"process state: stopped (SIGSTOP); pid {pid}" in stacks and "Stalling.update (" in stacks
+    assert "ping() gave no answer within 2 s" in str(outside.value)
+    assert "ranks still running: [1]; rank 1: stopped (SIGSTOP)" in str(outside.value)
     assert (
         through_tasks[1].startswith("process state: stopped (SIGSTOP)")
         and "Stalling.update (" in through_tasks[1]

@@ -21,7 +21,7 @@ from quartet.cluster.failures import failure_report
 from quartet.cluster.group import RoleGroup
 from quartet.cluster.host import LocalRef
 from quartet.cluster.naming import RunNames
-from quartet.cluster.watchdog import active_deadline, hang_error
+from quartet.cluster.watchdog import active_deadline, hang_error, silent_states
 
 if TYPE_CHECKING:
     from quartet.cluster.pool import ResourcePool
@@ -159,7 +159,7 @@ class HostSet:
                     missing[0],
                     self.node_of(missing[0]),
                     f"{method}() gave no answer within {timeout:.0f} s (cluster.call_timeout_s); "
-                    f"ranks still running: {missing}",
+                    f"ranks still running: {missing}{silent_states(missing, self.nodes)}",
                 )
 
     def _raise_first_failure(self, role: str, method: str, refs: list[Any]) -> None:

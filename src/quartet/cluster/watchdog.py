@@ -57,6 +57,7 @@ __all__ = [
     "hang_error",
     "install_stack_dump",
     "phase_deadline",
+    "silent_states",
     "top_frame",
 ]
 
@@ -257,6 +258,21 @@ def hang_error(
     watch.stacks_file.write_text("".join(lines))
     node = _describe(nodes, silent[0])
     return HangError(role, watch, method, {r: _named_frame(r, stacks, nodes) for r in silent}, node)
+
+
+def silent_states(silent: list[int], nodes: list[dict[str, Any]]) -> str:
+    """`; rank R: stopped (SIGSTOP)` for each rank of `silent` on this node whose process state explains
+    its silence (stopped, in a kernel wait, a zombie); empty when none does or none is on this node. For the
+    call timeout's message: a wait outside every phase gets no stacks, but a stopped rank is still named."""
+    here, parts = _this_node(), []
+    for rank in silent:
+        info = nodes[rank] if rank < len(nodes) else {}
+        if info.get("pid") is None or str(info.get("node_id")) not in (str(here), "local"):
+            continue
+        state = process_state(int(info["pid"]))
+        if state in ("T", "t", "D", "Z"):
+            parts.append(f"rank {rank}: {describe_state(state)}")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _named_frame(rank: int, stacks: dict[int, str], nodes: list[dict[str, Any]]) -> str:
