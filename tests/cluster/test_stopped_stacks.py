@@ -106,6 +106,39 @@ def test_a_running_process_still_answers_through_its_handler(tmp_path: Path) -> 
     assert "wait_in_the_step" in text
 
 
+BLOCKED = """
+import signal, time
+from quartet.cluster.watchdog import HANG_SIGNAL, install_stack_dump
+
+def blocked_in_the_step():
+    print(install_stack_dump("probe:0"), flush=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {HANG_SIGNAL})  # the handler can never run
+    while True:
+        time.sleep(0.01)
+
+blocked_in_the_step()
+"""
+
+
+def test_a_rank_whose_handler_does_not_answer_is_read_by_py_spy(tmp_path: Path) -> None:
+    """Running, but the signal never reaches its handler (here: blocked): after `ANSWER_WAIT_S` py-spy."""
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        path = proc.stdout.readline().strip()
+        start = time.monotonic()
+        text = dump_stacks(proc.pid, path)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert text.startswith("process state: ") and "its faulthandler wrote nothing within 2 s" in text
+    assert "blocked_in_the_step (" in text and top_frame(text).endswith(" blocked_in_the_step")
+    assert took < 2.0 + stopped_stacks.PY_SPY_TIMEOUT_S  # DUMP_WAIT_S: the bound of one rank's read
+
+
 def test_process_state_of_no_process_is_none() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait(timeout=30)
