@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from quartet.cluster import stopped_stacks
-from quartet.cluster.watchdog import dump_stacks, top_frame
+from quartet.cluster.watchdog import PhaseDeadline, dump_stacks, hang_error, top_frame
 
 PROBE = """
 import sys, threading, time
@@ -67,6 +67,20 @@ def test_a_stopped_process_is_read_by_py_spy_with_its_state(stopped: tuple[int, 
     assert "1 more thread(s)" in text
     assert took < 3.0  # no wait for a handler that cannot run: py-spy reads at once (about 0.1 s)
     assert os.path.getsize(path) == 0  # no signal was left pending to dump when the process goes on
+
+
+def test_the_hang_error_names_the_state_and_the_frame(stopped: tuple[int, str], tmp_path: Path) -> None:
+    """The whole report without Ray: the silent rank's section of the hang file and the error's line."""
+    pid, path = stopped
+    watch = PhaseDeadline("update_actor", 7, 3.0, tmp_path / "hang_7.txt", 0.0)
+    nodes = [{"pid": pid, "stacks_file": path, "node_id": "local", "ip": "127.0.0.1"}]
+    error = hang_error("actor", "update", watch, [0], nodes)
+    assert error.silent == [0]
+    message = str(error)  # a process that is no quartet host runs no driver's call
+    assert "rank 0: stopped (SIGSTOP), in no call (the call had not started), probe.py:" in message
+    assert f" wait_in_the_step on 127.0.0.1 (node local, pid {pid})" in message
+    section = (tmp_path / "hang_7.txt").read_text().split("## rank 0 (SILENT) on 127.0.0.1")[1]
+    assert f"process state: stopped (SIGSTOP); pid {pid}" in section and "wait_in_the_step (" in section
 
 
 def test_without_py_spy_the_stack_is_missing_with_the_fix(

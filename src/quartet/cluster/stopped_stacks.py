@@ -29,6 +29,7 @@ __all__ = [
     "py_spy_path",
     "py_spy_stacks",
     "py_spy_top_frame",
+    "runs_a_call",
 ]
 
 PY_SPY_TIMEOUT_S = 3.0
@@ -171,6 +172,12 @@ def _is_call(m: re.Match[str]) -> bool:
 
 def _runs_call(thread: list[str]) -> bool:
     return any(m is not None and _is_call(m) for m in map(_PY_SPY_FRAME.match, thread[1:]))
+
+
+def runs_a_call(dump: str) -> bool:
+    """A thread of py-spy's `dump` runs a driver's call (its stack passes through the host's `call` or
+    `execute`); False for a host that was stopped between calls, whose call has not started."""
+    return any(_runs_call(t) for t in _threads(dump))
 
 
 def py_spy_top_frame(dump: str) -> str | None:

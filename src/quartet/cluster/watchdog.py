@@ -43,6 +43,7 @@ from quartet.cluster.stopped_stacks import (
     process_state,
     py_spy_stacks,
     py_spy_top_frame,
+    runs_a_call,
 )
 
 __all__ = [
@@ -282,6 +283,8 @@ def _named_frame(rank: int, stacks: dict[int, str], nodes: list[dict[str, Any]])
     if frame == "(no Python frame)" and why:  # why there is none (py-spy's error and its fix)
         frame = why[0]
     if text.startswith(STATE_LINE):  # read by py-spy: the process state comes first
+        if not why and not runs_a_call(text):  # stopped between calls: the waited-for call never began
+            frame = f"in no call (the call had not started), {frame}"
         frame = f"{text[len(STATE_LINE) :].split(';', 1)[0]}, {frame}"
     return f"{frame} on {_describe(nodes, rank)}"
 
