@@ -7,8 +7,10 @@ elapsed-time bounds are hang guards, far above what the watchdog takes.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +20,10 @@ from ray import cloudpickle
 from roles_for_tests import AllReducer, Stalling
 
 from quartet.cluster.colocate import RoleSpec, colocate
+from quartet.cluster.errors import WorkerError
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import ResourcePool
+from quartet.cluster.stopped_stacks import process_state, py_spy_stacks
 from quartet.cluster.watchdog import HangError, collect_stacks
 from quartet.trainer.records.phase_timer import PhaseDeadlines, PhaseTimer
 
@@ -61,6 +65,48 @@ def test_rank_stuck_in_update_is_named_with_its_stack(ray_cluster: None, tmp_pat
     assert "## rank 0 (answered)" in stacks and "## rank 1 (SILENT)" in stacks
     assert stacks.count("most recent call first") >= 2  # a stack dumped from each rank
     assert 'roles_for_tests.py", line' in stacks.split("## rank 1")[1]
+
+
+# slow (a pool on Ray): the py-spy reader against a stopped process stays in CI (test_stopped_stacks.py)
+@pytest.mark.slow
+def test_a_stopped_rank_is_read_by_py_spy_here_and_through_its_node(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Rank 1 is stopped inside `update`: the error names its state and frame, and a Ray task on its node
+    (the route for a rank on another node than the driver's) reads the same stack."""
+    hosts = colocate(_pool(2), RunNames.new("quartet-tests", "hang"), stalling=RoleSpec(Stalling))
+    pid = int(hosts.nodes[1]["pid"])
+
+    def stop_in_update() -> None:  # py-spy reads the running rank until it is inside `update`, then stops it
+        until = time.monotonic() + DEADLINE_S
+        while "Stalling.update (" not in py_spy_stacks(pid) and time.monotonic() < until:
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGSTOP)
+
+    stopper = threading.Thread(target=stop_in_update, daemon=True)
+    try:
+        stopper.start()
+        with pytest.raises(HangError) as caught, _timer(tmp_path, 3)("update_actor"):
+            hosts.groups["stalling"].call(Stalling.update, 1)
+        stopper.join(timeout=30)
+        assert process_state(pid) == "T"
+        through_tasks = collect_stacks(hosts.nodes, here=None)
+        with pytest.raises(WorkerError) as outside:  # a wait outside every phase: the call timeout's error
+            hosts.health(timeout_s=2.0)
+    finally:
+        stopper.join(timeout=30)
+        os.kill(pid, signal.SIGCONT)  # ours to undo, before the hosts are shut down
+        hosts.shutdown()
+    message = str(caught.value)
+    assert "rank 1: stopped (SIGSTOP), roles_for_tests.py:107 Stalling.update on " in message, message
+    stacks = (tmp_path / "hang_3.txt").read_text().split("## rank 1 (SILENT)")[1]
+    assert f"process state: stopped (SIGSTOP); pid {pid}" in stacks and "Stalling.update (" in stacks
+    assert "ping() gave no answer within 2 s" in str(outside.value)
+    assert "ranks still running: [1]; rank 1: stopped (SIGSTOP)" in str(outside.value)
+    assert (
+        through_tasks[1].startswith("process state: stopped (SIGSTOP)")
+        and "Stalling.update (" in through_tasks[1]
+    )
 
 
 def test_rank_blocked_in_a_collective_its_peer_skipped_is_named(ray_cluster: None, tmp_path: Path) -> None:

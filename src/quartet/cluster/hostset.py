@@ -21,7 +21,7 @@ from quartet.cluster.failures import failure_report
 from quartet.cluster.group import RoleGroup
 from quartet.cluster.host import LocalRef
 from quartet.cluster.naming import RunNames
-from quartet.cluster.watchdog import active_deadline, hang_error
+from quartet.cluster.watchdog import active_deadline, hang_error, silent_states
 
 if TYPE_CHECKING:
     from quartet.cluster.pool import ResourcePool
@@ -85,6 +85,9 @@ class HostSet:
         """The torch.distributed master (address, port) the hosts were given."""
         self.start_timeout_s = call_timeout_s
         """Bound on starting one host and building its roles (`cluster.start_timeout_s` on Ray)."""
+        self.silent: set[int] = set()
+        """Ranks that passed a deadline without answering (a `HangError` or the call timeout): the run's end
+        does not wait on them again (`Workers.shutdown` skips the rollout engine's clean stop on them)."""
 
     @property
     def backend(self) -> str:
@@ -153,14 +156,17 @@ class HostSet:
                     raise
             if left <= 0:
                 missing = [rank for rank, ref in enumerate(refs) if ref in remaining]
+                self.silent.update(missing)
                 if watch is not None and watch.deadline < deadline:
-                    raise hang_error(role, method, watch, missing, self.nodes)
+                    hang = hang_error(role, method, watch, missing, self.nodes)
+                    log.error("%s", hang)  # named now: the run's own failure line comes after its cleanup
+                    raise hang
                 raise WorkerError(
                     role,
                     missing[0],
                     self.node_of(missing[0]),
                     f"{method}() gave no answer within {timeout:.0f} s ({bound}); "
-                    f"ranks still running: {missing}",
+                    f"ranks still running: {missing}{silent_states(missing, self.nodes)}",
                 )
 
     def _raise_first_failure(self, role: str, method: str, refs: list[Any]) -> None:

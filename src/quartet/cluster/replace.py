@@ -43,6 +43,7 @@ def replace_host(hosts: HostSet, rank: int) -> dict[str, Any]:
     deadline = time.monotonic() + hosts.start_timeout_s
     handle = _start_host(hosts, rank, deadline)
     hosts.handles[rank] = handle
+    hosts.silent.discard(rank)  # a fresh host: nothing it did was silent
     try:
         info = _build_roles(hosts, rank, handle, deadline)
     except BaseException:

@@ -13,7 +13,10 @@ otherwise hold the run until `cluster.call_timeout_s` and then be reported only 
   node through a small Ray task pinned to its node), reads the new part of each rank's file back (bounded
   by `DUMP_WAIT_S` per rank and `COLLECT_WAIT_S` in all), writes them to the stacks file, and returns a
   `HangError` naming the phase, the step, the silent ranks with their node and the top frame of the
-  thread that runs the call on each.
+  thread that runs the call on each;
+- a rank that cannot run its handler (stopped by SIGSTOP: `/proc/<pid>/stat` state `T`; or silent for
+  `ANSWER_WAIT_S` after the signal) is read by py-spy instead, on its own node
+  (`quartet.cluster.stopped_stacks`), and its state is named with its stack.
 """
 
 from __future__ import annotations
@@ -33,8 +36,18 @@ from pathlib import Path
 from typing import Any
 
 from quartet.cluster.errors import WorkerError
+from quartet.cluster.stopped_stacks import (
+    PY_SPY_TIMEOUT_S,
+    describe_state,
+    is_stopped,
+    process_state,
+    py_spy_stacks,
+    py_spy_top_frame,
+    runs_a_call,
+)
 
 __all__ = [
+    "ANSWER_WAIT_S",
     "COLLECT_WAIT_S",
     "DUMP_WAIT_S",
     "HANG_SIGNAL",
@@ -45,16 +58,22 @@ __all__ = [
     "hang_error",
     "install_stack_dump",
     "phase_deadline",
+    "silent_states",
     "top_frame",
 ]
 
 HANG_SIGNAL = signal.SIGUSR1
 """Unused by Ray, torch and Python itself; its default action ends a process, so only a rank that reported
 a stacks file (faulthandler registered) is ever sent it."""
-DUMP_WAIT_S = 5.0
-"""One rank's dump: faulthandler writes in milliseconds; the rest is room for a loaded node."""
-COLLECT_WAIT_S = 30.0
-"""All ranks' dumps together, Ray task start on another node included: the report never hangs itself."""
+ANSWER_WAIT_S = 2.0
+"""A signalled rank's faulthandler writes in milliseconds; past this it is read by py-spy instead."""
+DUMP_WAIT_S = ANSWER_WAIT_S + PY_SPY_TIMEOUT_S
+"""One rank's stacks at most: the handler's answer, then py-spy's read (a stopped rank: py-spy alone)."""
+COLLECT_WAIT_S = 15.0
+"""All ranks' stacks together, a Ray task's start on another node included: the report never hangs
+itself. A rank on the driver's node is read within `DUMP_WAIT_S`; this bound is for the others."""
+STATE_LINE = "process state: "
+"""The first line of the stacks of a rank that was read by py-spy: its state in words."""
 
 
 @dataclass(frozen=True)
@@ -131,20 +150,32 @@ def install_stack_dump(name: str) -> str:
     return str(path)
 
 
-def dump_stacks(pid: int, path: str, wait_s: float = DUMP_WAIT_S) -> str:
-    """Signal `pid` and return what its faulthandler appended to `path` (runs on the rank's node)."""
+def dump_stacks(pid: int, path: str, wait_s: float = ANSWER_WAIT_S) -> str:
+    """`pid`'s stacks (runs on the rank's node): what its faulthandler appends to `path` on the signal; a
+    stopped process (it runs no handler until continued), or one whose handler gave nothing within
+    `wait_s`, is read by py-spy instead, after a `STATE_LINE` naming its state."""
+    state = process_state(pid)
+    if is_stopped(state):  # no signal: it would stay pending and dump whenever the rank is continued
+        return f"{STATE_LINE}{describe_state(state)}; pid {pid}\n{py_spy_stacks(pid)}"
     start = os.path.getsize(path) if os.path.exists(path) else 0
     os.kill(pid, HANG_SIGNAL)
     deadline, last = time.monotonic() + wait_s, -1
     while time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
         size = os.path.getsize(path)
         if size > start and size == last:  # written and no longer growing
             break
         last = size
     with open(path, encoding="utf-8", errors="replace") as f:
         f.seek(start)
-        return f.read()
+        text = f.read()
+    if text.strip():
+        return text
+    state = process_state(pid)
+    return (
+        f"{STATE_LINE}{describe_state(state)}; pid {pid}; its faulthandler wrote nothing within "
+        f"{wait_s:.0f} s of the signal\n{py_spy_stacks(pid)}"
+    )
 
 
 def collect_stacks(nodes: list[dict[str, Any]], here: str | None) -> dict[int, str]:
@@ -192,6 +223,9 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\
 def top_frame(stacks: str) -> str:
     """`file:line function` of the innermost frame of the thread that runs the driver's call (the one
     whose stack passes through the host's `call`/`execute`), else of the current or first thread."""
+    spied = py_spy_top_frame(stacks)
+    if spied is not None:
+        return spied
     threads = [block for block in re.split(r"\n\s*\n", stacks) if _FRAME.search(block.split("\n", 1)[-1])]
     frames = [[m for m in map(_FRAME.match, block.splitlines()) if m] for block in threads]
     running = [
@@ -227,8 +261,31 @@ def hang_error(
     return HangError(role, watch, method, {r: _named_frame(r, stacks, nodes) for r in silent}, node)
 
 
+def silent_states(silent: list[int], nodes: list[dict[str, Any]]) -> str:
+    """`; rank R: stopped (SIGSTOP)` for each rank of `silent` on this node whose process state explains
+    its silence (stopped, in a kernel wait, a zombie); empty when none does or none is on this node. For the
+    call timeout's message: a wait outside every phase gets no stacks, but a stopped rank is still named."""
+    here, parts = _this_node(), []
+    for rank in silent:
+        info = nodes[rank] if rank < len(nodes) else {}
+        if info.get("pid") is None or str(info.get("node_id")) not in (str(here), "local"):
+            continue
+        state = process_state(int(info["pid"]))
+        if state in ("T", "t", "D", "Z"):
+            parts.append(f"rank {rank}: {describe_state(state)}")
+    return "".join(f"; {part}" for part in parts)
+
+
 def _named_frame(rank: int, stacks: dict[int, str], nodes: list[dict[str, Any]]) -> str:
-    frame = top_frame(stacks[rank]) if rank in stacks else "(no stacks)"
+    text = stacks.get(rank, "")
+    frame = top_frame(text) if text else "(no stacks)"
+    why = [line for line in text.splitlines() if line.startswith("(no ")]
+    if frame == "(no Python frame)" and why:  # why there is none (py-spy's error and its fix)
+        frame = why[0]
+    if text.startswith(STATE_LINE):  # read by py-spy: the process state comes first
+        if not why and not runs_a_call(text):  # stopped between calls: the waited-for call never began
+            frame = f"in no call (the call had not started), {frame}"
+        frame = f"{text[len(STATE_LINE) :].split(';', 1)[0]}, {frame}"
     return f"{frame} on {_describe(nodes, rank)}"
 
 

@@ -16,8 +16,9 @@ step returned, before the next one draws) and notes when the current step enters
 
 Before saving, every host is pinged (`HostSet.health`, 10 s): a dead or silent rank makes the save
 impossible and it is skipped at once with a log line, instead of each role call waiting its
-`cluster.call_timeout_s`. A save that fails is logged; the caller re-raises the original error either
-way. Only `Exception`s are handled: a Ctrl-C or SystemExit leaves at once.
+`cluster.call_timeout_s`. After a `HangError` the silent ranks are known: no ping, no save. A save that
+fails is logged; the caller re-raises the original error either way. Only `Exception`s are handled: a
+Ctrl-C or SystemExit leaves at once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from quartet.cluster.watchdog import HangError
 from quartet.trainer.recovery.checkpoint import TrainerState
 
 __all__ = ["UPDATE_PHASES", "StepBoundary", "save_on_failure"]
@@ -79,6 +81,8 @@ def save_on_failure(
     if not isinstance(error, Exception):
         return None
     state, why = boundary.to_save()
+    if state is not None and isinstance(error, HangError):  # no ping: its silent ranks would not answer it
+        state, why = None, f"ranks {error.silent} of role '{error.role}' are silent (the hang named above)"
     if state is None:
         log.warning("no checkpoint on failure: %s", why)
         return None

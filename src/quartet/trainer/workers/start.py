@@ -86,10 +86,13 @@ class Workers:
         return Role.ROLLOUT in self.separate
 
     def shutdown(self) -> None:
-        try:  # bounded: a wedged replica must not hold the run's end (its process is killed below)
-            self.rollout.submit(Rollout.shutdown).get(_ENGINE_SHUTDOWN_S)
-        except Exception:  # the hosts are going away anyway; their shutdown below reports real failures
-            log.debug("rollout engine shutdown failed", exc_info=True)
+        """Stop the rollout engines cleanly (bounded; not on a host that was already silent past a deadline,
+        e.g. a stopped rank), then kill every pool's host processes."""
+        if not self.separate.get(Role.ROLLOUT, self.hosts).silent:
+            try:  # bounded: a wedged replica must not hold the run's end (its process is killed below)
+                self.rollout.submit(Rollout.shutdown).get(_ENGINE_SHUTDOWN_S)
+            except Exception:  # the hosts are going away anyway; their shutdown below reports real failures
+                log.debug("rollout engine shutdown failed", exc_info=True)
         errors: list[BaseException] = []
         for hosts in self.host_sets:
             try:
