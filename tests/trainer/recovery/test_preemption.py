@@ -133,6 +133,23 @@ def test_a_closed_guard_never_fires_and_grace_zero_is_off() -> None:
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
 
 
+def test_claim_takes_the_handler_back_from_one_set_later_and_close_restores_that_one() -> None:
+    def later(signum: int, frame: Any) -> None:  # as `ray.init` sets one (sys.exit) after the run started
+        raise AssertionError("not to be called")
+
+    guard = Preemption(30.0, 75, exit_fn=lambda code: None)
+    assert guard.install()
+    try:
+        signal.signal(signal.SIGTERM, later)
+        guard.claim()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert guard.requested
+    finally:
+        guard.close()
+    assert signal.getsignal(signal.SIGTERM) == later
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_a_step_is_let_finish_only_when_it_and_its_save_fit_the_grace_left() -> None:
     guard = Preemption(10.0, 75)
     assert guard.step_fits(elapsed_s=1.0, step_s=None, save_s=100.0)  # nothing measured: let it finish

@@ -255,6 +255,7 @@ class RLTrainer:
         clock.lap("reward_pool")
         mark_run(stack, self.run_dir)
         roles = start_roles(stack, cfg, prep)
+        preempt.claim()  # a Ray connected just now replaced the SIGTERM handler
         workers = roles.workers
         weights = roles.weights
         clock.lap("workers", workers.start_timing())

@@ -102,9 +102,17 @@ class Preemption:
         self._pipe = (read_fd, write_fd)
         self._thread = threading.Thread(target=self._watch, name="quartet-preempt", daemon=True)
         self._thread.start()
-        for sig in PREEMPT_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self.claim()
         return True
+
+    def claim(self) -> None:
+        """The handlers ours again where something replaced them since `install` (`ray.init` sets its own
+        SIGTERM handler, `sys.exit`); what replaced them is what `close` puts back."""
+        if self._pipe is None:
+            return
+        for sig in PREEMPT_SIGNALS:
+            if signal.getsignal(sig) != self._handle:
+                self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: a flag and a byte, nothing else."""
