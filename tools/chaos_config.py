@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics")
+KINDS = (
+    "actor_host",
+    "rollout_replica",
+    "reward_worker",
+    "driver",
+    "hang",
+    "disk_full",
+    "torn_metrics",
+    "preempt",  # tools/chaos_preempt.py
+)
 RESTARTS = {"actor_host", "driver", "hang", "disk_full", "torn_metrics"}
 # A killed rollout replica is restarted by the run itself (`rollout.max_replica_restarts`): no resume. The
 # soak's run may restart them as often as the soak kills them (a driver process past its limit would fail
@@ -56,4 +65,5 @@ PATTERNS = {
     "hang": r"passed its deadline|gave no answer within",
     "disk_full": r"No space left|Errno 28|ENOSPC",
     "torn_metrics": r"torn last line",
+    "preempt": r"preemption: SIGTERM received",
 }

@@ -16,6 +16,7 @@ reward workers) and each checked to be a descendant of the current driver before
   hang             SIGSTOP of the actor's host: the watchdog must name it (then SIGCONT)
   disk_full        the checkpoints folder (a small tmpfs mounted there) filled before a save
   torn_metrics     the driver SIGKILLed, then a partial JSON line appended to metrics.jsonl
+  preempt          SIGTERM of the driver: it saves, exits 75 within its grace, is resumed (chaos_preempt.py)
 
 After each, the run is resumed as a user would (`quartet train ... trainer.resume=auto`) when it stopped,
 and the tool records when quartet named the fault (the first log line that says what happened, or the hang
@@ -58,6 +59,7 @@ from chaos_config import (
     SEED,
     N,
 )
+from chaos_preempt import after_preempt
 from chaos_procs import (
     alive,
     become_subreaper,
@@ -213,7 +215,7 @@ class Soak:
     def target(self, kind: str) -> int:
         """The pid this fault signals, from the run's own records; -1 when there is none to hit."""
         drv = self.driver
-        if kind in ("driver", "torn_metrics"):
+        if kind in ("driver", "torn_metrics", "preempt"):
             state = json.loads((self.run_dir / "run_state.json").read_text())
             pid = int(state["driver_pid"])
             return pid if pid == drv.pid else -1
@@ -237,6 +239,8 @@ class Soak:
         t_inj, wall_inj, start = time.monotonic(), time.time(), len(self.driver.log_lines())
         if kind in ("driver", "torn_metrics", "actor_host", "rollout_replica", "reward_worker"):
             os.kill(pid, signal.SIGKILL)
+        elif kind == "preempt":
+            os.kill(pid, signal.SIGTERM)
         elif kind == "hang":
             os.kill(pid, signal.SIGSTOP)
         else:
@@ -244,6 +248,8 @@ class Soak:
         self.log(f"injected {kind} (pid {pid})")
         if kind in ("driver", "torn_metrics"):
             named_t, message, since = self._after_driver_kill(kind)
+        elif kind == "preempt":
+            named_t, message, since = after_preempt(self, row, start, wall_inj)
         else:
             named_t, message = self._named_in_run(kind, pid, start, wall_inj)
             since = wall_inj

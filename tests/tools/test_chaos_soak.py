@@ -19,7 +19,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ["reward_worker", "actor_host", "torn_metrics"]
+KINDS = ["reward_worker", "actor_host", "torn_metrics", "preempt"]
 
 
 def test_a_round_of_faults_is_named_recovered_and_loses_nothing(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 The config is loaded and validated before anything starts: a typo or a batch size that does not divide
 stops here with the dotted key and the fix, and no Ray actor is created. Exit status: 0 done, 1 the run
-failed (bad data, a worker error), 2 the config is invalid.
+failed (bad data, a worker error), 2 the config is invalid, `trainer.preempt_exit_code` (75) preempted by
+SIGTERM/SIGUSR1 after checkpointing (docs/reliability.md, "Preemption").
 """
 
 from __future__ import annotations
@@ -148,5 +149,14 @@ def run(args: argparse.Namespace) -> int:
         # markup=False: an error text may hold rich tags, e.g. gloo's "[/__w/.../pair.cc:537] Read error"
         console.print(f"run failed: {err}", style="red", markup=False, soft_wrap=True)
         return 1
+    if result.preempted is not None:  # checkpointed; the code a scheduler's requeue rule matches
+        p = result.preempted
+        console.print(
+            f"preempted by {p.signal}: {result.run_dir} holds step {result.steps}; exit {p.exit_code} "
+            "(trainer.preempt_exit_code); the same command resumes it (trainer.resume=auto)",
+            markup=False,
+            soft_wrap=True,
+        )
+        return p.exit_code
     console.print(finished_text(result), markup=False, soft_wrap=True)
     return 0

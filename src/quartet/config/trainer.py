@@ -201,6 +201,18 @@ class TrainerConfig:
     rewards equal (group estimators) or the whole batch's, every advantage 0, or the actor's
     `actor/grad_norm` 0. It says so once, and again only after the signal came back; 0 turns it off."""
 
+    preempt_grace_s: float = 120.0
+    """Seconds between SIGTERM (or SLURM's SIGUSR1) reaching the `quartet train` driver and its exit: the
+    running step finishes when it fits, its checkpoint is saved, the workers stop, and the process exits
+    with `preempt_exit_code`. A second signal, or the grace running out, abandons the save (`latest` stays
+    on the previous checkpoint) and exits with the same code at once. Keep it below the scheduler's own
+    grace (Kubernetes `terminationGracePeriodSeconds`, SLURM `--signal=B:USR1@N`); 0 turns the handling
+    off (the signals act as Python's defaults). docs/reliability.md, "Preemption"."""
+
+    preempt_exit_code: int = 75
+    """Exit status of a preempted run (saved, or past its grace): 75 is `EX_TEMPFAIL` of sysexits.h, "try
+    again later", the code a requeue rule matches (`trainer.resume=auto` continues the run)."""
+
     @property
     def run_dir(self) -> Path:
         """`output_dir/project_name/experiment_name`: everything the run writes."""
@@ -228,6 +240,13 @@ class TrainerConfig:
             "split_advice_after_steps",
             "must be >= 0",
             "use 0 to print no split advice",
+        )
+        require(self.preempt_grace_s >= 0, "preempt_grace_s", "must be >= 0", "use 0 to turn preemption off")
+        require(
+            3 <= self.preempt_exit_code <= 125,
+            "preempt_exit_code",
+            f"must lie in [3, 125], got {self.preempt_exit_code}",
+            "0-2 are done, failed and invalid config, above 125 the shell's; 75 is EX_TEMPFAIL",
         )
         require(self.hang_timeout_s >= 0, "hang_timeout_s", "must be >= 0", "use 0 for the automatic one")
         require(len(set(self.loggers)) == len(self.loggers), "loggers", "lists a logger twice")

@@ -14,6 +14,12 @@ One run, in order:
    end, writing rollout records every `rollout_freq` steps;
 5. shut every worker down, whatever happened.
 
+Preemption (`trainer.preempt_grace_s`, `quartet.trainer.recovery.preemption`): after SIGTERM or SIGUSR1 the
+loop stops at its next safe point (the end of the running step, or the step's next phase boundary when it
+cannot finish within the grace and no update began), checkpoints the last completed step, records
+`preempt`, and the run returns with `RLResult.preempted` set (`quartet train` exits with
+`trainer.preempt_exit_code`).
+
 Every record (data report, step metrics, validation, checkpoint) goes to the trackers of `trainer.loggers`
 (`quartet.tracking`; `<run dir>/metrics.jsonl` always) and is handed to the callbacks
 (`quartet.trainer.records.callbacks`). The run's Ray names go to `<run dir>/cluster.json` for tools in other
@@ -29,6 +35,7 @@ short loop; every mode runs the same step (`StepRunner.run` over a `BatchSource`
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -63,11 +70,14 @@ from quartet.trainer.records.split_advice_log import split_advice_callbacks
 from quartet.trainer.records.startup import StartupClock
 from quartet.trainer.recovery.checkpoint import TrainerState, save_checkpoint
 from quartet.trainer.recovery.failure_save import StepBoundary, save_on_failure
+from quartet.trainer.recovery.preemption import Preemption, PreemptionNotice, StepAbandoned
 from quartet.trainer.recovery.role_state import export_policy, restore_roles, save_roles
 from quartet.trainer.workers.start import Workers
 from quartet.trainer.workers.weight_sync import WeightSync
 
 __all__ = ["RLResult", "RLTrainer"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,6 +98,8 @@ class RLResult:
     """The step the run resumed after (`trainer.resume`), None for a fresh start."""
     total_steps: int = 0
     """The steps the run was asked for (`trainer.total_steps`, or the epochs' worth)."""
+    preempted: PreemptionNotice | None = None
+    """Set when a preemption signal stopped the run (its last completed step checkpointed)."""
 
     @property
     def steps_this_run(self) -> int:
@@ -108,6 +120,29 @@ class _Session:
     records: RolloutRecorder
     boundary: StepBoundary
     result: RLResult
+    preempt: Preemption
+    times: _Times
+
+
+@dataclass
+class _Times:
+    """What the preemption check at a phase boundary estimates from: this process's measured times."""
+
+    step: int = 0
+    """The running step."""
+    step_began: float = 0.0
+    """`time.perf_counter()` at the start of the running step."""
+    step_s: float | None = None
+    """The last completed step's wall time (None: none yet in this process)."""
+    save_s: float = 0.0
+    """The last checkpoint's write time (0: none yet in this process)."""
+    abandoned: str = ""
+    """The step and phase a preemption abandoned, if it did."""
+
+    @property
+    def estimate(self) -> tuple[float | None, float]:
+        """(step seconds, save seconds) for `Preemption.step_fits`."""
+        return self.step_s, self.save_s
 
 
 class RLTrainer:
@@ -161,7 +196,15 @@ class RLTrainer:
             if s.prep.data.val is not None and self.cfg.trainer.val_before_train and s.prep.resumed is None:
                 self._validate(s, 0)
             for step in range(first, total + 1):
-                self._train_step(s, step)
+                if s.preempt.requested:  # came between steps (validation, a save, the start)
+                    break
+                try:
+                    self._train_step(s, step)
+                except StepAbandoned as abandoned:
+                    s.times.abandoned = str(abandoned)
+                    break
+                if s.preempt.requested:
+                    break
                 stopping = self.callbacks.should_stop(step, step - first + 1)
                 if s.prep.data.val is not None and (
                     _every(self.cfg.trainer.test_freq, step) or step == total
@@ -171,7 +214,10 @@ class RLTrainer:
                     self._save_completed(s)
                 if stopping:
                     break
-            self._finish(s)
+            if s.preempt.requested:
+                self._preempted(s)
+            else:
+                self._finish(s)
         s.result.seconds = time.perf_counter() - start
         return s.result
 
@@ -185,6 +231,7 @@ class RLTrainer:
     def _open(self, stack: ExitStack) -> _Session:
         """Prepare, then start trackers, reward pool and workers, each closed by `stack` in reverse order."""
         clock = self.startup
+        preempt = _preemption(stack, self.cfg)
         prep = clock.timed("prepare", self._prepare)
         cfg = self.cfg
         result = RLResult(self.run_dir, total_steps=prep.total)
@@ -208,10 +255,13 @@ class RLTrainer:
         clock.lap("reward_pool")
         mark_run(stack, self.run_dir)
         roles = start_roles(stack, cfg, prep)
+        preempt.claim()  # a Ray connected just now replaced the SIGTERM handler
         workers = roles.workers
         weights = roles.weights
         clock.lap("workers", workers.start_timing())
         boundary = StepBoundary(saved_step=result.steps)  # what a caught failure may still checkpoint
+        preempt.saved_step = result.steps
+        times = _Times()
         stack.push(partial(self._save_on_failure, workers, boundary))
         located = record_location(cfg, self.run_dir, workers)
         if located is not None:
@@ -222,6 +272,7 @@ class RLTrainer:
         assert tracking is not None
 
         def on_phase(name: str) -> None:
+            _abandon_if_late(preempt, boundary, times, name)
             boundary.phase(name)
             tracking.phase(name)
 
@@ -233,7 +284,7 @@ class RLTrainer:
         runner = StepRunner(cfg, workers, weights, prep.kl_ctrl, on_phase, version, on_alarm, roles.rollout)
         records = RolloutRecorder(cfg, prep.tokenizer, self.run_dir)
         source = stack.enter_context(open_batch_source(cfg, workers, reward, prep, roles.rollout))
-        return _Session(prep, workers, reward, runner, source, records, boundary, result)
+        return _Session(prep, workers, reward, runner, source, records, boundary, result, preempt, times)
 
     def _open_tracking(self, stack: ExitStack, prep: Prepared, steps_done: int) -> None:
         """The trackers of `trainer.loggers` (a logger whose package is missing fails here, before any
@@ -274,8 +325,11 @@ class RLTrainer:
     # ---- the loop ---------------------------------------------------------------------------------------
 
     def _train_step(self, s: _Session, step: int) -> None:
+        s.times.step = step
+        s.times.step_began = time.perf_counter()
         trained = s.runner.run(s.source, step)
         metrics = trained.metrics
+        s.times.step_s = metrics["timing_s/step"]
         name_reward_failures(self.run_dir, s.reward, s.prep.data.train, step)
         metrics["training/epoch"] = float(s.prep.sampler.epoch)
         s.result.train_seconds += metrics["timing_s/step"]
@@ -306,8 +360,49 @@ class RLTrainer:
 
     def _save_completed(self, s: _Session) -> None:
         if s.boundary.last is not None:
+            began = time.perf_counter()
             self._save(s.workers, s.boundary.last)
+            s.times.save_s = time.perf_counter() - began
             s.boundary.saved_step = s.boundary.last.step
+            s.preempt.saved_step = s.boundary.last.step
+
+    def _preempted(self, s: _Session) -> None:
+        """The preemption's checkpoint: the last completed step unless it is saved already; then one log
+        line and the `preempt` record (the workers stop as the session closes)."""
+        p, last = s.preempt, s.boundary.last
+        began = time.perf_counter()
+        waited = time.monotonic() - p.received_at if p.received_at is not None else 0.0
+        saved_now = last is not None and last.step > s.boundary.saved_step
+        if saved_now:
+            assert last is not None
+            p.saving_step = last.step
+            self._save_completed(s)
+        p.saved = True
+        seconds = time.perf_counter() - began
+        step = s.boundary.saved_step
+        what = f"saved step {step} in {seconds:.2f} s" if saved_now else f"step {step} was saved already"
+        if s.times.abandoned:
+            what += f" ({s.times.abandoned} abandoned: it could not finish within the grace)"
+        log.warning(
+            "preemption: %s received %.2f s before the save; %s; exiting with %d (trainer.preempt_exit_code) "
+            "once the workers stop; resume with trainer.resume=auto",
+            p.signal_name,
+            waited,
+            what,
+            p.exit_code,
+        )
+        self.record(
+            "preempt",
+            step=step,
+            signal=p.signal_name,
+            saved=saved_now,
+            save_seconds=seconds,
+            since_signal_s=waited + seconds,
+            abandoned=s.times.abandoned,
+            grace_s=p.grace_s,
+            exit_code=p.exit_code,
+        )
+        s.result.preempted = p.notice()
 
     def _finish(self, s: _Session) -> None:
         """After the loop: measured memory next to the plan, and the final export."""
@@ -345,6 +440,25 @@ class RLTrainer:
                 "start over"
             )
         self.record("resume", step=step, checkpoint=str(checkpoint), note=note, rejected=list(prep.rejected))
+
+
+def _preemption(stack: ExitStack, cfg: QuartetConfig) -> Preemption:
+    """The run's preemption handling, installed first (a signal during start-up stops the run before its
+    first step) and closed last (after the workers stopped)."""
+    preempt = Preemption(cfg.trainer.preempt_grace_s, cfg.trainer.preempt_exit_code)
+    if preempt.install():
+        stack.callback(preempt.close)
+    return preempt
+
+
+def _abandon_if_late(preempt: Preemption, boundary: StepBoundary, times: _Times, phase: str) -> None:
+    """At a phase boundary after a preemption signal: abandon the step (raise `StepAbandoned`) when it
+    cannot finish and be saved within the grace left and no update began, so the roles still hold the last
+    completed step, which is saved instead."""
+    if not preempt.requested or boundary.updating:
+        return
+    if not preempt.step_fits(time.perf_counter() - times.step_began, *times.estimate):
+        raise StepAbandoned(f"step {times.step} at phase '{phase}'")
 
 
 def _every(freq: int, step: int) -> bool:
