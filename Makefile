@@ -28,11 +28,12 @@ test: install
 test-all: install
 	$(PY) -m pytest -q
 
-# The suite while one core is kept busy by another process (a user's machine is not quiet); REPEAT=3 runs
-# it three times. ARGS go to pytest, e.g. make test-under-load ARGS='-m "not slow"'.
+# `make test`'s suite while one core is kept busy by another process (a user's machine is not quiet);
+# REPEAT=3 runs it three times in a row. ARGS replace the pytest arguments (ARGS=tests/core; ARGS=-q: every test).
 REPEAT ?= 1
+UNDER_LOAD_ARGS ?= -m "not slow"
 test-under-load: install
-	$(PY) tools/test_under_load.py --busy 1 --repeat $(REPEAT) -- $(ARGS)
+	$(PY) tools/test_under_load.py --busy 1 --repeat $(REPEAT) -- $(if $(ARGS),$(ARGS),$(UNDER_LOAD_ARGS))
 
 # Two copies of the tests that start processes (the sandbox, Ray), at the same time: both must pass, so no
 # test counts, signals or cleans up what another run on this machine started (tools/twice_at_once.py).

@@ -226,9 +226,14 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen[str], step: int, timeou
 STEPS = 30  # ~60 ms each on the tiny model: the signal lands mid-run, the run resumes to its end
 
 
-@pytest.mark.slow
+# SIGTERM's run is CI's preemption test (~20 s: a real `quartet train`, signalled, resumed); SIGUSR1 takes the
+# same path from the handler on, so it runs with the slow tests
 @pytest.mark.usefixtures("one_local_rank")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)],
+    ids=["SIGTERM", "SIGUSR1"],
+)
 def test_quartet_train_preempted_mid_run_exits_75_and_resumes_equal_to_a_straight_run(
     tiny_model_dir: Path, tmp_path: Path, sig: signal.Signals
 ) -> None:
