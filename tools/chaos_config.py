@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics")
-RESTARTS = {"actor_host", "driver", "hang", "disk_full", "torn_metrics"}
+KINDS = (
+    *("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics"),
+    "resize",  # tools/chaos_resize.py
+)
+DRIVER_KILLS = ("driver", "torn_metrics", "resize")  # the driver SIGKILLed; the resumed run names the fault
+RESTARTS = {"actor_host", "driver", "hang", "disk_full", "torn_metrics", "resize"}
 # A killed rollout replica is restarted by the run itself (`rollout.max_replica_restarts`): no resume. The
 # soak's run may restart them as often as the soak kills them (a driver process past its limit would fail
 # and be resumed as a run that stopped on its own).
@@ -56,4 +60,5 @@ PATTERNS = {
     "hang": r"passed its deadline|gave no answer within",
     "disk_full": r"No space left|Errno 28|ENOSPC",
     "torn_metrics": r"torn last line",
+    "resize": r"the world changed from",  # tools/chaos_resize.py
 }
