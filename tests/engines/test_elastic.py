@@ -36,6 +36,7 @@ def test_derived_seeds_differ_by_rank_and_step_and_repeat() -> None:
     assert len(seeds) == 8 and all(0 <= s < 2**63 for s in seeds)
     assert derived_seed(7, 1, 2) == derived_seed(7, 1, 2)
     assert derived_seed(7, 1, 2) != derived_seed(8, 1, 2)
+    assert derived_seed(7, 1, 2, "role") != derived_seed(7, 1, 2)  # a role's stream is not torch's
 
 
 def test_the_change_line_names_new_and_dropped_ranks() -> None:

@@ -23,11 +23,12 @@ from pathlib import Path
 __all__ = ["ElasticSource", "derived_seed", "describe_change", "elastic_source", "saved_ranks"]
 
 
-def derived_seed(seed: int, step: int, rank: int) -> int:
-    """A seed for rank `rank`'s random streams when the checkpoint has none for it: a function of the run's
-    seed, the step it resumes from and the rank only (so a second resume of the same checkpoint on the same
-    world gets the same streams), spread by a hash so that neighbouring ranks are unrelated."""
-    digest = hashlib.sha256(f"quartet-elastic:{seed}:{step}:{rank}".encode()).digest()
+def derived_seed(seed: int, step: int, rank: int, stream: str = "torch") -> int:
+    """A seed for rank `rank`'s random stream `stream` ("torch": torch's RNG; a role names its own) when the
+    checkpoint has none for it: a function of the run's seed, the step it resumes from, the rank and the
+    stream only (so a second resume of the same checkpoint on the same world gets the same streams),
+    spread by a hash so that neighbouring ranks, and two streams of one rank, are unrelated."""
+    digest = hashlib.sha256(f"quartet-elastic:{stream}:{seed}:{step}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 

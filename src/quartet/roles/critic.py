@@ -61,7 +61,7 @@ class Critic(EngineRole):
         self.generator.set_state(state["generator"])
 
     def fresh_streams(self, seed: int) -> None:
-        self.generator.manual_seed(seed + 1)
+        self.generator.manual_seed(seed + 1)  # as at the start: the actor's + 1
 
     @dispatch(Split.BY_DP_RANK)
     def compute_values(self, batch: Batch) -> Batch:

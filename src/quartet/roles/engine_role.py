@@ -48,7 +48,7 @@ class EngineRole:
             return  # written by a role without state files
         self.load_role_state(torch.load(source.path, weights_only=True))
         if not source.own:
-            self.fresh_streams(derived_seed(self.engine.spec.seed, self.engine.steps, rank))
+            self.fresh_streams(derived_seed(self.engine.spec.seed, self.engine.steps, rank, "role"))
 
     def role_state(self) -> dict[str, Any]:
         """State of the role beyond its engine's that an exact resume needs (override)."""
