@@ -75,8 +75,8 @@ def _resume(model_dir: Path, out: Path, saved: tuple[int, Layout], loaded: tuple
     return float((out / "load_seconds.txt").read_text())
 
 
-# in CI: two ranks save, this process loads (37-78 s on 2 cores busy with other work, most of it starting
-# the two processes; the only 2-rank spawn of this file outside `slow`)
+# in CI: two ranks save, this process loads (12.7 s at load average 1.7 on 2 cores, up to 78 s when busy;
+# most of it is starting the two processes); the only spawn of this file outside `slow`
 def test_dp2_to_dp1(tiny_model_dir: Path, tmp_path: Path) -> None:
     _resume(tiny_model_dir, tmp_path, (2, {}), (1, {}))
 
@@ -86,7 +86,7 @@ def test_dp1_to_dp2(tiny_model_dir: Path, tmp_path: Path) -> None:
     _resume(tiny_model_dir, tmp_path, (1, {}), (2, {}))
 
 
-@pytest.mark.slow  # two four-rank spawns (211 s on 2 busy cores)
+@pytest.mark.slow  # two four-rank spawns (96 s at load average 5 on 2 cores)
 def test_dp2_sp2_to_dp4(tiny_model_dir: Path, tmp_path: Path) -> None:
     _resume(tiny_model_dir, tmp_path, (4, {"sp": 2}), (4, {}))
 
