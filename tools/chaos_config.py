@@ -7,16 +7,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = (
-    "actor_host",
-    "rollout_replica",
-    "reward_worker",
-    "driver",
-    "hang",
-    "disk_full",
-    "torn_metrics",
+    *("actor_host", "rollout_replica", "reward_worker", "driver", "hang", "disk_full", "torn_metrics"),
     "preempt",  # tools/chaos_preempt.py
+    "resize",  # tools/chaos_resize.py
 )
-RESTARTS = {"actor_host", "driver", "hang", "disk_full", "torn_metrics"}
+DRIVER_KILLS = ("driver", "torn_metrics", "resize")  # the driver SIGKILLed; the resumed run names the fault
+RESTARTS = {"actor_host", "driver", "hang", "disk_full", "torn_metrics", "resize"}
 # A killed rollout replica is restarted by the run itself (`rollout.max_replica_restarts`): no resume. The
 # soak's run may restart them as often as the soak kills them (a driver process past its limit would fail
 # and be resumed as a run that stopped on its own).
@@ -66,4 +62,5 @@ PATTERNS = {
     "disk_full": r"No space left|Errno 28|ENOSPC",
     "torn_metrics": r"torn last line",
     "preempt": r"preemption: SIGTERM received",
+    "resize": r"the world changed from",  # tools/chaos_resize.py
 }

@@ -17,6 +17,7 @@ reward workers) and each checked to be a descendant of the current driver before
   disk_full        the checkpoints folder (a small tmpfs mounted there) filled before a save
   torn_metrics     the driver SIGKILLed, then a partial JSON line appended to metrics.jsonl
   preempt          SIGTERM of the driver: it saves, exits 75 within its grace, is resumed (chaos_preempt.py)
+  resize           the driver SIGKILLed, then resumed on another world size (tools/chaos_resize.py)
 
 After each, the run is resumed as a user would (`quartet train ... trainer.resume=auto`) when it stopped,
 and the tool records when quartet named the fault (the first log line that says what happened, or the hang
@@ -50,6 +51,7 @@ from chaos_config import (
     ASYNC,
     BATCH,
     CALL_TIMEOUT_S,
+    DRIVER_KILLS,
     KINDS,
     MAX_STEPS,
     PATTERNS,
@@ -74,6 +76,7 @@ from chaos_procs import (
     survivors,
     unmount,
 )
+from chaos_resize import resize
 from chaos_runs import Driver, leftovers, recent, records_since, sync_leg, trained_since
 
 
@@ -215,7 +218,7 @@ class Soak:
     def target(self, kind: str) -> int:
         """The pid this fault signals, from the run's own records; -1 when there is none to hit."""
         drv = self.driver
-        if kind in ("driver", "torn_metrics", "preempt"):
+        if kind in (*DRIVER_KILLS, "preempt"):
             state = json.loads((self.run_dir / "run_state.json").read_text())
             pid = int(state["driver_pid"])
             return pid if pid == drv.pid else -1
@@ -237,7 +240,7 @@ class Soak:
         row: dict[str, Any] = {"kind": kind, "pid": pid, "injected_at_s": _now(self.t0)}
         row["step_before"] = max((int(r["step"]) for r in recent(self.run_dir) if "step" in r), default=0)
         t_inj, wall_inj, start = time.monotonic(), time.time(), len(self.driver.log_lines())
-        if kind in ("driver", "torn_metrics", "actor_host", "rollout_replica", "reward_worker"):
+        if kind in (*DRIVER_KILLS, "actor_host", "rollout_replica", "reward_worker"):
             os.kill(pid, signal.SIGKILL)
         elif kind == "preempt":
             os.kill(pid, signal.SIGTERM)
@@ -246,7 +249,7 @@ class Soak:
         else:
             row["filled_bytes"] = fill(self.run_dir / "checkpoints", 16 << 10)
         self.log(f"injected {kind} (pid {pid})")
-        if kind in ("driver", "torn_metrics"):
+        if kind in DRIVER_KILLS:
             named_t, message, since = self._after_driver_kill(kind)
         elif kind == "preempt":
             named_t, message, since = after_preempt(self, row, start, wall_inj)
@@ -314,13 +317,18 @@ class Soak:
         self.driver.wait(30)
         if kind == "torn_metrics":
             self.restart_prep_torn()
+        if kind == "resize":
+            old, new = resize(self.driver.overrides)
+            self.log(f"resize: {old} -> {new} bundles per node")
         since = self.restart()
 
         def probe() -> str | None:
             line = _first_match(self.driver.log_lines(), 0, PATTERNS[kind])
-            if line or kind != "driver":
+            if line or kind == "torn_metrics":
                 return line
             notes = [r for r in records_since(self.run_dir, since) if r.get("kind") == "resume"]
+            if kind == "resize":
+                notes = [r for r in notes if re.search(PATTERNS[kind], r.get("note", ""))]
             return f"metrics.jsonl resume record: {notes[0].get('note', '')}"[:300] if notes else None
 
         t, message = self.wait_for(probe, self.args.recover_timeout)

@@ -12,7 +12,8 @@
   freezing), `model_check` (its heads against sp / tp), `ulysses` and `tensor_parallel` (the parallel
   split), `fsdp` (FSDP2 sharding); `hf_modules` holds the look-ups they share and imports none of them.
 - `dist`, `optim`, `offload`, `checkpoint`: process group and meshes, AdamW + schedule, offloading, and
-  state (sharded checkpoints, HF export).
+  state (sharded checkpoints, HF export); `elastic`: which saved rank's per-rank state a rank reads when a
+  checkpoint is resumed on another world size.
 """
 
 from quartet.engines.engine import EngineStateError, TrainingEngine

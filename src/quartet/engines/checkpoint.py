@@ -7,7 +7,9 @@ With FSDP2 the model and optimizer entries are sharded (DTensors, torch.distribu
 Checkpoint folder layout (every rank calls `save_checkpoint` with the same folder):
     dcp/                 torch.distributed.checkpoint of {"model", "optimizer"}: each rank writes its shards;
                          it can be loaded on a different world size (DCP reshards on load)
-    extra_rank{r}.pt     scheduler, RNG state and counters of rank r (torch.save)
+    extra_rank{r}.pt     scheduler, RNG state and counters of rank r (torch.save); on another world size a
+                         rank without its file follows `quartet.engines.elastic` (saved rank 0's scheduler
+                         and counters, an RNG seeded from (seed, step, rank))
 Writing into a temporary folder and renaming it is the caller's job (the trainer does it for the whole
 checkpoint).
 
@@ -23,6 +25,7 @@ files are copied from the source folder.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -52,6 +55,7 @@ from transformers import (
 )
 
 from quartet.engines.dist import DistContext
+from quartet.engines.elastic import derived_seed, describe_change, elastic_source
 from quartet.engines.hf_modules import hf_model
 from quartet.engines.spec import EngineSpec, ModelKind
 from quartet.models.vision import is_vision_module
@@ -70,6 +74,8 @@ TOKENIZER_FILES = (
     "preprocessor_config.json",  # a vision-language model's image processor
     "processor_config.json",
 )
+
+log = logging.getLogger(__name__)
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
@@ -174,21 +180,28 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     scheduler: LambdaLR | None,
     ctx: DistContext,
+    seed: int = 0,
 ) -> dict[str, int]:
-    """Load what `save_checkpoint` wrote into the live objects; returns the saved counters."""
+    """Load what `save_checkpoint` wrote into the live objects; returns the saved counters.
+
+    The checkpoint may come from another world size or layout: the model and optimizer are resharded by
+    DCP, and the per-rank extras follow `quartet.engines.elastic` (a rank the checkpoint has no file for
+    reads saved rank 0's scheduler and counters, and its RNG is seeded from `(seed, step, rank)`)."""
     folder = Path(folder)
-    extra_path = folder / f"extra_rank{ctx.rank}.pt"
-    if not extra_path.exists():
-        raise FileNotFoundError(
-            f"{extra_path} is missing: was the checkpoint written with {ctx.world} ranks?"
-        )
-    extra = torch.load(extra_path, weights_only=False)
+    source = elastic_source(folder, "extra_rank", ctx.rank)
+    extra = torch.load(source.path, weights_only=False)
     tensors: dict[str, Any] = {"model": get_model_state_dict(module)}
     if optimizer is not None and extra["has_optimizer_state"]:
         # Gives the optimizer a state to load into (by a zero-lr step); it is overwritten just below.
         tensors["optimizer"] = get_optimizer_state_dict(module, optimizer)
     with _single_process_quiet():
         dcp_load(tensors, checkpoint_id=str(folder / "dcp"), no_dist=not ctx.sharded)
+    if not source.own:  # a rank the saved world did not have: its own stream, not a copy of rank 0's
+        torch.manual_seed(derived_seed(seed, int(extra["counters"]["steps"]), ctx.rank))
+        extra["rng"] = _rng_state(ctx.device)
+    change = describe_change(int(extra.get("world", source.saved_world)), ctx.world, "torch RNG")
+    if change is not None and ctx.rank == 0:
+        log.info("engine checkpoint %s: %s", folder, change)
     return restore_state({**extra, **tensors}, module, optimizer, scheduler, ctx.device)
 
 

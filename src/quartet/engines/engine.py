@@ -311,7 +311,9 @@ class TrainingEngine:
     def load(self, folder: str | Path) -> None:
         """Load a checkpoint written by `save` (model and optimizer may come from another world size)."""
         self._check_loaded()
-        counters = checkpoint.load_checkpoint(folder, self.module, self.optimizer, self.scheduler, self.ctx)
+        counters = checkpoint.load_checkpoint(
+            folder, self.module, self.optimizer, self.scheduler, self.ctx, self.spec.seed
+        )
         self._set_counters(counters)
 
     def export_hf(self, folder: str | Path, dtype: torch.dtype = torch.float32) -> Path | None:

@@ -106,6 +106,9 @@ class Actor(EngineRole):
         self.generator.set_state(state["generator"])
         self.updates = int(state["updates"])
 
+    def fresh_streams(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
     # ---- weights to rollout replicas on a pool of their own (quartet.roles.weight_stream) ---------------
 
     @dispatch(Split.BROADCAST)

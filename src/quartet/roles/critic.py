@@ -60,6 +60,9 @@ class Critic(EngineRole):
     def load_role_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
+    def fresh_streams(self, seed: int) -> None:
+        self.generator.manual_seed(seed + 1)  # as at the start: the actor's + 1
+
     @dispatch(Split.BY_DP_RANK)
     def compute_values(self, batch: Batch) -> Batch:
         """`values` [B, R] (0 past each response's end)."""

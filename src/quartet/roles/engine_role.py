@@ -9,6 +9,7 @@ import torch
 
 from quartet.cluster.dispatch import Split, dispatch
 from quartet.engines import TrainingEngine
+from quartet.engines.elastic import derived_seed, elastic_source
 
 __all__ = ["EngineRole"]
 
@@ -36,12 +37,18 @@ class EngineRole:
 
     @dispatch(Split.BROADCAST)
     def load(self, folder: str) -> None:
-        """Restore what `save` wrote (model and optimizer may come from another world size; the role state
-        is per rank and is restored only when this rank's file is there)."""
+        """Restore what `save` wrote. Model and optimizer may come from another world size or layout; the
+        role state follows `quartet.engines.elastic`: this rank's file where the checkpoint has one, else
+        saved rank 0's (its counters) with the role's random streams seeded from (seed, step, rank)."""
         self.engine.load(Path(folder))
-        path = Path(folder) / f"role_rank{self.engine.ctx.rank}.pt"
-        if path.exists():
-            self.load_role_state(torch.load(path, weights_only=True))
+        rank = self.engine.ctx.rank
+        try:
+            source = elastic_source(Path(folder), "role_rank", rank)
+        except FileNotFoundError:
+            return  # written by a role without state files
+        self.load_role_state(torch.load(source.path, weights_only=True))
+        if not source.own:
+            self.fresh_streams(derived_seed(self.engine.spec.seed, self.engine.steps, rank, "role"))
 
     def role_state(self) -> dict[str, Any]:
         """State of the role beyond its engine's that an exact resume needs (override)."""
@@ -49,6 +56,10 @@ class EngineRole:
 
     def load_role_state(self, state: dict[str, Any]) -> None:
         """Restore a `role_state()` (override)."""
+
+    def fresh_streams(self, seed: int) -> None:
+        """Seed the role's own random streams from `seed`: this rank has none in the checkpoint, which was
+        written on a smaller world (override where `role_state` holds a generator)."""
 
     @dispatch(Split.BROADCAST)
     def export_hf(self, folder: str) -> str | None:

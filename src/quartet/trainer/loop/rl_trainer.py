@@ -55,6 +55,7 @@ from quartet.trainer.loop.mismatch_alarm import MismatchAlarm
 from quartet.trainer.loop.no_signal_alarm import NoSignalAlarm
 from quartet.trainer.loop.session import (
     Prepared,
+    actor_layout,
     mark_run,
     open_batch_source,
     prepare_run,
@@ -68,7 +69,7 @@ from quartet.trainer.records.memory import measured_peaks
 from quartet.trainer.records.rollout_records import RolloutRecorder
 from quartet.trainer.records.split_advice_log import split_advice_callbacks
 from quartet.trainer.records.startup import StartupClock
-from quartet.trainer.recovery.checkpoint import TrainerState, save_checkpoint
+from quartet.trainer.recovery.checkpoint import TrainerState, save_checkpoint, world_change
 from quartet.trainer.recovery.failure_save import StepBoundary, save_on_failure
 from quartet.trainer.recovery.preemption import Preemption, PreemptionNotice, StepAbandoned
 from quartet.trainer.recovery.role_state import export_policy, restore_roles, save_roles
@@ -342,6 +343,7 @@ class RLTrainer:
                 self.cfg.cluster.world_size,
                 s.prep.model_path,
                 weight_version=s.runner.weight_version,
+                layout=actor_layout(self.cfg),
             )
         )
         s.records.train(trained.batch, step)
@@ -432,6 +434,9 @@ class RLTrainer:
         restore_roles(workers, weights, checkpoint, resumed.roles, resumed.weight_version)
         step, total = resumed.step, prep.total
         note = f"resumed from {checkpoint} at step {step} of {total}"
+        change = world_change(resumed, self.cfg.cluster.world_size, actor_layout(self.cfg))
+        if change is not None:
+            note += f" ({change})"
         if prep.rejected:
             note += " (newer checkpoints that do not match their manifest: " + " | ".join(prep.rejected) + ")"
         if step >= total:

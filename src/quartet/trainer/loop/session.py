@@ -43,6 +43,7 @@ from quartet.trainer.workers.weight_sync import WeightSync, open_weight_sync
 
 __all__ = [
     "Prepared",
+    "actor_layout",
     "StartedRoles",
     "check_chat_template",
     "mark_run",
@@ -84,7 +85,8 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     run_dir.mkdir(parents=True, exist_ok=True)
     choice = choose_resume_checkpoint(cfg.trainer.resume, run_dir)
     checkpoint = choice.checkpoint
-    resumed = load_trainer_state(checkpoint, cfg.cluster.world_size) if checkpoint else None
+    world, layout = cfg.cluster.world_size, actor_layout(cfg)
+    resumed = load_trainer_state(checkpoint, world, layout) if checkpoint else None
     prepare_metrics_file(metrics_path, resumed.step if resumed else None)
     (run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
     model_path = resolve_model(cfg)
@@ -103,6 +105,19 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     return Prepared(
         planned, checkpoint, resumed, model_path, tokenizer, data, sampler, kl_ctrl, total, rejected
     )
+
+
+def actor_layout(cfg: QuartetConfig) -> dict[str, int]:
+    """The actor's parallel sizes over `cluster.world_size` devices: dp, sp, tp, ep (a checkpoint records
+    them, and a resume on another layout says what changed)."""
+    m = cfg.model
+    dp = cfg.cluster.world_size // (m.sequence_parallel_size * m.tensor_parallel_size)
+    return {
+        "dp": dp,
+        "sp": m.sequence_parallel_size,
+        "tp": m.tensor_parallel_size,
+        "ep": m.expert_parallel_size,
+    }
 
 
 def check_chat_template(cfg: QuartetConfig, tokenizer: Any, data: RLData, model_path: str) -> None:

@@ -6,7 +6,8 @@ Layout, under `<run dir>/checkpoints/`:
         actor/                  the actor's engine checkpoint (sharded model + optimizer, per-rank scheduler,
                                 RNG, counters and role state; `quartet.engines.checkpoint`)
         critic/                 the same for the critic (PPO with GAE)
-        trainer_state.json      step, sampler position, KL controller, train seconds, world size, base model
+        trainer_state.json      step, sampler position, KL controller, train seconds, world size and layout,
+                                base model
         config.yaml             the run's resolved config
         manifest.json           written last: every other file's size and sha256 (`recovery.manifest`)
     latest                      one line: the name of the newest complete checkpoint ("global_step_N")
@@ -34,6 +35,13 @@ renamed into place and `latest` moves. Resuming checks the chosen checkpoint aga
 a missing, truncated or changed file is named (file, expected, found) and the next older complete checkpoint
 is tried, with a warning and the rejected ones in the `resume` record. A checkpoint without a manifest
 (written before manifests) is used with a one-line warning.
+
+Elastic resume: a checkpoint may be resumed on another world size or layout (dp, sp, tp, ep). The roles
+reshard their model and optimizer on load and follow `quartet.engines.elastic` for per-rank state; the
+driver's state (sampler position, KL controller, counters) does not depend on the world. `load_trainer_state`
+logs one line naming the old and new world and what is not carried exactly (the per-rank RNG streams of new
+ranks, seeded from (seed, step, rank); those of dropped ranks). What the new world cannot run (a global
+batch it does not divide) is refused by the config's validation before any checkpoint is read.
 
 The reference policy is frozen (it is the starting model) and the rollout engine gets the actor's weights
 by a sync after loading, so neither is saved. With several nodes the run folder must be on storage every
@@ -68,9 +76,11 @@ __all__ = [
     "TrainerState",
     "choose_resume_checkpoint",
     "find_resume_checkpoint",
+    "layout_label",
     "list_checkpoints",
     "load_trainer_state",
     "save_checkpoint",
+    "world_change",
 ]
 
 log = logging.getLogger(__name__)
@@ -97,6 +107,8 @@ class TrainerState:
     """Role folders in the checkpoint."""
     weight_version: int = 0
     """Actor updates so far: the version of the weights the rollout replicas got last."""
+    layout: dict[str, int] = field(default_factory=dict)
+    """The actor's parallel sizes (dp, sp, tp, ep) when it was written; empty in older checkpoints."""
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -348,16 +360,42 @@ def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
     return choose_resume_checkpoint(resume, run_dir).checkpoint
 
 
-def load_trainer_state(checkpoint: Path, world_size: int) -> TrainerState:
-    """The driver's state of `checkpoint`; refuses one written with another data-parallel world size."""
+def load_trainer_state(
+    checkpoint: Path, world_size: int, layout: dict[str, int] | None = None
+) -> TrainerState:
+    """The driver's state of `checkpoint`. It may have been written on another world size or layout (the
+    roles reshard on load, `quartet.engines.elastic`); one line says so, and what is not carried exactly."""
     raw = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
     state = TrainerState(**raw)
-    if state.world_size != world_size:
-        raise CheckpointError(
-            f"{checkpoint} was written by {state.world_size} rank(s), this run has {world_size} "
-            "(cluster.nodes x cluster.bundles_per_node). Resuming on another world size is not supported "
-            "(per-rank RNG and shuffling state would not carry over exactly). Fix: resume with the "
-            f"checkpoint's world size ({state.world_size}), export it and start a new run from the export "
-            "(`quartet export`), or set trainer.resume=off"
-        )
+    change = world_change(state, world_size, layout or {})
+    if change is not None:
+        log.warning("resuming %s: %s", checkpoint, change)
     return state
+
+
+def layout_label(world_size: int, layout: dict[str, int]) -> str:
+    """E.g. "4 rank(s) (dp2 x sp2)": the world and its parallel sizes above 1 (dp always)."""
+    parts = [f"{k}{v}" for k, v in layout.items() if k == "dp" or v > 1]
+    return f"{world_size} rank(s)" + (f" ({' x '.join(parts)})" if parts else "")
+
+
+def world_change(state: TrainerState, world_size: int, layout: dict[str, int]) -> str | None:
+    """What changed between the world that wrote `state` and this one, and what that does not carry
+    exactly; None when nothing changed (a checkpoint without a layout is compared by world size only)."""
+    same_layout = not state.layout or not layout or state.layout == layout
+    if state.world_size == world_size and same_layout:
+        return None
+    was, now = layout_label(state.world_size, state.layout), layout_label(world_size, layout)
+    inexact = (
+        "per-rank RNG streams (torch RNG, mini-batch shuffling) of ranks "
+        f"{list(range(state.world_size, world_size))} seeded from (seed, step, rank)"
+        if world_size > state.world_size
+        else f"per-rank RNG streams of ranks {list(range(world_size, state.world_size))} dropped"
+        if world_size < state.world_size
+        else "nothing"
+    )
+    return (
+        f"the world changed from {was} to {now}: parameters and optimizer states resharded exactly, "
+        "scheduler, step counters, role counters, sampler position and KL controller carried exactly; "
+        f"not carried exactly: {inexact}"
+    )
