@@ -96,8 +96,10 @@ def _reward_worker(driver: Driver, rng: random.Random) -> int:
 
 
 def _first_match(lines: list[str], start: int, pattern: str) -> str | None:
+    """The first line matching `pattern` from line `start - 1` on: `start` counted the log's last element,
+    a line still being written (or split's empty tail), which a fault's own line may complete."""
     rx = re.compile(pattern)
-    return next((line.strip()[:300] for line in lines[start:] if rx.search(line)), None)
+    return next((line.strip()[:300] for line in lines[max(start - 1, 0) :] if rx.search(line)), None)
 
 
 class Soak:
