@@ -123,14 +123,17 @@ def test_a_second_signal_ends_the_process_at_once(capfd: pytest.CaptureFixture[s
 
 
 def test_a_closed_guard_never_fires_and_grace_zero_is_off() -> None:
+    # the handlers before: Python's defaults, or one an earlier test's `ray.init` left in this process
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     exits: list[int] = []
     guard = Preemption(0.2, 75, exit_fn=exits.append)
     assert guard.install()
+    assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]
     guard.close()  # a run that ended without a signal
     time.sleep(0.3)
-    assert exits == [] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    assert not Preemption(0.0, 75).install()  # off: Python's default handlers stay
-    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    assert exits == [] and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    assert not Preemption(0.0, 75).install()  # off: the handlers stay as they were
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_claim_takes_the_handler_back_from_one_set_later_and_close_restores_that_one() -> None:
@@ -177,6 +180,7 @@ def test_sigterm_during_a_run_saves_that_step_and_stops(tiny_model_dir: Path, tm
         if rec["kind"] == "step" and rec["step"] == 2:  # inside step 2, before it returns to the loop
             os.kill(os.getpid(), signal.SIGTERM)
 
+    before = signal.getsignal(signal.SIGTERM)  # Python's default, or what an earlier `ray.init` set here
     result = RLTrainer(cfg, on_record=on_record).run()
     run_dir = result.run_dir
     assert result.preempted is not None and result.preempted.exit_code == 75
@@ -194,7 +198,7 @@ def test_sigterm_during_a_run_saves_that_step_and_stops(tiny_model_dir: Path, tm
     assert 0 < rec["save_seconds"] <= rec["since_signal_s"] < cfg.trainer.preempt_grace_s
     assert [r["step"] for r in _records(run_dir, "step")] == [1, 2]
     assert not (run_dir / "hf").exists()  # the final export is for a finished run
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the run put the default back
+    assert signal.getsignal(signal.SIGTERM) == before  # the run put the handler it found back
 
 
 # ---- real driver processes (slow: each imports torch and the trainer, ~10-20 s on a loaded machine) -------
