@@ -16,13 +16,13 @@ step trained once, every prompt drawn once per epoch in the sampler's order) sho
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 from chaos_checks import latest_checkpoint
 from chaos_procs import kill_all
 from chaos_runs import records_since
+from chaos_targets import first_match
 
 __all__ = ["EXIT_CODE", "GRACE_S", "MARGIN_S", "PATTERN", "after_preempt"]
 
@@ -47,9 +47,7 @@ def after_preempt(
     if not exited:
         kill_all([driver.pid])
         driver.wait(30)
-    rx = re.compile(PATTERN)
-    # from `start - 1`: the log's last line was unfinished (split's empty tail) when the fault was injected
-    line = next((x.strip()[:300] for x in driver.log_lines()[max(start - 1, 0) :] if rx.search(x)), None)
+    line = first_match(driver.log_lines(), start, PATTERN)
     records = [r for r in records_since(soak.run_dir, wall) if r.get("kind") == "preempt"]
     rec = records[0] if records else None
     latest = latest_checkpoint(soak.run_dir)

@@ -78,28 +78,11 @@ from chaos_procs import (
 )
 from chaos_resize import resize
 from chaos_runs import Driver, leftovers, recent, records_since, sync_leg, trained_since
+from chaos_targets import first_match, rank_pid, reward_worker
 
 
 def _now(t0: float) -> float:
     return round(time.monotonic() - t0, 2)
-
-
-def _rank_pid(run_dir: Path, label: str, rng: random.Random) -> int:
-    data = json.loads((run_dir / "cluster.json").read_text())
-    places = data.get("ranks", {}).get(label, [])
-    return int(rng.choice(places)["pid"]) if places else -1
-
-
-def _reward_worker(driver: Driver, rng: random.Random) -> int:
-    kids = [p for p in descendants(driver.pid) if "quartet.rewards.worker" in cmdline(p)]
-    return rng.choice(kids) if kids else -1
-
-
-def _first_match(lines: list[str], start: int, pattern: str) -> str | None:
-    """The first line matching `pattern` from line `start - 1` on: `start` counted the log's last element,
-    a line still being written (or split's empty tail), which a fault's own line may complete."""
-    rx = re.compile(pattern)
-    return next((line.strip()[:300] for line in lines[max(start - 1, 0) :] if rx.search(line)), None)
 
 
 class Soak:
@@ -225,9 +208,9 @@ class Soak:
             pid = int(state["driver_pid"])
             return pid if pid == drv.pid else -1
         if kind == "reward_worker":
-            return _reward_worker(drv, self.rng)
+            return reward_worker(drv.pid, self.rng)
         if kind in ("actor_host", "hang", "rollout_replica"):
-            pid = _rank_pid(self.run_dir, "rollout" if kind == "rollout_replica" else "rl", self.rng)
+            pid = rank_pid(self.run_dir, "rollout" if kind == "rollout_replica" else "rl", self.rng)
             return pid if pid > 0 and is_descendant(pid, drv.pid) else -1
         return 0  # disk_full: no process
 
@@ -276,7 +259,7 @@ class Soak:
         pattern = PATTERNS[kind].format(pid=pid)
 
         def probe() -> str | None:
-            line = _first_match(self.driver.log_lines(), start, pattern)
+            line = first_match(self.driver.log_lines(), start, pattern)
             if line:
                 return line
             if kind == "hang":
@@ -306,7 +289,7 @@ class Soak:
             kill_all([self.driver.pid])
             self.driver.wait(30)
         row["driver_exit"] = self.driver.returncode()
-        self.failed_line = _first_match(self.driver.log_lines(), self.fault_start, r"^run failed")
+        self.failed_line = first_match(self.driver.log_lines(), self.fault_start, r"^run failed")
         if kind == "hang" and alive(pid):
             kill_all([pid])
         if kind == "disk_full":
@@ -325,7 +308,7 @@ class Soak:
         since = self.restart()
 
         def probe() -> str | None:
-            line = _first_match(self.driver.log_lines(), 0, PATTERNS[kind])
+            line = first_match(self.driver.log_lines(), 0, PATTERNS[kind])
             if line or kind == "torn_metrics":
                 return line
             notes = [r for r in records_since(self.run_dir, since) if r.get("kind") == "resume"]
