@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -119,3 +120,26 @@ def test_a_call_not_served_yet_names_itself(client: Any) -> None:
         trainer.save_state("step-1").result()
     with pytest.raises(tinker.BadRequestError, match="loss_fn 'ppo' is not served yet"):
         trainer.forward_backward([_datum()], "ppo").result()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "named"),
+    [
+        ("forward_backward", b"\xff\xfenot protobuf", 400, "body"),
+        ("optim_step", b'{"model_id": "model-absent", "adam_params": {}}', 404, "model_id"),
+        ("optim_step", b"[1, 2", 400, "body"),
+        ("create_model", b'{"base_model": "../etc", "lora_config": {"rank": 4}}', 400, "base_model"),
+        ("asample", b"{}", 404, "asample"),
+    ],
+)
+def test_hostile_bodies_answer_4xx_naming_the_field(
+    service: tuple[str, Path], path: str, body: bytes, status: int, named: str
+) -> None:
+    """Bodies the SDK never sends, straight over HTTP: a 4xx whose `param` names the fault, never a 500."""
+    headers = {
+        "X-API-Key": KEY,
+        "Content-Type": "application/x-protobuf" if path == "forward_backward" else "application/json",
+    }
+    reply = httpx.post(f"{service[0]}/api/v1/{path}", content=body, headers=headers, timeout=30)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == named

@@ -33,6 +33,10 @@ def add_parser(sub: Any) -> None:
     )
     tinker.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     tinker.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    tinker.add_argument(
+        "--torch-threads", type=int, default=0,
+        help="torch's CPU threads (default: torch's own); 1 keeps a loaded small CPU machine responsive",
+    )  # fmt: skip
     tinker.set_defaults(run=run)
 
 
@@ -56,6 +60,11 @@ def run(args: Any) -> int:
         if not key.startswith("tml-"):
             raise ValueError("the API key (--api-key or QUARTET_TINKER_API_KEY) must start with 'tml-'")
         from quartet.serving.tinker.server import TinkerServer
+
+        if args.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(args.torch_threads)
 
         server = TinkerServer(models, api_key=key, host=args.host, port=args.port)
     except ValueError as err:
