@@ -8,6 +8,7 @@ extra is not installed: `make install-tinker` (pip install -e '.[dev,tinker]' -c
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +144,26 @@ def test_hostile_bodies_answer_4xx_naming_the_field(
     reply = httpx.post(f"{service[0]}/api/v1/{path}", content=body, headers=headers, timeout=30)
     assert reply.status_code == status, reply.text
     assert reply.json()["error"]["param"] == named
+
+
+def test_calls_submitted_before_waiting_run_in_order_and_can_be_awaited(client: Any) -> None:
+    """The SDK's recommended pipelining: forward_backward, optim_step and forward sent at once, then awaited
+    in an event loop. The result equals the same steps waited one by one (so optim_step ran in between)."""
+    adam = types.AdamParams(learning_rate=0.05)
+    one_by_one = _training_client(client)
+    one_by_one.forward_backward([_datum()], "cross_entropy").result()
+    one_by_one.optim_step(adam).result()
+    expected = one_by_one.forward([_datum()], "cross_entropy").result().metrics["loss:sum"]
+
+    async def pipelined() -> tuple[float, float]:
+        trainer = _training_client(client)
+        first = trainer.forward_backward([_datum()], "cross_entropy")
+        step = trainer.optim_step(adam)
+        after = trainer.forward([_datum()], "cross_entropy")
+        before = (await first).metrics["loss:sum"]
+        await step
+        return before, (await after).metrics["loss:sum"]
+
+    before, after = asyncio.run(pipelined())
+    assert after == pytest.approx(expected, rel=1e-6)
+    assert abs(after - before) > 1e-3
