@@ -17,6 +17,7 @@ from quartet.cli import (
     inspect_cmd,
     plan_cmd,
     plot_cmd,
+    serve_cmd,
     sft_cmd,
     train_cmd,
 )
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
     plot_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
     sft_cmd.add_parser(sub)
     train_cmd.add_parser(sub)
     return parser
