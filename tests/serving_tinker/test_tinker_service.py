@@ -21,8 +21,7 @@ import torch
 tinker = pytest.importorskip("tinker", reason="the tinker extra is not installed: make install-tinker")
 from tinker import types  # noqa: E402
 
-from quartet.engines.model_init import build_model  # noqa: E402
-from quartet.serving.tinker.backend import lora_spec  # noqa: E402
+from quartet.serving.tinker.adapters import AdapterSpec, reference_model  # noqa: E402
 from quartet.serving.tinker.server import TinkerServer  # noqa: E402
 
 KEY = "tml-quartet-test-key"
@@ -58,7 +57,7 @@ def _datum(tokens: list[int] = TOKENS, targets: list[int] = TARGETS) -> Any:
 
 def _reference(model_dir: Path) -> torch.nn.Module:
     """The service's starting model, built independently with the same spec and seed."""
-    return build_model(lora_spec(model_dir, RANK, SEED, train_attn=True, train_mlp=True))
+    return reference_model(model_dir, AdapterSpec(RANK, SEED))  # the SDK's defaults: attn, mlp, unembed
 
 
 def _torch_cross_entropy(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,276 @@
+"""Many LoRA adapters on one shared base model: the `AdapterHost` behind the Tinker service.
+
+One host holds one base model (a local transformers folder, float32, frozen) and a peft model over it
+with one named adapter per training client (and one per loaded sampler checkpoint). Only adapter weights
+are ever added, copied or loaded: the base weights are never merged or duplicated, so a service with N
+clients on one base holds one copy of the base and N small adapters.
+
+Isolation: each adapter has its own parameters (peft keeps them in per-name submodules) and its own
+AdamW; a call runs with exactly its adapter active (`peft`'s `set_adapter`), so a gradient only reaches
+the active adapter's parameters and an optimizer only steps its own. Sampling with several adapters in one
+batch uses peft's mixed-batch forward (`adapter_names`, one name per row; `BASE` for the bare base).
+
+Not thread-safe by design: the service runs every call of a host on that host's one thread
+(`queues.FairQueues`), which is what makes adapter switching safe.
+
+The init of a new adapter depends only on its seed (the global RNG is seeded right before peft builds
+it), so a client's first adapter equals `reference_model(...)` built alone with the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from quartet.models.loading import load_causal_lm
+
+__all__ = ["BASE", "AdamStep", "AdapterHost", "AdapterSpec", "reference_model"]
+
+BASE = "__base__"
+"""The adapter name peft's mixed-batch forward reads as "no adapter" (the bare base model)."""
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+_UNEMBED = ("lm_head",)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterSpec:
+    """A client's LoRA settings, as `create_lora_training_client` sends them (alpha = rank: scale 1)."""
+
+    rank: int
+    seed: int = 0
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 < self.rank <= 1024:
+            raise ValueError("lora_config.rank: must be an integer in [1, 1024]")
+        if not self.target_modules:
+            raise ValueError("lora_config: at least one of train_attn, train_mlp, train_unembed must be true")
+
+    @property
+    def target_modules(self) -> tuple[str, ...]:
+        """The linear layers that get adapters."""
+        return (
+            (_ATTN if self.train_attn else ())
+            + (_MLP if self.train_mlp else ())
+            + (_UNEMBED if self.train_unembed else ())
+        )
+
+    def peft_config(self) -> Any:
+        """The `peft.LoraConfig` of this spec: no dropout (a Tinker step is deterministic)."""
+        import peft
+
+        return peft.LoraConfig(
+            r=self.rank, lora_alpha=self.rank, lora_dropout=0.0, target_modules=list(self.target_modules)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamStep:
+    """The SDK's AdamParams (its defaults)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclasses.dataclass
+class _Adapter:
+    spec: AdapterSpec
+    params: list[nn.Parameter]
+    optimizer: torch.optim.AdamW | None  # None: a sampler adapter (frozen)
+    steps: int = 0
+
+
+def _load_base(model_path: str | Path) -> nn.Module:
+    module = load_causal_lm(model_path)
+    module.config.use_cache = False
+    module.requires_grad_(False)
+    return module
+
+
+def reference_model(model_path: str | Path, spec: AdapterSpec, name: str = "default") -> nn.Module:
+    """A stand-alone peft model with one adapter initialised exactly as the host initialises `spec`'s.
+
+    Tests compute expected numbers on it, independently of the service.
+    """
+    import peft
+
+    base = _load_base(model_path)
+    torch.manual_seed(spec.seed)
+    with _quiet_tied_head():
+        model: nn.Module = peft.get_peft_model(base, spec.peft_config(), adapter_name=name)
+    return model
+
+
+@contextmanager
+def _quiet_tied_head() -> Iterator[None]:
+    """peft warns when an adapter sits on a head tied to the embeddings: that matters only when merging,
+    which this service never does (the head's adapter changes the output projection, not the input)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        yield
+
+
+class AdapterHost:
+    """One frozen base model and its named LoRA adapters (see the module doc)."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        self.model_path = Path(model_path)
+        self._base = _load_base(model_path)
+        self._peft: Any = None  # the PeftModel, built with the first adapter
+        self._adapters: dict[str, _Adapter] = {}
+        head: Any = self._base.get_output_embeddings()  # type: ignore[operator]
+        self.vocab_size = int(head.weight.shape[0])
+
+    # ---- adapters -----------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        """The adapters held, in the order they were added."""
+        return list(self._adapters)
+
+    def spec(self, name: str) -> AdapterSpec:
+        """The settings adapter `name` was created with."""
+        return self._get(name).spec
+
+    def steps(self, name: str) -> int:
+        """How many optimizer steps adapter `name` has taken."""
+        return self._get(name).steps
+
+    def add(self, name: str, spec: AdapterSpec, trainable: bool = True) -> None:
+        """A new adapter initialised from `spec.seed` (LoRA B = 0: it starts as the base model)."""
+        import peft
+
+        if name in self._adapters or name == BASE:
+            raise ValueError(f"adapter {name!r} exists")
+        torch.manual_seed(spec.seed)
+        with _quiet_tied_head():
+            if self._peft is None:
+                self._peft = peft.get_peft_model(self._base, spec.peft_config(), adapter_name=name)
+                self._peft.eval()  # no dropout anywhere; peft's mixed-batch forward needs eval mode
+            else:
+                self._peft.add_adapter(name, spec.peft_config())
+        params = [p for n, p in self._peft.named_parameters() if f".{name}." in n and "lora_" in n]
+        for param in params:
+            param.requires_grad_(trainable)
+        optimizer = torch.optim.AdamW(params, lr=1e-4) if trainable else None
+        self._adapters[name] = _Adapter(spec, params, optimizer)
+
+    def remove(self, name: str) -> None:
+        """Drop adapter `name` and its optimizer state (the last one stays in peft, inert, until reused)."""
+        self._get(name)
+        del self._adapters[name]
+        if self._adapters:
+            self._peft.delete_adapter(name)
+
+    def _get(self, name: str) -> _Adapter:
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            raise KeyError(f"no adapter {name!r} on {self.model_path}")
+        return adapter
+
+    @contextmanager
+    def active(self, name: str | None) -> Iterator[nn.Module]:
+        """The module to call with adapter `name` active (None or `BASE`: the bare base model)."""
+        if name is None or name == BASE or self._peft is None:
+            if self._peft is None:
+                yield self._base
+            else:
+                with self._peft.disable_adapter():
+                    yield self._peft
+            return
+        adapter = self._get(name)
+        self._peft.set_adapter(name)
+        # set_adapter marks the active adapter trainable: keep a sampler adapter frozen
+        for param in adapter.params:
+            param.requires_grad_(adapter.optimizer is not None)
+        yield self._peft
+
+    def mixed_forward(self, input_ids: torch.Tensor, names: Sequence[str], **kwargs: Any) -> Any:
+        """One forward over a batch whose row i runs with adapter `names[i]` (`BASE`: none); no gradient."""
+        if self._peft is None:
+            return self._base(input_ids=input_ids, **kwargs)
+        for name in set(names) - {BASE}:
+            self._get(name)
+        return self._peft(input_ids=input_ids, adapter_names=list(names), **kwargs)
+
+    # ---- training -----------------------------------------------------------------------------------
+
+    def optim_step(self, name: str, adam: AdamStep) -> dict[str, float]:
+        """AdamW with `adam`'s settings over adapter `name`'s accumulated gradients, which it then clears."""
+        adapter = self._get(name)
+        if adapter.optimizer is None:
+            raise ValueError(f"adapter {name!r} is a sampler adapter: it does not train")
+        for group in adapter.optimizer.param_groups:
+            group.update(
+                lr=adam.learning_rate,
+                betas=(adam.beta1, adam.beta2),
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
+            )
+        grads = [p.grad.detach().double().norm() for p in adapter.params if p.grad is not None]
+        norm = float(torch.stack(grads).norm()) if grads else 0.0
+        if adam.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(adapter.params, adam.grad_clip_norm)
+        adapter.optimizer.step()
+        adapter.optimizer.zero_grad(set_to_none=True)
+        adapter.steps += 1
+        return {"grad_norm:mean": norm}
+
+    # ---- state --------------------------------------------------------------------------------------
+
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """Adapter `name`'s weights (cloned), keyed without the adapter name (peft's saved form)."""
+        import peft
+
+        self._get(name)
+        state = peft.get_peft_model_state_dict(self._peft, adapter_name=name, save_embedding_layers=False)
+        return {key: value.detach().clone() for key, value in state.items()}
+
+    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """Put `state` (as `adapter_state` gives it) into adapter `name`; every key must match, in shape."""
+        adapter = self._get(name)
+        own = self.adapter_state(name)
+        if set(own) != set(state):
+            missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+            raise ValueError(f"adapter weights do not match: missing {missing[:3]}, unexpected {extra[:3]}")
+        for key, value in state.items():
+            if tuple(value.shape) != tuple(own[key].shape):
+                raise ValueError(
+                    f"adapter weight {key}: shape {tuple(value.shape)}, expected {own[key].shape}"
+                )
+        import peft
+
+        peft.set_peft_model_state_dict(self._peft, state, adapter_name=name)
+        for param in adapter.params:
+            param.grad = None
+
+    def optimizer_state(self, name: str) -> dict[str, Any]:
+        """Adapter `name`'s AdamW state (torch's state_dict) and its step count."""
+        adapter = self._get(name)
+        if adapter.optimizer is None:
+            raise ValueError(f"adapter {name!r} is a sampler adapter: it has no optimizer")
+        return {"optimizer": adapter.optimizer.state_dict(), "steps": adapter.steps}
+
+    def load_optimizer_state(self, name: str, state: dict[str, Any] | None) -> None:
+        """Restore what `optimizer_state` gave; None: a fresh optimizer (load_state without optimizer)."""
+        adapter = self._get(name)
+        adapter.optimizer = torch.optim.AdamW(adapter.params, lr=1e-4)
+        adapter.steps = 0
+        if state is not None:
+            adapter.optimizer.load_state_dict(state["optimizer"])
+            adapter.steps = int(state["steps"])

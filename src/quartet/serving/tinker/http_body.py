@@ -1,0 +1,35 @@
+"""Small helpers every Tinker route shares: a JSON body that must be an object, and a future's answer."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from quartet.serving.errors import ApiError
+
+if TYPE_CHECKING:
+    from quartet.serving.tinker.state import ServiceState
+
+__all__ = ["future_response", "json_body"]
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; 400 naming `body` if it is not JSON or not an object."""
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except ValueError as err:
+        raise ApiError.bad_request(f"the body is not JSON: {err}", "body") from err
+    if not isinstance(body, dict):
+        raise ApiError.bad_request("the body must be a JSON object", "body")
+    return body
+
+
+def future_response(
+    state: ServiceState, work: concurrent.futures.Future[Any], model_id: str | None
+) -> web.Response:
+    """The SDK's "untyped future" for `work`: `{request_id, model_id}`, polled via retrieve_future."""
+    request_id = state.accept(work, model_id)
+    return web.json_response({"request_id": request_id, "model_id": model_id})

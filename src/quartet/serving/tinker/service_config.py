@@ -1,0 +1,94 @@
+"""`TinkerServiceConfig`: what `quartet serve tinker CONFIG` reads (a YAML file), with its limits.
+
+```yaml
+models:                       # the base_model names clients may ask for -> local folders
+  tiny: /models/tiny
+api_key_env: QUARTET_TINKER_API_KEY   # the key is read from this environment variable, never the file
+host: 127.0.0.1
+port: 8000
+state_dir: ./tinker_state     # checkpoints and the run registry (what survives a restart)
+max_queued_per_model: 64      # beyond it: 429 with Retry-After (the SDK retries on its own)
+max_tokens_per_request: 131072
+max_num_samples: 64
+max_sample_tokens: 4096
+result_ttl_s: 900             # a finished result nobody fetched is dropped after this (410 afterwards)
+shutdown_grace_s: 30          # SIGTERM: running calls get this long; queued ones are cancelled
+torch_threads: 0              # 0: torch's own choice
+```
+
+Unknown keys and bad values are refused naming the key and the file (`config.loader.from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from quartet.config.errors import ConfigError, require
+from quartet.config.loader import from_dict
+
+__all__ = ["TinkerServiceConfig", "load_service_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TinkerServiceConfig:
+    """The Tinker service's settings (module doc)."""
+
+    models: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Base model names -> local model folders (nothing is downloaded)."""
+
+    api_key_env: str = "QUARTET_TINKER_API_KEY"
+    """The environment variable holding the API key (it must start with `tml-`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    state_dir: str = "tinker_state"
+    """Checkpoints (`tinker://` paths resolve under it only) and the registry of created models."""
+
+    max_queued_per_model: int = 64
+    max_tokens_per_request: int = 131072
+    max_num_samples: int = 64
+    max_sample_tokens: int = 4096
+    result_ttl_s: float = 900.0
+    shutdown_grace_s: float = 30.0
+    torch_threads: int = 0
+
+    def __post_init__(self) -> None:
+        require(
+            bool(self.models), "models", "is empty", "name at least one base model: models: {tiny: /path}"
+        )
+        for name, folder in self.models.items():
+            require(
+                Path(folder).expanduser().is_dir(), f"models.{name}", f"{folder} is not a folder",
+                "give the local folder of a transformers model",
+            )  # fmt: skip
+        require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        for key in ("max_queued_per_model", "max_tokens_per_request", "max_num_samples", "max_sample_tokens"):
+            require(getattr(self, key) >= 1, key, "must be >= 1")
+        require(self.result_ttl_s > 0, "result_ttl_s", "must be > 0")
+        require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        require(self.torch_threads >= 0, "torch_threads", "must be >= 0 (0: torch's own choice)")
+
+    def api_key(self) -> str:
+        """The key from `api_key_env`; ConfigError naming the variable if unset or not `tml-...`."""
+        key = os.environ.get(self.api_key_env, "")
+        if not key.startswith("tml-"):
+            raise ConfigError(
+                "api_key_env", f"${self.api_key_env} is unset or does not start with 'tml-'",
+                fix=f"export {self.api_key_env}=tml-<secret> (the SDK only sends keys that start with tml-)",
+            )  # fmt: skip
+        return key
+
+
+def load_service_config(path: str | Path, **overrides: object) -> TinkerServiceConfig:
+    """The config in YAML file `path`, with `overrides` (command-line flags) on top."""
+    import yaml
+
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError("", f"cannot read {file}: {err}", source=str(file)) from err
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(TinkerServiceConfig, data, source=str(file))
