@@ -28,15 +28,12 @@ from pathlib import Path
 from quartet.config.errors import ConfigError, require
 from quartet.config.loader import from_dict
 
-__all__ = ["TinkerServiceConfig", "load_service_config"]
+__all__ = ["ServiceSettings", "TinkerServiceConfig", "load_service_config"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TinkerServiceConfig:
-    """The Tinker service's settings (module doc)."""
-
-    models: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Base model names -> local model folders (nothing is downloaded)."""
+class ServiceSettings:
+    """Every setting but the models (module doc)."""
 
     api_key_env: str = "QUARTET_TINKER_API_KEY"
     """The environment variable holding the API key (it must start with `tml-`)."""
@@ -55,14 +52,6 @@ class TinkerServiceConfig:
     torch_threads: int = 0
 
     def __post_init__(self) -> None:
-        require(
-            bool(self.models), "models", "is empty", "name at least one base model: models: {tiny: /path}"
-        )
-        for name, folder in self.models.items():
-            require(
-                Path(folder).expanduser().is_dir(), f"models.{name}", f"{folder} is not a folder",
-                "give the local folder of a transformers model",
-            )  # fmt: skip
         require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         for key in ("max_queued_per_model", "max_tokens_per_request", "max_num_samples", "max_sample_tokens"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
@@ -81,6 +70,23 @@ class TinkerServiceConfig:
         return key
 
 
+@dataclasses.dataclass(frozen=True)
+class TinkerServiceConfig(ServiceSettings):
+    """The Tinker service's settings (module doc): the settings and the base models."""
+
+    models: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Base model names -> local model folders (nothing is downloaded)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(bool(self.models), "models", "is empty", "name a base model: models: {tiny: /path}")
+        for name, folder in self.models.items():
+            require(
+                Path(folder).expanduser().is_dir(), f"models.{name}", f"{folder} is not a folder",
+                "give the local folder of a transformers model",
+            )  # fmt: skip
+
+
 def load_service_config(path: str | Path, **overrides: object) -> TinkerServiceConfig:
     """The config in YAML file `path`, with `overrides` (command-line flags) on top."""
     import yaml
@@ -90,5 +96,15 @@ def load_service_config(path: str | Path, **overrides: object) -> TinkerServiceC
         data = yaml.safe_load(file.read_text()) or {}
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError("", f"cannot read {file}: {err}", source=str(file)) from err
+    if not isinstance(data, dict):
+        raise ConfigError("", "expected a mapping of settings", source=str(file))
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return from_dict(TinkerServiceConfig, data, source=str(file))
+    models = data.pop("models", {})
+    if not isinstance(models, dict) or not all(isinstance(v, str | Path) for v in models.values()):
+        raise ConfigError("models", "must map names to folders", "models: {tiny: /path/to/model}", str(file))
+    plain = from_dict(ServiceSettings, data, source=str(file))
+    try:
+        folders = {str(k): str(v) for k, v in models.items()}
+        return TinkerServiceConfig(models=folders, **dataclasses.asdict(plain))
+    except ConfigError as err:
+        raise err.under("", str(file)) from None
