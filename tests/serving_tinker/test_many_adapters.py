@@ -88,7 +88,7 @@ def test_two_clients_training_at_once_each_equal_training_alone(served: tuple[Ti
     assert _probe(a) != pytest.approx(_probe(b), abs=1e-3)
     # one base model for all five clients: one host, five adapters, no copy of the base
     assert list(server.state.hosts) == ["tiny"]
-    assert len(server.state.hosts["tiny"].host.names) == 5
+    assert len(server.state.hosts["tiny"].host.call(lambda h: h.names)) == 5
 
 
 def _post(server: TinkerServer, call: str, body: dict[str, Any]) -> httpx.Response:
@@ -128,12 +128,12 @@ def test_unload_frees_the_adapter_and_later_calls_are_404(served: tuple[TinkerSe
     server, client = served
     trainer = client.create_lora_training_client(base_model="tiny", rank=2).result()
     model_id = trainer.model_id
-    assert model_id in server.state.hosts["tiny"].host.names
+    assert model_id in server.state.hosts["tiny"].host.call(lambda h: h.names)
     # the 0.38 SDK has the request type but no public method: sent as the SDK would send it
     assert _await(server, _post(server, "unload_model", {"model_id": model_id})) == {
         "type": "unload_model",
         "model_id": model_id,
     }
-    assert model_id not in server.state.hosts["tiny"].host.names
+    assert model_id not in server.state.hosts["tiny"].host.call(lambda h: h.names)
     with pytest.raises(tinker.NotFoundError, match="model_id"):
         trainer.forward([_datum(PROBE)], "cross_entropy").result()

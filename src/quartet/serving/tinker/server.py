@@ -33,6 +33,7 @@ from quartet.serving.http_log import http_logger
 from quartet.serving.tinker.backend import NotServedError
 from quartet.serving.tinker.http_body import json_body
 from quartet.serving.tinker.queues import QueueFull
+from quartet.serving.tinker.ray_hosts import HostError
 from quartet.serving.tinker.service_config import TinkerServiceConfig
 from quartet.serving.tinker.state import ServiceState
 from quartet.serving.tinker.training_routes import TrainingRoutes
@@ -240,6 +241,8 @@ def _result(work: concurrent.futures.Future[Any]) -> web.Response:
     error = work.exception()
     if isinstance(error, WireError | NotServedError | ApiError):
         return web.json_response({"error": str(error), "category": "user"})
+    if isinstance(error, HostError):
+        return web.json_response({"error": str(error), "category": "server"})
     if error is not None:
         return web.json_response({"error": f"{type(error).__name__}: {error}", "category": "server"})
     result = work.result()

@@ -14,6 +14,10 @@ max_sample_tokens: 4096
 result_ttl_s: 900             # a finished result nobody fetched is dropped after this (410 afterwards)
 shutdown_grace_s: 30          # SIGTERM: running calls get this long; queued ones are cancelled
 torch_threads: 0              # 0: torch's own choice
+backend: local                # or ray: each base model in a Ray actor of its own
+ray_address: ""               # backend ray: as cluster.address (empty: RAY_ADDRESS or a local Ray)
+gpus_per_base: 0              # backend ray: GPUs per base model's actor
+call_timeout_s: 600
 ```
 
 Unknown keys and bad values are refused naming the key and the file (`config.loader.from_dict`).
@@ -50,6 +54,21 @@ class ServiceSettings:
     result_ttl_s: float = 900.0
     shutdown_grace_s: float = 30.0
     torch_threads: int = 0
+    backend: str = "local"
+    """Where base models run: `local` (this process) or `ray` (a Ray actor per base model)."""
+
+    ray_address: str = ""
+    """`backend: ray`: the cluster to join (as `cluster.address`: empty, `auto`, `local`, `host:port`)."""
+
+    ray_namespace: str = "quartet-tinker"
+    gpus_per_base: float = 0.0
+    """`backend: ray`: GPUs each base model's actor takes."""
+
+    start_timeout_s: float = 300.0
+    """How long loading a base model (in its actor) may take."""
+
+    call_timeout_s: float = 600.0
+    """`backend: ray`: how long one call on a base model may take before it fails naming this key."""
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
@@ -57,6 +76,10 @@ class ServiceSettings:
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.result_ttl_s > 0, "result_ttl_s", "must be > 0")
         require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        require(self.backend in ("local", "ray"), "backend", f"is {self.backend!r}", "use local or ray")
+        require(self.gpus_per_base >= 0, "gpus_per_base", "must be >= 0")
+        require(self.start_timeout_s > 0, "start_timeout_s", "must be > 0")
+        require(self.call_timeout_s > 0, "call_timeout_s", "must be > 0")
         require(self.torch_threads >= 0, "torch_threads", "must be >= 0 (0: torch's own choice)")
 
     def api_key(self) -> str:

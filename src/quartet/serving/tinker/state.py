@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from quartet.serving.errors import ApiError
 from quartet.serving.tinker.adapters import AdapterHost, AdapterSpec
 from quartet.serving.tinker.queues import FairQueues
+from quartet.serving.tinker.ray_hosts import HostHandle, start_host
 from quartet.serving.tinker.service_config import TinkerServiceConfig
 
 __all__ = ["HostEntry", "ModelEntry", "ServiceState"]
@@ -32,9 +33,9 @@ T = TypeVar("T")
 
 @dataclasses.dataclass
 class HostEntry:
-    """A loaded base model and the one thread that runs its calls."""
+    """A loaded base model (here or in a Ray actor) and the one thread that runs its calls."""
 
-    host: AdapterHost
+    host: HostHandle
     queues: FairQueues
 
 
@@ -76,8 +77,13 @@ class ServiceState:
         """The host of `base_model`, loading it on first use (slow: call from the builder thread)."""
         with self._hosts_lock:
             entry = self.hosts.get(base_model)
+            if entry is not None and entry.host.dead:
+                entry.queues.shutdown(timeout_s=0)
+                for model_id in [m for m, e in self.models.items() if e.base_model == base_model]:
+                    del self.models[model_id]  # their adapters died with the host
+                entry = None
             if entry is None:
-                host = AdapterHost(self.model_paths[base_model])
+                host = start_host(base_model, self.model_paths[base_model], self.config)
                 queues = FairQueues(f"tinker-{base_model}", self.config.max_queued_per_model)
                 entry = self.hosts[base_model] = HostEntry(host, queues)
             return entry
@@ -90,9 +96,11 @@ class ServiceState:
         return entry
 
     def run_on_model(self, model_id: str, fn: Callable[[AdapterHost], T]) -> concurrent.futures.Future[T]:
-        """Queue `fn(host)` behind `model_id`'s earlier calls on its base's thread (QueueFull when full)."""
+        """Queue `fn(host)` behind `model_id`'s earlier calls on its base's thread (QueueFull when full).
+
+        `fn` runs where the host is (a Ray actor on `backend: ray`): it must close over plain data only."""
         entry = self.hosts[self.model(model_id).base_model]
-        return entry.queues.submit(model_id, lambda: fn(entry.host))
+        return entry.queues.submit(model_id, lambda: entry.host.call(fn))
 
     @staticmethod
     def new_model_id() -> str:
@@ -149,3 +157,4 @@ class ServiceState:
         deadline = time.monotonic() + grace_s
         for entry in list(self.hosts.values()):
             entry.queues.shutdown(timeout_s=max(0.0, deadline - time.monotonic()))
+            entry.host.close()

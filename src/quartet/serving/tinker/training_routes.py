@@ -8,6 +8,7 @@ is a 400 naming its field and never reaches the queue.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any
 
@@ -62,7 +63,7 @@ class TrainingRoutes:
 
         def build() -> dict[str, Any]:
             entry = state.host_for(str(base))
-            entry.queues.submit(model_id, lambda: entry.host.add(model_id, spec)).result()
+            entry.queues.submit(model_id, lambda: entry.host.call(lambda h: h.add(model_id, spec))).result()
             state.models[model_id] = ModelEntry(model_id, str(base), spec, str(session) if session else None)
             return {"type": "create_model", "model_id": model_id}
 
@@ -131,12 +132,24 @@ class TrainingRoutes:
         entry = self.state.model(body.get("model_id"))
         state = self.state
 
-        def unload(host: Any) -> dict[str, Any]:
-            host.remove(entry.model_id)
-            state.models.pop(entry.model_id, None)
-            return {"type": "unload_model", "model_id": entry.model_id}
+        model_id = entry.model_id
+        work = self.state.run_on_model(model_id, lambda host: host.remove(model_id))
+        work.add_done_callback(lambda done: done.exception() or state.models.pop(model_id, None))
+        answer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        work.add_done_callback(
+            lambda done: _chain(done, answer, {"type": "unload_model", "model_id": model_id})
+        )
+        return future_response(self.state, answer, model_id)
 
-        return future_response(self.state, self.state.run_on_model(entry.model_id, unload), entry.model_id)
+
+def _chain(done: concurrent.futures.Future[Any], answer: concurrent.futures.Future[Any], value: Any) -> None:
+    """Complete `answer` with `value` when `done` succeeded, else with its failure."""
+    if done.cancelled():
+        answer.cancel()
+    elif done.exception() is not None:
+        answer.set_exception(done.exception())
+    else:
+        answer.set_result(value)
 
 
 def adapter_spec(lora: dict[str, Any]) -> AdapterSpec:
