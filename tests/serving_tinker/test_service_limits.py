@@ -127,3 +127,23 @@ def test_a_config_file_is_read_and_its_mistakes_name_the_key(tmp_path: Path, tin
         TinkerServiceConfig(
             models={"tiny": str(tiny_model_dir)}, api_key_env="QUARTET_TEST_ABSENT_KEY"
         ).api_key()
+
+
+def test_a_silent_session_ends_and_its_models_are_unloaded(tiny_model_dir: Path) -> None:
+    """A client that died (no heartbeat for session_ttl_s) leaves no adapter and no queue behind."""
+    config = TinkerServiceConfig(models={"tiny": str(tiny_model_dir)}, session_ttl_s=0.4)
+    server = TinkerServer(config.models, KEY, config=config)
+    url = server.start_in_thread()
+    try:
+        session = _post(url, "create_session", {"tags": []}).json()["session_id"]
+        body = {"session_id": session, "base_model": "tiny", "lora_config": {"rank": 2}}
+        model_id = _result(url, _post(url, "create_model", body))["model_id"]
+        assert _post(url, "session_heartbeat", {"session_id": session}).status_code == 200
+        time.sleep(0.6)
+        assert _post(url, "session_heartbeat", {"session_id": session}).status_code == 410
+        assert _optim(url, model_id).status_code == 404
+        barrier = server.state.hosts["tiny"].queues.submit("check", lambda: None)
+        barrier.result(timeout=30)  # the unload queued before it has run
+        assert model_id not in server.state.hosts["tiny"].host.call(lambda h: h.names)
+    finally:
+        server.stop_thread(grace_s=5)

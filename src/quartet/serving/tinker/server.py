@@ -161,6 +161,7 @@ class TinkerServer:
                 raise _fail(401, "missing or wrong API key (header X-API-Key)", "authentication_error")
             if self.state.closing and not request.path.endswith(_WHILE_CLOSING):
                 raise _fail(503, "the service is shutting down", "service_unavailable")
+            self.state.expire_sessions()
             return await handler(request)
         except ApiError as err:
             return web.json_response(err.body(), status=err.status)
@@ -203,10 +204,7 @@ class TinkerServer:
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         body = await json_body(request)
-        session = body.get("session_id")
-        if session not in self.state.sessions:
-            raise _fail(404, f"unknown session_id {session!r}", "not_found", "session_id")
-        self.state.sessions[str(session)] = time.monotonic()
+        self.state.heartbeat(body.get("session_id"))
         return web.json_response({"type": "session_heartbeat"})
 
     async def _telemetry(self, request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ max_tokens_per_request: 131072
 max_num_samples: 64
 max_sample_tokens: 4096
 result_ttl_s: 900             # a finished result nobody fetched is dropped after this (410 afterwards)
+session_ttl_s: 600            # no heartbeat for this long: the session's models are unloaded (410 to it)
 shutdown_grace_s: 30          # SIGTERM: running calls get this long; queued ones are cancelled
 torch_threads: 0              # 0: torch's own choice
 backend: local                # or ray: each base model in a Ray actor of its own
@@ -52,6 +53,9 @@ class ServiceSettings:
     max_num_samples: int = 64
     max_sample_tokens: int = 4096
     result_ttl_s: float = 900.0
+    session_ttl_s: float = 600.0
+    """A session with no heartbeat for this long is over: its models are unloaded (unsaved state is lost)."""
+
     shutdown_grace_s: float = 30.0
     torch_threads: int = 0
     backend: str = "local"
@@ -75,6 +79,7 @@ class ServiceSettings:
         for key in ("max_queued_per_model", "max_tokens_per_request", "max_num_samples", "max_sample_tokens"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.result_ttl_s > 0, "result_ttl_s", "must be > 0")
+        require(self.session_ttl_s > 0, "session_ttl_s", "must be > 0")
         require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
         require(self.backend in ("local", "ray"), "backend", f"is {self.backend!r}", "use local or ray")
         require(self.gpus_per_base >= 0, "gpus_per_base", "must be >= 0")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -56,6 +57,10 @@ class _Pending:
     done_at: float | None = None
 
 
+def _unload(host: HostHandle, model_id: str) -> None:
+    host.call(functools.partial(AdapterHost.remove, name=model_id))
+
+
 class ServiceState:
     """The service's hosts, models and pending results (module doc)."""
 
@@ -68,6 +73,8 @@ class ServiceState:
         self.closing = False
         self._pending: dict[str, _Pending] = {}
         self._expired: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._ended_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._last_sweep = 0.0
         self._hosts_lock = threading.Lock()
         self.builder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
 
@@ -106,6 +113,41 @@ class ServiceState:
     def new_model_id() -> str:
         """A fresh model id (also the adapter's name on its host: no `lora_` in it, as peft asks)."""
         return f"model-{uuid.uuid4().hex[:12]}"
+
+    # ---- sessions -----------------------------------------------------------------------------------
+
+    def heartbeat(self, session_id: object) -> None:
+        """Keep `session_id` alive; 410 if it expired (the SDK then stops), 404 if it never was."""
+        self.expire_sessions()
+        if session_id in self.sessions:
+            self.sessions[str(session_id)] = time.monotonic()
+            return
+        if session_id in self._ended_sessions:
+            raise ApiError(410, f"session {session_id} expired (no heartbeat)", "gone", "session_id")
+        raise ApiError(404, f"unknown session_id {session_id!r}", "not_found", "session_id")
+
+    def expire_sessions(self) -> list[str]:
+        """End sessions silent for `session_ttl_s` and unload their models (a client that died leaves
+        nothing behind); the model ids unloaded."""
+        now = time.monotonic()
+        if now - self._last_sweep < min(5.0, self.config.session_ttl_s / 4):
+            return []
+        self._last_sweep = now
+        ended = {s for s, seen in self.sessions.items() if now - seen > self.config.session_ttl_s}
+        unloaded = []
+        for session in ended:
+            del self.sessions[session]
+            self._ended_sessions[session] = None
+        for model_id, entry in list(self.models.items()):
+            if entry.session_id in ended:
+                del self.models[model_id]
+                host = self.hosts[entry.base_model]
+                host.queues.drop(model_id)
+                host.queues.submit(model_id, functools.partial(_unload, host.host, model_id))
+                unloaded.append(model_id)
+        while len(self._ended_sessions) > 10_000:
+            self._ended_sessions.popitem(last=False)
+        return unloaded
 
     # ---- futures ------------------------------------------------------------------------------------
 
