@@ -9,8 +9,6 @@ extra is not installed: `make install-tinker` (pip install -e '.[dev,tinker]' -c
 from __future__ import annotations
 
 import asyncio
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +21,13 @@ from tinker import types  # noqa: E402
 
 from quartet.engines.model_init import build_model  # noqa: E402
 from quartet.serving.tinker.backend import lora_spec  # noqa: E402
-from quartet.serving.tinker.server import TinkerServer  # noqa: E402
 
-KEY = "tml-quartet-test-key"
+KEY = "tml-quartet-test-key"  # the service fixture's (conftest.py)
+
 RANK, SEED = 4, 7
 TOKENS = [5, 17, 33, 2, 9, 41]
 TARGETS = [17, 33, 2, 9, 41, 8]
 WEIGHTS = [0.0, 1.0, 1.0, 0.5, 1.0, 2.0]
-
-
-@pytest.fixture(scope="module")
-def service(tiny_model_dir: Path) -> Iterator[tuple[str, Path]]:
-    server = TinkerServer({"tiny": tiny_model_dir}, api_key=KEY)
-    url = server.start_in_thread()
-    yield url, tiny_model_dir
-    server.stop_thread()
-
-
-@pytest.fixture(scope="module")
-def client(service: tuple[str, Path]) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return tinker.ServiceClient(base_url=service[0], api_key=KEY)
 
 
 def _training_client(client: Any) -> Any:
