@@ -102,8 +102,8 @@ def test_a_call_not_served_yet_names_itself(client: Any) -> None:
     trainer = _training_client(client)
     with pytest.raises(tinker.NotFoundError, match="save_weights is not served yet"):
         trainer.save_state("step-1").result()
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'ppo' is not served yet"):
-        trainer.forward_backward([_datum()], "ppo").result()
+    with pytest.raises(tinker.BadRequestError, match="loss_fn: 'stable_reinforce' is not served"):
+        trainer.forward_backward([_datum()], "stable_reinforce").result()
 
 
 @pytest.mark.parametrize(

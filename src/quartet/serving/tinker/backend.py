@@ -6,8 +6,8 @@ splits a step in two calls, which `TrainingEngine.train_step` does in one: `forw
 accumulates gradients, and `optim_step` applies torch's AdamW with the AdamParams of that call (each call
 may change the learning rate), then clears the gradients.
 
-Losses: `cross_entropy` (the Tinker docs' definition: the sum over target tokens of
--weights * logprob(target), with the per-token `logprobs` returned). Other losses raise `NotServedError`.
+Losses: every built-in Tinker loss the docs define (cross_entropy, importance_sampling, ppo, cispo, dro,
+gspo), computed by `losses` over the logprobs this model gives each datum's target tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from quartet.config.model import Dtype, LoraConfig
 from quartet.config.optim import OptimConfig
 from quartet.engines.model_init import build_model
 from quartet.engines.spec import EngineSpec
+from quartet.serving.tinker.losses import LossInputs, check_config, check_inputs, datum_loss, merge_metrics
 from quartet.serving.tinker.wire import Datum, WireError
 
 __all__ = ["AdamStep", "LoraModel", "NotServedError", "lora_spec"]
@@ -75,41 +76,46 @@ class LoraModel:
         head: Any = self.module.get_output_embeddings()  # type: ignore[operator]
         self.vocab_size = int(head.weight.shape[0])
 
-    def check(self, loss_fn: str, data: Sequence[Datum]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The (targets, weights) of each datum; raises `WireError` naming the field of a malformed one and
-        `NotServedError` for a loss not served yet. Cheap: the server calls it before queueing a request."""
-        if loss_fn != "cross_entropy":
-            raise NotServedError(f"loss_fn {loss_fn!r} is not served yet (served: cross_entropy)")
+    def check(
+        self, loss_fn: str, data: Sequence[Datum], config: Mapping[str, float | str] | None = None
+    ) -> tuple[dict[str, float], list[LossInputs]]:
+        """`loss_fn`'s resolved config and each datum's checked inputs (`losses.check_config` /
+        `check_inputs`); raises `WireError` naming the field of a malformed one or an unknown loss.
+        Cheap: the server calls it before queueing a request."""
+        resolved = check_config(loss_fn, config)
         if not data:
             raise WireError("data", "no datums")
         checked = []
         for i, datum in enumerate(data):
-            targets, weights = _cross_entropy_inputs(datum, i)
-            for name, ids in (
-                ("model_input", torch.as_tensor(datum.tokens)),
-                ("loss_fn_inputs.target_tokens", targets),
-            ):
-                if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
-                    raise WireError(f"data[{i}].{name}", f"token ids must lie in [0, {self.vocab_size})")
-            checked.append((targets, weights))
-        return checked
+            tokens = datum.tokens
+            if int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size:
+                raise WireError(f"data[{i}].model_input", f"token ids must lie in [0, {self.vocab_size})")
+            checked.append(check_inputs(loss_fn, datum.loss_fn_inputs, tokens.size, i, self.vocab_size))
+        return resolved, checked
 
     def forward_backward(
-        self, loss_fn: str, data: Sequence[Datum], forward_only: bool
+        self,
+        loss_fn: str,
+        data: Sequence[Datum],
+        forward_only: bool,
+        config: Mapping[str, float | str] | None = None,
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
-        """Per datum outputs (`logprobs` of the target tokens) and metrics (`loss:sum`); grads accumulate."""
+        """Per datum outputs (`logprobs` of the target tokens) and metrics (`loss:sum`); grads accumulate.
+        The loss of each datum is `losses.datum_loss` over the logprobs this model gives its targets."""
+        resolved, checked = self.check(loss_fn, data, config)
         outputs: list[dict[str, np.ndarray]] = []
-        total = torch.zeros((), dtype=torch.float64)
-        for datum, (targets, weights) in zip(data, self.check(loss_fn, data), strict=True):
+        terms: list[dict[str, float]] = []
+        for datum, inputs in zip(data, checked, strict=True):
             with torch.set_grad_enabled(not forward_only):
                 logits = self.module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
-                logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-                loss = -(logprobs * weights).sum()
+                targets = inputs.target_tokens
+                picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.reshape(len(targets), -1))
+                result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved)
                 if not forward_only:
-                    torch.autograd.backward(loss)
-            total += loss.detach().double()
-            outputs.append({"logprobs": logprobs.detach().numpy()})
-        return outputs, {"loss:sum": float(total)}
+                    torch.autograd.backward(result.loss)
+            outputs.append(result.outputs)
+            terms.append(result.metrics)
+        return outputs, merge_metrics(terms)
 
     def optim_step(self, adam: AdamStep) -> dict[str, float]:
         """AdamW with `adam`'s settings over the accumulated gradients; then the gradients are cleared."""
@@ -132,20 +138,3 @@ class LoraModel:
 def _grad_norm(params: Sequence[torch.nn.Parameter]) -> float:
     grads = [p.grad.detach().double().norm() for p in params if p.grad is not None]
     return float(torch.stack(grads).norm()) if grads else 0.0
-
-
-def _cross_entropy_inputs(datum: Datum, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`target_tokens` (int64) and `weights` (float32, default ones), one per input token."""
-    inputs: Mapping[str, Any] = datum.loss_fn_inputs
-    field = f"data[{index}].loss_fn_inputs"
-    if "target_tokens" not in inputs:
-        raise WireError(f"{field}.target_tokens", "missing (cross_entropy needs target_tokens)")
-    targets = torch.as_tensor(np.asarray(inputs["target_tokens"]).reshape(-1).astype(np.int64))
-    n = datum.tokens.size
-    if targets.numel() != n:
-        raise WireError(f"{field}.target_tokens", f"holds {targets.numel()} tokens for {n} input tokens")
-    raw = inputs.get("weights")
-    weights = torch.ones(n) if raw is None else torch.as_tensor(np.asarray(raw, dtype=np.float32).reshape(-1))
-    if weights.numel() != n:
-        raise WireError(f"{field}.weights", f"holds {weights.numel()} values for {n} input tokens")
-    return targets, weights

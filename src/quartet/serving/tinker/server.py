@@ -2,7 +2,8 @@
 
 Served: client config, sessions and heartbeats, telemetry (accepted, dropped), server capabilities
 (the configured model names), `create_model` (LoRA), `get_info`, `forward_backward` / `forward` with the
-`cross_entropy` loss, `optim_step` with AdamParams, and `retrieve_future`. Any other `/api/v1/` call
+built-in losses (`losses`; `forward_backward_custom` runs client-side over `cross_entropy`), `optim_step`
+with AdamParams, and `retrieve_future`. Any other `/api/v1/` call
 answers 404 naming it as not served yet (the SDK's `NotFoundError`), never a 500.
 
 Every request carries the service's API key in `X-API-Key` (401 otherwise, `AuthenticationError`). A
@@ -271,11 +272,12 @@ class TinkerServer:
             )
         decoded = decode_forward_backward(await request.read(), forward_only)
         entry = self._model(decoded.model_id)
-        entry.model.check(decoded.loss_fn, decoded.data)  # 400 naming the field before anything is queued
+        config = decoded.loss_fn_config
+        entry.model.check(decoded.loss_fn, decoded.data, config)  # 400 naming the field, nothing queued
 
         def run() -> bytes:
             outputs, metrics = entry.model.forward_backward(
-                decoded.loss_fn, decoded.data, decoded.forward_only
+                decoded.loss_fn, decoded.data, decoded.forward_only, config
             )
             return encode_forward_backward_output(outputs, metrics)
 
