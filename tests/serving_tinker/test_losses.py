@@ -294,3 +294,13 @@ def test_a_malformed_sparse_tensor_is_a_400_naming_it(
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == "data[0].loss_fn_inputs.weights"
     assert problem in reply.json()["error"]["message"]
+
+
+def test_create_custom_loss_is_refused_saying_why(service: tuple[str, Path]) -> None:
+    reply = httpx.post(
+        f"{service[0]}/api/v1/create_custom_loss", json={}, headers={"X-API-Key": KEY}, timeout=30
+    )
+    assert reply.status_code == 404
+    assert "model-written code does not run" in reply.json()["error"]["message"]
+    config = httpx.post(f"{service[0]}/api/v1/client/config", json={}, headers={"X-API-Key": KEY}, timeout=30)
+    assert config.json()["custom_loss_server_side"] is False

@@ -3,8 +3,8 @@
 Served: client config, sessions and heartbeats, telemetry (accepted, dropped), server capabilities
 (the configured model names), `create_model` (LoRA), `get_info`, `forward_backward` / `forward` with the
 built-in losses (`losses`; `forward_backward_custom` runs client-side over `cross_entropy`), `optim_step`
-with AdamParams, and `retrieve_future`. Any other `/api/v1/` call
-answers 404 naming it as not served yet (the SDK's `NotFoundError`), never a 500.
+with AdamParams, and `retrieve_future`. `create_custom_loss` is refused (404 saying why); any other
+`/api/v1/` call answers 404 naming it as not served yet (the SDK's `NotFoundError`), never a 500.
 
 Every request carries the service's API key in `X-API-Key` (401 otherwise, `AuthenticationError`). A
 malformed body answers 400 naming the field (`BadRequestError`). Work runs off the event loop: model
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 _PROTO = "application/x-protobuf"
 _NOT_YET = (
     "asample", "create_sampling_session", "join_sampling_session", "save_weights", "load_weights",
-    "save_weights_for_sampler", "save_weights_external", "copy_weights", "create_custom_loss",
+    "save_weights_for_sampler", "save_weights_external", "copy_weights",
     "retrieve_futures", "auth/token", "unload_model", "training_runs",
 )  # fmt: skip
 
@@ -96,6 +96,7 @@ class TinkerServer:
             "forward": self._forward,
             "optim_step": self._optim_step,
             "retrieve_future": self._retrieve_future,
+            "create_custom_loss": self._create_custom_loss,
         }
         for name, handler in post.items():
             self.app.router.add_post(f"/api/v1/{name}", handler)
@@ -167,6 +168,16 @@ class TinkerServer:
                 _fail(500, f"{type(err).__name__}: {err}", "server_error").body(), status=500
             )
 
+    async def _create_custom_loss(self, request: web.Request) -> web.Response:
+        raise _fail(
+            404,
+            "create_custom_loss is never served: model-written code does not run in quartet's Tinker "
+            "service; client/config says custom_loss_server_side: false, so the SDK runs custom losses "
+            "client-side (forward_backward_custom)",
+            "not_found",
+            "create_custom_loss",
+        )
+
     async def _not_served(self, request: web.Request) -> web.Response:
         call = request.path.removeprefix("/api/v1/")
         known = any(call == name or call.startswith(name + "/") for name in _NOT_YET)
@@ -177,7 +188,10 @@ class TinkerServer:
 
     async def _client_config(self, request: web.Request) -> web.Response:
         # One forward_backward request per call, in order: the model's thread keeps arrival order.
-        return web.json_response({"pjwt_auth_enabled": False, "parallel_fwdbwd_chunks": False})
+        # Custom losses run in the client (create_custom_loss keeps its LossHandle client-side).
+        return web.json_response(
+            {"pjwt_auth_enabled": False, "parallel_fwdbwd_chunks": False, "custom_loss_server_side": False}
+        )
 
     async def _dynamic_config(self, request: web.Request) -> web.Response:
         return web.json_response({})
