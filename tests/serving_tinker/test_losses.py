@@ -246,6 +246,12 @@ def _rl_inputs(**changes: Any) -> dict[str, Any]:
         ("gspo", _rl_inputs(sequence_ratio_mask=[0.0] * 6), None, r"sequence_ratio_mask: marks no token"),
         ("importance_sampling", _rl_inputs(weights=[1.0] * 6), None, r"loss_fn_inputs\.weights: importance"),
         ("cross_entropy", {"target_tokens": TARGETS, "weights": [1.0] * 5}, None, r"loss_fn_inputs\.weights"),
+        (
+            "cross_entropy",
+            {"target_tokens": types.TensorData.from_numpy(np.asarray(TARGETS, dtype=np.float32))},
+            None,
+            r"target_tokens: must be int64 token ids",
+        ),
     ],
 )
 def test_a_bad_loss_request_is_a_400_naming_the_field(
@@ -255,6 +261,19 @@ def test_a_bad_loss_request_is_a_400_naming_the_field(
     datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs=inputs)
     with pytest.raises(tinker.BadRequestError, match=field):
         trainer.forward([datum], loss_fn, config).result()
+
+
+def test_a_loss_that_overflows_fails_naming_the_datum_and_leaves_no_gradient(client: Any) -> None:
+    """exp(lp - q) overflows float32 for q = -1e4: the request fails (the SDK's RequestFailedError, a user
+    error naming the datum) before any backward, so the next optim_step finds no gradient at all."""
+    trainer = _trainer(client)
+    ok = types.Datum(model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs=_rl_inputs())
+    bad = types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs=_rl_inputs(logprobs=[-1e4] * 6)
+    )
+    with pytest.raises(tinker.RequestFailedError, match=r"data\[0\]: the importance_sampling loss is"):
+        trainer.forward_backward([bad, ok], "importance_sampling").result()
+    assert trainer.optim_step(types.AdamParams(learning_rate=LR)).result().metrics["grad_norm:mean"] == 0.0
 
 
 def _raw_forward(service: tuple[str, Path], sparse: dict[str, Any], shape: list[int]) -> httpx.Response:

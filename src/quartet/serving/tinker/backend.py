@@ -105,12 +105,12 @@ class LoraModel:
         resolved, checked = self.check(loss_fn, data, config)
         outputs: list[dict[str, np.ndarray]] = []
         terms: list[dict[str, float]] = []
-        for datum, inputs in zip(data, checked, strict=True):
+        for i, (datum, inputs) in enumerate(zip(data, checked, strict=True)):
             with torch.set_grad_enabled(not forward_only):
                 logits = self.module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
                 targets = inputs.target_tokens
                 picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.reshape(len(targets), -1))
-                result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved)
+                result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved, i)
                 if not forward_only:
                     torch.autograd.backward(result.loss)
             outputs.append(result.outputs)

@@ -181,6 +181,8 @@ def check_inputs(
         if name not in datum_inputs:
             raise WireError(f"{prefix}.{name}", f"missing ({loss_fn} needs {', '.join(spec.required)})")
     targets = np.asarray(datum_inputs["target_tokens"])
+    if targets.dtype.kind not in "iu":
+        raise WireError(f"{prefix}.target_tokens", f"must be int64 token ids, not {targets.dtype}")
     two_d = loss_fn == "cross_entropy" and targets.ndim == 2
     shape = targets.shape if two_d else (n_tokens,)
     if targets.shape[:1] != (n_tokens,) or (targets.ndim != 1 and not two_d):
@@ -214,16 +216,24 @@ def _floats(raw: np.ndarray, shape: tuple[int, ...], field: str) -> torch.Tensor
 
 
 def datum_loss(
-    loss_fn: str, target_logprobs: torch.Tensor, inputs: LossInputs, config: Mapping[str, float]
+    loss_fn: str,
+    target_logprobs: torch.Tensor,
+    inputs: LossInputs,
+    config: Mapping[str, float],
+    index: int = 0,
 ) -> DatumLoss:
-    """The loss of one datum (a scalar, differentiable through `target_logprobs`), its outputs and its
-    `loss:sum` term. `config` is `check_config`'s result, `inputs` is `check_inputs`'s."""
+    """The loss of datum `index` (a scalar, differentiable through `target_logprobs`), its outputs and its
+    `loss:sum` term. `config` is `check_config`'s result, `inputs` is `check_inputs`'s. A loss that is not
+    finite (e.g. sampling logprobs so low that exp(lp - q) overflows) raises `WireError` naming the datum,
+    before the caller backpropagates it into the adapter's gradients."""
     lp = target_logprobs
     if loss_fn == "cross_entropy":
         weights = inputs.weights if inputs.weights is not None else torch.ones_like(lp)
         loss = -(lp * weights).sum()
     else:
         loss = _policy_loss(loss_fn, lp, inputs, config)
+    if not bool(torch.isfinite(loss.detach())):
+        raise WireError(f"data[{index}]", f"the {loss_fn} loss is {float(loss.detach())}: check its inputs")
     outputs = {"logprobs": lp.detach().float().numpy()}
     return DatumLoss(loss, outputs, {"loss:sum": float(loss.detach())})
 
