@@ -265,14 +265,15 @@ def test_a_bad_loss_request_is_a_400_naming_the_field(
 
 def test_a_loss_that_overflows_fails_naming_the_datum_and_leaves_no_gradient(client: Any) -> None:
     """exp(lp - q) overflows float32 for q = -1e4: the request fails (the SDK's RequestFailedError, a user
-    error naming the datum) before any backward, so the next optim_step finds no gradient at all."""
+    error naming the datum) before that datum's backward, and the good datum before it gives its gradient
+    back, so the next optim_step finds no gradient at all."""
     trainer = _trainer(client)
     ok = types.Datum(model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs=_rl_inputs())
     bad = types.Datum(
         model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs=_rl_inputs(logprobs=[-1e4] * 6)
     )
-    with pytest.raises(tinker.RequestFailedError, match=r"data\[0\]: the importance_sampling loss is"):
-        trainer.forward_backward([bad, ok], "importance_sampling").result()
+    with pytest.raises(tinker.RequestFailedError, match=r"data\[1\]: the importance_sampling loss is"):
+        trainer.forward_backward([ok, bad], "importance_sampling").result()
     assert trainer.optim_step(types.AdamParams(learning_rate=LR)).result().metrics["grad_norm:mean"] == 0.0
 
 

@@ -101,20 +101,28 @@ class LoraModel:
         config: Mapping[str, float | str] | None = None,
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum outputs (`logprobs` of the target tokens) and metrics (`loss:sum`); grads accumulate.
-        The loss of each datum is `losses.datum_loss` over the logprobs this model gives its targets."""
+        The loss of each datum is `losses.datum_loss` over the logprobs this model gives its targets.
+        A request that fails midway (a datum whose loss is not finite) leaves the gradients as they were
+        before it: the adapter's (small) gradients are copied first and put back."""
         resolved, checked = self.check(loss_fn, data, config)
         outputs: list[dict[str, np.ndarray]] = []
         terms: list[dict[str, float]] = []
-        for i, (datum, inputs) in enumerate(zip(data, checked, strict=True)):
-            with torch.set_grad_enabled(not forward_only):
-                logits = self.module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
-                targets = inputs.target_tokens
-                picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.reshape(len(targets), -1))
-                result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved, i)
-                if not forward_only:
-                    torch.autograd.backward(result.loss)
-            outputs.append(result.outputs)
-            terms.append(result.metrics)
+        saved = [None if p.grad is None else p.grad.clone() for p in self.params] if not forward_only else []
+        try:
+            for i, (datum, inputs) in enumerate(zip(data, checked, strict=True)):
+                with torch.set_grad_enabled(not forward_only):
+                    logits = self.module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
+                    targets = inputs.target_tokens
+                    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.reshape(len(targets), -1))
+                    result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved, i)
+                    if not forward_only:
+                        torch.autograd.backward(result.loss)
+                outputs.append(result.outputs)
+                terms.append(result.metrics)
+        except Exception:
+            for param, grad in zip(self.params, saved, strict=False):
+                param.grad = grad
+            raise
         return outputs, merge_metrics(terms)
 
     def optim_step(self, adam: AdamStep) -> dict[str, float]:
