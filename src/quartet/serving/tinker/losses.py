@@ -6,8 +6,10 @@ model's log-probability of `target_tokens` at every position) and calls, in orde
 - `check_config(loss_fn, config)` and `check_inputs(loss_fn, datum_inputs, n_tokens, index, vocab_size)`:
   cheap, before anything is queued; a malformed request raises `WireError` naming the field
   (`loss_fn`, `loss_fn_config.beta`, `data[3].loss_fn_inputs.advantages`), which the server answers 400.
-- `datum_loss(loss_fn, target_logprobs, inputs, config)`: the scalar loss to backpropagate, the datum's
-  outputs (`logprobs`) and its metric contributions; `merge_metrics` combines those over the batch.
+- `datum_loss(loss_fn, target_logprobs, inputs, config, index)`: the scalar loss to backpropagate, the
+  datum's outputs (`logprobs`) and its metric contributions; `merge_metrics` combines those over the
+  batch. A loss that is not finite raises `WireError` naming `data[index]` (a user error) before the
+  caller backpropagates it.
 
 Every loss is a SUM over the datum's positions and over the batch (no mean): the client scales through
 weights or advantages, as the Tinker docs say ("for all objectives we sum the token-level losses").
