@@ -243,6 +243,8 @@ def _rl_inputs(**changes: Any) -> dict[str, Any]:
         ("ppo", _rl_inputs(), {"clip_low_threshold": -0.1}, r"loss_fn_config\.clip_low_threshold: must lie"),
         ("cispo", _rl_inputs(), {"clip_high_threshold": 0.5}, r"loss_fn_config\.clip_high_threshold"),
         ("dro", _rl_inputs(), None, r"loss_fn_config\.beta: missing"),
+        ("dro", _rl_inputs(), {"beta": "high"}, r"loss_fn_config\.beta: must be a finite number"),
+        ("ppo", _rl_inputs(), {"clip_high_threshold": float("inf")}, r"threshold: must be a finite"),
         ("gspo", _rl_inputs(sequence_ratio_mask=[0.0] * 6), None, r"sequence_ratio_mask: marks no token"),
         ("importance_sampling", _rl_inputs(weights=[1.0] * 6), None, r"loss_fn_inputs\.weights: importance"),
         ("cross_entropy", {"target_tokens": TARGETS, "weights": [1.0] * 5}, None, r"loss_fn_inputs\.weights"),
