@@ -9,8 +9,6 @@ extra is not installed: `make install-tinker` (pip install -e '.[dev,tinker]' -c
 from __future__ import annotations
 
 import asyncio
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +20,13 @@ tinker = pytest.importorskip("tinker", reason="the tinker extra is not installed
 from tinker import types  # noqa: E402
 
 from quartet.serving.tinker.adapters import AdapterSpec, reference_model  # noqa: E402
-from quartet.serving.tinker.server import TinkerServer  # noqa: E402
 
-KEY = "tml-quartet-test-key"
+KEY = "tml-quartet-test-key"  # the service fixture's (conftest.py)
+
 RANK, SEED = 4, 7
 TOKENS = [5, 17, 33, 2, 9, 41]
 TARGETS = [17, 33, 2, 9, 41, 8]
 WEIGHTS = [0.0, 1.0, 1.0, 0.5, 1.0, 2.0]
-
-
-@pytest.fixture(scope="module")
-def service(tiny_model_dir: Path) -> Iterator[tuple[str, Path]]:
-    server = TinkerServer({"tiny": tiny_model_dir}, api_key=KEY)
-    url = server.start_in_thread()
-    yield url, tiny_model_dir
-    server.stop_thread()
-
-
-@pytest.fixture(scope="module")
-def client(service: tuple[str, Path]) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return tinker.ServiceClient(base_url=service[0], api_key=KEY)
 
 
 def _training_client(client: Any) -> Any:
@@ -118,8 +101,8 @@ def test_a_call_not_served_yet_names_itself(client: Any) -> None:
     trainer = _training_client(client)
     with pytest.raises(tinker.NotFoundError, match="save_weights is not served yet"):
         trainer.save_state("step-1").result()
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'ppo' is not served yet"):
-        trainer.forward_backward([_datum()], "ppo").result()
+    with pytest.raises(tinker.BadRequestError, match="loss_fn: 'stable_reinforce' is not served"):
+        trainer.forward_backward([_datum()], "stable_reinforce").result()
 
 
 @pytest.mark.parametrize(

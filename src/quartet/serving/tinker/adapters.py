@@ -210,6 +210,15 @@ class AdapterHost:
 
     # ---- training -----------------------------------------------------------------------------------
 
+    def gradients(self, name: str) -> list[torch.Tensor | None]:
+        """A copy of adapter `name`'s accumulated gradients (to put back after a failed request)."""
+        return [None if p.grad is None else p.grad.clone() for p in self._get(name).params]
+
+    def set_gradients(self, name: str, grads: Sequence[torch.Tensor | None]) -> None:
+        """Put back what `gradients` copied."""
+        for param, grad in zip(self._get(name).params, grads, strict=True):
+            param.grad = grad
+
     def optim_step(self, name: str, adam: AdamStep) -> dict[str, float]:
         """AdamW with `adam`'s settings over adapter `name`'s accumulated gradients, which it then clears."""
         adapter = self._get(name)

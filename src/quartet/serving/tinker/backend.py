@@ -5,80 +5,82 @@ Tinker splits a step in two calls, which quartet's `TrainingEngine.train_step` d
 applies torch's AdamW with the AdamParams of that call (each call may change the learning rate), then
 clears the gradients.
 
-Losses: `cross_entropy` (the Tinker docs' definition: the sum over target tokens of
--weights * logprob(target), with the per-token `logprobs` returned). Other losses raise `NotServedError`.
+Losses: every built-in Tinker loss the docs define (cross_entropy, importance_sampling, ppo, cispo, dro,
+gspo), computed by `losses` over the logprobs the adapter gives each datum's target tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from quartet.serving.tinker.adapters import AdapterHost
+from quartet.serving.tinker.losses import LossInputs, check_config, check_inputs, datum_loss, merge_metrics
 from quartet.serving.tinker.wire import Datum, WireError
 
 __all__ = ["NotServedError", "check", "forward_backward"]
 
 
 class NotServedError(Exception):
-    """A call or option the service does not serve yet; the message names it."""
+    """A call or option the service does not serve; the message names it."""
 
 
-def check(loss_fn: str, data: Sequence[Datum], vocab_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The (targets, weights) of each datum; raises `WireError` naming the field of a malformed one and
-    `NotServedError` for a loss not served yet. Cheap: the server calls it before queueing a request."""
-    if loss_fn != "cross_entropy":
-        raise NotServedError(f"loss_fn {loss_fn!r} is not served yet (served: cross_entropy)")
+def check(
+    loss_fn: str,
+    data: Sequence[Datum],
+    vocab_size: int,
+    config: Mapping[str, float | str] | None = None,
+) -> tuple[dict[str, float], list[LossInputs]]:
+    """`loss_fn`'s resolved config and each datum's checked inputs (`losses.check_config` /
+    `check_inputs`); raises `WireError` naming the field of a malformed one or an unknown loss.
+    Cheap: the server calls it before queueing a request."""
+    resolved = check_config(loss_fn, config)
     if not data:
         raise WireError("data", "no datums")
     checked = []
     for i, datum in enumerate(data):
-        targets, weights = _cross_entropy_inputs(datum, i)
-        for name, ids in (
-            ("model_input", torch.as_tensor(datum.tokens)),
-            ("loss_fn_inputs.target_tokens", targets),
-        ):
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-                raise WireError(f"data[{i}].{name}", f"token ids must lie in [0, {vocab_size})")
-        checked.append((targets, weights))
-    return checked
+        tokens = datum.tokens
+        if tokens.size == 0:
+            raise WireError(f"data[{i}].model_input", "holds no tokens")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size:
+            raise WireError(f"data[{i}].model_input", f"token ids must lie in [0, {vocab_size})")
+        checked.append(check_inputs(loss_fn, datum.loss_fn_inputs, tokens.size, i, vocab_size))
+    return resolved, checked
 
 
 def forward_backward(
-    host: AdapterHost, name: str, loss_fn: str, data: Sequence[Datum], forward_only: bool
+    host: AdapterHost,
+    name: str,
+    loss_fn: str,
+    data: Sequence[Datum],
+    forward_only: bool,
+    config: Mapping[str, float | str] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
     """Per datum outputs (`logprobs` of the target tokens) and metrics (`loss:sum`) of adapter `name`;
-    unless `forward_only`, the gradients accumulate in that adapter until its `optim_step`."""
+    unless `forward_only`, the gradients accumulate in that adapter until its `optim_step`.
+
+    A request that fails midway (a datum whose loss is not finite) leaves the gradients as they were
+    before it: the adapter's (small) gradients are copied first and put back."""
+    resolved, checked = check(loss_fn, data, host.vocab_size, config)
     outputs: list[dict[str, np.ndarray]] = []
-    total = torch.zeros((), dtype=torch.float64)
+    terms: list[dict[str, float]] = []
+    saved = host.gradients(name) if not forward_only else []
     with host.active(name) as module:
-        for datum, (targets, weights) in zip(data, check(loss_fn, data, host.vocab_size), strict=True):
-            with torch.set_grad_enabled(not forward_only):
-                logits = module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
-                logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-                loss = -(logprobs * weights).sum()
-                if not forward_only:
-                    torch.autograd.backward(loss)
-            total += loss.detach().double()
-            outputs.append({"logprobs": logprobs.detach().numpy()})
-    return outputs, {"loss:sum": float(total)}
-
-
-def _cross_entropy_inputs(datum: Datum, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`target_tokens` (int64) and `weights` (float32, default ones), one per input token."""
-    inputs: Mapping[str, Any] = datum.loss_fn_inputs
-    field = f"data[{index}].loss_fn_inputs"
-    if "target_tokens" not in inputs:
-        raise WireError(f"{field}.target_tokens", "missing (cross_entropy needs target_tokens)")
-    targets = torch.as_tensor(np.asarray(inputs["target_tokens"]).reshape(-1).astype(np.int64))
-    n = datum.tokens.size
-    if targets.numel() != n:
-        raise WireError(f"{field}.target_tokens", f"holds {targets.numel()} tokens for {n} input tokens")
-    raw = inputs.get("weights")
-    weights = torch.ones(n) if raw is None else torch.as_tensor(np.asarray(raw, dtype=np.float32).reshape(-1))
-    if weights.numel() != n:
-        raise WireError(f"{field}.weights", f"holds {weights.numel()} values for {n} input tokens")
-    return targets, weights
+        try:
+            for i, (datum, inputs) in enumerate(zip(data, checked, strict=True)):
+                with torch.set_grad_enabled(not forward_only):
+                    logits = module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
+                    targets = inputs.target_tokens
+                    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.reshape(len(targets), -1))
+                    result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved, i)
+                    if not forward_only:
+                        torch.autograd.backward(result.loss)
+                outputs.append(result.outputs)
+                terms.append(result.metrics)
+        except Exception:
+            if not forward_only:
+                host.set_gradients(name, saved)
+            raise
+    return outputs, merge_metrics(terms)

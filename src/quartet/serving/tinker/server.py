@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 _PROTO = "application/x-protobuf"
 _NOT_YET = (
     "asample", "create_sampling_session", "join_sampling_session", "save_weights", "load_weights",
-    "save_weights_for_sampler", "save_weights_external", "copy_weights", "create_custom_loss",
+    "save_weights_for_sampler", "save_weights_external", "copy_weights",
     "retrieve_futures", "auth/token", "training_runs",
 )  # fmt: skip
 
@@ -97,6 +97,7 @@ class TinkerServer:
             "session_heartbeat": self._heartbeat,
             "telemetry": self._telemetry,
             "retrieve_future": self._retrieve_future,
+            "create_custom_loss": self._create_custom_loss,
         }
         for name, handler in post.items():
             self.app.router.add_post(f"/api/v1/{name}", handler)
@@ -181,6 +182,16 @@ class TinkerServer:
                 _fail(500, f"{type(err).__name__}: {err}", "server_error").body(), status=500
             )
 
+    async def _create_custom_loss(self, request: web.Request) -> web.Response:
+        raise _fail(
+            404,
+            "create_custom_loss is never served: model-written code does not run in quartet's Tinker "
+            "service; client/config says custom_loss_server_side: false, so the SDK runs custom losses "
+            "client-side (forward_backward_custom)",
+            "not_found",
+            "create_custom_loss",
+        )
+
     async def _not_served(self, request: web.Request) -> web.Response:
         call = request.path.removeprefix("/api/v1/")
         known = any(call == name or call.startswith(name + "/") for name in _NOT_YET)
@@ -191,7 +202,10 @@ class TinkerServer:
 
     async def _client_config(self, request: web.Request) -> web.Response:
         # One forward_backward request per call, in order: the model's queue keeps arrival order.
-        return web.json_response({"pjwt_auth_enabled": False, "parallel_fwdbwd_chunks": False})
+        # Custom losses run in the client (create_custom_loss keeps its LossHandle client-side).
+        return web.json_response(
+            {"pjwt_auth_enabled": False, "parallel_fwdbwd_chunks": False, "custom_loss_server_side": False}
+        )
 
     async def _dynamic_config(self, request: web.Request) -> web.Response:
         return web.json_response({})

@@ -106,11 +106,12 @@ class TrainingRoutes:
                 "data",
             )
         vocab = self.state.hosts[entry.base_model].host.vocab_size
-        backend.check(decoded.loss_fn, decoded.data, vocab)  # 400 naming the field before anything is queued
+        config = decoded.loss_fn_config
+        backend.check(decoded.loss_fn, decoded.data, vocab, config)  # 400 naming the field, nothing queued
 
         def run(host: Any) -> bytes:
             outputs, metrics = backend.forward_backward(
-                host, entry.model_id, decoded.loss_fn, decoded.data, decoded.forward_only
+                host, entry.model_id, decoded.loss_fn, decoded.data, decoded.forward_only, config
             )
             return encode_forward_backward_output(outputs, metrics)
 

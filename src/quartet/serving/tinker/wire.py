@@ -8,6 +8,7 @@ server answers with a 400 (the SDK's `BadRequestError`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,16 +62,51 @@ def _tensor(msg: Any, field: str) -> np.ndarray:
     dtype = _NUMPY.get(msg.dtype)
     if dtype is None:
         raise WireError(field, f"dtype {msg.dtype} is not served (float32 or int64)")
+    if any(n < 0 for n in msg.shape):
+        raise WireError(field, f"shape {list(msg.shape)} has a negative dimension")
     if msg.HasField("sparse_csr"):
-        raise WireError(field, "sparse tensors are not served yet")
+        return _sparse_csr(msg, dtype, field)
     if len(msg.dense) % dtype.itemsize:
         raise WireError(field, f"{len(msg.dense)} bytes is not a whole number of {dtype.name} values")
     array = np.frombuffer(msg.dense, dtype=dtype)
     shape = list(msg.shape)
-    if shape and int(np.prod(shape)) != array.size:
+    if shape and math.prod(shape) != array.size:
         raise WireError(field, f"shape {shape} does not hold the {array.size} values sent")
     result: np.ndarray = (array.reshape(shape) if shape else array).copy()
     return result  # frombuffer arrays are read-only
+
+
+_MAX_SPARSE_ELEMENTS = 2**24
+"""The most values a sparse tensor may densify to: what a dense one fits in the 64 MiB body cap."""
+
+
+def _sparse_csr(msg: Any, dtype: np.dtype[Any], field: str) -> np.ndarray:
+    """A 2-D sparse CSR tensor (the SDK sends 2-D `target_tokens` / `weights` so when it saves space),
+    densified with 0 in every unlisted entry, as the SDK's `TensorData.to_numpy` does."""
+    csr, shape = msg.sparse_csr, list(msg.shape)
+    if len(shape) != 2:
+        raise WireError(field, f"a sparse tensor must be 2-D, not of shape {shape}")
+    rows, cols = shape
+    if rows * cols > _MAX_SPARSE_ELEMENTS:
+        raise WireError(field, f"shape {shape} is over {_MAX_SPARSE_ELEMENTS} values")
+    if len(csr.values) % dtype.itemsize or len(csr.crow_indices) % 8 or len(csr.col_indices) % 8:
+        raise WireError(field, "sparse values or indices are not whole numbers of their dtype")
+    values = np.frombuffer(csr.values, dtype=dtype)
+    crow = np.frombuffer(csr.crow_indices, dtype="<i8")
+    col = np.frombuffer(csr.col_indices, dtype="<i8")
+    nnz = values.size
+    rising = crow.size == rows + 1 and crow[0] == 0 and crow[-1] == nnz and not (np.diff(crow) < 0).any()
+    if not rising or col.size != nnz:
+        raise WireError(field, "crow_indices must rise from 0 to the number of values, one per row + 1")
+    if nnz and (col.min() < 0 or col.max() >= cols):
+        raise WireError(field, f"col_indices must lie in [0, {cols})")
+    row = np.repeat(np.arange(rows), np.diff(crow))
+    flat = row * cols + col
+    if (np.diff(flat) <= 0).any():
+        raise WireError(field, "col_indices must rise within each row (no entry twice)")
+    dense = np.zeros(rows * cols, dtype=dtype)
+    dense[flat] = values
+    return dense.reshape(rows, cols)
 
 
 def _tokens(chunks: Any, field: str) -> np.ndarray:
@@ -114,20 +150,31 @@ def decode_forward_backward(body: bytes, forward_only_default: bool = False) -> 
 def encode_forward_backward_output(
     outputs: Sequence[Mapping[str, np.ndarray]], metrics: Mapping[str, float]
 ) -> bytes:
-    """The protobuf `ForwardBackwardOutput` of per-datum output arrays (1-D each) and the batch's metrics."""
-    pb = _pb()
-    msg = pb.ForwardBackwardOutput()
+    """The protobuf `ForwardBackwardOutput` of per-datum output arrays and the batch's metrics.
+
+    An array of shape (N, K...) travels with `trailing_shape` [K...]; the SDK rebuilds each datum's shape
+    from it. One `ArrayRecord` holds a run of datums whose arrays share their trailing shapes (the SDK's
+    way to send ragged outputs, e.g. 2-D `logprobs` whose K differs between datums).
+    """
+    msg = _pb().ForwardBackwardOutput()
     msg.loss_fn_output_type = "ArrayRecord"
     for key, value in metrics.items():
         msg.metrics[key] = float(value)
-    record = msg.loss_fn_outputs.add()
-    record.num_datums = len(outputs)
     names = list(outputs[0]) if outputs else []
-    for name in names:
-        arrays = [np.ascontiguousarray(o[name], dtype=np.float32).reshape(-1) for o in outputs]
-        batched = record.fields[name]
-        batched.dtype = _FLOAT32
-        batched.data = b"".join(a.tobytes() for a in arrays)
-        offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype("<i8")
-        batched.offsets = offsets.tobytes()
+    runs: list[list[dict[str, np.ndarray]]] = []
+    for output in outputs:
+        arrays = {n: np.ascontiguousarray(output[n], dtype=np.float32) for n in names}
+        if not runs or any(arrays[n].shape[1:] != runs[-1][0][n].shape[1:] for n in names):
+            runs.append([])
+        runs[-1].append(arrays)
+    for run in runs:
+        record = msg.loss_fn_outputs.add()
+        record.num_datums = len(run)
+        for name in names:
+            batched = record.fields[name]
+            batched.dtype = _FLOAT32
+            batched.trailing_shape.extend(run[0][name].shape[1:])
+            batched.data = b"".join(a[name].tobytes() for a in run)
+            offsets = np.cumsum([0] + [a[name].nbytes for a in run]).astype("<i8")
+            batched.offsets = offsets.tobytes()
     return bytes(msg.SerializeToString())
