@@ -2,14 +2,15 @@
 
 Served: client config, sessions and heartbeats, telemetry (accepted, dropped), server capabilities
 (the configured model names), `create_model` (LoRA), `get_info`, `forward_backward` / `forward` with the
-`cross_entropy` loss, `optim_step` with AdamParams, and `retrieve_future`. Any other `/api/v1/` call
-answers 404 naming it as not served yet (the SDK's `NotFoundError`), never a 500.
+`cross_entropy` loss, `optim_step` with AdamParams, `retrieve_future`, and sampling of base models
+(`create_sampling_session`, `asample`, `compute_logprobs`: `samplers.SamplingSessions`). Any other
+`/api/v1/` call answers 404 naming it as not served yet (the SDK's `NotFoundError`), never a 500.
 
 Every request carries the service's API key in `X-API-Key` (401 otherwise, `AuthenticationError`). A
 malformed body answers 400 naming the field (`BadRequestError`). Work runs off the event loop: model
 creation on a shared thread, each model's calls on a thread of its own, in the order they arrived; the
 SDK polls their futures, which answer `try_again` until done, then the result (protobuf for
-forward_backward) or `{"error", "category"}` (the SDK's `RequestFailedError`).
+forward_backward and asample) or `{"error", "category"}` (the SDK's `RequestFailedError`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from aiohttp.typedefs import Handler
 from quartet.serving.errors import ApiError
 from quartet.serving.http_log import http_logger
 from quartet.serving.tinker.backend import AdamStep, LoraModel, NotServedError, lora_spec
+from quartet.serving.tinker.sample_wire import SampleLimits
+from quartet.serving.tinker.samplers import SamplingSessions
 from quartet.serving.tinker.wire import WireError, decode_forward_backward, encode_forward_backward_output
 
 __all__ = ["TinkerServer"]
@@ -38,7 +41,7 @@ __all__ = ["TinkerServer"]
 logger = logging.getLogger(__name__)
 _PROTO = "application/x-protobuf"
 _NOT_YET = (
-    "asample", "create_sampling_session", "join_sampling_session", "save_weights", "load_weights",
+    "join_sampling_session", "save_weights", "load_weights",
     "save_weights_for_sampler", "save_weights_external", "copy_weights", "create_custom_loss",
     "retrieve_futures", "auth/token", "unload_model", "training_runs",
 )  # fmt: skip
@@ -63,10 +66,16 @@ class TinkerServer:
         models: the base model names clients may ask for -> local model folders (nothing is downloaded).
         api_key: the key every request must carry; the SDK requires the `tml-` prefix.
         host, port: where to listen (port 0: any free port).
+        sample_limits: the bounds on one sample request (num_samples, max_tokens, top-k).
     """
 
     def __init__(
-        self, models: Mapping[str, str | Path], api_key: str, host: str = "127.0.0.1", port: int = 0
+        self,
+        models: Mapping[str, str | Path],
+        api_key: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sample_limits: SampleLimits | None = None,
     ):
         if not api_key.startswith("tml-"):
             raise ValueError("the Tinker SDK only sends API keys that start with 'tml-'")
@@ -98,6 +107,13 @@ class TinkerServer:
         }
         for name, handler in post.items():
             self.app.router.add_post(f"/api/v1/{name}", handler)
+        # ---- sampling (samplers.py): sessions, asample, GET samplers/{id} ----
+        self.sampling = SamplingSessions(self.models, self._future, sample_limits or SampleLimits())
+        for name, handler in self.sampling.post_routes().items():
+            self.app.router.add_post(f"/api/v1/{name}", handler)
+        for name, handler in self.sampling.get_routes().items():
+            self.app.router.add_get(f"/api/v1/{name}", handler)
+        # ---- end sampling ----
         self.app.router.add_get("/api/v1/healthz", self._healthz)
         self.app.router.add_get("/api/v1/get_server_capabilities", self._capabilities)
         self.app.router.add_route("*", "/{tail:.*}", self._not_served)
@@ -122,6 +138,7 @@ class TinkerServer:
         for entry in self._trained.values():
             entry.worker.shutdown(wait=False, cancel_futures=True)
         self._builder.shutdown(wait=False, cancel_futures=True)
+        self.sampling.shutdown()
 
     def start_in_thread(self) -> str:
         """`start` on an event loop of its own in a daemon thread (tests, synchronous callers)."""
@@ -201,7 +218,7 @@ class TinkerServer:
         return web.json_response({"status": "ok"})
 
     async def _capabilities(self, request: web.Request) -> web.Response:
-        models = [{"model_name": n, "trainable": True, "sampleable": False} for n in self.models]
+        models = [{"model_name": n, "trainable": True, "sampleable": True} for n in self.models]
         return web.json_response({"supported_models": models})
 
     # ---- models -------------------------------------------------------------------------------------
@@ -299,10 +316,13 @@ class TinkerServer:
 
     # ---- futures ------------------------------------------------------------------------------------
 
-    def _future(self, work: concurrent.futures.Future[Any], model_id: str) -> web.Response:
+    def _future(
+        self, work: concurrent.futures.Future[Any], model_id: str, extra: Mapping[str, Any] | None = None
+    ) -> web.Response:
+        """Register `work` and answer the SDK's untyped future (`extra`: e.g. asample's sequence ids)."""
         request_id = f"req-{uuid.uuid4().hex}"
         self._futures[request_id] = work
-        return web.json_response({"request_id": request_id, "model_id": model_id})
+        return web.json_response({"request_id": request_id, "model_id": model_id, **(extra or {})})
 
     async def _retrieve_future(self, request: web.Request) -> web.Response:
         body = await _json(request)
