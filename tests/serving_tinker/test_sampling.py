@@ -24,6 +24,8 @@ from tinker import types  # noqa: E402
 from quartet.config.model import Dtype  # noqa: E402
 from quartet.engines.model_init import build_model  # noqa: E402
 from quartet.engines.spec import EngineSpec  # noqa: E402
+from quartet.serving.tinker.backend import lora_spec  # noqa: E402
+from quartet.serving.tinker.samplers import Sampler  # noqa: E402
 from quartet.serving.tinker.server import TinkerServer  # noqa: E402
 
 KEY = "tml-quartet-sample-test"
@@ -31,14 +33,20 @@ PROMPT = [5, 17, 33, 2, 9, 41, 8]
 
 
 @pytest.fixture(scope="module")
-def service(tiny_model_dir: Path) -> Iterator[tuple[str, Path]]:
+def server(tiny_model_dir: Path) -> Iterator[TinkerServer]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     server = TinkerServer({"tiny": tiny_model_dir}, api_key=KEY)
-    url = server.start_in_thread()
-    yield url, tiny_model_dir
+    server.start_in_thread()
+    yield server
     server.stop_thread()
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def service(server: TinkerServer, tiny_model_dir: Path) -> tuple[str, Path]:
+    assert server.url is not None
+    return server.url, tiny_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +207,43 @@ def test_unknown_base_model_and_model_path_sessions_are_refused(client: Any) -> 
         client.create_sampling_client(base_model="../etc").result()
     with pytest.raises(tinker.NotFoundError, match="not served yet"):
         client.create_sampling_client(model_path="tinker://run/weights/001").result()
+
+
+def test_a_session_on_a_live_training_model_samples_its_current_adapter(
+    client: Any, server: TinkerServer, reference: torch.nn.Module
+) -> None:
+    """`open_session` on a training model's module and worker (what `save_weights_for_sampler` will do):
+    greedy samples after an optim_step equal those of the same LoRA step taken here with torch."""
+    targets, weights = [*PROMPT[1:], 4], [1.0] * len(PROMPT)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(PROMPT),
+        loss_fn_inputs={"target_tokens": targets, "weights": weights},
+    )
+    trainer = client.create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
+    trainer.forward_backward([datum], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=0.05, eps=1e-8)).result()
+    entry = server._trained[trainer.model_id]
+    session = server.sampling.open_session(
+        Sampler.of(entry.model.module, entry.worker, server.models["tiny"]), "tiny"
+    )
+    live = tinker.SamplingClient.create(
+        client.holder, sampling_session_id=session, base_model="tiny"
+    ).result()
+    got = _sample(live, 1, temperature=0.0).sequences[0]
+
+    trained = build_model(lora_spec(server.models["tiny"], 4, 7, train_attn=True, train_mlp=True))
+    params = [p for p in trained.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    logits = trained(input_ids=torch.tensor([PROMPT])).logits[0].float()
+    (-torch.log_softmax(logits, -1).gather(1, torch.tensor(targets)[:, None]).sum()).backward()
+    optimizer.step()
+    trained.eval()
+    tokens: list[int] = []
+    for _ in range(6):
+        tokens.append(int(_log_softmax(trained, PROMPT + tokens)[-1].argmax()))
+    assert got.tokens == tokens
+    expected = _scores(trained, PROMPT, tokens, 1.0)
+    torch.testing.assert_close(torch.tensor(got.logprobs), expected, rtol=1e-4, atol=1e-4)
+    base = _scores(reference, PROMPT, tokens, 1.0)
+    assert (torch.tensor(got.logprobs) - base).abs().max() > 1e-3, "the adapter must change the logprobs"
+    assert entry.model.module.training, "sampling restores the training model's mode"
