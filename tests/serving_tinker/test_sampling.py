@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -188,8 +189,11 @@ def test_the_async_calls_give_what_the_sync_calls_give(sampler: Any) -> None:
         (10**6, {}, PROMPT, "num_samples"),
         (1, {"max_tokens": 0}, PROMPT, "sampling_params.max_tokens"),
         (1, {"max_tokens": 10**6}, PROMPT, "sampling_params.max_tokens"),
+        (1, {"max_tokens": 512 - len(PROMPT) + 1}, PROMPT, "sampling_params.max_tokens"),  # past the context
         (1, {"temperature": -1.0}, PROMPT, "sampling_params.temperature"),
         (1, {"top_p": 0.0}, PROMPT, "sampling_params.top_p"),
+        (1, {"top_k": -2}, PROMPT, "sampling_params.top_k"),
+        (1, {"stop": [""]}, PROMPT, "sampling_params.stop"),
         (1, {}, [*PROMPT, 10**7], "prompt"),
         (1, {}, [], "prompt"),
         (1, {"stop": [-3]}, PROMPT, "sampling_params.stop"),
@@ -247,3 +251,28 @@ def test_a_session_on_a_live_training_model_samples_its_current_adapter(
     base = _scores(reference, PROMPT, tokens, 1.0)
     assert (torch.tensor(got.logprobs) - base).abs().max() > 1e-3, "the adapter must change the logprobs"
     assert entry.model.module.training, "sampling restores the training model's mode"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "named"),
+    [
+        ({"sampling_session_id": "sampler-absent"}, 404, "sampling_session_id"),
+        ({"sampling_params": {"stop": ["x", 3]}}, 400, "sampling_params.stop"),
+        ({"prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]}}, 400, "prompt.chunks[0]"),
+        ({"num_samples": True}, 400, "num_samples"),
+        ({"sampling_params": {"temperature": "hot"}}, 400, "sampling_params.temperature"),
+    ],
+)
+def test_hostile_bodies_the_sdk_never_sends_name_the_field(
+    service: tuple[str, Path], sampler: Any, body: dict[str, Any], status: int, named: str
+) -> None:
+    """Over HTTP, one fault in a well-formed request: a 4xx whose `param` names the fault, never a 500."""
+    request = {
+        "sampling_session_id": sampler._sampling_session_id,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
+        "sampling_params": {"max_tokens": 2},
+        **body,
+    }
+    reply = httpx.post(f"{service[0]}/api/v1/asample", json=request, headers={"X-API-Key": KEY}, timeout=30)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == named
