@@ -132,6 +132,9 @@ def test_temperature_zero_and_top_k_one_are_argmax_decoding(sampler: Any, refere
     assert [s.tokens for s in greedy] == [tokens, tokens]
     torch.testing.assert_close(torch.tensor(greedy[0].logprobs), _scores(reference, PROMPT, tokens, 1.0))
     assert _sample(sampler, 1, seed=3, top_k=1).sequences[0].tokens == tokens
+    tiny = _sample(sampler, 1, seed=3, temperature=1e-300).sequences[0]  # 0 in float32: greedy, not T = 1
+    assert tiny.tokens == tokens
+    torch.testing.assert_close(torch.tensor(tiny.logprobs), torch.tensor(greedy[0].logprobs))  # at T = 1
 
 
 def test_a_stop_token_or_stop_string_ends_the_sample_with_stop(sampler: Any, tokenizer: Any) -> None:

@@ -136,7 +136,8 @@ class SamplingSessions:
                 f"base_model {name!r} is not served (served: {sorted(self.models)})", "base_model"
             )
         with self._lock:
-            if name not in self._bases:
+            failed = name in self._bases and self._bases[name].done() and self._bases[name].exception()
+            if name not in self._bases or failed:  # a load that failed is tried again, not cached
                 worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tinker-sample-{name}")
                 self._workers.append(worker)
                 self._bases[name] = worker.submit(load_base_sampler, self.models[name], worker)

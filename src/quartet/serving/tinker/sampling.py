@@ -15,9 +15,10 @@ how many other samples share its batch (up to float rounding in the batched logi
 
 Logprobs, as the hosted Tinker service returns them (its maintainers' statement in tinker-cookbook PR 86:
 "the same logprobs used for sampling, even when temperature scaling is applied"): a sampled token's logprob
-is log_softmax(logits / T) at that token, before top-k/top-p truncation; at T = 0 (greedy) it is taken at
-T = 1. Prompt logprobs (`compute_logprobs`, `include_prompt_logprobs`) and their top-k are the model's own
-log_softmax(logits) (T = 1, whatever the request's temperature: `compute_logprobs` has no temperature).
+is log_softmax(logits / T) at that token, before top-k/top-p truncation; greedy (T below 1e-5, 0
+included) takes it at T = 1. Prompt logprobs (`compute_logprobs`, `include_prompt_logprobs`) and their
+top-k are the model's own log_softmax(logits) (T = 1 whatever the request's temperature:
+`compute_logprobs` has no temperature).
 
 Stops: a token in `stop_token_ids` ends a sample and is returned as its last token (the Tinker cookbook's
 renderers expect the stop token at the end). A stop string needs `decode` (the tokenizer's decode): after
@@ -52,13 +53,16 @@ __all__ = [
 ]
 
 StopReason = Literal["stop", "length"]
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily (vLLM's rule): logits / T would overflow float32 near 0."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SampleParams:
     """What one sample request asks for (already validated; see `sample_wire`).
 
-    max_tokens: most tokens per sample (>= 1). temperature: 0 = greedy. top_k: <= 0 = off. top_p: 1 = off.
+    max_tokens: most tokens per sample (>= 1). temperature: below `GREEDY_BELOW` (0 too) = greedy.
+    top_k: <= 0 = off. top_p: 1 = off.
     stop_token_ids: ids that end a sample (the caller adds the model's EOS ids when the request keeps them).
     stop_strings: texts that end a sample (need `decode`). seed: None = a fresh random seed per call.
     """
@@ -140,10 +144,10 @@ def _inference(module: nn.Module) -> Iterator[None]:
 
 def _rows(params: SampleParams, n: int, device: torch.device) -> RowSampling:
     """The rollout sampler's per-row parameters, the same for all n rows of one request."""
-    greedy = params.temperature == 0
+    greedy = params.temperature < GREEDY_BELOW
     top_k = params.top_k if params.top_k > 0 else 0
     return RowSampling(
-        temperature=torch.full((n,), float(params.temperature), device=device),
+        temperature=torch.full((n,), 0.0 if greedy else float(params.temperature), device=device),
         top_k=torch.full((n,), top_k, dtype=torch.int64, device=device),
         top_p=torch.full((n,), float(params.top_p), device=device),
         any_filter=not greedy and (top_k > 0 or params.top_p < 1.0),
