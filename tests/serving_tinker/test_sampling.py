@@ -98,10 +98,14 @@ def _scores(
 
 def test_a_seed_repeats_its_samples_and_another_seed_changes_them(sampler: Any) -> None:
     first = _sample(sampler, 2, seed=11)
+    torch.manual_seed(1234)  # whatever else runs: the global RNG moved, an unseeded request in between
+    torch.rand(1000)
+    unseeded = _sample(sampler, 2)
     again = _sample(sampler, 2, seed=11)
     other = _sample(sampler, 2, seed=12)
     assert [s.tokens for s in first.sequences] == [s.tokens for s in again.sequences]
     assert [s.tokens for s in first.sequences] != [s.tokens for s in other.sequences]
+    assert [s.tokens for s in first.sequences] != [s.tokens for s in unseeded.sequences]
     assert first.sequences[0].tokens != first.sequences[1].tokens, "each sample has its own random stream"
 
 
