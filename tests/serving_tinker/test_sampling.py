@@ -283,3 +283,18 @@ def test_hostile_bodies_the_sdk_never_sends_name_the_field(
     reply = httpx.post(f"{service[0]}/api/v1/asample", json=request, headers={"X-API-Key": KEY}, timeout=30)
     assert reply.status_code == status, reply.text
     assert reply.json()["error"]["param"] == named
+
+
+def test_get_sampler_names_the_sessions_base_model(service: tuple[str, Path], sampler: Any) -> None:
+    """`GET samplers/{id}`: how the SDK learns the base model of a session it did not create."""
+    headers = {"X-API-Key": KEY}
+    reply = httpx.get(
+        f"{service[0]}/api/v1/samplers/{sampler._sampling_session_id}", headers=headers, timeout=30
+    )
+    assert reply.json() == {
+        "sampler_id": sampler._sampling_session_id,
+        "base_model": "tiny",
+        "model_path": None,
+    }
+    absent = httpx.get(f"{service[0]}/api/v1/samplers/sampler-absent", headers=headers, timeout=30)
+    assert (absent.status_code, absent.json()["error"]["param"]) == (404, "sampling_session_id")
