@@ -203,6 +203,7 @@ def test_the_async_calls_give_what_the_sync_calls_give(sampler: Any) -> None:
         (1, {"stop": [""]}, PROMPT, "sampling_params.stop"),
         (1, {}, [*PROMPT, 10**7], "prompt"),
         (1, {}, [], "prompt"),
+        (1, {"max_tokens": None}, [1] * 600, "prompt"),  # fills the 512-token context: no room left
         (1, {"stop": [-3]}, PROMPT, "sampling_params.stop"),
     ],
 )
