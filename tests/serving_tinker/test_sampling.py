@@ -260,6 +260,14 @@ def test_a_session_on_a_live_training_model_samples_its_current_adapter(
     assert (torch.tensor(got.logprobs) - base).abs().max() > 1e-3, "the adapter must change the logprobs"
     assert entry.model.module.training, "sampling restores the training model's mode"
 
+    module = entry.model.module  # the same module with its adapter disabled: the base model's samples
+    bare = Sampler.of(module, entry.worker, server.models["tiny"], activate=module.disable_adapter)
+    base_client = tinker.SamplingClient.create(
+        client.holder, sampling_session_id=server.sampling.open_session(bare, "tiny"), base_model="tiny"
+    ).result()
+    off = _sample(base_client, 1, temperature=0.0).sequences[0]
+    torch.testing.assert_close(torch.tensor(off.logprobs), _scores(reference, PROMPT, off.tokens, 1.0))
+
 
 @pytest.mark.parametrize(
     ("body", "status", "named"),

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,11 @@ SubmitFuture = Callable[[concurrent.futures.Future[Any], str, Mapping[str, Any]]
 
 @dataclasses.dataclass(frozen=True)
 class Sampler:
-    """A module to sample from and the single thread its calls (training or sampling) run on."""
+    """A module to sample from and the single thread its calls (training or sampling) run on.
+
+    `activate` is entered, on `worker`, around each sample call: e.g. a peft model's `disable_adapter`
+    (sample its base) or a context that selects one adapter of many (a multi-adapter host).
+    """
 
     module: nn.Module
     worker: concurrent.futures.Executor
@@ -59,9 +65,16 @@ class Sampler:
     context: int | None
     eos_ids: frozenset[int]
     decode: Callable[[Sequence[int]], str] | None
+    activate: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
 
     @classmethod
-    def of(cls, module: nn.Module, worker: concurrent.futures.Executor, tokenizer_dir: str | Path) -> Sampler:
+    def of(
+        cls,
+        module: nn.Module,
+        worker: concurrent.futures.Executor,
+        tokenizer_dir: str | Path,
+        activate: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> Sampler:
         """A sampler over `module` whose stop strings decode with the tokenizer saved in `tokenizer_dir`."""
         from transformers import AutoTokenizer
 
@@ -70,7 +83,8 @@ class Sampler:
         def decode(ids: Sequence[int]) -> str:
             return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
-        return cls(module, worker, vocab_size(module), context_length(module), eos_token_ids(module), decode)
+        eos = eos_token_ids(module)
+        return cls(module, worker, vocab_size(module), context_length(module), eos, decode, activate)
 
 
 def load_base_sampler(folder: Path, worker: concurrent.futures.Executor) -> Sampler:
@@ -196,17 +210,18 @@ class SamplingSessions:
             )
 
         def run() -> bytes:
-            result = sample(
-                sampler.module,
-                call.prompt,
-                params,
-                call.num_samples,
-                decode=sampler.decode,
-                prompt_logprobs=call.prompt_logprobs,
-                topk_prompt_logprobs=call.topk_prompt_logprobs,
-                topk_sample_logprobs=call.topk_sample_logprobs,
-                prompt_logprobs_last_n=call.prompt_logprobs_last_n,
-            )
+            with sampler.activate():
+                result = sample(
+                    sampler.module,
+                    call.prompt,
+                    params,
+                    call.num_samples,
+                    decode=sampler.decode,
+                    prompt_logprobs=call.prompt_logprobs,
+                    topk_prompt_logprobs=call.topk_prompt_logprobs,
+                    topk_sample_logprobs=call.topk_sample_logprobs,
+                    prompt_logprobs_last_n=call.prompt_logprobs_last_n,
+                )
             return encode_sample_response(result)
 
         ids = [f"seq-{uuid.uuid4().hex[:16]}" for _ in range(call.num_samples)]
