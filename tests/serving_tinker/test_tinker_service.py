@@ -112,7 +112,8 @@ def test_a_call_not_served_yet_names_itself(client: Any) -> None:
         ("optim_step", b'{"model_id": "model-absent", "adam_params": {}}', 404, "model_id"),
         ("optim_step", b"[1, 2", 400, "body"),
         ("create_model", b'{"base_model": "../etc", "lora_config": {"rank": 4}}', 400, "base_model"),
-        ("asample", b"{}", 404, "asample"),
+        ("asample", b"{}", 400, "sampling_params"),
+        ("save_weights", b"{}", 404, "save_weights"),
     ],
 )
 def test_hostile_bodies_answer_4xx_naming_the_field(

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from quartet.models.loading import load_causal_lm
+from quartet.serving.tinker.sampling import context_length, eos_token_ids, vocab_size
 
 __all__ = ["BASE", "AdamStep", "AdapterHost", "AdapterSpec", "reference_model"]
 
@@ -133,8 +134,18 @@ class AdapterHost:
         self._base = _load_base(model_path)
         self._peft: Any = None  # the PeftModel, built with the first adapter
         self._adapters: dict[str, _Adapter] = {}
-        head: Any = self._base.get_output_embeddings()  # type: ignore[operator]
-        self.vocab_size = int(head.weight.shape[0])
+        self.vocab_size = vocab_size(self._base)
+        self.context = context_length(self._base)
+        self.eos_ids = eos_token_ids(self._base)
+        self._tokenizer: Any = None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text with the model folder's tokenizer (loaded on first use): stop strings."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # ---- adapters -----------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -28,8 +29,11 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 
 
 def future_response(
-    state: ServiceState, work: concurrent.futures.Future[Any], model_id: str | None
+    state: ServiceState,
+    work: concurrent.futures.Future[Any],
+    model_id: str | None,
+    extra: Mapping[str, Any] | None = None,
 ) -> web.Response:
     """The SDK's "untyped future" for `work`: `{request_id, model_id}`, polled via retrieve_future."""
     request_id = state.accept(work, model_id)
-    return web.json_response({"request_id": request_id, "model_id": model_id})
+    return web.json_response({"request_id": request_id, "model_id": model_id, **(extra or {})})

@@ -34,6 +34,8 @@ class HostHandle(Protocol):
 
     base_model: str
     vocab_size: int
+    context: int | None
+    eos_ids: frozenset[int]
     dead: bool
 
     def call(self, fn: Callable[[AdapterHost], T]) -> T: ...
@@ -49,6 +51,8 @@ class LocalHost:
         self.dead = False
         self.host = AdapterHost(model_path)
         self.vocab_size = self.host.vocab_size
+        self.context = self.host.context
+        self.eos_ids = self.host.eos_ids
 
     def call(self, fn: Callable[[AdapterHost], T]) -> T:
         return fn(self.host)
@@ -67,8 +71,8 @@ class _HostActor:
             torch.set_num_threads(torch_threads)
         self.host = AdapterHost(model_path)
 
-    def vocab_size(self) -> int:
-        return self.host.vocab_size
+    def limits(self) -> tuple[int, int | None, frozenset[int]]:
+        return self.host.vocab_size, self.host.context, self.host.eos_ids
 
     def run(self, fn: Callable[[AdapterHost], Any]) -> Any:
         return fn(self.host)
@@ -97,7 +101,8 @@ class RayHost:
             num_cpus=max(1, torch_threads), num_gpus=gpus, max_restarts=0
         ).remote(str(model_path), torch_threads)
         try:
-            self.vocab_size = int(ray.get(self.actor.vocab_size.remote(), timeout=start_timeout_s))
+            limits = ray.get(self.actor.limits.remote(), timeout=start_timeout_s)
+            self.vocab_size, self.context, self.eos_ids = int(limits[0]), limits[1], frozenset(limits[2])
         except Exception as err:
             ray.kill(self.actor)
             raise HostError(

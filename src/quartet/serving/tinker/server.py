@@ -34,6 +34,8 @@ from quartet.serving.tinker.backend import NotServedError
 from quartet.serving.tinker.http_body import json_body
 from quartet.serving.tinker.queues import QueueFull
 from quartet.serving.tinker.ray_hosts import HostError
+from quartet.serving.tinker.sample_wire import SampleLimits
+from quartet.serving.tinker.samplers import SamplingRoutes
 from quartet.serving.tinker.service_config import TinkerServiceConfig
 from quartet.serving.tinker.state import ServiceState
 from quartet.serving.tinker.training_routes import TrainingRoutes
@@ -44,7 +46,7 @@ __all__ = ["TinkerServer"]
 logger = logging.getLogger(__name__)
 _PROTO = "application/x-protobuf"
 _NOT_YET = (
-    "asample", "create_sampling_session", "join_sampling_session", "save_weights", "load_weights",
+    "join_sampling_session", "save_weights", "load_weights",
     "save_weights_for_sampler", "save_weights_external", "copy_weights",
     "retrieve_futures", "auth/token", "training_runs",
 )  # fmt: skip
@@ -104,6 +106,13 @@ class TinkerServer:
         self.app.router.add_get("/api/v1/healthz", self._healthz)
         self.app.router.add_get("/api/v1/get_server_capabilities", self._capabilities)
         TrainingRoutes(self.state).register(self.app)
+        limits = SampleLimits(
+            max_num_samples=self.config.max_num_samples, max_tokens=self.config.max_sample_tokens
+        )
+        self.sampling = SamplingRoutes(
+            self.state, limits, resolve=None, max_sampler_adapters=self.config.max_sampler_adapters
+        )
+        self.sampling.register(self.app)
         self.app.router.add_route("*", "/{tail:.*}", self._not_served)
 
     @classmethod
@@ -229,7 +238,7 @@ class TinkerServer:
         return web.json_response({"status": "ok"})
 
     async def _capabilities(self, request: web.Request) -> web.Response:
-        models = [{"model_name": n, "trainable": True, "sampleable": False} for n in self.state.model_paths]
+        models = [{"model_name": n, "trainable": True, "sampleable": True} for n in self.state.model_paths]
         return web.json_response({"supported_models": models})
 
     # ---- futures ------------------------------------------------------------------------------------

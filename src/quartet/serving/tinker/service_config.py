@@ -11,6 +11,7 @@ max_queued_per_model: 64      # beyond it: 429 with Retry-After (the SDK retries
 max_tokens_per_request: 131072
 max_num_samples: 64
 max_sample_tokens: 4096
+max_sampler_adapters: 16      # sampler weights kept loaded per base model (LRU; reloaded from disk)
 result_ttl_s: 900             # a finished result nobody fetched is dropped after this (410 afterwards)
 session_ttl_s: 600            # no heartbeat for this long: the session's models are unloaded (410 to it)
 shutdown_grace_s: 30          # SIGTERM: running calls get this long; queued ones are cancelled
@@ -52,6 +53,9 @@ class ServiceSettings:
     max_tokens_per_request: int = 131072
     max_num_samples: int = 64
     max_sample_tokens: int = 4096
+    max_sampler_adapters: int = 16
+    """Sampler adapters (saved weights being sampled) kept loaded per base model, least recently used out."""
+
     result_ttl_s: float = 900.0
     session_ttl_s: float = 600.0
     """A session with no heartbeat for this long is over: its models are unloaded (unsaved state is lost)."""
@@ -76,7 +80,10 @@ class ServiceSettings:
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
-        for key in ("max_queued_per_model", "max_tokens_per_request", "max_num_samples", "max_sample_tokens"):
+        for key in (
+            "max_queued_per_model", "max_tokens_per_request", "max_num_samples", "max_sample_tokens",
+            "max_sampler_adapters",
+        ):  # fmt: skip
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(self.result_ttl_s > 0, "result_ttl_s", "must be > 0")
         require(self.session_ttl_s > 0, "session_ttl_s", "must be > 0")
