@@ -128,6 +128,67 @@ class LoraModel:
         self.steps += 1
         return {"grad_norm:mean": norm}
 
+    # ---- checkpoints (issue 51): the adapter and the AdamW state, keyed by adapter-free names ----------
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Copies of (adapter state, optimizer state) to save.
+
+        The adapter's keys are peft's adapter-free names (`...q_proj.lora_A.weight`), so a checkpoint
+        loads into any adapter slot. The optimizer state is torch's `state_dict` with each parameter index
+        replaced by that key (independent of parameter order), plus `steps`.
+        """
+        keys = self._adapter_keys()
+        adapter = {k: p.detach().clone() for k, p in zip(keys, self.params, strict=True)}
+        saved = self.optimizer.state_dict()
+        per_param = {keys[i]: {n: _copy(v) for n, v in s.items()} for i, s in saved["state"].items()}
+        groups = [
+            {**{n: v for n, v in g.items() if n != "params"}, "params": [keys[i] for i in g["params"]]}
+            for g in saved["param_groups"]
+        ]
+        return adapter, {"state": per_param, "param_groups": groups, "steps": self.steps}
+
+    def load(self, adapter: Mapping[str, torch.Tensor], optimizer_state: Mapping[str, Any] | None) -> None:
+        """Set the adapter (bitwise) and the optimizer: restored from `optimizer_state`, or fresh when None
+        (the SDK's load_state without optimizer resets it). Pending gradients are dropped. A checkpoint that
+        does not fit raises `WireError("path")` before anything changes."""
+        keys = self._adapter_keys()
+        if set(adapter) != set(keys):
+            missing, extra = sorted(set(keys) - set(adapter)), sorted(set(adapter) - set(keys))
+            raise WireError(
+                "path", f"the checkpoint's adapter does not fit: missing {missing[:2]}, extra {extra[:2]}"
+            )
+        for key, param in zip(keys, self.params, strict=True):
+            if adapter[key].shape != param.shape:
+                raise WireError("path", f"{key}: shape {list(adapter[key].shape)} != {list(param.shape)}")
+        optimizer = torch.optim.AdamW(self.params, lr=1e-4)
+        if optimizer_state is not None:
+            index = {k: i for i, k in enumerate(keys)}
+            try:
+                groups = [
+                    {**g, "params": [index[k] for k in g["params"]], "betas": tuple(g["betas"])}
+                    for g in optimizer_state["param_groups"]
+                ]
+                per_param = {index[k]: dict(v) for k, v in optimizer_state["state"].items()}
+                optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+            except (KeyError, ValueError, TypeError) as err:
+                raise WireError("path", f"the checkpoint's optimizer state does not fit: {err!r}") from err
+        with torch.no_grad():
+            for key, param in zip(keys, self.params, strict=True):
+                param.copy_(adapter[key])
+                param.grad = None
+        self.optimizer = optimizer
+        self.steps = int(optimizer_state.get("steps", 0)) if optimizer_state is not None else 0
+
+    def _adapter_keys(self) -> list[str]:
+        """The names of `self.params`, without the peft adapter's name (peft's saved-adapter keys)."""
+        name = str(getattr(self.module, "active_adapter", "default"))
+        trained = [n for n, p in self.module.named_parameters() if p.requires_grad]
+        return [n.replace(f".{name}.", ".") for n in trained]
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
 
 def _grad_norm(params: Sequence[torch.nn.Parameter]) -> float:
     grads = [p.grad.detach().double().norm() for p in params if p.grad is not None]
