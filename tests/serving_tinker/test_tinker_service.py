@@ -117,8 +117,8 @@ def test_a_malformed_datum_is_the_sdks_bad_request_naming_the_field(client: Any)
 
 def test_a_call_not_served_yet_names_itself(client: Any) -> None:
     trainer = _training_client(client)
-    with pytest.raises(tinker.NotFoundError, match="save_weights is not served yet"):
-        trainer.save_state("step-1").result()
+    with pytest.raises(tinker.NotFoundError, match="save_weights_external is not served yet"):
+        trainer.save_weights_external("step-1").result()
     with pytest.raises(tinker.BadRequestError, match="loss_fn 'ppo' is not served yet"):
         trainer.forward_backward([_datum()], "ppo").result()
 

@@ -19,6 +19,8 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -31,6 +33,8 @@ from aiohttp.typedefs import Handler
 from quartet.serving.errors import ApiError
 from quartet.serving.http_log import http_logger
 from quartet.serving.tinker.backend import AdamStep, LoraModel, NotServedError, lora_spec
+from quartet.serving.tinker.checkpoint_routes import CheckpointRoutes
+from quartet.serving.tinker.checkpoints import CheckpointStore, MissingError, RunRecord
 from quartet.serving.tinker.wire import WireError, decode_forward_backward, encode_forward_backward_output
 
 __all__ = ["TinkerServer"]
@@ -38,9 +42,8 @@ __all__ = ["TinkerServer"]
 logger = logging.getLogger(__name__)
 _PROTO = "application/x-protobuf"
 _NOT_YET = (
-    "asample", "create_sampling_session", "join_sampling_session", "save_weights", "load_weights",
-    "save_weights_for_sampler", "save_weights_external", "copy_weights", "create_custom_loss",
-    "retrieve_futures", "auth/token", "unload_model", "training_runs",
+    "asample", "create_sampling_session", "join_sampling_session", "save_weights_external", "copy_weights",
+    "create_custom_loss", "retrieve_futures", "auth/token", "unload_model",
 )  # fmt: skip
 
 
@@ -63,10 +66,17 @@ class TinkerServer:
         models: the base model names clients may ask for -> local model folders (nothing is downloaded).
         api_key: the key every request must carry; the SDK requires the `tml-` prefix.
         host, port: where to listen (port 0: any free port).
+        state_dir: the folder of checkpoints and run records (kept across restarts); None: a temporary
+            folder, removed by `stop`.
     """
 
     def __init__(
-        self, models: Mapping[str, str | Path], api_key: str, host: str = "127.0.0.1", port: int = 0
+        self,
+        models: Mapping[str, str | Path],
+        api_key: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        state_dir: str | Path | None = None,
     ):
         if not api_key.startswith("tml-"):
             raise ValueError("the Tinker SDK only sends API keys that start with 'tml-'")
@@ -79,6 +89,11 @@ class TinkerServer:
         self._trained: dict[str, _Model] = {}
         self._futures: dict[str, concurrent.futures.Future[Any]] = {}
         self._builder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
+        # ---- checkpoints (issue 51): the store, its routes (before the catch-all) ----
+        self._own_state: str | None = None
+        if state_dir is None:
+            state_dir = self._own_state = tempfile.mkdtemp(prefix="quartet-tinker-")
+        self.store = CheckpointStore(Path(state_dir))
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -100,6 +115,7 @@ class TinkerServer:
             self.app.router.add_post(f"/api/v1/{name}", handler)
         self.app.router.add_get("/api/v1/healthz", self._healthz)
         self.app.router.add_get("/api/v1/get_server_capabilities", self._capabilities)
+        CheckpointRoutes(self).add_to(self.app.router)
         self.app.router.add_route("*", "/{tail:.*}", self._not_served)
 
     # ---- life ---------------------------------------------------------------------------------------
@@ -122,6 +138,8 @@ class TinkerServer:
         for entry in self._trained.values():
             entry.worker.shutdown(wait=False, cancel_futures=True)
         self._builder.shutdown(wait=False, cancel_futures=True)
+        if self._own_state is not None:
+            shutil.rmtree(self._own_state, ignore_errors=True)
 
     def start_in_thread(self) -> str:
         """`start` on an event loop of its own in a daemon thread (tests, synchronous callers)."""
@@ -154,6 +172,8 @@ class TinkerServer:
             return await handler(request)
         except ApiError as err:
             return web.json_response(err.body(), status=err.status)
+        except MissingError as err:  # a checkpoint or run that does not exist
+            return web.json_response(_fail(404, str(err), "not_found", err.field).body(), status=404)
         except WireError as err:
             return web.json_response(ApiError.bad_request(str(err), err.field).body(), status=400)
         except NotServedError as err:
@@ -219,22 +239,34 @@ class TinkerServer:
         rank = lora.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
             raise ApiError.bad_request("lora_config.rank must be an integer", "lora_config.rank")
-        seed = lora.get("seed") or 0
-        spec = lora_spec(
-            self.models[base],
-            rank,
-            int(seed),
-            bool(lora.get("train_attn", True)),
-            bool(lora.get("train_mlp", True)),
-        )
+        seed = int(lora.get("seed") or 0)
+        attn, mlp = bool(lora.get("train_attn", True)), bool(lora.get("train_mlp", True))
+        spec = lora_spec(self.models[base], rank, seed, attn, mlp)
         model_id = f"model-{uuid.uuid4().hex[:12]}"
+        unembed = bool(lora.get("train_unembed", True))
+        metadata = body.get("user_metadata") if isinstance(body.get("user_metadata"), dict) else None
+        record = RunRecord(model_id, str(base), rank, seed, attn, mlp, unembed, user_metadata=metadata)
+        reply = {"type": "create_model", "model_id": model_id}
+        return self._future(self._build_model(model_id, lambda: LoraModel(spec), record, reply), model_id)
+
+    def _build_model(
+        self, model_id: str, make: Callable[[], LoraModel], record: RunRecord, reply: dict[str, Any]
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """On the creation thread: `make()` the model, register its run (so its checkpoints load after a
+        restart), give it a thread of its own; the future's result is `reply`."""
+        if model_id in self._trained:
+            raise _fail(400, f"model {model_id!r} exists", "invalid_request_error", "model_id")
 
         def build() -> dict[str, Any]:
+            if model_id in self._trained:  # a second request for the same id, queued behind the first
+                raise WireError("model_id", f"model {model_id!r} exists")
+            model = make()
+            self.store.register_run(record)
             worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tinker-{model_id}")
-            self._trained[model_id] = _Model(LoraModel(spec), base, rank, worker)
-            return {"type": "create_model", "model_id": model_id}
+            self._trained[model_id] = _Model(model, record.base_model, record.lora_rank, worker)
+            return reply
 
-        return self._future(self._builder.submit(build), model_id)
+        return self._builder.submit(build)
 
     def _model(self, model_id: object) -> _Model:
         entry = self._trained.get(str(model_id))
@@ -316,7 +348,7 @@ class TinkerServer:
             return web.json_response({"type": "try_again", "request_id": request_id, "queue_state": "active"})
         del self._futures[request_id]
         error = work.exception()
-        if isinstance(error, WireError | NotServedError):
+        if isinstance(error, WireError | NotServedError):  # MissingError is a WireError
             return web.json_response({"error": str(error), "category": "user"})
         if error is not None:
             return web.json_response({"error": f"{type(error).__name__}: {error}", "category": "server"})
