@@ -2,7 +2,8 @@
 
 The official `tinker` SDK then works unchanged against it: `tinker.ServiceClient(base_url=URL,
 api_key=KEY)`. The key comes from `--api-key` or `QUARTET_TINKER_API_KEY` and must start with `tml-` (the
-SDK refuses others). Needs the `tinker` extra. Runs until interrupted. Exit status: 0 stopped, 2 bad
+SDK refuses others). Checkpoints go to `--state-dir` (default `runs/tinker`, named in the start-up line)
+and survive a restart. Needs the `tinker` extra. Runs until interrupted. Exit status: 0 stopped, 2 bad
 arguments. What is served: docs/notes/tinker_protocol.md and `quartet.serving.tinker.server`.
 """
 
@@ -33,6 +34,10 @@ def add_parser(sub: Any) -> None:
     )
     tinker.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     tinker.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    tinker.add_argument(
+        "--state-dir", type=Path, default=Path("runs/tinker"),
+        help="folder of saved checkpoints and run records, kept across restarts (default runs/tinker)",
+    )  # fmt: skip
     tinker.add_argument(
         "--torch-threads", type=int, default=0,
         help="torch's CPU threads (default: torch's own); 1 keeps a loaded small CPU machine responsive",
@@ -66,8 +71,8 @@ def run(args: Any) -> int:
 
             torch.set_num_threads(args.torch_threads)
 
-        server = TinkerServer(models, api_key=key, host=args.host, port=args.port)
-    except ValueError as err:
+        server = TinkerServer(models, api_key=key, host=args.host, port=args.port, state_dir=args.state_dir)
+    except (ValueError, OSError) as err:  # OSError: a --state-dir that cannot be created
         print(f"quartet serve tinker: {err}", file=sys.stderr)
         return 2
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how the service is stopped
@@ -77,7 +82,11 @@ def run(args: Any) -> int:
 
 async def _serve(server: Any) -> None:
     url = await server.start()
-    print(f"quartet serve tinker: {url} (tinker.ServiceClient(base_url={url!r}, api_key=...))", flush=True)
+    print(
+        f"quartet serve tinker: {url} (tinker.ServiceClient(base_url={url!r}, api_key=...)); "
+        f"checkpoints in {server.store.root}",
+        flush=True,
+    )
     try:
         await asyncio.Event().wait()
     finally:
