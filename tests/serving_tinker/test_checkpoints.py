@@ -256,12 +256,15 @@ def _post(url: str, call: str, body: dict[str, Any]) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def hostile_run(client: Any, folders: tuple[Path, Path]) -> str:
-    """A run with a sampler checkpoint `s1`, and a symlink `weights/evil` planted in the store, pointing
-    at the folder outside it."""
+    """A run with a sampler checkpoint `s1`, and symlinks planted in the store pointing outside it: the
+    folder `weights/evil`, and the adapter file of the training checkpoint `weights/poisoned`."""
     trainer = _trainer(client)
     trainer.save_weights_for_sampler("s1").result()
-    (folders[0] / trainer.model_id / "weights").mkdir()
-    os.symlink(folders[1], folders[0] / trainer.model_id / "weights" / "evil")
+    trainer.save_state("poisoned").result()
+    weights = folders[0] / trainer.model_id / "weights"
+    os.symlink(folders[1], weights / "evil")
+    (weights / "poisoned" / "adapter.safetensors").unlink()
+    os.symlink(folders[1] / "secret.txt", weights / "poisoned" / "adapter.safetensors")
     return str(trainer.model_id)
 
 
@@ -279,7 +282,8 @@ def hostile_run(client: Any, folders: tuple[Path, Path]) -> str:
         ("tinker://RUN/weights/" + "x" * 10_000, 400),
         ("tinker://model-never-made/weights/x", 404),
         ("tinker://RUN/weights/never-saved", 404),
-        ("tinker://RUN/weights/evil", 400),  # the planted symlink
+        ("tinker://RUN/weights/evil", 400),  # the planted symlinks
+        ("tinker://RUN/weights/poisoned", 400),
     ],
 )
 def test_hostile_paths_answer_4xx_naming_the_path_and_touch_nothing_outside(
@@ -294,8 +298,9 @@ def test_hostile_paths_answer_4xx_naming_the_path_and_touch_nothing_outside(
     ):
         reply = _post(service, "load_weights", body)
         assert reply.status_code == status, reply.text
-        assert reply.json()["error"]["param"] == "path" and len(reply.text) < 1000
-    if "sampler_weights" not in path:  # (weights_info and delete serve sampler checkpoints too)
+        assert reply.json()["error"]["param"] == "path" and len(reply.text) < 1000, reply.text
+        assert "secret" not in reply.text  # nothing of the file outside is echoed
+    if "sampler_weights" not in path and "poisoned" not in path:  # (served by weights_info and delete)
         info = _post(service, "weights_info", {"tinker_path": path})
         assert info.status_code == status and info.json()["error"]["param"] == "tinker_path", info.text
         tail = path.removeprefix("tinker://").replace("/", "/checkpoints/", 1)
@@ -317,3 +322,44 @@ def test_hostile_save_names_answer_400_naming_the_path(
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["param"] == "path" and len(reply.text) < 1000
     assert sorted(str(p) for p in folders[0].parent.rglob("*")) == before  # nothing written anywhere
+
+
+@pytest.mark.parametrize(
+    ("call", "body", "field"),
+    [
+        ("save_weights", {"path": "ok", "user_metadata": {"a": 1}}, "user_metadata"),
+        ("save_weights", {"path": "ok", "ttl_seconds": -5}, "ttl_seconds"),
+        ("save_weights", {"path": "ok", "overwrite": "yes"}, "overwrite"),
+        ("load_weights", {"path": "tinker://RUN/weights/poisoned", "optimizer": "yes"}, "optimizer"),
+        ("save_weights", {"path": "ok", "model_id": "model-absent"}, "model_id"),
+    ],
+)
+def test_hostile_fields_answer_4xx_naming_the_field(
+    service: str, hostile_run: str, call: str, body: dict[str, Any], field: str
+) -> None:
+    sent = {"model_id": hostile_run, **{k: v.replace("RUN", hostile_run) if isinstance(v, str) else v
+                                        for k, v in body.items()}}  # fmt: skip
+    reply = _post(service, call, sent)
+    assert reply.status_code in (400, 404), reply.text
+    assert reply.json()["error"]["param"] == field
+
+
+def test_a_session_id_that_would_climb_out_is_refused(service: str, hostile_run: str) -> None:
+    body = {"session_id": "../../x", "model_seq_id": 0, "path": f"tinker://{hostile_run}/weights/fresh-one"}
+    reply = _post(service, "load_weights", body)
+    assert reply.status_code == 404  # the path is checked first: it names nothing
+    store_path = _post(service, "save_weights", {"model_id": hostile_run, "path": "fresh-one", "seq_id": 1})
+    assert store_path.status_code == 200
+    request_id = store_path.json()["request_id"]
+    for _ in range(50):
+        done = _post(service, "retrieve_future", {"request_id": request_id}).json()
+        if done.get("type") != "try_again":
+            break
+    reply = _post(service, "load_weights", body)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "session_id", reply.text
+
+
+@pytest.mark.parametrize("query", ["limit=-1", "offset=x", "limit=" + "9" * 30])
+def test_bad_pages_answer_400_naming_the_parameter(service: str, query: str) -> None:
+    reply = httpx.get(f"{service}/api/v1/training_runs?{query}", headers={"X-API-Key": KEY}, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == query.split("=")[0]

@@ -284,11 +284,16 @@ class CheckpointStore:
         if kind is not None and ckpt.kind != kind:
             raise WireError("path", f"{ckpt.tinker_path} is a {KINDS[ckpt.kind]} checkpoint, not {kind}")
         folder = self._checkpoint_dir(ckpt)
-        meta: dict[str, Any] = json.loads(self._read(folder / _META))
-        adapter = load_safetensors(self._read(folder / _ADAPTER))
-        state = None
-        if optimizer and meta.get("optimizer") is not None:
-            state = _unflatten(meta["optimizer"], load_safetensors(self._read(folder / _OPTIMIZER)))
+        try:
+            meta: dict[str, Any] = json.loads(self._read(folder / _META))
+            adapter = load_safetensors(self._read(folder / _ADAPTER))
+            state = None
+            if optimizer and meta.get("optimizer") is not None:
+                state = _unflatten(meta["optimizer"], load_safetensors(self._read(folder / _OPTIMIZER)))
+        except FileNotFoundError as err:  # deleted (or overwritten) while being read
+            raise MissingError("path", f"{ckpt.tinker_path} was deleted while being read") from err
+        except OSError as err:  # ELOOP: a file in the folder was replaced by a symbolic link
+            raise WireError("path", f"{ckpt.tinker_path} cannot be read: {err.strerror}") from err
         return adapter, state, meta
 
     def resolve(self, model_path: object) -> tuple[str, int, dict[str, torch.Tensor]]:
