@@ -120,7 +120,7 @@ class CheckpointRoutes:
         ckpt = parse_path(path)
         if ckpt.kind != TRAINING:
             raise WireError("path", f"{ckpt.tinker_path} is a sampler checkpoint; loading needs weights/")
-        _, _, meta = self.store.load(path, optimizer=False)  # 404 now for a path that is absent
+        meta = self.store.info(path)  # 400 / 404 now for a path that is hostile or absent
         source = RunRecord(**meta["run"])
         if optimizer and meta.get("optimizer") is None:
             raise WireError("path", f"{ckpt.tinker_path} holds no optimizer state")

@@ -184,12 +184,31 @@ class CheckpointStore:
             return f.read()
 
     def _checkpoint_dir(self, ckpt: CheckpointPath, field: str = "path") -> Path:
-        """The folder of an existing checkpoint; `MissingError` naming what is absent."""
+        """The folder of an existing checkpoint, none of whose files is a symlink (a cheap look at the
+        folder, so that a request can be refused before any work is queued); `MissingError` if absent."""
         self.run(ckpt.model_id, field)
         folder = self._inside(ckpt.model_id, ckpt.kind, ckpt.name, field=field)
         if not (folder / _META).is_file():
             raise MissingError(field, f"no checkpoint {ckpt.tinker_path} (never saved, or deleted)")
+        if any(entry.is_symlink() for entry in folder.iterdir()):
+            raise WireError(field, f"{ckpt.tinker_path} holds a symbolic link: refused")
         return folder
+
+    def info(self, path: object, kind: str | None = TRAINING) -> dict[str, Any]:
+        """The meta record of the checkpoint at `path` (reads meta.json only: cheap enough for the event
+        loop), after the checks `load` makes."""
+        folder = self._checkpoint_dir(self._of_kind(path, kind))
+        try:
+            meta: dict[str, Any] = json.loads(self._read(folder / _META))
+        except FileNotFoundError as err:
+            raise MissingError("path", "the checkpoint was deleted while being read") from err
+        return meta
+
+    def _of_kind(self, path: object, kind: str | None) -> CheckpointPath:
+        ckpt = parse_path(path)
+        if kind is not None and ckpt.kind != kind:
+            raise WireError("path", f"{ckpt.tinker_path} is a {KINDS[ckpt.kind]} checkpoint, not {kind}")
+        return ckpt
 
     # ---- runs ---------------------------------------------------------------------------------------
 
@@ -280,9 +299,7 @@ class CheckpointStore:
         `kind` refuses a checkpoint of another kind (None: either); `optimizer=False` skips reading the
         optimizer state. Absent: `MissingError`; malformed or hostile: `WireError`, both naming `path`.
         """
-        ckpt = parse_path(path)
-        if kind is not None and ckpt.kind != kind:
-            raise WireError("path", f"{ckpt.tinker_path} is a {KINDS[ckpt.kind]} checkpoint, not {kind}")
+        ckpt = self._of_kind(path, kind)
         folder = self._checkpoint_dir(ckpt)
         try:
             meta: dict[str, Any] = json.loads(self._read(folder / _META))
@@ -319,9 +336,13 @@ class CheckpointStore:
             if not kind_dir.is_dir():
                 continue
             for entry in kind_dir.iterdir():
-                if _NAME.fullmatch(entry.name) and not entry.is_symlink() and (entry / _META).is_file():
+                if not _NAME.fullmatch(entry.name) or entry.is_symlink():
+                    continue
+                try:
                     meta = json.loads(self._read(entry / _META))
-                    found.append(_checkpoint(CheckpointPath(record.model_id, kind, entry.name), meta))
+                except (FileNotFoundError, NotADirectoryError):  # not a checkpoint, or deleted meanwhile
+                    continue
+                found.append(_checkpoint(CheckpointPath(record.model_id, kind, entry.name), meta))
         return sorted(found, key=lambda c: (c["time"], c["tinker_path"]))
 
     def weights_info(self, path: object) -> dict[str, Any]:
