@@ -96,3 +96,17 @@ def test_symlinks_anywhere_in_the_store_are_refused(tmp_path: Path) -> None:
         store.save("model-a", SAMPLER, "s", {"w": torch.ones(1)})
     assert [r.model_id for r in store.runs()] == ["model-a"]
     assert sorted(p.name for p in outside.iterdir()) == ["run.json"]
+
+
+def test_sweep_removes_only_what_interrupted_writes_left(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save("model-a", TRAINING, "kept", {"w": torch.ones(1)})
+    run_dir = tmp_path / "state" / "model-a"
+    (run_dir / "weights" / f".tmp-{'a' * 32}").mkdir()
+    (run_dir / "weights" / f".del-{'b' * 32}" / "x").mkdir(parents=True)
+    (run_dir / f".run.json.{'c' * 32}").write_text("{")
+    (run_dir / "weights" / ".tmp-not-ours").mkdir()  # not a name the store makes: left alone
+    assert store.sweep() == 3
+    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == [".tmp-not-ours", "kept"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json", "weights"]
+    assert torch.equal(store.load("tinker://model-a/weights/kept")[0]["w"], torch.ones(1))

@@ -63,6 +63,8 @@ _PREFIX = "tinker://"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # `session:train:0` ids carry colons
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_PATH = 512
+_LEFTOVER = re.compile(r"\.(tmp|old|del)-[0-9a-f]{32}|\.run\.json\.[0-9a-f]{32}")
+"""What an interrupted save, overwrite, delete or run registration leaves behind (see `sweep`)."""
 _ADAPTER = "adapter.safetensors"
 _OPTIMIZER = "optimizer.safetensors"
 _META = "meta.json"
@@ -160,6 +162,27 @@ class CheckpointStore:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root.resolve()
         self._lock = threading.Lock()
+
+    def sweep(self) -> int:
+        """Remove what an interrupted save, overwrite, delete or registration left (hidden temporary
+        folders and files, never listed nor loaded); returns how many. Call it when the service starts,
+        not while another process writes to the same folder."""
+        removed = 0
+        for run_dir in self.root.iterdir():
+            if not _RUN_ID.fullmatch(run_dir.name) or run_dir.is_symlink() or not run_dir.is_dir():
+                continue
+            for entry in [run_dir, *(run_dir / kind for kind in KINDS)]:
+                if entry.is_symlink() or not entry.is_dir():
+                    continue
+                for leftover in entry.iterdir():
+                    if not _LEFTOVER.fullmatch(leftover.name) or leftover.is_symlink():
+                        continue
+                    if leftover.is_dir():
+                        shutil.rmtree(leftover, ignore_errors=True)
+                    else:
+                        leftover.unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     # ---- confinement --------------------------------------------------------------------------------
 

@@ -94,6 +94,9 @@ class TinkerServer:
         if state_dir is None:
             state_dir = self._own_state = tempfile.mkdtemp(prefix="quartet-tinker-")
         self.store = CheckpointStore(Path(state_dir))
+        swept = self.store.sweep()  # what a service killed mid-save left
+        if swept:
+            logger.info("tinker service: removed %d leftovers of interrupted saves in %s", swept, state_dir)
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
