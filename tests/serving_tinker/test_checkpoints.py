@@ -158,26 +158,32 @@ def test_load_with_optimizer_continues_bitwise_and_without_it_restarts_adam(
     assert abs(restarted[0] - expected_next[0]) > 1e-4, "the reset optimizer must take another step"
 
 
-def test_async_load_state_with_optimizer_into_an_existing_client(client: Any) -> None:
-    async def run() -> tuple[Any, Any]:
+def test_async_save_and_load_in_both_forms_continue_bitwise(client: Any, service: str) -> None:
+    """The same calls awaited: load_state_with_optimizer into an existing client (of another seed) and
+    create_training_client_from_state_with_optimizer both take the step the saving client takes."""
+
+    async def step(trainer: Any) -> Any:
+        await trainer.forward_backward([_datum()], "cross_entropy")
+        await trainer.optim_step(ADAM)
+        return await trainer.forward([_datum()], "cross_entropy")
+
+    async def run() -> tuple[Any, list[Any], Any]:
         source = await client.create_lora_training_client(base_model="tiny", rank=RANK, seed=SEED)
-        await source.forward_backward([_datum()], "cross_entropy")
-        await source.optim_step(ADAM)
+        await step(source)
         saved = await source.save_state("async-one")
-        await source.forward_backward([_datum()], "cross_entropy")
-        await source.optim_step(ADAM)
-        expected = await source.forward([_datum()], "cross_entropy")
+        expected = await step(source)
         target = await client.create_lora_training_client(base_model="tiny", rank=RANK, seed=SEED + 1)
         await target.load_state_with_optimizer(saved.path)
-        await target.forward_backward([_datum()], "cross_entropy")
-        await target.optim_step(ADAM)
-        return expected, await target.forward([_datum()], "cross_entropy")
+        created = await client.create_training_client_from_state_with_optimizer(saved.path)
+        listed = await tinker.RestClient(base_url=service, api_key=KEY).list_checkpoints(source.model_id)
+        return expected, [await step(target), await step(created)], listed
 
-    expected, got = asyncio.run(run())
-    assert got.metrics["loss:sum"] == expected.metrics["loss:sum"]
-    assert np.array_equal(
-        got.loss_fn_outputs[0]["logprobs"].to_numpy(), expected.loss_fn_outputs[0]["logprobs"].to_numpy()
-    )
+    expected, results, listed = asyncio.run(run())
+    for got in results:
+        assert got.metrics["loss:sum"] == expected.metrics["loss:sum"]
+        got_logprobs = got.loss_fn_outputs[0]["logprobs"].to_numpy()
+        assert np.array_equal(got_logprobs, expected.loss_fn_outputs[0]["logprobs"].to_numpy())
+    assert [c.checkpoint_id for c in listed.checkpoints] == ["weights/async-one"]
 
 
 def test_list_info_overwrite_and_delete_through_the_rest_client(
