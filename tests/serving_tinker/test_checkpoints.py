@@ -189,7 +189,10 @@ def test_async_save_and_load_in_both_forms_continue_bitwise(client: Any, service
 def test_list_info_overwrite_and_delete_through_the_rest_client(
     client: Any, service: str, folders: tuple[Path, Path]
 ) -> None:
-    trainer = _trainer(client)
+    metadata = {"team": "a", "n": 3}  # CreateModelRequest takes any values; TrainingRun shows strings
+    trainer = client.create_lora_training_client(
+        "tiny", rank=RANK, seed=SEED, user_metadata=metadata
+    ).result()
     run_id = trainer.model_id
     training = trainer.save_state("t1", user_metadata={"stage": "sft"}).result().path
     sampler = trainer.save_weights_for_sampler("s1").result().path
@@ -212,6 +215,10 @@ def test_list_info_overwrite_and_delete_through_the_rest_client(
     run = rest.get_training_run(run_id).result()
     assert (run.base_model, run.lora_rank, run.is_lora) == ("tiny", RANK, True)
     assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == training
+    assert run.user_metadata == {"team": "a", "n": "3"}
+    assert {training, sampler} <= {
+        c.tinker_path for c in rest.list_user_checkpoints(limit=1000).result().checkpoints
+    }
     assert run_id in {r.training_run_id for r in rest.list_training_runs(limit=1000).result().training_runs}
     info = rest.get_weights_info_by_tinker_path(sampler).result()
     assert (info.base_model, info.lora_rank, info.is_lora) == ("tiny", RANK, True)

@@ -17,6 +17,7 @@ model that does not exist); what fails while running reaches the SDK as `Request
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from quartet.serving.tinker.checkpoints import (
     RunRecord,
     check_model_id,
     iso_time,
+    metadata_strings,
     parse_path,
 )
 from quartet.serving.tinker.wire import WireError
@@ -156,8 +158,8 @@ class CheckpointRoutes:
         if source.base_model not in self.host.models:
             raise WireError("path", f"the checkpoint's base model {source.base_model!r} is not served here "
                             f"(served: {sorted(self.host.models)})")  # fmt: skip
-        record = RunRecord(model_id, source.base_model, source.lora_rank, source.seed, source.train_attn,
-                           source.train_mlp, source.train_unembed, user_metadata=_metadata(body))  # fmt: skip
+        metadata = metadata_strings(body.get("user_metadata"))
+        record = dataclasses.replace(source, model_id=model_id, created=time.time(), user_metadata=metadata)
         folder = self.host.models[source.base_model]
 
         def make() -> LoraModel:

@@ -51,6 +51,7 @@ __all__ = [
     "check_model_id",
     "check_part",
     "iso_time",
+    "metadata_strings",
     "parse_path",
 ]
 
@@ -148,6 +149,16 @@ def parse_path(text: object, field: str = "path") -> CheckpointPath:
 def check_model_id(value: object, field: str = "model_id") -> str:
     """`value` if it is an allowed model (training run) id; else `WireError(field)`."""
     return check_part(value, _RUN_ID, field, "model_id")
+
+
+def metadata_strings(value: object, field: str = "user_metadata") -> dict[str, str] | None:
+    """A run's `user_metadata` as the SDK's `TrainingRun` shows it (strings to strings): requests may send
+    any JSON values (`CreateModelRequest`), which are kept as their JSON text. `WireError` if not a map."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise WireError(field, "must be a JSON object")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
 
 
 def iso_time(stamp: float | None) -> str | None:

@@ -34,7 +34,7 @@ from quartet.serving.errors import ApiError
 from quartet.serving.http_log import http_logger
 from quartet.serving.tinker.backend import AdamStep, LoraModel, NotServedError, lora_spec
 from quartet.serving.tinker.checkpoint_routes import CheckpointRoutes
-from quartet.serving.tinker.checkpoints import CheckpointStore, MissingError, RunRecord
+from quartet.serving.tinker.checkpoints import CheckpointStore, MissingError, RunRecord, metadata_strings
 from quartet.serving.tinker.wire import WireError, decode_forward_backward, encode_forward_backward_output
 
 __all__ = ["TinkerServer"]
@@ -247,7 +247,7 @@ class TinkerServer:
         spec = lora_spec(self.models[base], rank, seed, attn, mlp)
         model_id = f"model-{uuid.uuid4().hex[:12]}"
         unembed = bool(lora.get("train_unembed", True))
-        metadata = body.get("user_metadata") if isinstance(body.get("user_metadata"), dict) else None
+        metadata = metadata_strings(body.get("user_metadata"))
         record = RunRecord(model_id, str(base), rank, seed, attn, mlp, unembed, user_metadata=metadata)
         reply = {"type": "create_model", "model_id": model_id}
         return self._future(self._build_model(model_id, lambda: LoraModel(spec), record, reply), model_id)
