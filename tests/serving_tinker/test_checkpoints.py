@@ -376,3 +376,11 @@ def test_a_session_id_that_would_climb_out_is_refused(service: str, hostile_run:
 def test_bad_pages_answer_400_naming_the_parameter(service: str, query: str) -> None:
     reply = httpx.get(f"{service}/api/v1/training_runs?{query}", headers={"X-API-Key": KEY}, timeout=30)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == query.split("=")[0]
+
+
+def test_loading_into_a_client_of_another_rank_is_refused_naming_the_path(client: Any) -> None:
+    path = _trainer(client).save_state("rank-4").result().path
+    other = client.create_lora_training_client("tiny", rank=2 * RANK, seed=SEED).result()
+    with pytest.raises(tinker.BadRequestError, match="lora_rank 4 differs from this model's 8"):
+        other.load_state(path).result()
+    _forward(other)  # the refused load changed nothing and the client still works
