@@ -234,7 +234,7 @@ def test_a_training_clients_saved_weights_sample_its_adapter_and_only_its_adapte
     trainer = client.create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
     trainer.forward_backward([datum], "cross_entropy").result()
     trainer.optim_step(types.AdamParams(learning_rate=0.05, eps=1e-8)).result()
-    live = trainer.save_weights_and_get_sampling_client()
+    live = trainer.save_weights_and_get_sampling_client().result()
     got = _sample(live, 1, temperature=0.0).sequences[0]
     trainer.forward_backward([datum], "cross_entropy").result()  # training on does not move the snapshot
     trainer.optim_step(types.AdamParams(learning_rate=0.05, eps=1e-8)).result()

@@ -99,8 +99,8 @@ def test_a_malformed_datum_is_the_sdks_bad_request_naming_the_field(client: Any)
 
 def test_a_call_not_served_yet_names_itself(client: Any) -> None:
     trainer = _training_client(client)
-    with pytest.raises(tinker.NotFoundError, match="save_weights is not served yet"):
-        trainer.save_state("step-1").result()
+    with pytest.raises(tinker.NotFoundError, match="save_weights_external is not served yet"):
+        trainer.save_weights_external("step-1").result()
     with pytest.raises(tinker.BadRequestError, match="loss_fn: 'stable_reinforce' is not served"):
         trainer.forward_backward([_datum()], "stable_reinforce").result()
 
@@ -113,7 +113,8 @@ def test_a_call_not_served_yet_names_itself(client: Any) -> None:
         ("optim_step", b"[1, 2", 400, "body"),
         ("create_model", b'{"base_model": "../etc", "lora_config": {"rank": 4}}', 400, "base_model"),
         ("asample", b"{}", 400, "sampling_params"),
-        ("save_weights", b"{}", 404, "save_weights"),
+        ("save_weights", b"{}", 404, "model_id"),
+        ("load_weights", b'{"path": "tinker://../../etc/passwd"}', 400, "path"),
     ],
 )
 def test_hostile_bodies_answer_4xx_naming_the_field(

@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
     tinker.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     tinker.add_argument("--port", type=int, default=None, help="port (default 8000; 0: any free port)")
     tinker.add_argument(
-        "--state-dir", default=None, help="checkpoints and the model registry (default ./tinker_state)"
+        "--state-dir", default=None, help="checkpoints and the model registry (default runs/tinker)"
     )
     tinker.add_argument(
         "--torch-threads", type=int, default=None,
@@ -74,7 +74,7 @@ def run(args: Any) -> int:
 
             torch.set_num_threads(config.torch_threads)
         server = TinkerServer(config.models, api_key=key, host=config.host, port=config.port, config=config)
-    except (ValueError, ConfigError) as err:
+    except (ValueError, ConfigError, OSError) as err:  # OSError: a state_dir that cannot be created
         print(f"quartet serve tinker: {err}", file=sys.stderr)
         return 2
     asyncio.run(_serve(server))
@@ -107,7 +107,7 @@ async def _serve(server: Any) -> None:
     url = await server.start()
     state_dir = Path(server.config.state_dir).resolve()
     hint = f"tinker.ServiceClient(base_url={url!r}, api_key=...)"
-    print(f"quartet serve tinker: {url} ({hint}); state in {state_dir}", flush=True)
+    print(f"quartet serve tinker: {url} ({hint}); checkpoints in {state_dir}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,7 @@ class AdamStep:
 class _Adapter:
     spec: AdapterSpec
     params: list[nn.Parameter]
+    keys: list[str]  # the params' names without the adapter's name
     optimizer: torch.optim.AdamW | None  # None: a sampler adapter (frozen)
     steps: int = 0
 
@@ -175,11 +176,13 @@ class AdapterHost:
                 self._peft.eval()  # no dropout anywhere; peft's mixed-batch forward needs eval mode
             else:
                 self._peft.add_adapter(name, spec.peft_config())
-        params = [p for n, p in self._peft.named_parameters() if f".{name}." in n and "lora_" in n]
+        named = [(n, p) for n, p in self._peft.named_parameters() if f".{name}." in n and "lora_" in n]
+        params = [p for _, p in named]
         for param in params:
             param.requires_grad_(trainable)
         optimizer = torch.optim.AdamW(params, lr=1e-4) if trainable else None
-        self._adapters[name] = _Adapter(spec, params, optimizer)
+        keys = [n.replace(f".{name}.", ".") for n, _ in named]
+        self._adapters[name] = _Adapter(spec, params, keys, optimizer)
 
     def remove(self, name: str) -> None:
         """Drop adapter `name` and its optimizer state (the last one stays in peft, inert, until reused)."""
@@ -251,46 +254,71 @@ class AdapterHost:
         adapter.steps += 1
         return {"grad_norm:mean": norm}
 
-    # ---- state --------------------------------------------------------------------------------------
+    # ---- state ------------------------------------------------------------------------------------
+
+    def keys(self, name: str) -> list[str]:
+        """The names of adapter `name`'s parameters without the adapter's name (peft's saved form, e.g.
+        `...q_proj.lora_A.weight`): a checkpoint loads into any adapter of the same settings."""
+        return list(self._get(name).keys)
 
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
-        """Adapter `name`'s weights (cloned), keyed without the adapter name (peft's saved form)."""
-        import peft
-
-        self._get(name)
-        state = peft.get_peft_model_state_dict(self._peft, adapter_name=name, save_embedding_layers=False)
-        return {key: value.detach().clone() for key, value in state.items()}
-
-    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
-        """Put `state` (as `adapter_state` gives it) into adapter `name`; every key must match, in shape."""
+        """Copies of adapter `name`'s weights, by `keys`."""
         adapter = self._get(name)
-        own = self.adapter_state(name)
-        if set(own) != set(state):
-            missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-            raise ValueError(f"adapter weights do not match: missing {missing[:3]}, unexpected {extra[:3]}")
-        for key, value in state.items():
-            if tuple(value.shape) != tuple(own[key].shape):
-                raise ValueError(
-                    f"adapter weight {key}: shape {tuple(value.shape)}, expected {own[key].shape}"
-                )
-        import peft
+        return {k: p.detach().clone() for k, p in zip(adapter.keys, adapter.params, strict=True)}
 
-        peft.set_peft_model_state_dict(self._peft, state, adapter_name=name)
-        for param in adapter.params:
-            param.grad = None
+    def load_adapter_state(self, name: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Put `state` (as `adapter_state` gives it) into adapter `name`, bitwise; pending gradients are
+        dropped. ValueError naming the misfit (keys, shapes) before anything changes."""
+        adapter = self._get(name)
+        if set(adapter.keys) != set(state):
+            missing, extra = sorted(set(adapter.keys) - set(state)), sorted(set(state) - set(adapter.keys))
+            raise ValueError(f"the adapter weights do not fit: missing {missing[:2]}, unexpected {extra[:2]}")
+        for key, param in zip(adapter.keys, adapter.params, strict=True):
+            if tuple(state[key].shape) != tuple(param.shape):
+                raise ValueError(f"{key}: shape {list(state[key].shape)}, expected {list(param.shape)}")
+        with torch.no_grad():
+            for key, param in zip(adapter.keys, adapter.params, strict=True):
+                param.copy_(state[key])
+                param.grad = None
 
     def optimizer_state(self, name: str) -> dict[str, Any]:
-        """Adapter `name`'s AdamW state (torch's state_dict) and its step count."""
+        """Adapter `name`'s AdamW state: torch's `state_dict` with each parameter index replaced by its key
+        (independent of parameter order), plus `steps`."""
         adapter = self._get(name)
         if adapter.optimizer is None:
             raise ValueError(f"adapter {name!r} is a sampler adapter: it has no optimizer")
-        return {"optimizer": adapter.optimizer.state_dict(), "steps": adapter.steps}
+        keys = adapter.keys
+        saved = adapter.optimizer.state_dict()
+        per_param = {keys[i]: {n: _copy(v) for n, v in st.items()} for i, st in saved["state"].items()}
+        groups = [
+            {**{n: v for n, v in g.items() if n != "params"}, "params": [keys[i] for i in g["params"]]}
+            for g in saved["param_groups"]
+        ]
+        return {"state": per_param, "param_groups": groups, "steps": adapter.steps}
 
-    def load_optimizer_state(self, name: str, state: dict[str, Any] | None) -> None:
-        """Restore what `optimizer_state` gave; None: a fresh optimizer (load_state without optimizer)."""
+    def load_state(
+        self, name: str, weights: Mapping[str, torch.Tensor], optimizer_state: Mapping[str, Any] | None
+    ) -> None:
+        """The adapter's weights (bitwise) and its optimizer: restored from `optimizer_state`, or fresh when
+        None (the SDK's load_state without optimizer resets it). ValueError before anything changes if
+        either does not fit."""
         adapter = self._get(name)
-        adapter.optimizer = torch.optim.AdamW(adapter.params, lr=1e-4)
-        adapter.steps = 0
-        if state is not None:
-            adapter.optimizer.load_state_dict(state["optimizer"])
-            adapter.steps = int(state["steps"])
+        optimizer = torch.optim.AdamW(adapter.params, lr=1e-4)
+        if optimizer_state is not None:
+            index = {k: i for i, k in enumerate(adapter.keys)}
+            try:
+                groups = [
+                    {**g, "params": [index[k] for k in g["params"]], "betas": tuple(g["betas"])}
+                    for g in optimizer_state["param_groups"]
+                ]
+                per_param = {index[k]: dict(v) for k, v in optimizer_state["state"].items()}
+                optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+            except (KeyError, ValueError, TypeError) as err:
+                raise ValueError(f"the optimizer state does not fit: {err!r}") from err
+        self.load_adapter_state(name, weights)
+        adapter.optimizer = optimizer
+        adapter.steps = int(optimizer_state.get("steps", 0)) if optimizer_state is not None else 0
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -91,15 +92,28 @@ class SamplingRoutes:
 
     # ---- sampler adapters ---------------------------------------------------------------------------
 
-    async def snapshot(self, model_id: str) -> str:
-        """A session on a frozen copy of training client `model_id`'s adapter as it is now (after every call
-        the client sent before); the SDK's `save_weights_and_get_sampling_client`."""
+    def snapshot(self, model_id: str) -> concurrent.futures.Future[dict[str, Any]]:
+        """A session on a frozen copy of training client `model_id`'s adapter as it is once every call the
+        client sent before has run: the SDK's `save_weights_and_get_sampling_client` (its future's result is
+        `save_weights_for_sampler`'s answer, with the `sampling_session_id`)."""
         entry = self.state.model(model_id)
         name = f"sampler-{uuid.uuid4().hex[:12]}"
         work = self.state.run_on_model(model_id, functools.partial(_copy_adapter, model_id, name, entry.spec))
-        await asyncio.wrap_future(work)
-        self._loaded_on(entry.base_model, name)
-        return self._open(_Session(entry.base_model, name, None))
+        answer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+
+        def opened(done: concurrent.futures.Future[None]) -> None:
+            error = None if done.cancelled() else done.exception()
+            if done.cancelled():
+                answer.cancel()
+            elif error is not None:
+                answer.set_exception(error)
+            else:
+                self._loaded_on(entry.base_model, name)
+                session_id = self._open(_Session(entry.base_model, name, None))
+                answer.set_result({"type": "save_weights_for_sampler", "sampling_session_id": session_id})
+
+        work.add_done_callback(opened)
+        return answer
 
     async def _load_path(self, model_path: str) -> tuple[str, str]:
         """(base model, sampler adapter) of the saved sampler checkpoint `model_path`, loaded once."""

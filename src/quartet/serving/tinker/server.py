@@ -18,6 +18,8 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -30,7 +32,10 @@ from aiohttp.typedefs import Handler
 
 from quartet.serving.errors import ApiError
 from quartet.serving.http_log import http_logger
+from quartet.serving.tinker.adapters import AdapterSpec
 from quartet.serving.tinker.backend import NotServedError
+from quartet.serving.tinker.checkpoint_routes import CheckpointRoutes, spec_of
+from quartet.serving.tinker.checkpoints import MissingError, parse_path
 from quartet.serving.tinker.http_body import json_body
 from quartet.serving.tinker.queues import QueueFull
 from quartet.serving.tinker.ray_hosts import HostError
@@ -46,9 +51,7 @@ __all__ = ["TinkerServer"]
 logger = logging.getLogger(__name__)
 _PROTO = "application/x-protobuf"
 _NOT_YET = (
-    "join_sampling_session", "save_weights", "load_weights",
-    "save_weights_for_sampler", "save_weights_external", "copy_weights",
-    "retrieve_futures", "auth/token", "training_runs",
+    "join_sampling_session", "save_weights_external", "copy_weights", "retrieve_futures", "auth/token",
 )  # fmt: skip
 
 
@@ -78,12 +81,21 @@ class TinkerServer:
         host: str = "127.0.0.1",
         port: int = 0,
         config: TinkerServiceConfig | None = None,
+        state_dir: str | Path | None = None,
     ) -> None:
         if not api_key.startswith("tml-"):
             raise ValueError("the Tinker SDK only sends API keys that start with 'tml-'")
-        base = config or TinkerServiceConfig(models={n: str(p) for n, p in models.items()})
+        folders = {n: str(p) for n, p in models.items()}
+        self._own_state: str | None = None
+        if state_dir is None and config is None:  # a temporary state folder, removed by `stop`
+            state_dir = self._own_state = tempfile.mkdtemp(prefix="quartet-tinker-")
+        base = config or TinkerServiceConfig(models=folders)
         self.config = dataclasses.replace(
-            base, models={n: str(p) for n, p in models.items()}, host=host, port=port
+            base,
+            models=folders,
+            host=host,
+            port=port,
+            state_dir=str(state_dir) if state_dir is not None else base.state_dir,
         )
         self.api_key = api_key
         self.state = ServiceState(self.config)
@@ -110,10 +122,17 @@ class TinkerServer:
             max_num_samples=self.config.max_num_samples, max_tokens=self.config.max_sample_tokens
         )
         self.sampling = SamplingRoutes(
-            self.state, limits, resolve=None, max_sampler_adapters=self.config.max_sampler_adapters
+            self.state, limits, resolve=self._resolve, max_sampler_adapters=self.config.max_sampler_adapters
         )
         self.sampling.register(self.app)
+        CheckpointRoutes(self.state, self.sampling).add_to(self.app.router)
         self.app.router.add_route("*", "/{tail:.*}", self._not_served)
+
+    def _resolve(self, model_path: str) -> tuple[str, AdapterSpec, Mapping[str, Any]]:
+        """A saved checkpoint's base model, adapter settings and weights (for a sampling session)."""
+        base, _, weights = self.state.store.resolve(model_path)
+        record = self.state.store.run(parse_path(model_path, "model_path").model_id, "model_path")
+        return base, spec_of(record), weights
 
     @classmethod
     def from_config(cls, config: TinkerServiceConfig) -> TinkerServer:
@@ -140,6 +159,8 @@ class TinkerServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if self._own_state is not None:
+            shutil.rmtree(self._own_state, ignore_errors=True)
 
     def start_in_thread(self) -> str:
         """`start` on an event loop of its own in a daemon thread (tests, synchronous callers)."""
@@ -175,6 +196,8 @@ class TinkerServer:
             return await handler(request)
         except ApiError as err:
             return web.json_response(err.body(), status=err.status)
+        except MissingError as err:  # a checkpoint or run that does not exist
+            return web.json_response(_fail(404, str(err), "not_found", err.field).body(), status=404)
         except WireError as err:
             return web.json_response(ApiError.bad_request(str(err), err.field).body(), status=400)
         except NotServedError as err:

@@ -6,7 +6,7 @@ models:                       # the base_model names clients may ask for -> loca
 api_key_env: QUARTET_TINKER_API_KEY   # the key is read from this environment variable, never the file
 host: 127.0.0.1
 port: 8000
-state_dir: ./tinker_state     # checkpoints and the run registry (what survives a restart)
+state_dir: runs/tinker          # checkpoints and the run registry (what survives a restart)
 max_queued_per_model: 64      # beyond it: 429 with Retry-After (the SDK retries on its own)
 max_tokens_per_request: 131072
 max_num_samples: 64
@@ -46,7 +46,7 @@ class ServiceSettings:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    state_dir: str = "tinker_state"
+    state_dir: str = "runs/tinker"
     """Checkpoints (`tinker://` paths resolve under it only) and the registry of created models."""
 
     max_queued_per_model: int = 64

@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import threading
 import time
 import uuid
@@ -23,13 +24,16 @@ from typing import Any, TypeVar
 
 from quartet.serving.errors import ApiError
 from quartet.serving.tinker.adapters import AdapterHost, AdapterSpec
+from quartet.serving.tinker.checkpoints import CheckpointStore, RunRecord
 from quartet.serving.tinker.queues import FairQueues
 from quartet.serving.tinker.ray_hosts import HostHandle, start_host
 from quartet.serving.tinker.service_config import TinkerServiceConfig
+from quartet.serving.tinker.wire import WireError
 
 __all__ = ["HostEntry", "ModelEntry", "ServiceState"]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -57,6 +61,24 @@ class _Pending:
     done_at: float | None = None
 
 
+def _add_adapter(
+    name: str,
+    spec: AdapterSpec,
+    weights: Mapping[str, Any] | None,
+    optimizer: Mapping[str, Any] | None,
+    host: AdapterHost,
+) -> None:
+    """On the host: a new training adapter, filled from a checkpoint if `weights` are given."""
+    host.add(name, spec)
+    if weights is None:
+        return
+    try:
+        host.load_state(name, weights, optimizer)
+    except ValueError as err:
+        host.remove(name)
+        raise WireError("path", f"the checkpoint does not fit: {err}") from err
+
+
 def _unload(host: HostHandle, model_id: str) -> None:
     host.call(functools.partial(AdapterHost.remove, name=model_id))
 
@@ -66,6 +88,12 @@ class ServiceState:
 
     def __init__(self, config: TinkerServiceConfig) -> None:
         self.config = config
+        self.store = CheckpointStore(Path(config.state_dir).expanduser())
+        swept = self.store.sweep()  # what a service killed mid-save left
+        if swept:
+            logger.info(
+                "tinker service: removed %d leftovers of interrupted saves in %s", swept, config.state_dir
+            )
         self.model_paths: Mapping[str, Path] = {n: Path(p).expanduser() for n, p in config.models.items()}
         self.hosts: dict[str, HostEntry] = {}
         self.models: dict[str, ModelEntry] = {}
@@ -108,6 +136,37 @@ class ServiceState:
         `fn` runs where the host is (a Ray actor on `backend: ray`): it must close over plain data only."""
         entry = self.hosts[self.model(model_id).base_model]
         return entry.queues.submit(model_id, lambda: entry.host.call(fn))
+
+    def create_model(
+        self,
+        record: RunRecord,
+        spec: AdapterSpec,
+        reply: dict[str, Any],
+        session_id: str | None = None,
+        checkpoint: tuple[str, bool] | None = None,
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """On the builder thread: the base's host (loaded once), the adapter `record.model_id` on it (filled
+        from `checkpoint` = (tinker path, with optimizer) if given), the run registered so its checkpoints
+        load after a restart. The future's result is `reply`."""
+        model_id = record.model_id
+        if model_id in self.models:
+            raise ApiError.bad_request(f"model {model_id!r} exists", "model_id")
+
+        def build() -> dict[str, Any]:
+            if model_id in self.models:  # a second request for the same id, queued behind the first
+                raise WireError("model_id", f"model {model_id!r} exists")
+            entry = self.host_for(record.base_model)
+            weights = optimizer = None
+            if checkpoint is not None:
+                weights, state, _ = self.store.load(checkpoint[0], optimizer=checkpoint[1])
+                optimizer = state if checkpoint[1] else None
+            add = functools.partial(_add_adapter, model_id, spec, weights, optimizer)
+            entry.queues.submit(model_id, functools.partial(entry.host.call, add)).result()
+            self.store.register_run(record)
+            self.models[model_id] = ModelEntry(model_id, record.base_model, spec, session_id)
+            return reply
+
+        return self.builder.submit(build)
 
     @staticmethod
     def new_model_id() -> str:

@@ -18,8 +18,9 @@ from quartet.serving.errors import ApiError
 from quartet.serving.tinker import backend
 from quartet.serving.tinker.adapters import AdamStep, AdapterSpec
 from quartet.serving.tinker.backend import NotServedError
+from quartet.serving.tinker.checkpoints import RunRecord, metadata_strings
 from quartet.serving.tinker.http_body import future_response, json_body
-from quartet.serving.tinker.state import ModelEntry, ServiceState
+from quartet.serving.tinker.state import ServiceState
 from quartet.serving.tinker.wire import decode_forward_backward, encode_forward_backward_output
 
 __all__ = ["TrainingRoutes"]
@@ -59,15 +60,13 @@ class TrainingRoutes:
         spec = adapter_spec(lora)
         model_id = self.state.new_model_id()
         session = body.get("session_id")
-        state = self.state
-
-        def build() -> dict[str, Any]:
-            entry = state.host_for(str(base))
-            entry.queues.submit(model_id, lambda: entry.host.call(lambda h: h.add(model_id, spec))).result()
-            state.models[model_id] = ModelEntry(model_id, str(base), spec, str(session) if session else None)
-            return {"type": "create_model", "model_id": model_id}
-
-        return future_response(self.state, self.state.builder.submit(build), model_id)
+        metadata = metadata_strings(body.get("user_metadata"))
+        s = spec
+        record = RunRecord(model_id, str(base), s.rank, s.seed, s.train_attn, s.train_mlp, s.train_unembed,
+                           user_metadata=metadata)  # fmt: skip
+        reply = {"type": "create_model", "model_id": model_id}
+        work = self.state.create_model(record, spec, reply, str(session) if session else None)
+        return future_response(self.state, work, model_id)
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await json_body(request)
