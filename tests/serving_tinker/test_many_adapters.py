@@ -60,6 +60,14 @@ def _train(trainer: Any, data: tuple[list[int], list[int]], steps: int) -> None:
         future.result()
 
 
+def _greedy(trainer: Any) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their logprobs from a snapshot of the trainer's adapter."""
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[])
+    sequence = sampler.sample(types.ModelInput.from_ints(PROBE[0]), 1, params).result().sequences[0]
+    return list(sequence.tokens), list(sequence.logprobs or [])
+
+
 def _probe(trainer: Any) -> list[float]:
     out = trainer.forward([_datum(PROBE)], "cross_entropy").result()
     return [float(x) for x in out.loss_fn_outputs[0]["logprobs"].to_numpy()]
@@ -83,12 +91,24 @@ def test_two_clients_training_at_once_each_equal_training_alone(served: tuple[Ti
 
     assert _probe(a) == pytest.approx(_probe(alone_a), abs=1e-6)
     assert _probe(b) == pytest.approx(_probe(alone_b), abs=1e-6)
+    # each one's samples come from its own adapter only: equal to its trained-alone twin's, not the other's
+    samples = {
+        name: _greedy(t) for name, t in (("a", a), ("b", b), ("alone_a", alone_a), ("alone_b", alone_b))
+    }
+    assert samples["a"][0] == samples["alone_a"][0]
+    assert samples["a"][1] == pytest.approx(samples["alone_a"][1], abs=1e-5)
+    assert samples["b"][0] == samples["alone_b"][0]
+    assert samples["b"][1] == pytest.approx(samples["alone_b"][1], abs=1e-5)
+    assert samples["a"][1] != pytest.approx(samples["b"][1], abs=1e-3)
     # the check bites: training moved both, and differently
     assert _probe(a) != pytest.approx(_probe(fresh), abs=1e-3)
     assert _probe(a) != pytest.approx(_probe(b), abs=1e-3)
-    # one base model for all five clients: one host, five adapters, no copy of the base
+    # one base model for all: one host; five training adapters and four sampler adapters on it
+    names = server.state.hosts["tiny"].host.call(lambda h: h.names)
     assert list(server.state.hosts) == ["tiny"]
-    assert len(server.state.hosts["tiny"].host.call(lambda h: h.names)) == 5
+    assert (
+        sum(n.startswith("model-") for n in names) == 5 and sum(n.startswith("sampler-") for n in names) == 4
+    )
 
 
 def _post(server: TinkerServer, call: str, body: dict[str, Any]) -> httpx.Response:

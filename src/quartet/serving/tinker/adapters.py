@@ -7,8 +7,7 @@ clients on one base holds one copy of the base and N small adapters.
 
 Isolation: each adapter has its own parameters (peft keeps them in per-name submodules) and its own
 AdamW; a call runs with exactly its adapter active (`peft`'s `set_adapter`), so a gradient only reaches
-the active adapter's parameters and an optimizer only steps its own. Sampling with several adapters in one
-batch uses peft's mixed-batch forward (`adapter_names`, one name per row; `BASE` for the bare base).
+the active adapter's parameters and an optimizer only steps its own.
 
 Not thread-safe by design: the service runs every call of a host on that host's one thread
 (`queues.FairQueues`), which is what makes adapter switching safe.
@@ -35,7 +34,7 @@ from quartet.serving.tinker.sampling import context_length, eos_token_ids, vocab
 __all__ = ["BASE", "AdamStep", "AdapterHost", "AdapterSpec", "reference_model"]
 
 BASE = "__base__"
-"""The adapter name peft's mixed-batch forward reads as "no adapter" (the bare base model)."""
+"""The name `active` takes for "no adapter" (the bare base model); peft's own word for it."""
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -173,7 +172,7 @@ class AdapterHost:
         with _quiet_tied_head():
             if self._peft is None:
                 self._peft = peft.get_peft_model(self._base, spec.peft_config(), adapter_name=name)
-                self._peft.eval()  # no dropout anywhere; peft's mixed-batch forward needs eval mode
+                self._peft.eval()  # no dropout anywhere: train and eval are the same
             else:
                 self._peft.add_adapter(name, spec.peft_config())
         named = [(n, p) for n, p in self._peft.named_parameters() if f".{name}." in n and "lora_" in n]
@@ -213,14 +212,6 @@ class AdapterHost:
         for param in adapter.params:
             param.requires_grad_(adapter.optimizer is not None)
         yield self._peft
-
-    def mixed_forward(self, input_ids: torch.Tensor, names: Sequence[str], **kwargs: Any) -> Any:
-        """One forward over a batch whose row i runs with adapter `names[i]` (`BASE`: none); no gradient."""
-        if self._peft is None:
-            return self._base(input_ids=input_ids, **kwargs)
-        for name in set(names) - {BASE}:
-            self._get(name)
-        return self._peft(input_ids=input_ids, adapter_names=list(names), **kwargs)
 
     # ---- training -----------------------------------------------------------------------------------
 
