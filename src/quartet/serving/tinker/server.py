@@ -98,6 +98,8 @@ class TinkerServer:
         }
         for name, handler in post.items():
             self.app.router.add_post(f"/api/v1/{name}", handler)
+        # The SDK's `ServiceClient.close()` / `with ServiceClient(...)` exit ends its session (h-cook).
+        self.app.router.add_post("/api/v1/sessions/{session_id}/finish", self._finish_session)
         self.app.router.add_get("/api/v1/healthz", self._healthz)
         self.app.router.add_get("/api/v1/get_server_capabilities", self._capabilities)
         self.app.router.add_route("*", "/{tail:.*}", self._not_served)
@@ -192,6 +194,15 @@ class TinkerServer:
         if body.get("session_id") not in self._sessions:
             raise _fail(404, f"unknown session_id {body.get('session_id')!r}", "not_found", "session_id")
         return web.json_response({"type": "session_heartbeat"})
+
+    async def _finish_session(self, request: web.Request) -> web.Response:
+        """End a session (body `{reason: {type: success|errored|interrupted}, detail}`); its models stay."""
+        await _json(request)
+        session_id = request.match_info["session_id"]
+        if session_id not in self._sessions:
+            raise _fail(404, f"unknown session_id {session_id!r}", "not_found", "session_id")
+        self._sessions.discard(session_id)
+        return web.json_response({})
 
     async def _telemetry(self, request: web.Request) -> web.Response:
         await request.read()
