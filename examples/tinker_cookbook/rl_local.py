@@ -10,7 +10,11 @@ instead of GSM8K (which rl_basic downloads): `ProblemEnv` (one question, one ans
 
 The task, "digits": the user asks for a number; the reward is 1 when the answer holds a digit, else 0. A
 tiny random model writes a digit in a few tokens now and then (10 of its 512 tokens are digits), so the
-reward starts above 0 and can only rise by learning to prefer digits.
+reward starts above 0 and can only rise by learning to prefer digits. On quartet's default tiny model it
+barely can: its output head is its input embedding (std 0.02), which no LoRA adapter changes, and with
+the final norm fixed that head cannot give the digits more than 3% of a token's probability (2% at the
+start). With that embedding 5 times larger the same LoRA run goes from ~0.05 to 0.6-0.97 in 10 steps (4
+seeds, measured with torch directly); tests/serving_tinker/test_cookbook.py serves such a model.
 
     python examples/tinker_cookbook/rl_local.py --base-url http://127.0.0.1:8000 --model-name tiny \
         --tokenizer /path/to/model_folder --log-path /tmp/rl_run --api-key tml-my-key
@@ -79,7 +83,7 @@ class DigitDatasetBuilder(RLDatasetBuilder):
 
     model_name_for_tokenizer: str
     renderer_name: str = RENDERER
-    batches: int = 8
+    batches: int = 10
     groups: int = 4
     group_size: int = 8
 
@@ -92,10 +96,10 @@ def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     add_service_args(parser)
-    parser.add_argument("--steps", type=int, default=8, help="batches of groups (one optim step each)")
+    parser.add_argument("--steps", type=int, default=10, help="batches of groups (one optim step each)")
     parser.add_argument("--groups", type=int, default=4, help="questions per step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per question")
-    parser.add_argument("--max-tokens", type=int, default=4, help="tokens sampled per answer")
+    parser.add_argument("--max-tokens", type=int, default=6, help="tokens sampled per answer")
     parser.add_argument("--learning-rate", type=float, default=2e-2)
     parser.add_argument("--lora-rank", type=int, default=8)
     args = parser.parse_args()
