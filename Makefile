@@ -2,11 +2,14 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# Reinstall only when a dependency file changes: the stamp's name carries their hash.
-DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+# tinker-cookbook, installed without its dependencies (see PIP_CHECK): its pin lives here, not in pyproject.
+COOKBOOK := tinker-cookbook==0.6.1
+# Reinstall only when a dependency file changes: the stamp's name carries their hash (and the cookbook's pin).
+DEPS_HASH := $(shell (cat pyproject.toml constraints.txt; echo $(COOKBOOK)) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
-# pip check, letting through the one complaint `make install-tinker` leaves by design: tinker-cookbook
-# declares tml-renderers>=0.4.1, which the registry lacks (see install-tinker below).
+# pip check, letting through the one complaint the cookbook leaves by design: it declares
+# tml-renderers>=0.4.1, which the registry lacks (0.2.1 is the newest) and which it imports only for
+# Inkling and Kimi K3 models.
 PIP_CHECK = @$(PY) -m pip check > $(VENV)/pip-check.txt || true; \
 	! grep -v -E '^(No broken requirements found\.|tinker-cookbook 0\.6\.1 requires tml-renderers, which is not installed\.)$$' $(VENV)/pip-check.txt
 
@@ -20,7 +23,9 @@ $(STAMP):
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, from the local CPU wheel; everything after it is held to that version by constraints.txt
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	# the official Tinker SDK and tinker-cookbook too: `make test` runs `quartet serve tinker` under both
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tinker,cookbook]'
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt $(COOKBOOK)
 	$(PIP_CHECK)
 	@touch $@
 
@@ -107,15 +112,9 @@ clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # The official Tinker SDK (the `tinker` extra) and tinker-cookbook (the `cookbook` extra: its dependencies,
-# then the cookbook itself without them) into .venv, and the tests that drive `quartet serve tinker` with
-# them (they skip, saying so, where either is not installed). docs/tinker.md, docs/notes/tinker_protocol.md.
-# The cookbook declares tml-renderers>=0.4.1, which the registry lacks and which it imports only for
-# Inkling and Kimi K3 models: pip check's complaint about it is the one let through (PIP_CHECK, above).
-COOKBOOK := tinker-cookbook==0.6.1
+# then the cookbook itself without them) are part of `make install`; these two targets stay as names for
+# the tests that drive `quartet serve tinker` with them. docs/tinker.md, docs/notes/tinker_protocol.md.
 install-tinker: install
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tinker,cookbook]'
-	$(PY) -m pip install --quiet --no-deps -c constraints.txt $(COOKBOOK)
-	$(PIP_CHECK)
 
 test-tinker: install-tinker
 	$(PY) -m pytest -q -m "not slow" tests/serving_tinker
