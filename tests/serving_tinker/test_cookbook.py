@@ -39,13 +39,15 @@ RECIPE_TIMEOUT_S = 240
 
 
 def _sharpen(model_dir: Path, folder: Path, factor: float = 5.0) -> None:
-    """Save to `folder` the tiny model with its (tied) embedding `factor` times larger.
+    """Save to `folder` (once) the tiny model with its (tied) embedding `factor` times larger.
 
     The tiny model's output head is its input embedding (std 0.02), which LoRA never changes; with the
     final norm fixed, no adapter can give the digits more than 3% of a token's probability there, so an RL
     reward on them could hardly rise. Five times larger, it can (examples/tinker_cookbook/rl_local.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if (folder / "config.json").exists():
+        return
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(factor)
@@ -53,17 +55,52 @@ def _sharpen(model_dir: Path, folder: Path, factor: float = 5.0) -> None:
     AutoTokenizer.from_pretrained(model_dir, local_files_only=True).save_pretrained(folder)
 
 
+def _teach(student_dir: Path, folder: Path, steps: int = 4, lr: float = 1e-2) -> None:
+    """Save to `folder` a teacher: the student's base model, all weights trained `steps` Adam steps on
+    "What is a + b?" -> "The answer is a+b." (every token in the loss).
+
+    A teacher this close leaves a reverse KL of ~1.7-1.9 nats per token at the start that a LoRA student
+    closes to ~0.25-0.3 in 10 steps (3 seeds, measured with torch directly); one trained 40 steps starts at
+    ~8.7 and moves little in 15."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(student_dir, local_files_only=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    rng = random.Random(0)
+    for _ in range(steps):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        chat = [{"role": "user", "content": f"What is {a} + {b}?"}]
+        chat.append({"role": "assistant", "content": f"The answer is {a + b}."})
+        ids = tokenizer.apply_chat_template(chat, return_tensors="pt", return_dict=False)
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 @pytest.fixture(scope="module")
 def sharp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder served as "tiny-sharp": empty until the RL test, which alone uses it, fills it."""
+    """The folder served as "tiny-sharp": empty until a test that uses it fills it (`_sharpen`)."""
     return tmp_path_factory.mktemp("sharp")
 
 
 @pytest.fixture(scope="module")
-def service(tiny_model_dir: Path, sharp_dir: Path) -> Iterator[str]:
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder served as "tiny-teacher": empty until the distillation test fills it (`_teach`)."""
+    return tmp_path_factory.mktemp("teacher")
+
+
+@pytest.fixture(scope="module")
+def service(tiny_model_dir: Path, sharp_dir: Path, teacher_dir: Path) -> Iterator[str]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the service shares 2 cores with the recipe's process
-    server = TinkerServer({"tiny": tiny_model_dir, "tiny-sharp": sharp_dir}, api_key=KEY)
+    models = {"tiny": tiny_model_dir, "tiny-sharp": sharp_dir, "tiny-teacher": teacher_dir}
+    server = TinkerServer(models, api_key=KEY)
     try:
         yield server.start_in_thread()
     finally:
@@ -186,3 +223,28 @@ def test_rl_recipe_reward_rises_on_the_service(
     assert len(rewards) == 10, run.stdout[-3000:]
     # measured with torch directly (4 seeds): ~0.05 over the first 3 steps, 0.5-0.95 over the last 3
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+
+
+@pytest.mark.slow
+def test_on_policy_distillation_closes_the_gap_to_the_teacher(
+    service: str, tiny_model_dir: Path, sharp_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
+    """distillation.train_on_policy: the student (LoRA on "tiny-sharp") samples, the teacher (its base
+    model briefly trained on sums) scores the samples, and the reverse KL per token falls. Slow for the same
+    reasons as the RL test; not yet timed through the service."""
+    calls = ["create_sampling_session", "asample", "save_weights_for_sampler"]
+    missing = _not_served(service, calls)
+    if missing:
+        pytest.skip(f"distillation samples student and teacher: {', '.join(missing)} not served yet")
+    if _loss_not_served(service, "importance_sampling"):
+        pytest.skip("train_on_policy trains with loss_fn 'importance_sampling': not served yet")
+    _sharpen(tiny_model_dir, sharp_dir)
+    _teach(sharp_dir, teacher_dir)
+    log_path = tmp_path / "distill"
+    extra = ("--teacher", "tiny-teacher", "--steps", "10")
+    run = _run_recipe("distill_local.py", service, sharp_dir, log_path, *extra, model="tiny-sharp")
+    _assert_ended_well(run, service)
+    kl = [r["teacher_kl"] for r in _metrics(log_path)]
+    assert len(kl) == 10, run.stdout[-3000:]
+    # measured with torch directly (3 seeds): ~1.7-1.9 at the start, ~0.25-0.35 over the last 3 steps
+    assert sum(kl[-3:]) / 3 < 0.6 * sum(kl[:3]) / 3, kl
