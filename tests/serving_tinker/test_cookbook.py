@@ -118,19 +118,34 @@ def _not_served(url: str, calls: list[str]) -> list[str]:
     return missing
 
 
-def _loss_not_served(url: str, loss: str) -> bool:
-    """Whether `forward_backward` with `loss` is refused as not served yet (asked with one real datum)."""
+def _what_sampling_lacks(url: str, teacher: bool) -> str | None:
+    """Make through the SDK, on one tiny model, the calls rl.train and train_on_policy make before their
+    first step: a sampler of the training model's current weights (`save_weights_and_get_sampling_client`,
+    then `sample` and `compute_logprobs`), `forward_backward` with `importance_sampling`, and for
+    distillation a sampler of a base model (`create_sampling_client(base_model=...)`). The service's message
+    for the first it refuses as not served yet (it names the call); None when all are served. Any other
+    failure fails the test."""
+    prompt = types.ModelInput.from_ints([4, 5, 6])
+    inputs = {"target_tokens": [5, 6], "logprobs": [-1.0, -1.0], "advantages": [1.0, -1.0]}
+    datum = types.Datum(model_input=types.ModelInput.from_ints([4, 5]), loss_fn_inputs=inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         client = tinker.ServiceClient(base_url=url, api_key=KEY)
-        trainer = client.create_lora_training_client(base_model="tiny", rank=2).result()
-    inputs = {"target_tokens": [5, 6], "logprobs": [-1.0, -1.0], "advantages": [1.0, -1.0]}
-    datum = types.Datum(model_input=types.ModelInput.from_ints([4, 5]), loss_fn_inputs=inputs)
-    try:
-        trainer.forward_backward([datum], loss).result()
-    except tinker.BadRequestError as err:
-        return "not served yet" in str(err)
-    return False
+        try:
+            trainer = client.create_lora_training_client(base_model="tiny", rank=2).result()
+            samplers = [trainer.save_weights_and_get_sampling_client().result()]
+            if teacher:
+                samplers.append(client.create_sampling_client(base_model="tiny").result())
+            for sampler in samplers:
+                params = types.SamplingParams(max_tokens=2)
+                sampler.sample(prompt, num_samples=1, sampling_params=params).result()
+                sampler.compute_logprobs(prompt).result()
+            trainer.forward_backward([datum], "importance_sampling").result()
+        except Exception as err:
+            if "not served yet" in str(err):
+                return str(err)
+            raise
+    return None
 
 
 def _run_recipe(
@@ -210,11 +225,9 @@ def test_rl_recipe_reward_rises_on_the_service(
     """rl.train on the "digits" task (reward 1 when the answer holds a digit), 10 steps of 4 groups of 8
     on the sharpened tiny model: the mean reward rises. Slow: ~20 s of rollouts and updates measured with
     torch directly, plus the recipe's start; not yet timed through the service."""
-    missing = _not_served(service, ["save_weights_for_sampler", "create_sampling_session", "asample"])
-    if missing:
-        pytest.skip(f"rl.train samples through a sampler checkpoint: {', '.join(missing)} not served yet")
-    if _loss_not_served(service, "importance_sampling"):
-        pytest.skip("rl.train trains with loss_fn 'importance_sampling': not served yet")
+    lacking = _what_sampling_lacks(service, teacher=False)
+    if lacking:
+        pytest.skip(f"rl.train needs {lacking}")
     _sharpen(tiny_model_dir, sharp_dir)
     log_path = tmp_path / "rl"
     run = _run_recipe("rl_local.py", service, sharp_dir, log_path, "--steps", "10", model="tiny-sharp")
@@ -232,12 +245,9 @@ def test_on_policy_distillation_closes_the_gap_to_the_teacher(
     """distillation.train_on_policy: the student (LoRA on "tiny-sharp") samples, the teacher (its base
     model briefly trained on sums) scores the samples, and the reverse KL per token falls. Slow for the same
     reasons as the RL test; not yet timed through the service."""
-    calls = ["create_sampling_session", "asample", "save_weights_for_sampler"]
-    missing = _not_served(service, calls)
-    if missing:
-        pytest.skip(f"distillation samples student and teacher: {', '.join(missing)} not served yet")
-    if _loss_not_served(service, "importance_sampling"):
-        pytest.skip("train_on_policy trains with loss_fn 'importance_sampling': not served yet")
+    lacking = _what_sampling_lacks(service, teacher=True)
+    if lacking:
+        pytest.skip(f"train_on_policy needs {lacking}")
     _sharpen(tiny_model_dir, sharp_dir)
     _teach(sharp_dir, teacher_dir)
     log_path = tmp_path / "distill"
