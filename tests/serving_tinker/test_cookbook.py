@@ -232,7 +232,7 @@ def test_rl_recipe_reward_rises_on_the_service(
     log_path = tmp_path / "rl"
     run = _run_recipe("rl_local.py", service, sharp_dir, log_path, "--steps", "10", model="tiny-sharp")
     _assert_ended_well(run, service)
-    rewards = [r["env/all/reward/total"] for r in _metrics(log_path)]
+    rewards = [r["env/all/reward/total"] for r in _metrics(log_path) if "env/all/reward/total" in r]
     assert len(rewards) == 10, run.stdout[-3000:]
     # measured with torch directly (4 seeds): ~0.05 over the first 3 steps, 0.5-0.95 over the last 3
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
@@ -254,7 +254,7 @@ def test_on_policy_distillation_closes_the_gap_to_the_teacher(
     extra = ("--teacher", "tiny-teacher", "--steps", "10")
     run = _run_recipe("distill_local.py", service, sharp_dir, log_path, *extra, model="tiny-sharp")
     _assert_ended_well(run, service)
-    kl = [r["teacher_kl"] for r in _metrics(log_path)]
+    kl = [r["teacher_kl"] for r in _metrics(log_path) if "teacher_kl" in r]
     assert len(kl) == 10, run.stdout[-3000:]
     # measured with torch directly (3 seeds): ~1.7-1.9 at the start, ~0.25-0.35 over the last 3 steps
     assert sum(kl[-3:]) / 3 < 0.6 * sum(kl[:3]) / 3, kl
