@@ -39,6 +39,11 @@ def add_service_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", required=True, type=Path, help="the local folder of its tokenizer")
     parser.add_argument("--log-path", required=True, type=Path, help="the run folder (must not exist)")
     parser.add_argument("--api-key", default=None, help="the service's key (default: $TINKER_API_KEY)")
+    parser.add_argument(
+        "--renderer",
+        default="qwen3_instruct",
+        help="the cookbook's renderer of the model's chat format (qwen3_instruct: ChatML, the tiny model's)",
+    )
 
 
 def go_local(args: argparse.Namespace) -> None:

@@ -28,8 +28,6 @@ from tinker_cookbook.distillation.datasets import PromptOnlyDataset
 from tinker_cookbook.rl.types import RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-RENDERER = "qwen3_instruct"
-
 
 def sum_prompts(count: int, seed: int) -> list[str]:
     """`count` questions "What is a + b?" (one digit each)."""
@@ -45,7 +43,7 @@ class LocalPromptsBuilder(RLDatasetBuilder):
     groups_per_batch: int
     group_size: int
     model_name_for_tokenizer: str
-    renderer_name: str = RENDERER
+    renderer_name: str
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         tokenizer = get_tokenizer(self.model_name_for_tokenizer)
@@ -78,6 +76,7 @@ def main() -> None:
         groups_per_batch=args.groups,
         group_size=args.group_size,
         model_name_for_tokenizer=args.model_name,
+        renderer_name=args.renderer,
     )
     dataset = DistillationDatasetConfig(
         dataset_builder=builder,
@@ -90,7 +89,7 @@ def main() -> None:
             "learning_rate": args.learning_rate,
             "dataset_configs": [dataset],
             "model_name": args.model_name,
-            "renderer_name": RENDERER,
+            "renderer_name": args.renderer,
             "lora_rank": args.lora_rank,
             "max_tokens": args.max_tokens,
             "log_path": str(args.log_path),

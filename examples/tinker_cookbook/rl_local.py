@@ -3,10 +3,11 @@
 The cookbook's RL entry point, `tinker_cookbook.rl.train.main(config)` (what `rl_basic.main` runs), runs
 unchanged; `rl_basic` itself is not imported: its module imports the GSM8K env, which needs the cookbook's
 `math-rl` extra (sympy, pylatexenc, math-verify), kept out of quartet's install. The config differs from
-rl_basic's only in: the model is the one the service serves, the renderer is `qwen3_instruct`
-(ChatML, the tiny tokenizer's template), and the data is a task built here from the cookbook's own classes
-instead of GSM8K (which rl_basic downloads): `ProblemEnv` (one question, one answer, reward 1 or 0),
-`ProblemGroupBuilder` (a group of rollouts of one question, the GRPO group) and an `RLDataset` of them.
+rl_basic's only in: the model is the one the service serves, the renderer is `--renderer` (default
+`qwen3_instruct`: ChatML, the tiny tokenizer's template), and the data is a task built here from the
+cookbook's own classes instead of GSM8K (which rl_basic downloads): `ProblemEnv` (one question, one
+answer, reward 1 or 0), `ProblemGroupBuilder` (a group of rollouts of one question, the GRPO group) and an
+`RLDataset` of them.
 
 The task, "digits": the user asks for a number; the reward is 1 when the answer holds a digit, else 0. A
 tiny random model writes a digit in a few tokens now and then (10 of its 512 tokens are digits), so the
@@ -36,7 +37,6 @@ from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-RENDERER = "qwen3_instruct"
 QUESTIONS = ("Give me a number.", "What number do you pick?", "Say a number.", "Write any number.")
 
 
@@ -82,7 +82,7 @@ class DigitDatasetBuilder(RLDatasetBuilder):
     """The cookbook's builder interface over `DigitDataset` (no test set)."""
 
     model_name_for_tokenizer: str
-    renderer_name: str = RENDERER
+    renderer_name: str
     batches: int = 10
     groups: int = 4
     group_size: int = 8
@@ -109,6 +109,7 @@ def main() -> None:
 
     builder = DigitDatasetBuilder(
         model_name_for_tokenizer=args.model_name,
+        renderer_name=args.renderer,
         batches=args.steps,
         groups=args.groups,
         group_size=args.group_size,
@@ -117,7 +118,7 @@ def main() -> None:
         {
             "model_name": args.model_name,
             "recipe_name": "recipe_rl_basic",
-            "renderer_name": RENDERER,
+            "renderer_name": args.renderer,
             "log_path": str(args.log_path),
             "dataset_builder": builder,
             "learning_rate": args.learning_rate,

@@ -1,9 +1,10 @@
 """tinker-cookbook's supervised recipe (`recipes/sl_basic.py`) against `quartet serve tinker`, offline.
 
 The recipe's own entry point, `tinker_cookbook.recipes.sl_basic.main(config)`, runs unchanged; only the
-config differs from sl_basic's: the model is the one the service serves, the renderer is `qwen3_instruct`
-(ChatML without think tags, the tiny tokenizer's template), and the data is a JSONL file of conversations
-this script writes, read by the cookbook's own `FromConversationFileBuilder` (sl_basic downloads NoRobots).
+config differs from sl_basic's: the model is the one the service serves, the renderer is `--renderer`
+(default `qwen3_instruct`: ChatML without think tags, the tiny tokenizer's template), and the data is a
+JSONL file of conversations this script writes, read by the cookbook's own `FromConversationFileBuilder`
+(sl_basic downloads NoRobots).
 Periodic checkpoints and evaluations are off; the recipe's final checkpoint (`save_state` and
 `save_weights_for_sampler`) is always taken and cannot be turned off.
 
@@ -21,8 +22,6 @@ import random
 from pathlib import Path
 
 from _local import add_service_args, go_local
-
-RENDERER = "qwen3_instruct"
 
 
 def write_conversations(path: Path, count: int, seed: int) -> None:
@@ -61,7 +60,7 @@ def main() -> None:
     write_conversations(data, args.conversations, seed=0)
     common = ChatDatasetBuilderCommonConfig(
         model_name_for_tokenizer=args.model_name,
-        renderer_name=RENDERER,
+        renderer_name=args.renderer,
         max_length=128,
         batch_size=args.batch_size,
         train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES,
@@ -71,7 +70,7 @@ def main() -> None:
             "log_path": str(args.log_path),
             "model_name": args.model_name,
             "recipe_name": "recipe_sl_basic",
-            "renderer_name": RENDERER,
+            "renderer_name": args.renderer,
             "dataset_builder": FromConversationFileBuilder(common_config=common, file_path=str(data)),
             "learning_rate": args.learning_rate,
             "lr_schedule": "constant",
