@@ -1,14 +1,15 @@
 """tinker-cookbook's own train entry points against `quartet serve tinker` (issue 51, "the real cookbook").
 
 A real `TinkerServer` on a local port serves the tiny model; the scripts of `examples/tinker_cookbook/` run
-in a subprocess and call the cookbook's `supervised.train` / `rl.train` `main(config)` unchanged, on local
-data, offline. What is checked comes from the recipe's own `metrics.jsonl`: the loss falls (SFT), the
-reward rises (RL), and the token counts match the tokenizer's own chat template (so the renderer the
-scripts pick writes the format the model's template writes).
+in a subprocess and call the cookbook's `supervised.train`, `rl.train` and `distillation.train_on_policy`
+`main(config)` unchanged, on local data, offline. What is checked comes from the recipe's own
+`metrics.jsonl`: SL's first loss equals the base model's computed here from its logits and the tokenizer's
+own chat template (so the renderer the scripts pick writes the model's format), and it falls; RL's reward
+rises; distillation's reverse KL to its teacher falls (both on a sharpened tiny model, `_sharpen`).
 
-A recipe that needs a call the service does not serve yet is skipped, naming the call: the service is
-asked (an unserved call answers 404 "... is not served yet"), so these tests turn on by themselves when the
-calls land. Skipped as a whole where the cookbook is not installed (`make install-tinker`).
+A recipe that needs a call the service does not serve yet is skipped, naming the call: the tests make the
+recipes' first calls through the SDK and read the service's "... is not served yet", so they turn on by
+themselves when the calls land. Skipped as a whole where the cookbook is not installed (`make install`).
 """
 
 from __future__ import annotations
