@@ -115,6 +115,8 @@ class TinkerServer:
         }
         for name, handler in post.items():
             self.app.router.add_post(f"/api/v1/{name}", handler)
+        # The SDK's `ServiceClient.close()` / `with ServiceClient(...)` exit ends its session (h-cook).
+        self.app.router.add_post("/api/v1/sessions/{session_id}/finish", self._finish_session)
         self.app.router.add_get("/api/v1/healthz", self._healthz)
         self.app.router.add_get("/api/v1/get_server_capabilities", self._capabilities)
         TrainingRoutes(self.state).register(self.app)
@@ -252,6 +254,14 @@ class TinkerServer:
         body = await json_body(request)
         self.state.heartbeat(body.get("session_id"))
         return web.json_response({"type": "session_heartbeat"})
+
+    async def _finish_session(self, request: web.Request) -> web.Response:
+        """End a session (body `{reason: {type: success|errored|interrupted}, detail}`); its models stay."""
+        await json_body(request)
+        session_id = request.match_info["session_id"]
+        if self.state.sessions.pop(session_id, None) is None:
+            raise _fail(404, f"unknown session_id {session_id!r}", "not_found", "session_id")
+        return web.json_response({})
 
     async def _telemetry(self, request: web.Request) -> web.Response:
         await request.read()
