@@ -44,8 +44,8 @@ def _prompts(parquet: Path, tokenizer: Any, count: int) -> list[tuple[list[int],
     rows = pq.read_table(parquet).to_pylist()[:count]
     out = []
     for row in rows:
-        ids = tokenizer.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) else list(ids)
+        text = tokenizer.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         out.append((list(ids), str(row["reward_model"]["ground_truth"])))
     return out
 
@@ -78,7 +78,7 @@ def run_sdk(model_dir: Path, parquet: Path, s: GrpoSettings, work: Path) -> list
         seconds = []
         for step in range(s.steps):
             start = time.perf_counter()
-            sampler = trainer.save_weights_and_get_sampling_client(f"step-{step}")
+            sampler = trainer.save_weights_and_get_sampling_client().result()
             batch = prompts[step * s.prompts_per_step : (step + 1) * s.prompts_per_step]
             futures = [
                 sampler.sample(types.ModelInput.from_ints(ids), num_samples=s.n, sampling_params=params)
@@ -104,10 +104,11 @@ def run_sdk(model_dir: Path, parquet: Path, s: GrpoSettings, work: Path) -> list
                             },
                         )
                     )
+            sampled = time.perf_counter()
             trainer.forward_backward(data, "importance_sampling").result()
             trainer.optim_step(adam).result()
             seconds.append(time.perf_counter() - start)
-            print(f"sdk step {step}: {seconds[-1]:.2f} s", flush=True)
+            print(f"sdk step {step}: {seconds[-1]:.2f} s (sampling {sampled - start:.2f} s)", flush=True)
         return seconds
     finally:
         proc.send_signal(signal.SIGINT)

@@ -151,3 +151,25 @@ def test_calls_submitted_before_waiting_run_in_order_and_can_be_awaited(client: 
     before, after = asyncio.run(pipelined())
     assert after == pytest.approx(expected, rel=1e-6)
     assert abs(after - before) > 1e-3
+
+
+def test_datums_of_different_lengths_batched_equal_each_sent_alone(client: Any) -> None:
+    """The service pads a request's datums into one forward: each datum's logprobs, the loss and the
+    gradient (its norm at optim_step) must equal those of the datums sent one request each."""
+    rows = [(TOKENS, TARGETS), (TOKENS[:3], TARGETS[:3]), ([7, 7, 19, 23, 3, 11, 12, 13, 14], [3] * 9)]
+    data = [
+        types.Datum(model_input=types.ModelInput.from_ints(t), loss_fn_inputs={"target_tokens": y})
+        for t, y in rows
+    ]
+    together, alone = _training_client(client), _training_client(client)
+    out = together.forward_backward(data, "cross_entropy").result()
+    singles = [alone.forward_backward([d], "cross_entropy").result() for d in data]
+    for i, single in enumerate(singles):
+        got = out.loss_fn_outputs[i]["logprobs"].to_numpy()
+        expected = single.loss_fn_outputs[0]["logprobs"].to_numpy()
+        assert got.shape == (len(rows[i][0]),)
+        torch.testing.assert_close(torch.as_tensor(got), torch.as_tensor(expected), rtol=1e-5, atol=1e-5)
+    assert out.metrics["loss:sum"] == pytest.approx(sum(s.metrics["loss:sum"] for s in singles), rel=1e-5)
+    step = types.AdamParams(learning_rate=0.0)
+    norms = [t.optim_step(step).result().metrics["grad_norm:mean"] for t in (together, alone)]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)

@@ -57,30 +57,66 @@ def forward_backward(
     data: Sequence[Datum],
     forward_only: bool,
     config: Mapping[str, float | str] | None = None,
+    max_batch_tokens: int = 16384,
 ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
     """Per datum outputs (`logprobs` of the target tokens) and metrics (`loss:sum`) of adapter `name`;
     unless `forward_only`, the gradients accumulate in that adapter until its `optim_step`.
 
-    A request that fails midway (a datum whose loss is not finite) leaves the gradients as they were
-    before it: the adapter's (small) gradients are copied first and put back."""
+    Datums run together, right-padded into batches of at most `max_batch_tokens` padded tokens (causal
+    attention: padding after a datum's tokens changes none of its logits), one forward and one backward
+    per batch. A request that fails midway (a datum whose loss is not finite) leaves the gradients as they
+    were before it: the adapter's (small) gradients are copied first and put back."""
     resolved, checked = check(loss_fn, data, host.vocab_size, config)
     outputs: list[dict[str, np.ndarray]] = []
     terms: list[dict[str, float]] = []
     saved = host.gradients(name) if not forward_only else []
     with host.active(name) as module:
         try:
-            for i, (datum, inputs) in enumerate(zip(data, checked, strict=True)):
+            for batch in _batches([d.tokens.size for d in data], max_batch_tokens):
                 with torch.set_grad_enabled(not forward_only):
-                    logits = module(input_ids=torch.as_tensor(datum.tokens)[None]).logits[0].float()
-                    targets = inputs.target_tokens
-                    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.reshape(len(targets), -1))
-                    result = datum_loss(loss_fn, picked.reshape(targets.shape), inputs, resolved, i)
+                    logits = _padded_logits(module, [data[i].tokens for i in batch])
+                    losses = []
+                    for row, i in enumerate(batch):
+                        inputs = checked[i]
+                        targets = inputs.target_tokens
+                        logprobs = torch.log_softmax(logits[row, : len(targets)].float(), dim=-1)
+                        picked = logprobs.gather(-1, targets.reshape(len(targets), -1)).reshape(targets.shape)
+                        result = datum_loss(loss_fn, picked, inputs, resolved, i)
+                        losses.append(result.loss)
+                        outputs.append(result.outputs)
+                        terms.append(result.metrics)
                     if not forward_only:
-                        torch.autograd.backward(result.loss)
-                outputs.append(result.outputs)
-                terms.append(result.metrics)
+                        torch.autograd.backward(torch.stack(losses).sum())
         except Exception:
             if not forward_only:
                 host.set_gradients(name, saved)
             raise
     return outputs, merge_metrics(terms)
+
+
+def _batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive datums grouped so that each group's padded size (rows x longest) stays within
+    `max_tokens` (a datum longer than that runs alone)."""
+    groups: list[list[int]] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if groups and max(longest, n) * (len(groups[-1]) + 1) <= max_tokens:
+            groups[-1].append(i)
+            longest = max(longest, n)
+        else:
+            groups.append([i])
+            longest = n
+    return groups
+
+
+def _padded_logits(module: torch.nn.Module, rows: Sequence[np.ndarray]) -> torch.Tensor:
+    """The logits [rows, longest, vocab] of right-padded rows (padding masked out of attention)."""
+    if len(rows) == 1:
+        return module(input_ids=torch.as_tensor(rows[0])[None]).logits  # type: ignore[no-any-return]
+    longest = max(r.size for r in rows)
+    ids = torch.zeros(len(rows), longest, dtype=torch.int64)
+    mask = torch.zeros(len(rows), longest, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        ids[i, : r.size] = torch.as_tensor(r)
+        mask[i, : r.size] = 1
+    return module(input_ids=ids, attention_mask=mask).logits  # type: ignore[no-any-return]
