@@ -16,7 +16,6 @@ Writes `benchmarks/results/tinker_sample_overhead.json`; the figure is in docs/t
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import tempfile
 import time
 import warnings
@@ -28,7 +27,7 @@ from common import spread, table, write_result
 
 from quartet.config.model import TinyModelConfig
 from quartet.models.tiny import ensure_tiny_model
-from quartet.serving.tinker.samplers import load_base_sampler
+from quartet.serving.tinker.adapters import AdapterHost
 from quartet.serving.tinker.sampling import SampleParams, sample
 from quartet.serving.tinker.server import TinkerServer
 
@@ -67,16 +66,21 @@ def main() -> None:
             warnings.simplefilter("ignore", FutureWarning)
             client = tinker.ServiceClient(base_url=url, api_key=KEY)
         remote = client.create_sampling_client(base_model="tiny").result()
-        local = load_base_sampler(folder, concurrent.futures.ThreadPoolExecutor(1))
-        prompt = [(7 * i + 5) % local.vocab for i in range(args.prompt)]
+        host = AdapterHost(folder)  # what the service holds per base model; no adapter: the base
+
+        def direct(*call: Any, **options: Any) -> Any:
+            with host.active(None) as module:
+                return sample(module, *call, **options)
+
+        prompt = [(7 * i + 5) % host.vocab_size for i in range(args.prompt)]
         model_input = types.ModelInput.from_ints(prompt)
         sdk_params = types.SamplingParams(max_tokens=args.tokens, seed=1, stop=[])
         params = SampleParams(max_tokens=args.tokens, seed=1)
         cases = {
             "sample_sdk": lambda: remote.sample(model_input, args.samples, sdk_params).result(),
-            "sample_direct": lambda: sample(local.module, prompt, params, args.samples),
+            "sample_direct": lambda: direct(prompt, params, args.samples),
             "logprobs_sdk": lambda: remote.compute_logprobs(model_input).result(),
-            "logprobs_direct": lambda: sample(local.module, prompt, SampleParams(1), 1, prompt_logprobs=True),
+            "logprobs_direct": lambda: direct(prompt, SampleParams(1), 1, prompt_logprobs=True),
         }
         for fn in cases.values():  # warm-up: first calls load and allocate
             fn()

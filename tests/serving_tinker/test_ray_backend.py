@@ -71,6 +71,7 @@ def test_a_step_on_the_ray_host_equals_torch_in_process(
     assert got == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_dead_host_fails_its_calls_naming_the_base_and_the_service_answers(
     ray_service: tuple[TinkerServer, Any],
 ) -> None:
