@@ -48,7 +48,7 @@ ROLES: dict[str, str] = {
     "agents": "multi-turn loops, tools, interactions, response masks",
     "planning": "memory of a step per phase and role, before any worker starts",
     "tasks": "built-in tasks: dataset builders, verifiers, their tools",
-    "serving": "the OpenAI-compatible server and the request scheduler",
+    "serving": "the OpenAI-compatible server, the request scheduler, the Tinker service",
     "data": "datasets in verl's layout, the sampler, bad rows, conversions",
     "rewards": "rule scorers, custom functions and callables, the scoring process pool, the LLM judge",
     "roles": "actor, critic, reference, reward model, rollout: one engine each",

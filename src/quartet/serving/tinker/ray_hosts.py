@@ -102,7 +102,9 @@ class RayHost:
         ).remote(str(model_path), torch_threads)
         try:
             limits = ray.get(self.actor.limits.remote(), timeout=start_timeout_s)
-            self.vocab_size, self.context, self.eos_ids = int(limits[0]), limits[1], frozenset(limits[2])
+            self.vocab_size = int(limits[0])
+            self.context = limits[1]
+            self.eos_ids = frozenset(limits[2])
         except Exception as err:
             ray.kill(self.actor)
             raise HostError(
