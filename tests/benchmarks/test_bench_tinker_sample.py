@@ -1,6 +1,6 @@
 """Smoke of benchmarks/tinker_sample_overhead.py: both sides run the same request and decode the same tokens
 (no time bound: the figures are in docs/tinker.md). Slow (~20 s: a fresh interpreter builds the tiny model and
-starts the service); tests/serving_tinker/test_sampling.py covers the sampling itself in CI."""
+starts the service); tests/serving_tinker/test_tinker_sampling.py covers the sampling itself in CI."""
 
 from __future__ import annotations
 
