@@ -106,6 +106,11 @@ class FairQueues:
         with self._cond:
             return len(self._queues.get(key, ()))
 
+    def waiting(self) -> int:
+        """How many calls wait over all keys (not counting one that runs)."""
+        with self._cond:
+            return sum(len(queue) for queue in self._queues.values())
+
     def drop(self, key: str) -> int:
         """Cancel `key`'s queued calls (a call already running finishes); returns how many."""
         with self._cond:
@@ -136,7 +141,9 @@ class FairQueues:
             self._turn.append(key)  # back of the line: the others go first
         if first[1] is None:
             return [first]
-        taken, rows, tag = [first], first[1].rows, first[1].tag
+        taken = [first]
+        rows = first[1].rows
+        tag = first[1].tag
         order = list(self._turn)  # `key` (if it has more) is last: the other keys' heads join first
         while True:
             progress = False
