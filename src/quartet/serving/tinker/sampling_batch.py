@@ -28,12 +28,14 @@ only; a failing batched forward fails every request of the batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from quartet.rollout.torch.sampling import draw_uniforms, sample_seed
 from quartet.serving.tinker.adapters import BASE, AdapterHost
@@ -92,18 +94,27 @@ def sample_many(host: AdapterHost, requests: Sequence[SampleRequest]) -> list[Sa
     if len(requests) == 1:  # nothing to batch with: `sample` itself, as before batching existed
         return [_alone(host, requests[0])]
     answers: list[SampleResult | Exception | None] = [None] * len(requests)
-    running: list[_Running] = []
+    by_adapter: dict[str | None, list[int]] = {}
     for index, request in enumerate(requests):
         try:
             _check(host, request)
-            joined = _prefill(host, index, request, DynamicCache)
         except Exception as err:  # this request's own failure: its slot only
             answers[index] = err
             continue
-        if isinstance(joined, _Running):
-            running.append(joined)
-        else:
-            answers[index] = joined
+        by_adapter.setdefault(request.adapter, []).append(index)
+    running: list[_Running] = []
+    for adapter, indices in by_adapter.items():  # each adapter made active once, its requests prefilled
+        with host.active(adapter) as module, _inference(module):
+            for index in indices:
+                try:
+                    joined = _prefill(module, index, requests[index], DynamicCache, host.decode)
+                except Exception as err:  # this request's own failure: its slot only
+                    answers[index] = err
+                    continue
+                if isinstance(joined, _Running):
+                    running.append(joined)
+                else:
+                    answers[index] = joined
     if running:
         _decode_together(host, running)
         for state in running:
@@ -141,33 +152,37 @@ def _check(host: AdapterHost, request: SampleRequest) -> None:
 
 
 def _prefill(
-    host: AdapterHost, index: int, request: SampleRequest, cache_class: Callable[[], Any]
+    module: nn.Module,
+    index: int,
+    request: SampleRequest,
+    cache_class: Callable[[], Any],
+    text: Callable[[Sequence[int]], str],
 ) -> _Running | SampleResult:
-    """The request's prompt forward with its adapter active and its first token, as `sample` does; a
-    cache that cannot be joined is decoded here, alone (then the finished result is returned)."""
+    """The request's prompt forward through `module` (its adapter active, inference mode) and its first
+    token, as `sample` does; a cache that cannot be joined is decoded here, alone (then the finished
+    result is returned). `text` decodes token ids (stop strings)."""
     params, n = request.params, request.num_samples
-    decode = host.decode if params.stop_strings else None
+    decode = text if params.stop_strings else None
     samples = _Samples(n, _Stops(params, decode), request.topk_sample_logprobs)
     seed = params.seed if params.seed is not None else secrets.randbits(63)
-    with host.active(request.adapter) as module, _inference(module):
-        device = next(module.parameters()).device
-        uniforms = torch.stack([draw_uniforms(sample_seed(seed, i), params.max_tokens) for i in range(n)]).to(
-            device
-        )
-        prompt = torch.as_tensor(list(request.prompt), dtype=torch.int64, device=device)
-        out = module(input_ids=prompt[None], past_key_values=cache_class(), use_cache=True)
-        prompt_values, prompt_top = _prompt_scores(
-            out.logits[0],
-            prompt,
-            request.prompt_logprobs,
-            request.topk_prompt_logprobs,
-            request.prompt_logprobs_last_n,
-        )
-        if not _joinable(out.past_key_values):
-            _decode(module, out, params, uniforms, samples)
-            return SampleResult(samples.sequences(), prompt_values, prompt_top)
-        logits = out.logits[:, -1].float().expand(n, -1)
-        samples.step(list(range(n)), logits, _rows(params, n, device), uniforms[:, 0])
+    device = next(module.parameters()).device
+    uniforms = torch.stack([draw_uniforms(sample_seed(seed, i), params.max_tokens) for i in range(n)]).to(
+        device
+    )
+    prompt = torch.as_tensor(list(request.prompt), dtype=torch.int64, device=device)
+    out = module(input_ids=prompt[None], past_key_values=cache_class(), use_cache=True)
+    prompt_values, prompt_top = _prompt_scores(
+        out.logits[0],
+        prompt,
+        request.prompt_logprobs,
+        request.topk_prompt_logprobs,
+        request.prompt_logprobs_last_n,
+    )
+    if not _joinable(out.past_key_values):
+        _decode(module, out, params, uniforms, samples)
+        return SampleResult(samples.sequences(), prompt_values, prompt_top)
+    logits = out.logits[:, -1].float().expand(n, -1)
+    samples.step(list(range(n)), logits, _rows(params, n, device), uniforms[:, 0])
     return _Running(
         index, request, samples, uniforms, out.past_key_values, len(request.prompt), prompt_values, prompt_top
     )
@@ -218,9 +233,32 @@ def _decode_together(host: AdapterHost, running: list[_Running]) -> None:
     positions = lengths.clone()  # the position of each row's next input token
     chosen = torch.tensor([state.samples.tokens[i][-1] for state, i in rows], device=device)
     longest = max(state.request.params.max_tokens for state in running)
+    with _decoder(host, {state.request.adapter for state, _ in rows}) as forward:
+        _decode_loop(forward, rows, cache, mask, positions, chosen, longest)
+
+
+def _decode_loop(
+    forward: Callable[[list[str], dict[str, Any]], torch.Tensor],
+    rows: list[tuple[_Running, int]],
+    cache: Any,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    chosen: torch.Tensor,
+    longest: int,
+) -> None:
+    """The decode steps after the first token: one `forward` per token over the live rows."""
+    device = chosen.device
     for step in range(1, longest):
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-        logits = _forward(host, [state.request.adapter for state, _ in rows], chosen, mask, positions, cache)
+        names = [BASE if state.request.adapter is None else state.request.adapter for state, _ in rows]
+        inputs = {
+            "input_ids": chosen[:, None],
+            "attention_mask": mask,
+            "position_ids": positions[:, None],
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        logits = forward(names, inputs)
         positions = positions + 1
         chosen = _choose(rows, logits, step, device)
         keep = [row for row, (state, i) in enumerate(rows) if state.samples.reasons[i] is None]
@@ -235,29 +273,19 @@ def _decode_together(host: AdapterHost, running: list[_Running]) -> None:
             rows = [rows[row] for row in keep]
 
 
-def _forward(
-    host: AdapterHost,
-    adapters: list[str | None],
-    tokens: torch.Tensor,
-    mask: torch.Tensor,
-    positions: torch.Tensor,
-    cache: Any,
-) -> torch.Tensor:
-    """Last-position logits [B, V] float32 of one decode step, each row through its own adapter."""
-    names = [BASE if name is None else name for name in adapters]
-    inputs = {
-        "input_ids": tokens[:, None],
-        "attention_mask": mask,
-        "position_ids": positions[:, None],
-        "past_key_values": cache,
-        "use_cache": True,
-    }
+@contextlib.contextmanager
+def _decoder(
+    host: AdapterHost, adapters: set[str | None]
+) -> Iterator[Callable[[list[str], dict[str, Any]], torch.Tensor]]:
+    """(row adapter names, forward inputs) -> last-position logits [B, V] float32, for the whole decode:
+    one adapter is made active once (or the base); several go through peft's mixed batch."""
     mixed = host.mixed()
-    if len(set(names)) == 1 or mixed is None:  # one adapter (or no peft model yet): simply active
-        with host.active(names[0]) as module, _inference(module):
-            return module(**inputs).logits[:, -1].float()  # type: ignore[no-any-return]
+    if len(adapters) == 1 or mixed is None:  # one adapter (or no peft model yet): simply active
+        with host.active(next(iter(adapters))) as module, _inference(module):
+            yield lambda names, inputs: module(**inputs).logits[:, -1].float()
+        return
     with _inference(mixed):
-        return mixed(**inputs, adapter_names=names).logits[:, -1].float()  # type: ignore[no-any-return]
+        yield lambda names, inputs: mixed(**inputs, adapter_names=names).logits[:, -1].float()
 
 
 def _choose(
