@@ -39,6 +39,7 @@ def _alone(host: AdapterHost, request: SampleRequest) -> SampleResult:
             request.prompt,
             request.params,
             request.num_samples,
+            decode=host.decode,
             prompt_logprobs=request.prompt_logprobs,
             topk_sample_logprobs=request.topk_sample_logprobs,
         )
@@ -71,6 +72,8 @@ def test_each_request_equals_sample_alone_and_bad_requests_fail_their_slot_only(
         SampleRequest("alpha", (), SampleParams(4, seed=1), 1),  # an empty prompt
         SampleRequest("alpha", (1, 2, 3, 4, 5), SampleParams(10, 0.0, stop_token_ids=STOPS), 2),
         SampleRequest("beta", (40, 41), SampleParams(6, 1.0, seed=6), 3),
+        SampleRequest(None, (3, 4, 5), SampleParams(12, 1.0, stop_strings=("e",), seed=7), 3),  # text stops
+        SampleRequest("alpha", (8, 9), SampleParams(1, 1.0, seed=8), 2),  # done at its first token
     ]
     answers = sample_many(host, requests)
     assert isinstance(answers[2], KeyError) and "gone" in str(answers[2])
@@ -83,6 +86,8 @@ def test_each_request_equals_sample_alone_and_bad_requests_fail_their_slot_only(
         _assert_same(answer, _alone(host, request))
         reasons |= {seq.stop_reason for seq in answer.sequences}
     assert reasons == {"stop", "length"}  # the stop tokens did end some rows early
+    texts = [host.decode(seq.tokens) for seq in answers[7].sequences]  # type: ignore[union-attr]
+    assert any("e" in text for text in texts), texts
 
 
 def test_the_adapters_differ_so_a_mixed_up_row_would_show(host: AdapterHost) -> None:
