@@ -216,8 +216,9 @@ class SamplingRoutes:
             call.topk_sample_logprobs,
             call.prompt_logprobs_last_n,
         )
-        batch = Batchable(("sample", session.base_model), job, functools.partial(_sample_batch, host))
-        work = entry.queues.submit_batched(key, dataclasses.replace(batch, rows=call.num_samples))
+        tag = ("sample", session.base_model, id(host))  # a replaced (dead) host's calls never mix in
+        batch = Batchable(tag, job, functools.partial(_sample_batch, host), rows=call.num_samples)
+        work = entry.queues.submit_batched(key, batch)
         ids = [f"seq-{uuid.uuid4().hex[:16]}" for _ in range(call.num_samples)]
         return future_response(self.state, work, key, {"sample_sequence_ids": ids})
 
