@@ -213,6 +213,12 @@ class AdapterHost:
             param.requires_grad_(adapter.optimizer is not None)
         yield self._peft
 
+    def mixed(self) -> nn.Module | None:
+        """The peft model to call with `adapter_names=[one name per row]` (`BASE` for the bare base): each
+        row through its own adapter in one forward (peft's mixed batch; eval mode only). None while the
+        host has no adapter (every row is the base: use `active(None)`)."""
+        return self._peft  # type: ignore[no-any-return]
+
     # ---- training -----------------------------------------------------------------------------------
 
     def gradients(self, name: str) -> list[torch.Tensor | None]:

@@ -11,8 +11,11 @@ session whose adapter left reloads it from its checkpoint, and one that had only
 gets a 410 saying to save again.
 
 Every sample runs on its base's thread (`queues.FairQueues`, one queue per session, so clients take
-turns), with exactly its adapter active, and reaches the client through the futures as protobuf
-`SampleResponse`. Requests are checked (`sample_wire`) before anything is queued.
+turns), with exactly its adapter, and reaches the client through the futures as protobuf
+`SampleResponse`. Requests are checked (`sample_wire`) before anything is queued. Sample requests queued
+together on one base (of one client or several, of any adapters) run as one batch
+(`FairQueues.submit_batched`, tag = the base; `sampling_batch.sample_many`: one decode forward per token
+for all of them), each answering what it would alone.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -32,20 +35,21 @@ from aiohttp import web
 from quartet.serving.errors import ApiError
 from quartet.serving.tinker.adapters import AdapterHost, AdapterSpec
 from quartet.serving.tinker.http_body import future_response, json_body
+from quartet.serving.tinker.queues import Batchable
 from quartet.serving.tinker.sample_wire import (
-    SampleCall,
     SampleLimits,
     check_against_model,
     decode_sample,
     decode_sampling_session,
     encode_sample_response,
 )
-from quartet.serving.tinker.sampling import SampleParams, sample
+from quartet.serving.tinker.sampling_batch import SampleRequest, sample_many
 from quartet.serving.tinker.wire import WireError
 
 if TYPE_CHECKING:
     import torch
 
+    from quartet.serving.tinker.ray_hosts import HostHandle
     from quartet.serving.tinker.state import ServiceState
 
 __all__ = ["SamplingRoutes"]
@@ -201,8 +205,20 @@ class SamplingRoutes:
         host = entry.host
         max_tokens = check_against_model(call, host.vocab_size, host.context, self.limits)
         params = call.params(max_tokens, host.eos_ids)
-        run = functools.partial(_sample_on_host, session.adapter, call, params)
-        work = entry.queues.submit(key, functools.partial(host.call, run))
+        # ---- batched sampling (issue 51 item 3): this request may run with others queued on its base
+        job = SampleRequest(
+            session.adapter,
+            tuple(call.prompt),
+            params,
+            call.num_samples,
+            call.prompt_logprobs,
+            call.topk_prompt_logprobs,
+            call.topk_sample_logprobs,
+            call.prompt_logprobs_last_n,
+        )
+        tag = ("sample", session.base_model, id(host))  # a replaced (dead) host's calls never mix in
+        batch = Batchable(tag, job, functools.partial(_sample_batch, host), rows=call.num_samples)
+        work = entry.queues.submit_batched(key, batch)
         ids = [f"seq-{uuid.uuid4().hex[:16]}" for _ in range(call.num_samples)]
         return future_response(self.state, work, key, {"sample_sequence_ids": ids})
 
@@ -242,18 +258,14 @@ def _load_adapter(name: str, spec: AdapterSpec, weights: dict[str, Any], host: A
         raise WireError("model_path", f"the checkpoint does not fit its base model: {err}") from err
 
 
-def _sample_on_host(adapter: str | None, call: SampleCall, params: SampleParams, host: AdapterHost) -> bytes:
-    """On the host: `call`'s samples with `adapter` active (None: the base), as protobuf SampleResponse."""
-    with host.active(adapter) as module:
-        result = sample(
-            module,
-            call.prompt,
-            params,
-            call.num_samples,
-            decode=host.decode if params.stop_strings else None,
-            prompt_logprobs=call.prompt_logprobs,
-            topk_prompt_logprobs=call.topk_prompt_logprobs,
-            topk_sample_logprobs=call.topk_sample_logprobs,
-            prompt_logprobs_last_n=call.prompt_logprobs_last_n,
-        )
-    return encode_sample_response(result)
+def _sample_batch(host: HostHandle, jobs: Sequence[SampleRequest]) -> list[bytes | Exception]:
+    """The queue's `run_many` for sample requests: all of `jobs` in one `sample_many` where the host is."""
+    return host.call(functools.partial(_sample_many_on_host, list(jobs)))
+
+
+def _sample_many_on_host(jobs: list[SampleRequest], host: AdapterHost) -> list[bytes | Exception]:
+    """On the host: each job's protobuf SampleResponse (or its own exception), decoded together."""
+    return [
+        result if isinstance(result, Exception) else encode_sample_response(result)
+        for result in sample_many(host, jobs)
+    ]
