@@ -37,4 +37,6 @@ def client(service: tuple[str, Path]) -> Any:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return tinker.ServiceClient(base_url=service[0], api_key=KEY)
+        client = tinker.ServiceClient(base_url=service[0], api_key=KEY)
+    yield client
+    client.close("success").result(timeout=30)  # ends its session and heartbeat thread

@@ -67,7 +67,9 @@ def service(tiny_model_dir: Path, folders: tuple[Path, Path]) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def client(service: str) -> Any:
-    return tinker.ServiceClient(base_url=service, api_key=KEY)
+    client = tinker.ServiceClient(base_url=service, api_key=KEY)
+    yield client
+    client.close("success").result(timeout=30)  # ends its session and heartbeat thread
 
 
 def _trainer(client: Any) -> Any:

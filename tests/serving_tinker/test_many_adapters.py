@@ -36,6 +36,7 @@ def served(tiny_model_dir: Path) -> Iterator[tuple[TinkerServer, Any]]:
         warnings.simplefilter("ignore", FutureWarning)
         client = tinker.ServiceClient(base_url=url, api_key=KEY)
     yield server, client
+    client.close("success").result(timeout=30)
     server.stop_thread()
 
 

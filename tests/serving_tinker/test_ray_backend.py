@@ -36,6 +36,7 @@ def ray_service(ray_cluster: None, tiny_model_dir: Path) -> Iterator[tuple[Tinke
         warnings.simplefilter("ignore", FutureWarning)
         client = tinker.ServiceClient(base_url=url, api_key=KEY)
     yield server, client
+    client.close("success").result(timeout=30)
     server.stop_thread(grace_s=5)
 
 

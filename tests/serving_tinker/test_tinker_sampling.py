@@ -53,7 +53,9 @@ def service(server: TinkerServer, tiny_model_dir: Path) -> tuple[str, Path]:
 def client(service: tuple[str, Path]) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return tinker.ServiceClient(base_url=service[0], api_key=KEY)
+        client = tinker.ServiceClient(base_url=service[0], api_key=KEY)
+    yield client
+    client.close("success").result(timeout=30)  # ends its session and heartbeat thread
 
 
 @pytest.fixture(scope="module")

@@ -129,9 +129,12 @@ def _quiet_tied_head() -> Iterator[None]:
 class AdapterHost:
     """One frozen base model and its named LoRA adapters (see the module doc)."""
 
-    def __init__(self, model_path: str | Path) -> None:
+    def __init__(self, model_path: str | Path, device: str = "auto") -> None:
         self.model_path = Path(model_path)
-        self._base = _load_base(model_path)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)  # the adapters peft adds follow their base layers there
+        self._base = _load_base(model_path).to(self.device)
         self._peft: Any = None  # the PeftModel, built with the first adapter
         self._adapters: dict[str, _Adapter] = {}
         self.vocab_size = vocab_size(self._base)
@@ -259,9 +262,9 @@ class AdapterHost:
         return list(self._get(name).keys)
 
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
-        """Copies of adapter `name`'s weights, by `keys`."""
+        """Copies of adapter `name`'s weights, by `keys`, on the CPU."""
         adapter = self._get(name)
-        return {k: p.detach().clone() for k, p in zip(adapter.keys, adapter.params, strict=True)}
+        return {k: p.detach().cpu().clone() for k, p in zip(adapter.keys, adapter.params, strict=True)}
 
     def load_adapter_state(self, name: str, state: Mapping[str, torch.Tensor]) -> None:
         """Put `state` (as `adapter_state` gives it) into adapter `name`, bitwise; pending gradients are
@@ -318,4 +321,4 @@ class AdapterHost:
 
 
 def _copy(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value

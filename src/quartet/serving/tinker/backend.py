@@ -74,13 +74,15 @@ def forward_backward(
         try:
             for batch in _batches([d.tokens.size for d in data], max_batch_tokens):
                 with torch.set_grad_enabled(not forward_only):
-                    logits = _padded_logits(module, [data[i].tokens for i in batch])
+                    logits = _padded_logits(module, [data[i].tokens for i in batch], host.device)
                     losses = []
                     for row, i in enumerate(batch):
                         inputs = checked[i]
                         targets = inputs.target_tokens
                         logprobs = torch.log_softmax(logits[row, : len(targets)].float(), dim=-1)
-                        picked = logprobs.gather(-1, targets.reshape(len(targets), -1)).reshape(targets.shape)
+                        index = targets.reshape(len(targets), -1).to(logprobs.device)
+                        # only the picked logprobs leave the device; the losses run on them (CPU)
+                        picked = logprobs.gather(-1, index).reshape(targets.shape).cpu()
                         result = datum_loss(loss_fn, picked, inputs, resolved, i)
                         losses.append(result.loss)
                         outputs.append(result.outputs)
@@ -109,14 +111,15 @@ def _batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
-def _padded_logits(module: torch.nn.Module, rows: Sequence[np.ndarray]) -> torch.Tensor:
+def _padded_logits(module: torch.nn.Module, rows: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
     """The logits [rows, longest, vocab] of right-padded rows (padding masked out of attention)."""
     if len(rows) == 1:
-        return module(input_ids=torch.as_tensor(rows[0])[None]).logits  # type: ignore[no-any-return]
+        ids = torch.as_tensor(rows[0], device=device)[None]
+        return module(input_ids=ids).logits  # type: ignore[no-any-return]
     longest = max(r.size for r in rows)
     ids = torch.zeros(len(rows), longest, dtype=torch.int64)
     mask = torch.zeros(len(rows), longest, dtype=torch.int64)
     for i, r in enumerate(rows):
         ids[i, : r.size] = torch.as_tensor(r)
         mask[i, : r.size] = 1
-    return module(input_ids=ids, attention_mask=mask).logits  # type: ignore[no-any-return]
+    return module(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # type: ignore[no-any-return]
