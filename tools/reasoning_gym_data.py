@@ -1,0 +1,73 @@
+"""Write reasoning-gym tasks as quartet's RL prompt files (verl's parquet layout), for `data.train_files`.
+
+    .venv/bin/python tools/reasoning_gym_data.py OUT_DIR --task leg_counting --task basic_arithmetic:2 \\
+        [--config basic_arithmetic='{"max_terms": 3}'] [--train 2000] [--val 200] [--seed 0]
+
+`--task NAME[:WEIGHT]` (repeatable) names a reasoning-gym dataset and its share of the mixture;
+`--config NAME=JSON` its difficulty settings. Writes OUT_DIR/rl_train.parquet (each task's dataset seeded
+`--seed`) and OUT_DIR/rl_val.parquet (seeded `--seed + VAL_SEED_OFFSET`: reasoning-gym seeds entry i of
+seed s with s + i, so nearby seeds share problems), leaving out, and counting, validation problems whose
+question is also in training (small tasks repeat themselves). The rows' data_source is
+`reasoning_gym/<task>`, which quartet's rule scorer scores with reasoning-gym's own verifier
+(`quartet.environments.reasoning_gym`); rewards are logged per data source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from quartet.environments.reasoning_gym import GymTask, rows
+from quartet.tasks.rows import write_parquet
+
+VAL_SEED_OFFSET = 10_000_019
+"""Validation datasets' seeds: far from training's (reasoning-gym seeds entry i of seed s with s + i)."""
+
+
+def parse_tasks(tasks: list[str], configs: list[str], seed: int, size: int) -> list[GymTask]:
+    """`NAME[:WEIGHT]` and `NAME=JSON` flags as `GymTask`s; ValueError names a malformed flag."""
+    config = {}
+    for item in configs:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--config {item!r}: expected NAME=JSON")
+        config[name] = json.loads(text)
+    out = []
+    for item in tasks:
+        name, _, weight = item.partition(":")
+        out.append(GymTask(name, config.get(name, {}), seed=seed, size=size, weight=float(weight or 1.0)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> tuple[Path, Path]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--task", action="append", required=True, metavar="NAME[:WEIGHT]")
+    parser.add_argument("--config", action="append", default=[], metavar="NAME=JSON")
+    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--val", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    size = max(args.train, 2 * args.val)
+    train_rows = rows(parse_tasks(args.task, args.config, args.seed, size), args.train, seed=args.seed)
+    seen = {r["prompt"][-1]["content"] for r in train_rows}
+    val_seed = args.seed + VAL_SEED_OFFSET
+    candidates = rows(parse_tasks(args.task, args.config, val_seed, size), 2 * args.val, seed=val_seed)
+    fresh = [r for r in candidates if r["prompt"][-1]["content"] not in seen]
+    if len(fresh) < args.val:
+        raise SystemExit(
+            f"only {len(fresh)} of {2 * args.val} validation problems are not in training: fewer --val"
+        )
+    train = write_parquet(train_rows, args.out_dir / "rl_train.parquet")
+    val = write_parquet(fresh[: args.val], args.out_dir / "rl_val.parquet")
+    repeats = len([r for r in candidates[: args.val] if r["prompt"][-1]["content"] in seen])
+    left_out = f"{repeats} repeats of training left out"
+    print(f"wrote {train} ({args.train} rows) and {val} ({args.val} rows; {left_out})")
+    return train, val
+
+
+if __name__ == "__main__":
+    main()
