@@ -71,6 +71,24 @@ def test_a_step_on_the_ray_host_equals_torch_in_process(
         expected = float(loss())
     assert got == pytest.approx(expected, rel=1e-5)
 
+    # sampling runs on the Ray host too: the snapshot's greedy tokens and their logprobs are the trained
+    # model's (the logprobs move with the step even where the argmax does not; the base's differ)
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=5, temperature=0.0, stop=[])
+    sequence = sampler.sample(types.ModelInput.from_ints(TOKENS), 1, params).result().sequences[0]
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    with torch.no_grad():
+        for _ in range(5):
+            logits = torch.log_softmax(module(input_ids=torch.tensor([TOKENS + tokens])).logits[0, -1], -1)
+            tokens.append(int(logits.argmax()))
+            logprobs.append(float(logits[tokens[-1]]))
+    assert list(sequence.tokens) == tokens
+    assert sequence.logprobs == pytest.approx(logprobs, abs=1e-4)
+    base = client.create_sampling_client(base_model="tiny").result()
+    untrained = base.sample(types.ModelInput.from_ints(TOKENS), 1, params).result().sequences[0]
+    assert untrained.logprobs != pytest.approx(logprobs, abs=1e-3), "the adapter must move the logprobs"
+
 
 @pytest.mark.slow
 def test_a_dead_host_fails_its_calls_naming_the_base_and_the_service_answers(
