@@ -16,7 +16,6 @@ model that does not exist); what fails while running reaches the SDK as `Request
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import time
@@ -36,7 +35,7 @@ from quartet.serving.tinker.checkpoints import (
     metadata_strings,
     parse_path,
 )
-from quartet.serving.tinker.http_body import future_response, json_body
+from quartet.serving.tinker.http_body import future_response, json_body, then
 from quartet.serving.tinker.wire import WireError
 
 if TYPE_CHECKING:
@@ -137,7 +136,7 @@ class CheckpointRoutes:
         load = functools.partial(_load, model_id, adapter, state if optimizer else None)
         work = self.state.run_on_model(model_id, load)
         reply = {"type": "load_weights", "path": path, "model_id": model_id}
-        return future_response(self.state, _then(work, reply), model_id)
+        return future_response(self.state, then(work, lambda _: reply), model_id)
 
     def _create_from(
         self, body: Mapping[str, Any], path: str, source: RunRecord, optimizer: bool
@@ -235,22 +234,6 @@ def _load(
         host.load_state(model_id, weights, optimizer)
     except ValueError as err:
         raise WireError("path", str(err)) from err
-
-
-def _then(work: concurrent.futures.Future[Any], value: Any) -> concurrent.futures.Future[Any]:
-    """A future of `value` once `work` succeeded (or of `work`'s failure)."""
-    answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def done(finished: concurrent.futures.Future[Any]) -> None:
-        if finished.cancelled():
-            answer.cancel()
-        elif finished.exception() is not None:
-            answer.set_exception(finished.exception())
-        else:
-            answer.set_result(value)
-
-    work.add_done_callback(done)
-    return answer
 
 
 def _metadata(body: Mapping[str, Any]) -> dict[str, str] | None:

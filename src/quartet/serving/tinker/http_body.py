@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -14,7 +14,9 @@ from quartet.serving.errors import ApiError
 if TYPE_CHECKING:
     from quartet.serving.tinker.state import ServiceState
 
-__all__ = ["future_response", "json_body"]
+__all__ = ["future_response", "json_body", "then"]
+
+T = TypeVar("T")
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:
@@ -37,3 +39,27 @@ def future_response(
     """The SDK's "untyped future" for `work`: `{request_id, model_id}`, polled via retrieve_future."""
     request_id = state.accept(work, model_id)
     return web.json_response({"request_id": request_id, "model_id": model_id, **(extra or {})})
+
+
+def then(
+    work: concurrent.futures.Future[Any], on_success: Callable[[Any], T]
+) -> concurrent.futures.Future[T]:
+    """A future of `on_success(result)` once `work` succeeded; of `work`'s failure (or cancellation)
+    otherwise, or of what `on_success` raised. `on_success` runs on the thread that finished `work`."""
+    answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def done(finished: concurrent.futures.Future[Any]) -> None:
+        if finished.cancelled():
+            answer.cancel()
+            return
+        error = finished.exception()
+        if error is not None:
+            answer.set_exception(error)
+            return
+        try:
+            answer.set_result(on_success(finished.result()))
+        except Exception as err:
+            answer.set_exception(err)
+
+    work.add_done_callback(done)
+    return answer

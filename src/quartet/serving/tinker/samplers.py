@@ -34,7 +34,7 @@ from aiohttp import web
 
 from quartet.serving.errors import ApiError
 from quartet.serving.tinker.adapters import AdapterHost, AdapterSpec
-from quartet.serving.tinker.http_body import future_response, json_body
+from quartet.serving.tinker.http_body import future_response, json_body, then
 from quartet.serving.tinker.queues import Batchable
 from quartet.serving.tinker.sample_wire import (
     SampleLimits,
@@ -103,21 +103,13 @@ class SamplingRoutes:
         entry = self.state.model(model_id)
         name = f"sampler-{uuid.uuid4().hex[:12]}"
         work = self.state.run_on_model(model_id, functools.partial(_copy_adapter, model_id, name, entry.spec))
-        answer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
 
-        def opened(done: concurrent.futures.Future[None]) -> None:
-            error = None if done.cancelled() else done.exception()
-            if done.cancelled():
-                answer.cancel()
-            elif error is not None:
-                answer.set_exception(error)
-            else:
-                self._loaded_on(entry.base_model, name)
-                session_id = self._open(_Session(entry.base_model, name, None))
-                answer.set_result({"type": "save_weights_for_sampler", "sampling_session_id": session_id})
+        def opened(_: object) -> dict[str, Any]:
+            self._loaded_on(entry.base_model, name)
+            session_id = self._open(_Session(entry.base_model, name, None))
+            return {"type": "save_weights_for_sampler", "sampling_session_id": session_id}
 
-        work.add_done_callback(opened)
-        return answer
+        return then(work, opened)
 
     async def _load_path(self, model_path: str) -> tuple[str, str]:
         """(base model, sampler adapter) of the saved sampler checkpoint `model_path`, loaded once."""

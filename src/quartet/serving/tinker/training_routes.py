@@ -8,7 +8,6 @@ is a 400 naming its field and never reaches the queue.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from typing import Any
 
@@ -19,7 +18,7 @@ from quartet.serving.tinker import backend
 from quartet.serving.tinker.adapters import AdamStep, AdapterSpec
 from quartet.serving.tinker.backend import NotServedError
 from quartet.serving.tinker.checkpoints import RunRecord, metadata_strings
-from quartet.serving.tinker.http_body import future_response, json_body
+from quartet.serving.tinker.http_body import future_response, json_body, then
 from quartet.serving.tinker.state import ServiceState
 from quartet.serving.tinker.wire import decode_forward_backward, encode_forward_backward_output
 
@@ -130,26 +129,14 @@ class TrainingRoutes:
     async def unload_model(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         entry = self.state.model(body.get("model_id"))
-        state = self.state
+        model_id, models = entry.model_id, self.state.models
 
-        model_id = entry.model_id
+        def forget(_: object) -> dict[str, Any]:
+            models.pop(model_id, None)
+            return {"type": "unload_model", "model_id": model_id}
+
         work = self.state.run_on_model(model_id, lambda host: host.remove(model_id))
-        work.add_done_callback(lambda done: done.exception() or state.models.pop(model_id, None))
-        answer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        work.add_done_callback(
-            lambda done: _chain(done, answer, {"type": "unload_model", "model_id": model_id})
-        )
-        return future_response(self.state, answer, model_id)
-
-
-def _chain(done: concurrent.futures.Future[Any], answer: concurrent.futures.Future[Any], value: Any) -> None:
-    """Complete `answer` with `value` when `done` succeeded, else with its failure."""
-    if done.cancelled():
-        answer.cancel()
-    elif done.exception() is not None:
-        answer.set_exception(done.exception())
-    else:
-        answer.set_result(value)
+        return future_response(self.state, then(work, forget), model_id)
 
 
 def adapter_spec(lora: dict[str, Any]) -> AdapterSpec:
