@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -59,6 +60,9 @@ def test_shutdown_cancels_queued_calls_and_lets_the_running_one_finish() -> None
     gate = threading.Event()
     running = queues.submit("a", lambda: gate.wait(10))
     queued = queues.submit("a", lambda: "never")
+    deadline = time.monotonic() + 30
+    while not running.running() and time.monotonic() < deadline:  # it must run before the stop begins
+        time.sleep(0.01)
     threading.Timer(0.2, gate.set).start()
     queues.shutdown(timeout_s=10)
     assert running.result(timeout=1) is True
