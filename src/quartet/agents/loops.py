@@ -70,6 +70,16 @@ class AgentRow:
     """`{"name": <interaction>, ...}`: which simulated user, and its `start` arguments."""
     images: tuple[bytes, ...] = ()
     """The row's encoded images (its `images` column), one per `<image>` of `messages`."""
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """`{"name": <environment>, ...}`: which environment runs the row (the `environment` loop), and the
+    arguments its class is built with (the row's `extra_info.env_kwargs`)."""
+    data_source: str = ""
+    ground_truth: Any = None
+    extra_info: Mapping[str, Any] = field(default_factory=dict)
+    index: int | None = None
+    """The row's index in its data set (the batch's `index` column), for error messages."""
+    sample: int = 0
+    """Which of the row's `rollout.n` trajectories this is (0, 1, ...)."""
 
 
 @dataclass
@@ -88,6 +98,12 @@ class AgentEnv:
     """How prompts after the first are built (`rollout.multi_turn.template_mode`)."""
     images: ImageKit | None = None
     """A vision-language model's image processor and token; None for a text model."""
+    environment: str = ""
+    """The environment of rows whose `env_kwargs` name none (`rollout.multi_turn.environment`)."""
+    environment_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Arguments every environment instance is built with, under the row's (`environment_kwargs`)."""
+    env_timeout_s: float = 30.0
+    """Longest wait for one environment call (reset, step, close)."""
 
     def trajectory_images(self, row: AgentRow) -> TrajectoryImages | None:
         """A new trajectory's images, holding the row's; None for a text model (which refuses a row

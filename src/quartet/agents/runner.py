@@ -122,6 +122,11 @@ def _objects(values: list[Any]) -> np.ndarray:
     return out
 
 
+def _row_index(value: Any) -> int | None:
+    """A row's dataset index from the batch's `index` column (None where the batch has none)."""
+    return None if value is None else int(value)
+
+
 def trajectory_seed(seed: int, row: int, sample: int, n: int, turn: int) -> int:
     """A distinct sampling seed per (request seed, row, sample, turn)."""
     return ((seed * 1_000_003 + row * n + sample) * 1_009 + turn) & _MASK63
@@ -175,6 +180,9 @@ class AgentRunner:
                 max_tool_response_chars=mt.max_tool_response_length,
                 tool_timeout_s=mt.tool_timeout_s,
             ),
+            environment=mt.environment,
+            environment_kwargs=dict(mt.environment_kwargs),
+            env_timeout_s=mt.env_timeout_s,
         )
         return cls(mt, env)
 
@@ -190,8 +198,13 @@ class AgentRunner:
         names = list(nt["agent_name"]) if "agent_name" in nt else [None] * size
         extras = list(nt["extra_info"]) if "extra_info" in nt else [None] * size
         images = list(nt["images"]) if "images" in nt else [None] * size
+        sources = list(nt["data_source"]) if "data_source" in nt else [""] * size
+        truths = list(nt["ground_truth"]) if "ground_truth" in nt else [None] * size
+        indexes = list(nt["index"]) if "index" in nt else [None] * size
         out = []
-        for messages, name, extra, blobs in zip(nt["raw_prompt"], names, extras, images, strict=True):
+        for i, (messages, name, extra, blobs) in enumerate(
+            zip(nt["raw_prompt"], names, extras, images, strict=True)
+        ):
             info: Mapping[str, Any] = extra if isinstance(extra, Mapping) else {}
             out.append(
                 AgentRow(
@@ -200,6 +213,11 @@ class AgentRunner:
                     tools_kwargs=dict(info.get("tools_kwargs") or {}),
                     interaction_kwargs=dict(info.get("interaction_kwargs") or {}),
                     images=tuple(bytes(b) for b in blobs or ()),
+                    env_kwargs=dict(info.get("env_kwargs") or {}),
+                    data_source=str(sources[i] or ""),
+                    ground_truth=truths[i],
+                    extra_info=dict(info),
+                    index=_row_index(indexes[i]),
                 )
             )
         return out
@@ -243,7 +261,11 @@ class AgentRunner:
 
             return generate
 
-        tasks = [run_agent(row, generator(i, j), self.env) for i, row in enumerate(rows) for j in range(n)]
+        tasks = [
+            run_agent(dataclasses.replace(row, sample=j), generator(i, j), self.env)
+            for i, row in enumerate(rows)
+            for j in range(n)
+        ]
         trajectories = list(await asyncio.gather(*tasks))
         for i, j in cut:
             trajectory = trajectories[i * n + j]
@@ -295,6 +317,7 @@ class AgentRunner:
             base = dict(extras[i]) if i < len(extras) and isinstance(extras[i], Mapping) else {}
             new_extra.append(
                 {**base, "final_message": clean, "num_turns": t.assistant_turns, "env_reward": t.reward}
+                | ({"env_error": t.error} if t.error else {})
             )
             metrics.append(dict(t.metrics))
         return {

@@ -61,7 +61,16 @@ from quartet.rollout.types import FinishReason, GenerationOutput
 if TYPE_CHECKING:
     from quartet.agents.interaction import Interaction
 
-__all__ = ["MALFORMED_CALL", "RERENDER_BREAKS", "LoopLimits", "UserSim", "run_tool_loop"]
+__all__ = [
+    "MALFORMED_CALL",
+    "RERENDER_BREAKS",
+    "Episode",
+    "LoopLimits",
+    "TurnText",
+    "UserSim",
+    "run_tool_loop",
+    "start_trajectory",
+]
 
 RERENDER_BREAKS = "agent/template_rerender_breaks"
 """Per trajectory (rerender mode): environment turns whose rendering of the conversation changed tokens
@@ -137,7 +146,7 @@ async def run_tool_loop(
     trajectory = start_trajectory(renderer, messages, images)
     instances = await _create_tools(tools, tools_kwargs, images)
     user_id = await user.interaction.start(**dict(user.kwargs)) if user is not None else ""
-    episode = _Episode(
+    episode = Episode(
         trajectory, renderer, eot_ids, parser, tools, limits, instances, user, user_id, rerender=rerender
     )
     episode.images = images
@@ -186,7 +195,7 @@ async def _create_tools(
 
 
 @dataclass(frozen=True)
-class _ModelTurn:
+class TurnText:
     """A model turn the loop goes on from: its decoded text, and whether it ended at the end-of-turn id."""
 
     text: str
@@ -194,8 +203,10 @@ class _ModelTurn:
 
 
 @dataclass
-class _Episode:
-    """One trajectory's loop: what it carries from turn to turn, one method per kind of turn."""
+class Episode:
+    """One trajectory's loop: what it carries from turn to turn, one method per kind of turn. The generic
+    environment loop (`quartet.environments.loop`) drives one too, without tools or a user: its
+    `model_turn`, `name_calls` and `add_env_turn` are the token bookkeeping every loop shares."""
 
     trajectory: Trajectory
     renderer: ChatRenderer
@@ -247,7 +258,7 @@ class _Episode:
             if self.trajectory.finish_reason:  # the tool turn ended it (an image turn past the budget)
                 return
 
-    async def model_turn(self, generate: Generate) -> _ModelTurn | None:
+    async def model_turn(self, generate: Generate) -> TurnText | None:
         """Generate within the response's token budget and append the turn; None when the turn ends the
         trajectory (no budget left, aborted, cut by a length limit)."""
         t = self.trajectory
@@ -276,7 +287,7 @@ class _Episode:
         if out.finish_reason is FinishReason.LENGTH:
             self.end(AgentFinishReason.MAX_TOKENS if len(ids) >= budget else AgentFinishReason.LENGTH)
             return None
-        return _ModelTurn(text, ended)
+        return TurnText(text, ended)
 
     async def user_turn(self, user: UserSim, ended: bool) -> bool:
         """The interaction loop's step: the simulated user answers the turn; False when that ends it."""

@@ -62,6 +62,8 @@ class AgentFinishReason(StrEnum):
     ABORT = "abort"  # the engine aborted a generation
     INTERACTION_DONE = "interaction_done"  # the simulated user ended the conversation
     DEADLINE = "deadline"  # cut at the step's deadline (rollout.multi_turn.step_deadline_s)
+    ENV_DONE = "env_done"  # an environment's step said the episode is done (quartet.environments)
+    ENV_ERROR = "env_error"  # an environment raised, hung or answered wrongly: a bad row, not trained
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class Trajectory:
     images: TrajectoryImages | None = None
     """The trajectory's images (`quartet.agents.images.TrajectoryImages`: prompt's, then the tools'), for
     a vision-language model; None for text."""
+    error: str = ""
+    """Why the environment failed this trajectory (finish_reason env_error): environment, row, turn and
+    the error, in one line; the scorer of `env/...` rows reports it as a failed row."""
     turn_rewards: list[float] = field(default_factory=list)
     """One per model turn: what the environment rewarded that turn with alone (a tool call's reward, a
     simulated user's `turn_reward`); 0.0 where it gave nothing (quartet.core.turn_credit)."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from quartet.config.errors import require
 from quartet.config.model import Dtype
@@ -139,6 +141,18 @@ class MultiTurnConfig:
     """A trajectory whose outcome score reaches this counts as a success in `agent/success` and
     `agent/turns_to_success`."""
 
+    environment: str = ""
+    """The environment (`@register_environment`, docs/environments.md) of rows run by the `environment`
+    agent loop whose `extra_info.env_kwargs` name none. Checked when the run starts."""
+
+    environment_kwargs: Any = field(default_factory=dict)
+    """A mapping: arguments every environment instance is built with; a row's `extra_info.env_kwargs`
+    override them key by key."""
+
+    env_timeout_s: float = 30.0
+    """Longest wait for one environment call (reset, step, close); a slower one fails its row (counted,
+    named, not trained) and the run goes on."""
+
     def __post_init__(self) -> None:
         require(bool(self.default_agent), "default_agent", "must name an agent loop", "e.g. tool_agent")
         for name in self.tools:
@@ -161,6 +175,20 @@ class MultiTurnConfig:
         require(self.max_tool_response_length >= 1, "max_tool_response_length", "must be >= 1")
         require(self.tool_timeout_s > 0, "tool_timeout_s", "must be > 0")
         require(self.step_deadline_s >= 0, "step_deadline_s", "must be >= 0 (0: no deadline)")
+        require(self.env_timeout_s > 0, "env_timeout_s", "must be > 0")
+        require(
+            isinstance(self.environment_kwargs, Mapping)
+            and all(isinstance(k, str) for k in self.environment_kwargs),
+            "environment_kwargs",
+            f"must be a mapping of argument names to values, got {self.environment_kwargs!r}",
+            "e.g. environment_kwargs: {max_guesses: 5}",
+        )
+        require(
+            "name" not in self.environment_kwargs,
+            "environment_kwargs",
+            "must not hold 'name'",
+            "name the environment with rollout.multi_turn.environment",
+        )
 
 
 @dataclass(frozen=True)

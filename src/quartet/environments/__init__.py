@@ -1,4 +1,26 @@
-"""Environments from the ecosystem, outside quartet's own tasks (issue 52). First: reasoning-gym's
-procedural tasks as prompt rows scored by reasoning-gym's own verifiers (`environments.reasoning_gym`)."""
+"""Environments: the seam between quartet's agent loops and tasks written elsewhere (docs/environments.md).
+
+    from quartet.environments import Environment, StepResult, register_environment
+
+- `base`: the interface (`Environment.reset(row)`, `step(turn) -> StepResult`, `tools()`, `close()`).
+- `registry`: `@register_environment(name)`, looked up by rows and `rollout.multi_turn.environment`.
+- `loop`: the generic agent loop `environment` that runs one (registered on import of this package).
+- `scoring`: rows with data source `env/<name>` are scored by the episode's reward.
+- `reasoning_gym`: reasoning-gym's procedural tasks as prompt rows scored by its own verifiers.
+"""
 
 from __future__ import annotations
+
+from quartet.environments import loop as loop
+from quartet.environments.base import Environment, EnvRow, ModelTurn, StepResult, ToolCall
+from quartet.environments.registry import register_environment, registered_environments
+
+__all__ = [
+    "EnvRow",
+    "Environment",
+    "ModelTurn",
+    "StepResult",
+    "ToolCall",
+    "register_environment",
+    "registered_environments",
+]

@@ -9,6 +9,7 @@
 |                                                             | or `math_answers` (lenient, last box)     |
 | `math_dapo`, `aime...` (any name starting with `aime`)      | the same, or the last `Answer:` line      |
 | `reasoning_gym/<task>` (`quartet.environments.reasoning_gym`) | reasoning-gym's own verifier of the task |
+| `env/<name>` (rows an environment ran, `quartet.environments`) | the episode's reward (`env_reward`)     |
 | a built-in task's name (`arithmetic`, ...)                  | the task's own verifier                   |
 
 Two modes (`reward.rule_mode`, see `RULE_FUNCTIONS`): `verl` (the default, `default_compute_score`) scores
@@ -55,6 +56,8 @@ VERL_MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "Hu
 """The sources verl scores with its Hendrycks-style `math` rule (`math_verl`) in `rule_mode=verl`."""
 ANSWER_LINE_SOURCES = ("math_dapo",)
 ANSWER_LINE_PREFIX = "aime"
+ENV_PREFIX = "env/"
+"""Rows an environment ran (`quartet.environments`): scored by the episode's reward."""
 REASONING_GYM_PREFIX = "reasoning_gym/"
 """Rows of `quartet.environments.reasoning_gym`: scored by reasoning-gym's own verifier of the task."""
 
@@ -115,6 +118,7 @@ def known_data_sources() -> list[str]:
         *MATH_SOURCES,
         *ANSWER_LINE_SOURCES,
         f"{ANSWER_LINE_PREFIX}*",
+        f"{ENV_PREFIX}<name>",
         f"{REASONING_GYM_PREFIX}<task>",
         *_builtin_task_names(),
     ]
@@ -144,6 +148,10 @@ def _builtin_scorer(data_source: str, mode: str) -> ScoreFn:
         return math_answers.compute_score
     if data_source in ANSWER_LINE_SOURCES or data_source.startswith(ANSWER_LINE_PREFIX):
         return functools.partial(math_answers.compute_score, answer_line=True)
+    if data_source.startswith(ENV_PREFIX):
+        from quartet.environments.scoring import compute_score as environment_score
+
+        return environment_score
     if data_source.startswith(REASONING_GYM_PREFIX):
         from quartet.environments.reasoning_gym import compute_score as reasoning_gym_score
 

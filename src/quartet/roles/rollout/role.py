@@ -92,6 +92,7 @@ class Rollout:
     def _start_server(self, model_path: str) -> None:
         """The replica's OpenAI-compatible server (also on HTTP with `interface=server`); with multi-turn, the
         agent loops generate through it."""
+        import quartet.environments  # noqa: F401 (registers the `environment` agent loop)
         from quartet.agents.runner import AgentRunner
         from quartet.roles.rollout.server import ReplicaServer
 

@@ -125,7 +125,9 @@ def check_chat_template(cfg: QuartetConfig, tokenizer: Any, data: RLData, model_
     logged, and a refusal under `rollout.multi_turn.template_mode=strict` (quartet.agents.template_policy)."""
     from quartet.agents.runner import AgentRunner
     from quartet.agents.template_policy import PREFLIGHT_ROWS
+    from quartet.environments.loop import check_environment_config
 
+    check_environment_config(cfg.rollout.multi_turn)
     runner = AgentRunner.from_config(cfg.rollout.multi_turn, tokenizer, cfg.data.max_response_length)
     rows = [data.train.row(i)["raw_prompt"] for i in range(min(PREFLIGHT_ROWS, len(data.train)))]
     runner.preflight(rows, model_path)
