@@ -27,10 +27,12 @@ step's `info` as `env/<key>` (the last value given stands), and the tool loop's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
 import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,6 +74,29 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text[:80] + '...' if len(text) > 80 else text}"
 
 
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a daemon thread of its own: a call that never returns is left behind (the timeout
+    fails its row) without holding the event loop, nor `asyncio.run`'s exit, which waits for the default
+    executor's threads."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as err:  # noqa: BLE001 (handed to the awaiting task)
+            outcome = (False, err)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the call was given up on long ago
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="quartet-env-call", daemon=True).start()
+    return await future
+
+
 async def _call(fn: Callable[..., Any], arg: Any, what: str, timeout_s: float) -> Any:
     """`fn(arg)` (async, or plain in a worker thread) within `timeout_s`; an `EnvironmentFailure` saying
     `what` failed and how."""
@@ -79,7 +104,7 @@ async def _call(fn: Callable[..., Any], arg: Any, what: str, timeout_s: float) -
         async with asyncio.timeout(timeout_s):
             if inspect.iscoroutinefunction(fn):
                 return await fn(arg)
-            result = await asyncio.to_thread(fn, arg)
+            result = await _in_thread(fn, arg)
             return await result if inspect.isawaitable(result) else result
     except TimeoutError:
         raise EnvironmentFailure(
@@ -294,7 +319,7 @@ class _EnvEpisode:
             return
         try:
             async with asyncio.timeout(self.env.env_timeout_s):
-                result = closer() if inspect.iscoroutinefunction(closer) else await asyncio.to_thread(closer)
+                result = closer() if inspect.iscoroutinefunction(closer) else await _in_thread(closer)
                 if inspect.isawaitable(result):
                     await result
         except Exception as err:  # noqa: BLE001 (user code; counted, logged, and the episode stands)
