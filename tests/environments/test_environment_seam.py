@@ -163,6 +163,7 @@ def test_an_environment_turn_by_turn(tokenizer: Any) -> None:
     # what the environment saw: each turn's text and index, the conversation so far
     assert [turn.text for turn in env.seen] == ["pear", "plum", "an apple"]
     assert [turn.turn for turn in env.seen] == [0, 1, 2]
+    assert not any(turn.final or turn.cut for turn in env.seen)  # 4 turns allowed, the budget not spent
     assert env.seen[1].messages[-1] == {"role": "assistant", "content": "plum"}
     roles = ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert [m["role"] for m in env.seen[2].messages] == roles
@@ -196,7 +197,7 @@ def test_a_turn_cut_by_the_token_limit_is_still_judged(tokenizer: Any) -> None:
     budget = len(renderer.encode(words)) // 2
     t = run(agent_row("seam_guess"), ScriptedPolicy(renderer, [words]), agent_env(tokenizer, budget=budget))
     seen = GuessWord.last.seen
-    assert len(seen) == 1 and seen[0].cut  # judged, and told it was cut
+    assert len(seen) == 1 and seen[0].cut and seen[0].final  # judged, and told it was cut: the last turn
     assert t.reward == 0.25 and t.finish_reason == "max_tokens" and len(t.response_ids) == budget
 
 
@@ -204,6 +205,7 @@ def test_an_episode_that_never_ends_stops_at_the_turn_limit(tokenizer: Any) -> N
     renderer = ChatRenderer(tokenizer)
     t = run(agent_row("seam_guess"), ScriptedPolicy(renderer, ["no"] * 5), agent_env(tokenizer, max_turns=2))
     assert t.finish_reason == "max_turns" and t.assistant_turns == 2 and t.metrics["env/errors"] == 0
+    assert [turn.final for turn in GuessWord.last.seen] == [False, True]  # told which turn is the last
 
 
 def test_registry_errors_list_what_exists() -> None:

@@ -22,8 +22,10 @@ template modes, the token and turn budgets, timeouts, counters. Methods may be `
 
 Rewards: a step's `reward` goes on the model turn it answers (`turn_rewards`, for turn-level credit) and
 the episode's reward (the trajectory's `env_reward`, which rows with data source `env/<name>` are scored
-by) is the sum of every step's reward (None when no step gave one). `info`'s numbers are averaged into
-the step's metrics as `env/<key>`.
+by) is the sum of every step's reward (None when no step gave one: such a row scores 0 and is counted in
+`env/unrewarded`). A turn after which the loop cannot go on (cut at the token limit, the last turn
+allowed, no budget left) comes with `ModelTurn.final`: the place for an outcome reward. `info`'s numbers
+go to the step's metrics as `env/<key>` (per trajectory the last value given; averaged over the batch).
 
 An environment with tools says so in `tools()` (OpenAI function schemas, read after `reset`): the prompt
 shows them, the run's tool-call parser (`rollout.multi_turn.tool_call_format`) reads the model's calls into
@@ -88,6 +90,9 @@ class ModelTurn:
     """Calls the parser could not read (bad JSON, no name), one line each."""
     cut: bool = False
     """The turn ended at the token limit, not at the model's end-of-turn (its last words may be missing)."""
+    final: bool = False
+    """No model turn can follow, whatever `step` answers (a cut turn, the last of `max_assistant_turns`,
+    or no response budget left): give the episode's outcome reward now."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ the error. It is counted (`env/errors`) and logged, and a row with data source `
 as a failed row (`reward/error_count`, named in `bad_rows.jsonl`; `quartet.environments.scoring`).
 `close` runs however the episode ended; its failure is counted (`env/close_errors`) but spoils nothing.
 
-Metrics per trajectory: `env/steps`, `env/errors`, `env/timeouts`, `env/close_errors`, each number of a
+Metrics per trajectory: `env/steps`, `env/errors`, `env/timeouts`, `env/close_errors`, `env/unrewarded`
+(an episode no step rewarded: its `env/...` row scores 0), each number of a
 step's `info` as `env/<key>` (the last value given stands), and the tool loop's `agent/...` counters.
 """
 
@@ -255,7 +256,13 @@ class _EnvEpisode:
                 return  # aborted mid-turn (a deadline): nothing for the environment to judge
             turn_index = trajectory.assistant_turns - 1
             self.stage = f"step of turn {turn_index}"
-            result = await self.step(trajectory, episode, text, turn_index)
+            limits = self.env.limits
+            final = (
+                cut
+                or trajectory.assistant_turns >= limits.max_assistant_turns
+                or len(trajectory.response_ids) >= limits.max_response_tokens
+            )
+            result = await self.step(trajectory, episode, text, turn_index, final)
             if result.done:
                 episode.end(AgentFinishReason.ENV_DONE)
                 return
@@ -270,7 +277,7 @@ class _EnvEpisode:
                 return
 
     async def step(
-        self, trajectory: Trajectory, episode: Episode, text: TurnText | None, turn: int
+        self, trajectory: Trajectory, episode: Episode, text: TurnText | None, turn: int, final: bool
     ) -> StepResult:
         """One `step` call on the latest model turn, its reward and info booked."""
         message = trajectory.messages[-1]
@@ -288,6 +295,7 @@ class _EnvEpisode:
             tool_calls=calls,
             tool_call_errors=tuple(parsed.errors),
             cut=text is None,
+            final=final,
         )
         result = _check_step(
             await _call(self.instance.step, model_turn, "step", self.env.env_timeout_s), "step"
@@ -358,6 +366,7 @@ async def environment_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> 
         trajectory, shared = await episode.start()
         await episode.run(generate, trajectory, shared)
         trajectory.reward = episode.reward_total
+        episode.counts["env/unrewarded"] = float(episode.reward_total is None)
     except EnvironmentFailure as err:
         if trajectory is None:  # nothing was rendered yet: the row's own prompt, no response
             trajectory = start_trajectory(env.plain_renderer, row.messages, env.trajectory_images(row))
