@@ -10,7 +10,8 @@ and the turn, so `n` samples of a row differ and a run is reproducible.
 
 The output is the rollout Batch of `quartet.agents.batch` with, per row:
 - `extra_info` gains `final_message` (the last assistant turn, special tokens removed), `num_turns` and
-  `env_reward` (the interaction's or the tools' score, or None), for reward functions;
+  `env_reward` (the interaction's, the tools' or the environment's score, or None), for reward functions,
+  and `env_error` where an environment failed the trajectory (`quartet.environments.loop`);
 - `agent_metrics`: the trajectory's loop counters (tool calls, failures, turns, drift, latency);
 - `finish_reason` says why the loop ended;
 - with a vision-language model (`image_processor`), `images` and `multi_modal_inputs` hold each
