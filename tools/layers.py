@@ -48,7 +48,7 @@ ROLES: dict[str, str] = {
     "agents": "multi-turn loops, tools, interactions, response masks",
     "planning": "memory of a step per phase and role, before any worker starts",
     "tasks": "built-in tasks: dataset builders, verifiers, their tools",
-    "environments": "environments from the ecosystem: reasoning-gym's tasks and verifiers",
+    "environments": "the environment seam (reset/step), its registry and loop; reasoning-gym, verifiers",
     "serving": "the OpenAI-compatible server, the request scheduler, the Tinker service",
     "data": "datasets in verl's layout, the sampler, bad rows, conversions",
     "rewards": "rule scorers, custom functions and callables, the scoring process pool, the LLM judge",
