@@ -220,3 +220,29 @@ def test_registry_errors_list_what_exists() -> None:
         register_environment("seam_no_step")(type("NoStep", (), {"reset": lambda self, row: []}))
     with pytest.raises(TypeError, match=r"refused its arguments \['colour'\] from the row"):
         make_environment("seam_guess", {"colour": 1}, "the row")
+
+
+def test_an_installed_package_offers_an_environment_by_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package installed with an entry point in `quartet.environments` is found by name, no config."""
+    (tmp_path / "pkg_env_mod.py").write_text(
+        "from quartet.environments import Environment, StepResult\n"
+        "class Echo(Environment):\n"
+        "    async def reset(self, row):\n        return list(row.messages)\n"
+        "    async def step(self, turn):\n"
+        "        return StepResult(reward=float(len(turn.text)), done=True)\n"
+    )
+    dist = tmp_path / "pkg_env-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg-env\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[quartet.environments]\nseam_echo = pkg_env_mod:Echo\nseam_broken = pkg_env_mod:Missing\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = make_environment("seam_echo", {}, "rollout.multi_turn.environment")
+    assert type(env).__name__ == "Echo" and type(env).name == "seam_echo"
+    with pytest.raises(UnknownEnvironmentError, match=r"entry point 'pkg_env_mod:Missing' .* failed to load"):
+        make_environment("seam_broken", {}, "rollout.multi_turn.environment")
+    with pytest.raises(UnknownEnvironmentError, match="did you mean 'seam_echo'"):
+        make_environment("seam_ech", {}, "the row")
