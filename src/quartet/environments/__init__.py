@@ -7,11 +7,13 @@
 - `loop`: the generic agent loop `environment` that runs one (registered on import of this package).
 - `scoring`: rows with data source `env/<name>` are scored by the episode's reward.
 - `reasoning_gym`: reasoning-gym's procedural tasks as prompt rows scored by its own verifiers.
+- `verifiers_env`: verifiers environments (dataset, env_response, rubric) as the environment `verifiers`.
 """
 
 from __future__ import annotations
 
 from quartet.environments import loop as loop
+from quartet.environments import verifiers_env as verifiers_env
 from quartet.environments.base import Environment, EnvRow, ModelTurn, StepResult, ToolCall
 from quartet.environments.registry import register_environment, registered_environments
 
