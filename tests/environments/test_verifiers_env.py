@@ -8,6 +8,7 @@ environment's messages and the tool's result as the model saw them; then the err
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -19,6 +20,7 @@ from quartet.agents.loops import AgentEnv, AgentRow
 from quartet.agents.runner import AgentRunner
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
 from quartet.config import load_config
+from quartet.environments import Environment, EnvRow, ModelTurn, StepResult, register_environment
 from quartet.environments.loop import environment_loop
 from quartet.environments.verifiers_env import VerifiersLoadError, load, rows
 from quartet.models.loading import load_tokenizer
@@ -190,3 +192,60 @@ def test_rows_round_trip_through_parquet(tmp_path: Path) -> None:
     kwargs = back[2]["extra_info"]["env_kwargs"]
     assert kwargs["name"] == "verifiers" and json.loads(kwargs["env_args"]) == {"num_examples": 4}
     assert json.loads(kwargs["example"])["info"] == {"a": 3}
+
+
+def test_an_episode_quartets_limit_ends_is_still_scored_by_the_rubric(agent_env: AgentEnv) -> None:
+    row = rows("quartet-vf-multi", {"max_turns": 5})[1]  # plum; the env would allow 5 guesses
+    two_turns = dataclasses.replace(
+        agent_env, limits=dataclasses.replace(agent_env.limits, max_assistant_turns=2)
+    )
+    traj = _play(two_turns, row, ["fig", "date", "unused"])
+    assert traj.finish_reason is AgentFinishReason.MAX_TURNS and traj.assistant_turns == 2
+    completion = [
+        {"role": "assistant", "content": "fig"},
+        {"role": "user", "content": "No. Hint 1: it starts with p."},
+        {"role": "assistant", "content": "date"},
+    ]
+    state = _verifiers_score("quartet-vf-multi", {"max_turns": 5}, row, completion)
+    assert traj.reward == pytest.approx(state["reward"]) and state["reward"] == pytest.approx(0.25 / 2)
+    assert traj.turn_rewards == [0.0, traj.reward]  # on the last model turn, by the loop's `end` hook
+    # the token budget: a turn it cuts is scored by `step` (the turn is given, cut), and a budget the hint
+    # fills to the last token ends the episode with no model turn after it, scored by `end`
+    hint_end = _play(agent_env, row, ["fig", "date", "kiwi", "lime", "pear"]).turns[1].stop
+    for budget, turns in ((hint_end + 2, 2), (hint_end, 1)):
+        limits = dataclasses.replace(agent_env.limits, max_response_tokens=budget)
+        traj = _play(dataclasses.replace(agent_env, limits=limits), row, ["fig", "date", "unused"])
+        assert traj.finish_reason is AgentFinishReason.MAX_TOKENS and traj.assistant_turns == turns
+        assert traj.reward == pytest.approx(0.25 / turns) and traj.turn_rewards == [0.0] * (turns - 1) + [
+            traj.reward
+        ]
+
+
+@register_environment("vf_tests_end_raises")
+class _EndRaises(Environment):
+    """Never says done; its `end` hook raises: the row fails naming the hook and the limit that ended it."""
+
+    async def reset(self, row: EnvRow) -> list[dict[str, Any]]:
+        return row.messages
+
+    async def step(self, turn: ModelTurn) -> StepResult:
+        return StepResult(messages=[{"role": "user", "content": "again"}], reward=0.5)
+
+    async def end(self, finish_reason: str) -> StepResult:
+        raise RuntimeError(f"cannot score after {finish_reason}")
+
+
+def test_the_end_hook_fails_the_row_like_a_step(agent_env: AgentEnv) -> None:
+    row = {
+        "prompt": [{"role": "user", "content": "go"}],
+        "data_source": "env/vf_tests_end_raises",
+        "reward_model": {"ground_truth": ""},
+        "extra_info": {"index": 7, "env_kwargs": {"name": "vf_tests_end_raises"}},
+    }
+    limits = dataclasses.replace(agent_env.limits, max_assistant_turns=2)
+    traj = _play(dataclasses.replace(agent_env, limits=limits), row, ["a", "b", "c"])
+    assert traj.finish_reason is AgentFinishReason.ENV_ERROR and traj.reward is None
+    assert (
+        "row 7, sample 0, end (max_turns): end raised RuntimeError: cannot score after max_turns"
+        in traj.error
+    )

@@ -194,6 +194,7 @@ class _EnvEpisode:
         self.stage = "construct"
         self.counts: dict[str, float] = {"env/steps": 0.0, "env/errors": 0.0, "env/timeouts": 0.0}
         self.reward_total: float | None = None
+        self.done = False
 
     def where(self) -> str:
         return f"environment {self.name!r}, row {self.row.index}, sample {self.row.sample}, {self.stage}"
@@ -301,12 +302,36 @@ class _EnvEpisode:
             await _call(self.instance.step, model_turn, "step", self.env.env_timeout_s), "step"
         )
         self.counts["env/steps"] += 1
+        self.book(trajectory, result)
+        return result
+
+    def book(self, trajectory: Trajectory, result: StepResult) -> None:
+        """`result`'s reward on the latest model turn and in the episode's total; its info as counters."""
+        self.done = self.done or result.done
         if result.reward is not None:
             trajectory.reward_last_turn(float(result.reward))
             self.reward_total = (self.reward_total or 0.0) + float(result.reward)
         for key, value in result.info.items():
             self.counts[f"env/{key}"] = float(value)
-        return result
+
+    # An optional hook (no method of `Environment`'s interface changes): an environment with
+    # `end(finish_reason) -> StepResult` is told when quartet's own limits (the token budget,
+    # max_assistant_turns, the step's deadline) ended an episode it had not said was done, and may still
+    # reward it (verifiers' rubric scores a rollout whatever stopped it). Its reward goes on the last model
+    # turn; an error or a bad answer fails the row as a step's would.
+    async def end(self, trajectory: Trajectory) -> None:
+        """The environment's `end(finish_reason)` for an episode a limit ended, if it has one."""
+        ender = getattr(self.instance, "end", None)
+        reason = trajectory.finish_reason
+        if self.done or not callable(ender) or not trajectory.assistant_turns:
+            return
+        if reason in (AgentFinishReason.ABORT, AgentFinishReason.ENV_ERROR):
+            return
+        self.stage = f"end ({reason or 'no budget left'})"
+        result = await _call(
+            ender, str(reason or AgentFinishReason.MAX_TOKENS), "end", self.env.env_timeout_s
+        )
+        self.book(trajectory, _check_step(result, "end"))
 
     def add_messages(self, episode: Episode, messages: list[dict[str, Any]], ended: bool) -> None:
         """The environment's messages after the model turn, each run of one role rendered as one turn."""
@@ -365,6 +390,7 @@ async def environment_loop(row: AgentRow, generate: Generate, env: AgentEnv) -> 
     try:
         trajectory, shared = await episode.start()
         await episode.run(generate, trajectory, shared)
+        await episode.end(trajectory)
         trajectory.reward = episode.reward_total
         episode.counts["env/unrewarded"] = float(episode.reward_total is None)
     except EnvironmentFailure as err:

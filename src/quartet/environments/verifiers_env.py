@@ -21,8 +21,9 @@ What maps to what:
   stop conditions fires (`max_turns`, `ToolEnv`'s no-tool-call stop, `@vf.stop` methods), the env's
   `env_response` answers and its messages are the step's. `ToolEnv` runs its python functions there, and
   its tool messages carry the calls' ids. A `SingleTurnEnv` ends after the first turn.
-- **rubric -> reward**: when the episode ends (a stop condition, `final_env_response`, or a turn cut at
-  the token limit), verifiers' cleanup renders the completion and the env's rubric scores it
+- **rubric -> reward**: when the episode ends (a stop condition, `final_env_response`, or one of
+  quartet's limits: a turn cut at the token limit, no budget left, `max_assistant_turns`; the loop's
+  `end` hook), verifiers' cleanup renders the completion and the env's rubric scores it
   (`score_rollout`: its reward functions, async or not, weighted and summed as verifiers does); that is
   the final step's reward, and the rubric's metrics (each function's value) are its `info`.
 
@@ -329,6 +330,14 @@ class VerifiersEnvironment(Environment):
         self.messages.extend(answer)
         names = {c.id: c.name for c in turn.tool_calls}
         return StepResult(messages=[_plain(m, names) for m in answer])
+
+    async def end(self, finish_reason: str) -> StepResult:
+        """quartet's limits ended the episode first (the environment loop's optional hook): the rubric
+        scores it still, as verifiers scores a rollout cut by its own token or turn limits."""
+        if not await self.vf_env.is_completed(self.state):
+            self.state["stop_condition"] = f"quartet_{finish_reason}"
+            self.state["is_truncated"] = finish_reason != "max_turns"
+        return await self.finish()
 
     async def finish(self) -> StepResult:
         """The env's cleanup (renders the completion), then its rubric's score: the final step's result."""
