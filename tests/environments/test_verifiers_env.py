@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,20 @@ def test_a_rubric_that_raises_fails_the_row_and_a_bad_id_is_named(agent_env: Age
         load("quartet-vf-nowhere")
     with pytest.raises(VerifiersLoadError, match=r"TypeError.*load_environment"):
         load("quartet-vf-tool", {"no_such_arg": 1})
+    # a row of a bad id fails its episode (constructing it), naming the id, not the run
+    bad = {
+        **row,
+        "extra_info": {
+            **row["extra_info"],
+            "env_kwargs": {"name": "verifiers", "env_id": "quartet-vf-nowhere"},
+        },
+    }
+    traj = _play(agent_env, bad, ["3"])
+    assert traj.finish_reason is AgentFinishReason.ENV_ERROR and "'quartet-vf-nowhere'" in traj.error
+    # verifiers' constructor would install SIGINT/SIGTERM handlers that exit: this process keeps its own
+    handlers = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
+    load("quartet-vf-tool", {"max_turns": 2})  # a new load
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers
 
 
 def test_rows_round_trip_through_parquet(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@
 
 An environment is found as `vf.load_environment` finds one: `env_id`'s last `/` part, `-` read as `_`, is
 imported as a module whose `load_environment(**env_args)` builds it (an installed package, or a module on
-`PYTHONPATH`: the rollout workers import it too). It is loaded once per process and kept (`load`).
+`PYTHONPATH`: the rollout workers import it too). It is loaded once per process and kept (`load`), by
+the first episode's constructor: outside `rollout.multi_turn.env_timeout_s`, which bounds each call.
 
 What maps to what:
 - **dataset -> rows** (`rows`): each dataset row's `prompt` (verifiers builds it from `question` and the
@@ -124,8 +125,14 @@ def load(env_id: str, env_args: str | Mapping[str, Any] | None = None) -> Any:
     key = (env_id, json.dumps(args, sort_keys=True, default=str))
     with _LOAD_LOCK:
         if key not in _LOADED:
-            _LOADED[key] = _load_uncached(env_id, args)
-        return _LOADED[key]
+            try:
+                _LOADED[key] = _load_uncached(env_id, args)
+            except VerifiersLoadError as err:  # kept too: every row of a bad id fails fast, the same way
+                _LOADED[key] = err
+        found = _LOADED[key]
+    if isinstance(found, VerifiersLoadError):
+        raise VerifiersLoadError(str(found))
+    return found
 
 
 def _load_uncached(env_id: str, args: dict[str, Any]) -> Any:
@@ -271,18 +278,17 @@ class VerifiersEnvironment(Environment):
         self.env_id = env_id
         self.env_args = _args(env_args, "env_kwargs.env_args")
         self.example = _args(example, "env_kwargs.example")
-        self.vf_env: Any = None
+        # loaded here, once per process (then a lookup): outside reset's env_timeout_s, which a slow
+        # first load (imports, building the dataset) would otherwise spend
+        self.vf_env: Any = load(env_id, self.env_args)
         self.state: Any = None
         self.messages: list[Any] = []
         self.finished = False
 
     async def reset(self, row: EnvRow) -> list[dict[str, Any]]:
         """verifiers' state for the row (`init_state`, then the env's `setup_state`); its prompt."""
-        import asyncio
-
         import verifiers.legacy as vf
 
-        self.vf_env = await asyncio.to_thread(load, self.env_id, self.env_args)
         rollout_input = {**self.example, "prompt": row.messages}
         rollout_input.setdefault("example_id", row.index if row.index is not None else 0)
         state = await self.vf_env.init_state(rollout_input, _no_client(), "quartet")
