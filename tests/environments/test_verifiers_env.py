@@ -179,6 +179,8 @@ def test_a_rubric_that_raises_fails_the_row_and_a_bad_id_is_named(agent_env: Age
         load("quartet-vf-nowhere")
     with pytest.raises(VerifiersLoadError, match=r"TypeError.*load_environment"):
         load("quartet-vf-tool", {"no_such_arg": 1})
+    with pytest.raises(VerifiersLoadError, match=r"'quartet-vf-group'.*group reward functions"):
+        load("quartet-vf-group")
     # a row of a bad id fails its episode (constructing it), naming the id, not the run
     bad = {
         **row,

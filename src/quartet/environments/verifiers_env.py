@@ -160,10 +160,11 @@ def _load_uncached(env_id: str, args: dict[str, Any]) -> Any:
             "family (SingleTurnEnv, MultiTurnEnv, ToolEnv, StatefulToolEnv); EnvGroup and others are not "
             "supported"
         )
-    if env.rubric.has_group_rewards:
+    if env.rubric.has_group_rewards or env.provides_advantages:
         raise VerifiersLoadError(
-            f"verifiers environment {env_id!r}: its rubric has group reward functions, which score all of a "
-            "prompt's rollouts at once; quartet scores each episode alone (use per-rollout reward functions)"
+            f"verifiers environment {env_id!r}: its rubric has group reward functions or gives advantages, "
+            "which need all of a prompt's rollouts at once; quartet scores each episode alone and its "
+            "estimator makes the advantages (use per-rollout reward functions)"
         )
     return env
 
