@@ -8,7 +8,7 @@ folder on PYTHONPATH) and writes OUT_DIR/rl_train.parquet from its dataset and O
 from its eval dataset (verifiers' own fallback: the train set when it has none; said on the output),
 `--train`/`--val` rows each (-1: all), shuffled by `--seed` when given. The rows' data_source is
 `env/verifiers/<ENV_ID>` and their agent loop `environment`: train with rollout.multi_turn.enable=true,
-and each episode runs in the environment `verifiers` (quartet.environments.verifiers_env), scored by the
+and each episode runs in the environment `verifiers` (quartet.environments.verifiers_episode), scored by the
 env's rubric.
 """
 

@@ -209,6 +209,8 @@ def test_rows_round_trip_through_parquet(tmp_path: Path) -> None:
     kwargs = back[2]["extra_info"]["env_kwargs"]
     assert kwargs["name"] == "verifiers" and json.loads(kwargs["env_args"]) == {"num_examples": 4}
     assert json.loads(kwargs["example"])["info"] == {"a": 3}
+    with pytest.raises(ValueError, match=r"'quartet-vf-single', train row 0, column 'blob': .*bytes"):
+        rows("quartet-vf-single", {"blob": True})
 
 
 def test_an_episode_quartets_limit_ends_is_still_scored_by_the_rubric(agent_env: AgentEnv) -> None:

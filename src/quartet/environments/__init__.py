@@ -7,13 +7,14 @@
 - `loop`: the generic agent loop `environment` that runs one (registered on import of this package).
 - `scoring`: rows with data source `env/<name>` are scored by the episode's reward.
 - `reasoning_gym`: reasoning-gym's procedural tasks as prompt rows scored by its own verifiers.
-- `verifiers_env`: verifiers environments (dataset, env_response, rubric) as the environment `verifiers`.
+- `verifiers_env`: verifiers environments loaded (as `vf.load_environment` does) and their datasets as rows.
+- `verifiers_episode`: the environment `verifiers`: an episode on verifiers' state, scored by its rubric.
 """
 
 from __future__ import annotations
 
 from quartet.environments import loop as loop
-from quartet.environments import verifiers_env as verifiers_env
+from quartet.environments import verifiers_episode as verifiers_episode
 from quartet.environments.base import Environment, EnvRow, ModelTurn, StepResult, ToolCall
 from quartet.environments.registry import register_environment, registered_environments
 

@@ -1,7 +1,8 @@
 """verifiers environments (prime-rl's `verifiers`, its classic API) run through quartet's environment seam.
 
     rows("my-env", {"difficulty": 2})   # the environment's dataset as prompt rows (verl's layout)
-    # rows name the environment `verifiers`; each episode is played by `VerifiersEnvironment`:
+    # rows name the environment `verifiers`; each episode is played by `VerifiersEnvironment`
+    # (quartet.environments.verifiers_episode):
     #   reset  -> verifiers' own state for the row (init_state, setup_state), its prompt
     #   step   -> the model's turn added to that state; the env's stop conditions; else env_response
     #   done   -> the env's cleanup, then its rubric's score_rollout: the final step's reward
@@ -40,22 +41,17 @@ Needs the `environments` extra (`verifiers==0.3.1`: the newest release accepting
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
-import logging
-import math
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from quartet.environments.base import Environment, EnvRow, ModelTurn, StepResult
-from quartet.environments.registry import register_environment
-
 __all__ = [
     "DATA_SOURCE_PREFIX",
     "VERIFIERS",
-    "VerifiersEnvironment",
     "VerifiersLoadError",
+    "chat_message",
+    "json_mapping",
     "load",
     "rows",
     "tool_schemas",
@@ -67,16 +63,14 @@ VERIFIERS = "verifiers"
 DATA_SOURCE_PREFIX = "env/verifiers/"
 """Rows' data source is this plus the env id: scored by the episode's reward (`environments.scoring`)."""
 
-_RUBRIC_LOGGER = "verifiers.legacy.rubrics"
-"""Where verifiers' rubrics log a reward function that raised (they score it 0 and go on)."""
-
 
 class VerifiersLoadError(ValueError):
     """A verifiers environment could not be loaded, or is of a kind quartet cannot run."""
 
 
-def _args(env_args: str | Mapping[str, Any] | None, what: str) -> dict[str, Any]:
-    """`env_args` (a mapping, or JSON text of one, as rows carry it) as a dict."""
+def json_mapping(env_args: str | Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    """`env_args` (a mapping, or JSON text of one, as rows carry it) as a dict; `what` names it in the
+    ValueError for anything else."""
     if env_args is None or env_args == "":
         return {}
     value = json.loads(env_args) if isinstance(env_args, str) else env_args
@@ -121,7 +115,7 @@ def load(env_id: str, env_args: str | Mapping[str, Any] | None = None) -> Any:
     """The verifiers environment `env_id` built with `env_args`, loaded once per process (as
     `vf.load_environment` loads it; module doc). A `VerifiersLoadError` names the id, the module tried,
     what failed and the fix; an environment quartet cannot run (group rubric, not a `MultiTurnEnv`) too."""
-    args = _args(env_args, "env_args")
+    args = json_mapping(env_args, "env_args")
     key = (env_id, json.dumps(args, sort_keys=True, default=str))
     with _LOAD_LOCK:
         if key not in _LOADED:
@@ -169,9 +163,10 @@ def _load_uncached(env_id: str, args: dict[str, Any]) -> Any:
     return env
 
 
-def _plain(message: Any, names: Mapping[str, str] | None = None) -> dict[str, Any]:
+def chat_message(message: Any, names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A verifiers message (pydantic or dict) as a chat dict with text content; a `tool` message also
-    names its tool (templates such as Hermes' need it)."""
+    names its tool from `names` (call id -> tool name; templates such as Hermes' need it). Content other
+    than text is a ValueError."""
     raw = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
     role, content = raw.get("role"), raw.get("content")
     if isinstance(content, list):  # content parts: quartet's text models read the text ones
@@ -201,18 +196,26 @@ def rows(
     given, in verl's layout (module doc). A dataset cell that JSON cannot carry is a ValueError naming
     the row and column."""
     env = load(env_id, env_args)
-    args = json.dumps(_args(env_args, "env_args"), sort_keys=True)
+    args = json.dumps(json_mapping(env_args, "env_args"), sort_keys=True)
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     dataset = env.get_dataset(count, seed) if split == "train" else env.get_eval_dataset(count, seed)
     out = []
     for k, example in enumerate(dataset.to_list()):
         fields = {key: value for key, value in example.items() if key != "prompt"}
+        where = f"verifiers environment {env_id!r}, {split} row {k}"
+        if not isinstance(example.get("prompt"), list):
+            raise ValueError(f"{where}: its prompt must be chat messages, got {type(example.get('prompt'))}")
         try:
-            prompt = [_plain(m) for m in example["prompt"]]
-            text = json.dumps(fields)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{env_id} {split} row {k}: {err}; quartet rows carry text and JSON") from err
+            prompt = [chat_message(m) for m in example["prompt"]]
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from err
+        for key, value in fields.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{where}, column {key!r}: {err}; rows carry its columns as JSON") from err
+        text = json.dumps(fields)
         out.append({
             "data_source": DATA_SOURCE_PREFIX + env_id,
             "prompt": prompt,
@@ -233,174 +236,3 @@ def tool_schemas(tool_defs: list[Any]) -> list[dict[str, Any]]:
         function = {k: raw[k] for k in ("name", "description", "parameters") if k in raw}
         out.append({"type": "function", "function": function})
     return out
-
-
-class _RubricErrors(logging.Handler):
-    """Collects, per episode (a context variable), the errors verifiers' rubrics log for reward functions
-    that raised: verifiers scores those 0, quartet fails the row instead."""
-
-    current: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-        "vf_rubric_errors", default=None
-    )
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        errors = self.current.get()
-        if errors is not None:
-            errors.append(record.getMessage())
-
-
-_HANDLER = _RubricErrors()
-logging.getLogger(_RUBRIC_LOGGER).addHandler(_HANDLER)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@register_environment(VERIFIERS)
-class VerifiersEnvironment(Environment):
-    """One episode of a verifiers environment on one row (module doc).
-
-    Args (a row's `extra_info.env_kwargs`, over `rollout.multi_turn.environment_kwargs`):
-        env_id: the verifiers environment (as `vf.load_environment` takes it).
-        env_args: its `load_environment` arguments (a mapping, or JSON text of one).
-        example: the dataset row but its prompt (`answer`, `info`, `task`, ...; mapping or JSON text).
-    """
-
-    def __init__(
-        self,
-        env_id: str,
-        env_args: str | Mapping[str, Any] | None = None,
-        example: str | Mapping[str, Any] | None = None,
-    ) -> None:
-        self.env_id = env_id
-        self.env_args = _args(env_args, "env_kwargs.env_args")
-        self.example = _args(example, "env_kwargs.example")
-        # loaded here, once per process (then a lookup): outside reset's env_timeout_s, which a slow
-        # first load (imports, building the dataset) would otherwise spend
-        self.vf_env: Any = load(env_id, self.env_args)
-        self.state: Any = None
-        self.messages: list[Any] = []
-        self.finished = False
-
-    async def reset(self, row: EnvRow) -> list[dict[str, Any]]:
-        """verifiers' state for the row (`init_state`, then the env's `setup_state`); its prompt."""
-        import verifiers.legacy as vf
-
-        rollout_input = {**self.example, "prompt": row.messages}
-        rollout_input.setdefault("example_id", row.index if row.index is not None else 0)
-        state = await self.vf_env.init_state(rollout_input, _no_client(), "quartet")
-        try:
-            state = await self.vf_env.setup_state(state) or state
-        except vf.Error as err:  # as verifiers' rollout does: the rollout stops (has_error) and is scored
-            state["error"] = err
-        self.state = state
-        self.messages = list(state["prompt"])
-        return [_plain(m) for m in self.messages]
-
-    def tools(self) -> list[dict[str, Any]]:
-        """The episode's tools (`info.tool_defs` of the row, else the env's) as OpenAI schemas."""
-        return tool_schemas(list(self.state["tool_defs"] or [])) if self.state is not None else []
-
-    async def step(self, turn: ModelTurn) -> StepResult:
-        """Add the turn to verifiers' trajectory; the score if a stop condition fires, else env_response."""
-        import verifiers.legacy as vf
-        from verifiers.legacy.utils.message_utils import maybe_normalize_messages
-
-        env, state = self.vf_env, self.state
-        calls = [
-            vf.ToolCall(id=c.id, name=c.name, arguments=json.dumps(dict(c.arguments)))
-            for c in turn.tool_calls
-        ]
-        reply = vf.AssistantMessage(content=turn.text, tool_calls=calls or None)
-        await env.add_trajectory_step(state, {
-            "prompt": list(self.messages), "completion": [reply], "response": None, "tokens": None,
-            "reward": None, "advantage": None, "is_truncated": turn.cut,
-            "trajectory_id": state["trajectory_id"], "extras": {},
-        })  # fmt: skip
-        self.messages.append(reply)
-        if turn.cut:
-            state["is_truncated"] = True
-        if turn.cut or await env.is_completed(state):
-            return await self.finish()
-        try:
-            answer = await env.env_response(list(self.messages), state)
-        except vf.Error as err:
-            state["error"] = err
-            return await self.finish()
-        answer = maybe_normalize_messages(answer, field_name="env_response")
-        if state.get("final_env_response") is not None:
-            return await self.finish()
-        self.messages.extend(answer)
-        names = {c.id: c.name for c in turn.tool_calls}
-        return StepResult(messages=[_plain(m, names) for m in answer])
-
-    async def end(self, finish_reason: str) -> StepResult:
-        """quartet's limits ended the episode first (the environment loop's optional hook): the rubric
-        scores it still, as verifiers scores a rollout cut by its own token or turn limits."""
-        if not await self.vf_env.is_completed(self.state):
-            self.state["stop_condition"] = f"quartet_{finish_reason}"
-            self.state["is_truncated"] = finish_reason != "max_turns"
-        return await self.finish()
-
-    async def finish(self) -> StepResult:
-        """The env's cleanup (renders the completion), then its rubric's score: the final step's result."""
-        env, state = self.vf_env, self.state
-        self.finished = True
-        await env.is_completed(state)  # sets the stop fields a rubric may read, as verifiers' loop does
-        await env.cleanup(state)
-        errors: list[str] = []
-        token = _RubricErrors.current.set(errors)
-        try:
-            if env.score_rollouts:
-                await env.rubric.score_rollout(state)
-            else:
-                await env.rubric.dummy_score_rollout(state)
-        finally:
-            _RubricErrors.current.reset(token)
-        await env.rubric.cleanup(state)
-        if errors:
-            raise RuntimeError(
-                f"verifiers environment {self.env_id!r}: its rubric failed: {'; '.join(errors)}"
-            )
-        reward = state.get("reward")
-        if not _number(reward):
-            raise ValueError(f"verifiers environment {self.env_id!r}: its rubric gave reward {reward!r}")
-        metrics = state.get("metrics") or {}
-        info = {str(k): float(v) for k, v in metrics.items() if _number(v)}
-        if state.get("error") is not None:
-            info["vf_error"] = 1.0
-        return StepResult(reward=float(reward), done=True, info=info)
-
-    async def close(self) -> None:
-        """An episode quartet ended (turn or token budget) still runs the env's cleanup handlers."""
-        if self.state is not None and not self.finished:
-            await self.vf_env.cleanup(self.state)
-
-
-_CLIENT: Any = None
-
-
-def _no_client() -> Any:
-    """The `client` verifiers' `init_state` wants: quartet samples the turns, so any call on it raises."""
-    global _CLIENT
-    if _CLIENT is None:
-        from verifiers.legacy.clients.client import Client
-
-        class QuartetSamples(Client):  # type: ignore[misc]
-            def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-                raise RuntimeError("quartet samples the model's turns: verifiers' client is never called")
-
-            setup_client = _refuse
-            to_native_tool = _refuse
-            to_native_prompt = _refuse
-            get_native_response = _refuse
-            raise_from_native_response = _refuse
-            from_native_response = _refuse
-            close = _refuse
-
-        _CLIENT = QuartetSamples(None)
-    return _CLIENT

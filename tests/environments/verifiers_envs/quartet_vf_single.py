@@ -1,5 +1,6 @@
 """A single-turn verifiers environment in verifiers' own style (a test fixture): sums to state, scored by a
-rubric of two weighted reward functions, one async. `fail=True` makes a reward function raise."""
+rubric of two weighted reward functions, one async. `fail=True` makes a reward function raise; `blob=True`
+adds a column of bytes (which quartet's rows cannot carry as JSON)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from datasets import Dataset
 
 
 def load_environment(
-    num_examples: int = 6, concise_weight: float = 0.5, fail: bool = False
+    num_examples: int = 6, concise_weight: float = 0.5, fail: bool = False, blob: bool = False
 ) -> vf.Environment:
     data = Dataset.from_list(
         [
             {"question": f"What is {a} + {a + 1}?", "answer": str(2 * a + 1), "info": {"a": a}}
+            | ({"blob": bytes([a])} if blob else {})
             for a in range(1, num_examples + 1)
         ]
     )
