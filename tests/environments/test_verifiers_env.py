@@ -219,7 +219,7 @@ def test_an_episode_quartets_limit_ends_is_still_scored_by_the_rubric(agent_env:
         agent_env, limits=dataclasses.replace(agent_env.limits, max_assistant_turns=2)
     )
     traj = _play(two_turns, row, ["fig", "date", "unused"])
-    assert traj.finish_reason is AgentFinishReason.MAX_TURNS and traj.assistant_turns == 2
+    assert traj.finish_reason is AgentFinishReason.ENV_DONE and traj.assistant_turns == 2
     completion = [
         {"role": "assistant", "content": "fig"},
         {"role": "user", "content": "No. Hint 1: it starts with p."},
@@ -227,17 +227,17 @@ def test_an_episode_quartets_limit_ends_is_still_scored_by_the_rubric(agent_env:
     ]
     state = _verifiers_score("quartet-vf-multi", {"max_turns": 5}, row, completion)
     assert traj.reward == pytest.approx(state["reward"]) and state["reward"] == pytest.approx(0.25 / 2)
-    assert traj.turn_rewards == [0.0, traj.reward]  # on the last model turn, by the loop's `end` hook
-    # the token budget: a turn it cuts is scored by `step` (the turn is given, cut), and a budget the hint
-    # fills to the last token ends the episode with no model turn after it, scored by `end`
+    assert traj.turn_rewards == [0.0, traj.reward]  # the last turn allowed came as final: scored then
+    # the token budget: a turn it cuts is scored by `step` (the turn comes cut and final), and a budget the
+    # hint fills to the last token ends the episode with no model turn after it: scored by the `end` hook
     hint_end = _play(agent_env, row, ["fig", "date", "kiwi", "lime", "pear"]).turns[1].stop
-    for budget, turns in ((hint_end + 2, 2), (hint_end, 1)):
+    done, spent = AgentFinishReason.ENV_DONE, AgentFinishReason.MAX_TOKENS
+    for budget, turns, reason in ((hint_end + 2, 2, done), (hint_end, 1, spent)):
         limits = dataclasses.replace(agent_env.limits, max_response_tokens=budget)
         traj = _play(dataclasses.replace(agent_env, limits=limits), row, ["fig", "date", "unused"])
-        assert traj.finish_reason is AgentFinishReason.MAX_TOKENS and traj.assistant_turns == turns
-        assert traj.reward == pytest.approx(0.25 / turns) and traj.turn_rewards == [0.0] * (turns - 1) + [
-            traj.reward
-        ]
+        assert traj.finish_reason is reason and traj.assistant_turns == turns
+        assert traj.reward == pytest.approx(0.25 / turns)
+        assert traj.turn_rewards == [0.0] * (turns - 1) + [traj.reward]
 
 
 @register_environment("vf_tests_end_raises")

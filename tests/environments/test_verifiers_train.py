@@ -107,7 +107,8 @@ def test_two_grpo_steps_on_a_verifiers_environment(
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:
         assert math.isfinite(s["critic/score/mean"]) and 0.0 <= s["critic/score/mean"] <= 1.25
-        assert s["env/errors/mean"] == 0.0 and s["reward/error_count"] == 0.0  # every episode scored
+        assert s["env/errors/mean"] == 0.0 and s["reward/error_count"] == 0.0
+        assert s["env/unrewarded/mean"] == 0.0  # every episode scored by the rubric
         assert 1.0 <= s["env/num_turns/mean"] <= 3.0  # verifiers' own monitor rubric, per episode
     records = [
         json.loads(line)

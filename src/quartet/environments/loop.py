@@ -314,11 +314,11 @@ class _EnvEpisode:
         for key, value in result.info.items():
             self.counts[f"env/{key}"] = float(value)
 
-    # An optional hook (no method of `Environment`'s interface changes): an environment with
-    # `end(finish_reason) -> StepResult` is told when quartet's own limits (the token budget,
-    # max_assistant_turns, the step's deadline) ended an episode it had not said was done, and may still
-    # reward it (verifiers' rubric scores a rollout whatever stopped it). Its reward goes on the last model
-    # turn; an error or a bad answer fails the row as a step's would.
+    # An optional hook (no method of `Environment`'s interface changes): `ModelTurn.final` cannot foresee
+    # an episode whose environment's own messages use up the response budget, so no model turn follows.
+    # An environment with `end(finish_reason) -> StepResult` is told when an episode ended without its
+    # saying done, and may still reward it (verifiers' rubric scores a rollout whatever stopped it). Its
+    # reward goes on the last model turn; an error or a bad answer fails the row as a step's would.
     async def end(self, trajectory: Trajectory) -> None:
         """The environment's `end(finish_reason)` for an episode a limit ended, if it has one."""
         ender = getattr(self.instance, "end", None)

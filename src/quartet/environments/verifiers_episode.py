@@ -4,7 +4,8 @@
     reset  -> verifiers' own state for the row (init_state, setup_state), its prompt
     step   -> the model's turn added to that state; the env's stop conditions; else env_response
     done   -> the env's cleanup, then its rubric's score_rollout: the final step's reward, metrics as info
-    end    -> the same, for an episode quartet's limits ended first (the loop's optional hook)
+    final  -> a turn quartet's limits end the episode after (ModelTurn.final): scored as done
+    end    -> the same, when the env's own messages used up the budget (the loop's optional hook)
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class VerifiersEnvironment(Environment):
         self.messages.append(reply)
         if turn.cut:
             state["is_truncated"] = True
-        if turn.cut or await env.is_completed(state):
+        if turn.final or await env.is_completed(state):  # final: quartet's limits allow no more turns
             return await self.finish()
         try:
             answer = await env.env_response(list(self.messages), state)
@@ -130,8 +131,9 @@ class VerifiersEnvironment(Environment):
         return StepResult(messages=[chat_message(m, names) for m in answer])
 
     async def end(self, finish_reason: str) -> StepResult:
-        """quartet's limits ended the episode first (the environment loop's optional hook): the rubric
-        scores it still, as verifiers scores a rollout cut by its own token or turn limits."""
+        """quartet's limits ended the episode after an `env_response` (its messages used up the response
+        budget; the environment loop's optional hook): the rubric scores it still, as verifiers scores a
+        rollout its own limits cut."""
         if not await self.vf_env.is_completed(self.state):
             self.state["stop_condition"] = f"quartet_{finish_reason}"
             self.state["is_truncated"] = finish_reason != "max_turns"
