@@ -189,6 +189,8 @@ def test_env_rows_are_scored_by_the_episode_reward() -> None:
     with pytest.raises(ValueError, match="the environment failed this row: boom"):
         compute_score("env/x", "text", None, {"env_reward": None, "env_error": "boom"})
     assert compute_score("env/x", "text", None, {"env_reward": None}) == 0.0  # counted by the loop
+    with pytest.raises(ValueError, match="no agent loop ran this row: set rollout.multi_turn.enable=true"):
+        compute_score("env/x", "text", None, {"split": "train"})
 
 
 def test_a_batch_with_a_bad_row_comes_back_whole_and_the_row_is_named(tiny_model_dir: Path) -> None:

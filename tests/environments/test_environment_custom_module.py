@@ -147,6 +147,7 @@ def test_grpo_on_a_custom_module_environment(user_module: Path, tmp_path: Path) 
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # the same import path as a custom agent loop's, which tests/agents runs in CI
 def test_a_custom_module_environment_runs_in_a_rollout_worker(
     ray_cluster: None, tiny_model_dir: Path, user_module: Path, tmp_path: Path
 ) -> None:

@@ -1,4 +1,4 @@
-"""A verifiers environment trained through `quartet train` (marked slow; the tool's check is not):
+"""A verifiers environment trained through `quartet train` (in CI: the issue's end-to-end check):
 tools/verifiers_data.py writes the multi-turn fixture environment's rows
 (tests/environments/verifiers_envs/quartet_vf_multi.py), and 2 GRPO steps run its episodes (env_response
 hints, the stop condition, the rubric's reward) with a tiny model. Checked from the run's own files: 2
@@ -60,7 +60,6 @@ def test_the_tool_writes_rows_and_names_a_bad_env(
         _tool().main([str(tmp_path), "--env", "quartet-vf-multi", "--env-args", "nope"])
 
 
-@pytest.mark.slow
 def test_two_grpo_steps_on_a_verifiers_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,7 +21,8 @@ template modes, the token and turn budgets, timeouts, counters. Methods may be `
 `def` (a plain one runs in a worker thread, so a slow environment does not stall the others).
 
 Rewards: a step's `reward` goes on the model turn it answers (`turn_rewards`, for turn-level credit) and
-the episode's reward (the trajectory's `env_reward`, which rows with data source `env/<name>` are scored
+`end(finish_reason)`, called when a limit ended the episode before `done`, may add one last reward. The
+episode's reward (the trajectory's `env_reward`, which rows with data source `env/<name>` are scored
 by) is the sum of every step's reward (None when no step gave one: such a row scores 0 and is counted in
 `env/unrewarded`). A turn after which the loop cannot go on (cut at the token limit, the last turn
 allowed, no budget left) comes with `ModelTurn.final`: the place for an outcome reward. `info`'s numbers
@@ -128,6 +129,13 @@ class Environment(abc.ABC):
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI function schemas of the environment's tools (shown in the prompt); none by default."""
         return []
+
+    async def end(self, finish_reason: str) -> StepResult:
+        """The episode ended without `done` (a turn or token limit, `finish_reason`): a last chance to
+        reward it, e.g. an outcome score of the whole conversation (verifiers' rubric). Its reward goes on
+        the last model turn; its messages are not shown. Not called after an error or an abort, nor when
+        no model turn was made. By default: nothing."""
+        return StepResult()
 
     async def close(self) -> None:  # noqa: B027 (an optional hook: most environments hold nothing)
         """Release what the episode holds; called once, however it ended."""

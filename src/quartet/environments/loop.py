@@ -314,13 +314,11 @@ class _EnvEpisode:
         for key, value in result.info.items():
             self.counts[f"env/{key}"] = float(value)
 
-    # An optional hook (no method of `Environment`'s interface changes): `ModelTurn.final` cannot foresee
-    # an episode whose environment's own messages use up the response budget, so no model turn follows.
-    # An environment with `end(finish_reason) -> StepResult` is told when an episode ended without its
-    # saying done, and may still reward it (verifiers' rubric scores a rollout whatever stopped it). Its
-    # reward goes on the last model turn; an error or a bad answer fails the row as a step's would.
     async def end(self, trajectory: Trajectory) -> None:
-        """The environment's `end(finish_reason)` for an episode a limit ended, if it has one."""
+        """The environment's `end(finish_reason)` (`Environment.end`) for an episode a limit ended, if it
+        has one: `ModelTurn.final` cannot foresee an episode whose environment's own messages use up the
+        response budget, so no model turn follows. Its reward goes on the last model turn; an error or a
+        bad answer fails the row as a step's would."""
         ender = getattr(self.instance, "end", None)
         reason = trajectory.finish_reason
         if self.done or not callable(ender) or not trajectory.assistant_turns:

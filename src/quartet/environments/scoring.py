@@ -23,5 +23,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     info: Mapping[str, Any] = extra_info if isinstance(extra_info, Mapping) else {}
     if info.get("env_error"):
         raise ValueError(f"the environment failed this row: {info['env_error']}")
+    if "env_reward" not in info:
+        raise ValueError(
+            f"data source {data_source!r} is scored by its environment, and no agent loop ran this row: "
+            "set rollout.multi_turn.enable=true (and agent_name: environment, or "
+            "rollout.multi_turn.default_agent)"
+        )
     reward = info.get("env_reward")
     return 0.0 if reward is None else float(reward)
