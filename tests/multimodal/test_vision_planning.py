@@ -132,8 +132,9 @@ def test_the_fitter_never_proposes_sequence_parallelism_for_a_vlm(tiny_vlm_dir: 
     """Long rows make activations dominate, where the fitter splits a text model's tokens over a sequence
     group; a VLM's engines refuse sequence parallelism, so its proposal must not hold it."""
     from quartet.config import load_config
-    from quartet.planning.estimate import RoleShapes, estimate_memory
+    from quartet.planning.estimate import estimate_memory
     from quartet.planning.fit import DOMINANT_SHARE, _grow_sp, activation_share
+    from quartet.planning.role_shapes import RoleShapes
 
     overrides = ["cluster.backend=ray", "cluster.bundles_per_node=2", "data.max_prompt_length=256"]
     overrides += ["data.max_response_length=256", "rollout.n=8", "actor.micro_batch_size_per_device=16"]

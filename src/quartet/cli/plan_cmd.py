@@ -91,10 +91,11 @@ def _no_cuda_message() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quartet.planning.estimate import resolve_device, resolve_shapes
+    from quartet.planning.estimate import resolve_device
     from quartet.planning.fit import NoCudaDeviceError, detect_capacity, fit_config
     from quartet.planning.model_shape import UnknownModelShapeError
     from quartet.planning.notes import planned_model, unnamed_model_note
+    from quartet.planning.role_shapes import resolve_shapes
     from quartet.trainer.records.split_advice_log import plan_advice
 
     problem = _option_problem(args)

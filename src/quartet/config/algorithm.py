@@ -115,6 +115,19 @@ class AlgorithmConfig:
     turn_gamma: float = 1.0
     """Discount of later turns' rewards in a turn's return (turn_reward_coef)."""
 
+    distill_coef: float = 0.0
+    """On-policy distillation (docs/distillation.md): weight of the teacher's per-token reverse-KL
+    advantage, -(log pi_student - log pi_teacher) of each sampled token, added to the task advantages.
+    Needs `teacher.model_path`. 0: no distillation signal."""
+
+    distill_task_coef: float = 1.0
+    """Weight of the task reward's advantages beside the distillation term: 0 distils alone (the published
+    recipe), 1 adds the teacher's signal to RL on the task."""
+
+    distill_gamma: float = 0.0
+    """Discount of later tokens' reverse KL in a token's distillation advantage (0: each token its own,
+    as published; 1: the reverse KL of the rest of the response)."""
+
     filter_groups: bool = False
     """DAPO dynamic sampling: drop prompt groups whose rewards are all equal (zero advantage) and generate
     on fresh prompts until `data.train_batch_size` informative groups remain; counted."""
@@ -144,6 +157,13 @@ class AlgorithmConfig:
         coef = self.turn_reward_coef
         require(coef >= 0.0, "turn_reward_coef", f"must be >= 0, got {coef}")
         require(0.0 <= self.turn_gamma <= 1.0, "turn_gamma", f"must lie in [0, 1], got {self.turn_gamma}")
+        require(self.distill_coef >= 0.0, "distill_coef", f"must be >= 0, got {self.distill_coef}")
+        require(
+            self.distill_task_coef >= 0.0, "distill_task_coef", f"must be >= 0, got {self.distill_task_coef}"
+        )
+        require(
+            0.0 <= self.distill_gamma <= 1.0, "distill_gamma", f"must lie in [0, 1], got {self.distill_gamma}"
+        )
         require(
             self.kl_penalty != KLPenalty.FULL,
             "kl_penalty",

@@ -20,7 +20,7 @@ __all__ = [
     "gpu_share_problems",
 ]
 
-SEPARABLE_ROLES = (Role.ROLLOUT, Role.REFERENCE, Role.CRITIC, Role.REWARD_MODEL)
+SEPARABLE_ROLES = (Role.ROLLOUT, Role.REFERENCE, Role.CRITIC, Role.REWARD_MODEL, Role.TEACHER)
 """Roles that `cluster.separate_pools` may move off the actor's pool. A separate `rollout` gets the actor's
 weights over a weight-sync group (`rollout.weight_sync`) instead of in-process, and is what lets
 `trainer.mode=one_step_off|async` generate while the actor trains."""
@@ -78,6 +78,9 @@ class GpuFraction:
     reward_model: float = 1.0
     """The reward-model pool, when `reward_model` is in `separate_pools`."""
 
+    teacher: float = 1.0
+    """The teacher pool (on-policy distillation), when `teacher` is in `separate_pools`."""
+
     def __post_init__(self) -> None:
         for pool in (MAIN_POOL, *SEPARABLE_ROLES):
             value = getattr(self, str(pool))
@@ -116,6 +119,9 @@ class PoolCpus:
 
     reward_model: float = 0.0
     """The reward-model pool, when `reward_model` is in `separate_pools`."""
+
+    teacher: float = 0.0
+    """The teacher pool, when `teacher` is in `separate_pools`."""
 
     def __post_init__(self) -> None:
         for pool in (MAIN_POOL, *SEPARABLE_ROLES):

@@ -98,6 +98,9 @@ class StepPlan:
     routing_replay: bool = False
     """The policy's training passes (actor and reference) replay the recorded routing
     (`actor.routing_replay=rollout`)."""
+    teacher: bool = False
+    """A teacher role scores the sampled tokens (phase `teacher`; `teacher.model_path`): on-policy
+    distillation's advantage when `algorithm.distill_coef` > 0, its metrics always."""
 
     @property
     def roles(self) -> tuple[Role, ...]:
@@ -109,6 +112,8 @@ class StepPlan:
             out.append(Role.CRITIC)
         if self.reward_model:
             out.append(Role.REWARD_MODEL)
+        if self.teacher:
+            out.append(Role.TEACHER)
         return tuple(out)
 
     def updates_actor(self, step: int) -> bool:
@@ -150,4 +155,5 @@ def plan_step(cfg: QuartetConfig) -> StepPlan:
         weight_apply=WeightApply.AFTER_DRAIN if t.mode is TrainerMode.ONE_STEP_OFF else None,
         record_routing=cfg.rollout.record_routing or actor.routing_replay is RoutingReplay.ROLLOUT,
         routing_replay=actor.routing_replay is RoutingReplay.ROLLOUT,
+        teacher=cfg.teacher.enabled,
     )

@@ -11,7 +11,15 @@ from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
 from quartet.core.choices import KLPenalty, LossAggMode, PolicyLoss, TISMode
 
-__all__ = ["ActorConfig", "CriticConfig", "MicroBatching", "ReferenceConfig", "Role", "RoutingReplay"]
+__all__ = [
+    "ActorConfig",
+    "CriticConfig",
+    "MicroBatching",
+    "ReferenceConfig",
+    "Role",
+    "RoutingReplay",
+    "TeacherConfig",
+]
 
 
 class Role(StrEnum):
@@ -23,6 +31,7 @@ class Role(StrEnum):
     REFERENCE = "reference"
     CRITIC = "critic"
     REWARD_MODEL = "reward_model"
+    TEACHER = "teacher"
 
 
 class RoutingReplay(StrEnum):
@@ -287,3 +296,23 @@ class ReferenceConfig:
 
     param_offload: bool = False
     """Keep the reference's parameters in host memory between uses (GPU only; no-op on CPU)."""
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """The frozen teacher of on-policy distillation (docs/distillation.md): it scores every token the
+    student samples; `algorithm.distill_coef` turns its per-token reverse KL into advantages."""
+
+    model_path: str = ""
+    """A local Hugging Face folder: another size or architecture than the policy, with the SAME tokenizer
+    (checked before any worker starts). Empty: no teacher role."""
+
+    logprobs: MicroBatching = field(default_factory=MicroBatching)
+    """Micro-batching of the teacher's log-prob pass."""
+
+    param_offload: bool = False
+    """Keep the teacher's parameters in host memory between uses (GPU only; no-op on CPU)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.model_path)

@@ -9,7 +9,7 @@ from quartet.config.cluster import ClusterConfig
 from quartet.config.data import DataConfig
 from quartet.config.model import ModelConfig
 from quartet.config.reward import RewardConfig
-from quartet.config.roles import ActorConfig, CriticConfig, ReferenceConfig
+from quartet.config.roles import ActorConfig, CriticConfig, ReferenceConfig, TeacherConfig
 from quartet.config.rollout import RolloutConfig
 from quartet.config.sft import SFTConfig
 from quartet.config.trainer import TrainerConfig
@@ -38,6 +38,9 @@ class QuartetConfig:
 
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     """Frozen reference policy (KL terms only)."""
+
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """Frozen teacher of on-policy distillation (`algorithm.distill_coef`)."""
 
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Scoring."""

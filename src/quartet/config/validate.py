@@ -167,6 +167,15 @@ def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
                 unknown_name_fix(loss, builtin_losses, registered_losses, "register_policy_loss"),
             )
         )
+    if cfg.algorithm.distill_coef > 0 and not cfg.teacher.enabled:
+        out.append(
+            ConfigError(
+                "algorithm.distill_coef",
+                f"is {cfg.algorithm.distill_coef:g}, but there is no teacher to distil from",
+                "set teacher.model_path to the teacher's folder (same tokenizer as the policy), or "
+                "algorithm.distill_coef=0",
+            )
+        )
     if cfg.algorithm.needs_group and cfg.rollout.n < 2:
         out.append(
             ConfigError(

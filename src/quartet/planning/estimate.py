@@ -14,6 +14,7 @@ in every phase when it shares the bundle's memory (GPU pools on fractions of one
     critic      float32 value model (trunk + score head), AdamW states, gradients during its update (a
                 vision-language critic keeps the vision tower, frozen or not as `model.freeze_vision_tower`)
     reward      float32 reward model, frozen
+    teacher     float32 weights of `teacher.model_path`'s model, frozen (on-policy distillation)
 
 On CPU an update also counts the heap space of the previous step's freed gradients, which glibc keeps
 (`CPU_GRAD_RETENTION`).
@@ -61,7 +62,7 @@ from quartet.planning.activations import (
     train_working_bytes,
 )
 from quartet.planning.experts import expert_note, expert_shard, record_bytes_per_token, routing_parts
-from quartet.planning.model_shape import HeadKind, ModelShape, policy_shape, shape_from_path
+from quartet.planning.model_shape import HeadKind, ModelShape
 from quartet.planning.notes import plan_notes, shares_memory
 from quartet.planning.parallel import (
     POLICY_ROLES,
@@ -73,16 +74,11 @@ from quartet.planning.parallel import (
     tp_linear_params,
 )
 from quartet.planning.plan import MemoryPlan, Phase, PlanRow
+from quartet.planning.role_shapes import RoleShapes, resolve_shapes
 from quartet.planning.vision import vision_activation_bytes
 from quartet.planning.workload import Workload
 
-__all__ = [
-    "DTYPE_BYTES",
-    "RoleShapes",
-    "estimate_memory",
-    "resolve_device",
-    "resolve_shapes",
-]
+__all__ = ["DTYPE_BYTES", "estimate_memory", "resolve_device"]
 
 DTYPE_BYTES = {Dtype.FLOAT32: 4, Dtype.BFLOAT16: 2, Dtype.FLOAT16: 2}
 
@@ -108,25 +104,6 @@ new gradients need fresh pages. Measured at ~110M parameters: a steady-state upd
 the gradients) above its live tensors, and with `MALLOC_MMAP_THRESHOLD_=131072` (every large tensor
 returned to the OS when freed) the peak falls to the live tensors the plan counts (2.02 GiB measured vs
 2.06 planned), at 35% more step time. That is why quartet does not set it, and why the plan counts it."""
-
-
-@dataclass(frozen=True)
-class RoleShapes:
-    """Model shapes of the run: the policy (actor, rollout, reference), critic and reward model."""
-
-    policy: ModelShape
-    critic: ModelShape | None = None
-    reward: ModelShape | None = None
-
-
-def resolve_shapes(cfg: QuartetConfig) -> RoleShapes:
-    """Read the shapes the config points to (config.json files only; tiny models from `model.tiny`)."""
-    policy = policy_shape(cfg.model)
-    critic = None
-    if plan_step(cfg).critic:
-        critic = shape_from_path(cfg.critic.model_path) if cfg.critic.model_path else policy
-    reward = shape_from_path(cfg.reward.model_path) if cfg.reward.model_path else None
-    return RoleShapes(policy, critic, reward)
 
 
 def resolve_device(cfg: QuartetConfig, device: DeviceKind | str | None = None) -> str:
@@ -209,7 +186,18 @@ def _engines(cfg: QuartetConfig, shapes: RoleShapes) -> list[_Engine]:
         out.append(
             _Engine(Role.REWARD_MODEL, shapes.reward, HeadKind.REWARD, n, 0, frozenset({Phase.REWARD}))
         )
+    if shapes.teacher is not None:
+        out.append(_teacher_engine(cfg, shapes.teacher))
     return out
+
+
+def _teacher_engine(cfg: QuartetConfig, shape: ModelShape) -> _Engine:
+    """The distillation teacher: frozen, its own shape, computing in phase `teacher` only."""
+    n = shape.params(HeadKind.CAUSAL_LM)
+    offload = cfg.teacher.param_offload
+    return _Engine(
+        Role.TEACHER, shape, HeadKind.CAUSAL_LM, n, 0, frozenset({Phase.TEACHER}), param_offload=offload
+    )
 
 
 def _phases(cfg: QuartetConfig, shapes: RoleShapes) -> list[Phase]:
@@ -219,6 +207,8 @@ def _phases(cfg: QuartetConfig, shapes: RoleShapes) -> list[Phase]:
     out.append(Phase.OLD_LOG_PROB)
     if plan_step(cfg).ref_logprobs is not RefLogprobs.NONE:
         out.append(Phase.REF)
+    if shapes.teacher is not None:
+        out.append(Phase.TEACHER)
     if shapes.critic is not None:
         out += [Phase.VALUES, Phase.UPDATE_CRITIC]
     return [*out, Phase.UPDATE_ACTOR]
@@ -244,7 +234,7 @@ class _Split:
 
 
 def _split(cfg: QuartetConfig, e: _Engine, device: str) -> _Split:
-    policy, layout = e.role in POLICY_ROLES, layout_of(cfg, e.role)
+    policy, layout = e.role in (*POLICY_ROLES, Role.TEACHER), layout_of(cfg, e.role)
     return _Split(  # under SP the engine packs whatever `model.remove_padding` says
         layout,
         layout.sp > 1 or (policy and cfg.model.remove_padding),
@@ -300,6 +290,7 @@ def _forward_working(
     micro = {
         Phase.OLD_LOG_PROB: cfg.actor.logprobs,
         Phase.REF: cfg.reference.logprobs,
+        Phase.TEACHER: cfg.teacher.logprobs,
         Phase.VALUES: cfg.critic.values,
     }
     if phase is Phase.REWARD:

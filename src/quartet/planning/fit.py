@@ -53,11 +53,12 @@ from quartet.config.plan import plan_step
 from quartet.config.root import QuartetConfig
 from quartet.config.validate import validate
 from quartet.planning.capacity import Capacity, NoCudaDeviceError, detect_capacity, host_available_bytes
-from quartet.planning.estimate import RoleShapes, estimate_memory, resolve_device, resolve_shapes
+from quartet.planning.estimate import estimate_memory, resolve_device
 from quartet.planning.experts import expert_params
 from quartet.planning.model_shape import VISION_MODEL_TYPES
 from quartet.planning.parallel import POLICY_ROLES
 from quartet.planning.plan import MemoryPlan, PlanRow, format_bytes
+from quartet.planning.role_shapes import RoleShapes, resolve_shapes
 
 __all__ = [
     "ACTIVATION_PARTS",

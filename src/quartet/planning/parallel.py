@@ -70,13 +70,16 @@ class Layout:
 
 def layout_of(cfg: QuartetConfig, role: Role) -> Layout:
     """The layout of `role`'s training engine: the policy's roles take the model's sp, tp and ep, the critic
-    its own sp (`critic.sequence_parallel_size`, no TP nor EP); the reward model runs data parallel only."""
+    its own sp (`critic.sequence_parallel_size`, no TP nor EP), the teacher the model's sp and tp (no EP);
+    the reward model runs data parallel only."""
     world = cfg.cluster.world_size
     if role in POLICY_ROLES:
         m = cfg.model
         return Layout(world, m.sequence_parallel_size, m.tensor_parallel_size, m.expert_parallel_size)
     if role is Role.CRITIC:
         return Layout(world, cfg.critic.sequence_parallel_size)
+    if role is Role.TEACHER:  # split as the policy, its experts (if any) not
+        return Layout(world, cfg.model.sequence_parallel_size, cfg.model.tensor_parallel_size)
     return Layout(world)
 
 

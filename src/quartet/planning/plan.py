@@ -28,6 +28,7 @@ class Phase(StrEnum):
     REWARD = "reward"  # reward-model scoring
     OLD_LOG_PROB = "old_log_prob"  # actor forward, no grad, with entropy
     REF = "ref"  # reference log-probs (the actor with adapters disabled under LoRA)
+    TEACHER = "teacher"  # the distillation teacher's log-probs of the sampled tokens
     VALUES = "values"  # critic forward, no grad
     UPDATE_CRITIC = "update_critic"  # critic forward/backward/optimizer step
     UPDATE_ACTOR = "update_actor"  # actor forward/backward/optimizer step

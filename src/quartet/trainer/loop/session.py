@@ -28,6 +28,7 @@ from quartet.core.kl import KLController
 from quartet.data.sampler import PromptSampler
 from quartet.models.loading import load_tokenizer
 from quartet.models.tiny import resolve_model
+from quartet.models.tokenizer_match import check_same_tokenizer
 from quartet.tracking.run_layout import CONFIG_FILE
 from quartet.trainer.feed.batch_source import BatchSource, RolloutScorer, SyncGeneration
 from quartet.trainer.feed.rl_data import RLData, image_inputs, prepare_rl_data, prompt_batch
@@ -91,6 +92,10 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     (run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
+    if cfg.teacher.enabled:  # it scores the policy's token ids: they must mean the same text
+        check_same_tokenizer(
+            cfg.model.tokenizer_path or model_path, cfg.teacher.model_path, "policy", "teacher"
+        )
     images = image_inputs(cfg, model_path, tokenizer)
     data = prepare_rl_data(cfg, tokenizer, run_dir, images, rules_score)
     if cfg.rollout.multi_turn.enable:

@@ -22,11 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from quartet.config import AlarmMode, QuartetConfig
 from quartet.config.plan import OldLogprobs, RefLogprobs, plan_step
 from quartet.core.advantages import AdvantageInputs, AdvantageParams, compute_advantages
 from quartet.core.balance import balanced_order
 from quartet.core.batch import Batch
+from quartet.core.distill import distill_metrics, reverse_kl_advantages
 from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
 from quartet.core.metrics import batch_data_metrics, logprob_diff_metrics, masked_mean
 from quartet.core.routing import ROUTING_MISMATCH, mismatch_share
@@ -35,6 +38,7 @@ from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
 from quartet.roles.reference import Reference
 from quartet.roles.rollout import Rollout
+from quartet.roles.teacher import Teacher
 from quartet.trainer.feed.batch_source import BatchSource
 from quartet.trainer.loop.mismatch_alarm import MismatchAlarm, MismatchAlarmError, MismatchWatch
 from quartet.trainer.loop.no_signal_alarm import NO_SIGNAL_METRIC, NoSignalAlarm, NoSignalWatch
@@ -146,6 +150,9 @@ class StepRunner:
         if plan.ref_logprobs is not RefLogprobs.NONE:
             with timer("ref"):
                 batch = batch.union(self._ref_logprobs(batch))
+        if w.teacher is not None:
+            with timer("teacher"):
+                batch = batch.union(w.teacher.call_batch(Teacher.compute_teacher_logprobs, batch))
         if w.critic is not None:
             with timer("values"):
                 batch = batch.union(w.critic.call_batch(Critic.compute_values, batch))
@@ -267,6 +274,8 @@ class StepRunner:
         )
         metrics |= out.metrics
         advantages, returns = out.advantages, out.returns
+        if "teacher_logprobs" in batch:
+            advantages, returns = self._distill(batch, advantages, returns, metrics)
         if group_turn_credit:
             turn_adv = turn_level_advantages(
                 batch["turn_rewards"],
@@ -280,6 +289,24 @@ class StepRunner:
             metrics["critic/turn_advantages/abs_mean"] = float(masked_mean(turn_adv.abs(), mask))
         columns = {"token_level_rewards": rewards, "advantages": advantages, "returns": returns}
         return batch.union(Batch(columns)), metrics
+
+    def _distill(
+        self, batch: Batch, advantages: torch.Tensor, returns: torch.Tensor, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """On-policy distillation (`quartet.core.distill`): the teacher's per-token reverse-KL advantage
+        x `distill_coef` added to the task's advantages x `distill_task_coef`; its metrics either way. The
+        student's log-probs are the old policy's (the actor's pass, else the rollout's own)."""
+        alg, mask = self.cfg.algorithm, batch["response_mask"]
+        student = batch["old_logprobs"] if "old_logprobs" in batch else batch["rollout_logprobs"]
+        teacher = batch["teacher_logprobs"]
+        metrics |= distill_metrics(student, teacher, mask)
+        if alg.distill_coef == 0.0:
+            return advantages, returns
+        signal = reverse_kl_advantages(student, teacher, mask, alg.distill_gamma).to(advantages.dtype)
+        metrics["distill/advantage/abs_mean"] = float(masked_mean(signal.abs(), mask))
+        mixed = alg.distill_task_coef * advantages + alg.distill_coef * signal
+        critic_free = self.workers.critic is None
+        return mixed, (mixed if critic_free else returns)  # outcome estimators return their advantages
 
     def _data_metrics(self, batch: Batch) -> dict[str, float]:
         prompt_width = batch["prompts"].shape[1]

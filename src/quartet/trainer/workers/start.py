@@ -31,6 +31,7 @@ from quartet.roles.reference import Reference
 from quartet.roles.reward_model import RewardModel
 from quartet.roles.rollout import Rollout
 from quartet.roles.run_values import RunValues
+from quartet.roles.teacher import Teacher
 
 __all__ = ["Workers", "mean_over_ranks", "role_specs", "run_values", "start_workers"]
 
@@ -66,6 +67,8 @@ class Workers:
     """What every step does; the groups above are the roles it names."""
     separate: dict[Role, HostSet] = field(default_factory=dict)
     """Hosts of the roles on a pool of their own, by role."""
+    teacher: RoleGroup[Teacher] | None = None
+    """On-policy distillation's teacher (`teacher.model_path`)."""
 
     def start_timing(self) -> dict[str, float]:
         """Seconds of each pool's start phases: `connect`, `pool`, `hosts`, `role/<name>` (separate pools'
@@ -141,6 +144,8 @@ def role_specs(cfg: QuartetConfig, plan: StepPlan, run: RunValues) -> dict[Role,
         roles[Role.CRITIC] = RoleSpec(Critic, cfg.critic, run)
     if plan.reward_model:
         roles[Role.REWARD_MODEL] = RoleSpec(RewardModel, cfg.reward, run, precision)
+    if plan.teacher:
+        roles[Role.TEACHER] = RoleSpec(Teacher, cfg.teacher, run, precision)
     return roles
 
 
@@ -174,5 +179,6 @@ def start_workers(
         reference=groups.get(Role.REFERENCE),
         critic=groups.get(Role.CRITIC),
         reward_model=groups.get(Role.REWARD_MODEL),
+        teacher=groups.get(Role.TEACHER),
         plan=plan,
     )
