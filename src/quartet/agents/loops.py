@@ -104,6 +104,8 @@ class AgentEnv:
     """Arguments every environment instance is built with, under the row's (`environment_kwargs`)."""
     env_timeout_s: float = 30.0
     """Longest wait for one environment call (reset, step, close)."""
+    renderers: dict[str, ChatRenderer] = field(default_factory=dict)
+    """Renderers showing an environment's tools, by the tools' JSON (built once per replica)."""
 
     def trajectory_images(self, row: AgentRow) -> TrajectoryImages | None:
         """A new trajectory's images, holding the row's; None for a text model (which refuses a row

@@ -159,18 +159,14 @@ def _check_step(result: Any, what: str) -> StepResult:
     return result
 
 
-_RENDERERS: dict[tuple[int, str], ChatRenderer] = {}
-
-
 def _renderer(env: AgentEnv, tools: list[dict[str, Any]]) -> ChatRenderer:
-    """The renderer showing `tools` (one per tokenizer and tool set, reused across trajectories)."""
+    """The renderer showing `tools` (built once per replica and tool set, kept on `env`)."""
     if not tools:
         return env.plain_renderer
-    tokenizer = env.plain_renderer.tokenizer
-    key = (id(tokenizer), json.dumps(tools, sort_keys=True, default=str))
-    if key not in _RENDERERS:
-        _RENDERERS[key] = ChatRenderer(tokenizer, tools)
-    return _RENDERERS[key]
+    key = json.dumps(tools, sort_keys=True, default=str)
+    if key not in env.renderers:
+        env.renderers[key] = ChatRenderer(env.plain_renderer.tokenizer, tools)
+    return env.renderers[key]
 
 
 class _EnvEpisode:
