@@ -1,0 +1,61 @@
+"""A frozen causal LM that scores the responses' tokens: what the reference and the teacher share.
+
+No optimizer and no gradients; with `param_offload` its parameters wait in host memory between uses (GPU
+only; a no-op on CPU). It is split as the policy is (the run's sequence and tensor parallel sizes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quartet.config.model import Dtype
+from quartet.config.roles import MicroBatching
+from quartet.core.batch import Batch
+from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
+from quartet.roles.run_values import RunValues
+
+__all__ = ["FrozenScorer"]
+
+
+class FrozenScorer:
+    """One rank of a frozen causal LM giving log-probs of the batch's responses."""
+
+    def __init__(
+        self,
+        model_path: str,
+        run: RunValues,
+        mixed_precision: Dtype,
+        micro: MicroBatching,
+        param_offload: bool,
+        **spec: Any,
+    ) -> None:
+        """`spec`: more `EngineSpec` fields (the reference's expert split and routing replay)."""
+        self.micro = micro
+        self.param_offload = param_offload
+        self.engine = TrainingEngine(
+            EngineSpec(
+                model_path,
+                ModelKind.CAUSAL_LM,
+                mixed_precision=mixed_precision,
+                optim=None,
+                param_offload=param_offload,
+                seed=run.seed,
+                remove_padding=run.remove_padding,
+                sequence_parallel_size=run.sequence_parallel_size,
+                tensor_parallel_size=run.tensor_parallel_size,
+                **spec,
+            )
+        )
+
+    def response_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the responses at the rollout's temperature (onloaded for the pass)."""
+        if self.param_offload:
+            self.engine.onload()
+        logprobs, _ = self.engine.forward_logprobs(
+            batch, batch.meta.temperature, MicroSpec.from_config(self.micro)
+        )
+        if self.param_offload:
+            self.engine.offload()
+        return logprobs
