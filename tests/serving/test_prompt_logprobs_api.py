@@ -13,6 +13,7 @@ from serving_cases import MODEL_NAME, client
 from transformers import PreTrainedTokenizerBase
 
 from quartet.rollout import TorchRolloutEngine
+from quartet.rollout.torch import prompt_scores
 from quartet.serving import OpenAIServer, ServerThread
 
 Served = tuple[OpenAIServer, ServerThread, str]
@@ -26,9 +27,15 @@ def _reference(engine: TorchRolloutEngine, prompt: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
+@pytest.mark.parametrize("chunk", [512, 4])  # 4: the head runs over the prompt in three pieces
 def test_prompt_logprobs_equal_a_torch_forward(
-    served: Served, serving_engine: TorchRolloutEngine, serving_tokenizer: PreTrainedTokenizerBase
+    served: Served,
+    serving_engine: TorchRolloutEngine,
+    serving_tokenizer: PreTrainedTokenizerBase,
+    monkeypatch: pytest.MonkeyPatch,
+    chunk: int,
 ) -> None:
+    monkeypatch.setattr(prompt_scores, "CHUNK", chunk)
     _, _, url = served
     prompt = [5, 17, 99, 3, 250, 17, 42, 8, 301, 77]
     k = 3
@@ -64,9 +71,11 @@ def test_prompt_logprobs_zero_gives_the_token_alone(
     _, _, url = served
     prompt = [11, 12, 13, 14]
     out = client(url).completions.create(
-        model=MODEL_NAME, prompt=prompt, max_tokens=1, extra_body={"prompt_logprobs": 0}
+        model=MODEL_NAME, prompt=prompt, max_tokens=1, n=2, extra_body={"prompt_logprobs": 0}
     )
-    scores = out.model_dump()["choices"][0]["prompt_logprobs"]
+    first, second = out.model_dump()["choices"]
+    assert first["prompt_logprobs"] == second["prompt_logprobs"]  # one prompt, scored once, for each sample
+    scores = first["prompt_logprobs"]
     ref = _reference(serving_engine, prompt)
     assert scores[0] is None
     got = [float(scores[t][str(prompt[t])]["logprob"]) for t in range(1, len(prompt))]
