@@ -75,10 +75,14 @@ class RemoteTeacher:
         rows = row_tokens(batch)
         out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         todo = [i for i, (_, response) in enumerate(rows) if response]
-        with ThreadPoolExecutor(max_workers=self.cfg.max_concurrency, thread_name_prefix="teacher") as pool:
-            scored = pool.map(lambda i: self._row(i, *rows[i]), todo)
-            for i, values in zip(todo, scored, strict=True):
+        pool = ThreadPoolExecutor(max_workers=self.cfg.max_concurrency, thread_name_prefix="teacher")
+        try:
+            futures = {i: pool.submit(self._row, i, *rows[i]) for i in todo}
+            for i, future in futures.items():
+                values = future.result()
                 out[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        finally:  # a failed row fails the batch: rows not yet sent are not sent
+            pool.shutdown(wait=True, cancel_futures=True)
         return Batch({"teacher_logprobs": out}, meta=batch.meta)
 
     def _row(self, row: int, prompt: Sequence[int], response: Sequence[int]) -> list[float]:
