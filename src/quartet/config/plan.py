@@ -155,5 +155,5 @@ def plan_step(cfg: QuartetConfig) -> StepPlan:
         weight_apply=WeightApply.AFTER_DRAIN if t.mode is TrainerMode.ONE_STEP_OFF else None,
         record_routing=cfg.rollout.record_routing or actor.routing_replay is RoutingReplay.ROLLOUT,
         routing_replay=actor.routing_replay is RoutingReplay.ROLLOUT,
-        teacher=cfg.teacher.enabled,
+        teacher=cfg.teacher.local,
     )

@@ -313,6 +313,43 @@ class TeacherConfig:
     param_offload: bool = False
     """Keep the teacher's parameters in host memory between uses (GPU only; no-op on CPU)."""
 
+    url: str = ""
+    """A remote teacher instead: the base URL (`http://host:port/v1`) of an OpenAI-compatible server that
+    answers `/v1/completions` with vLLM's `prompt_logprobs` (vLLM's own, or quartet's). The driver sends it
+    each row's prompt + response ids (`quartet.roles.remote_teacher`); no teacher role starts. Exclusive
+    with `model_path`."""
+
+    model_name: str = ""
+    """The `model` of the remote teacher's requests (the name its server serves)."""
+
+    api_key: str = ""
+    """Bearer token of the remote teacher's server; empty: none sent."""
+
+    timeout_s: float = 600.0
+    """Longest wait for one row's answer from the remote teacher."""
+
+    max_concurrency: int = 8
+    """Rows in flight at once to the remote teacher."""
+
+    tokenizer_path: str = ""
+    """A local folder with the remote teacher's tokenizer (required with `url`): checked against the
+    policy's before any worker starts, as `model_path` is."""
+
+    def __post_init__(self) -> None:
+        require(
+            not self.url or self.url.startswith(("http://", "https://")),
+            "url",
+            f"must be an http(s) URL (http://host:port/v1), got '{self.url}'",
+        )
+        require(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
+        require(self.max_concurrency >= 1, "max_concurrency", f"must be >= 1, got {self.max_concurrency}")
+
     @property
     def enabled(self) -> bool:
+        """A teacher scores the sampled tokens: a local role or a remote server."""
+        return bool(self.model_path or self.url)
+
+    @property
+    def local(self) -> bool:
+        """The teacher is a role of its own (`model_path`)."""
         return bool(self.model_path)

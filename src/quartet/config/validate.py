@@ -154,6 +154,53 @@ def _critic_parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
     return [p.under("critic") for p in problems[:1]]
 
 
+def _remote_teacher_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    """A remote teacher (`teacher.url`) scores at temperature 1 and starts no role, so no pool of its own."""
+    t = cfg.teacher
+    if not t.url:
+        return []
+    if t.model_path:
+        return [
+            ConfigError(
+                "teacher.url",
+                f"a remote teacher (teacher.url={t.url}) and a local one (teacher.model_path={t.model_path}) "
+                "are both set",
+                "keep one: teacher.url or teacher.model_path",
+            )
+        ]
+    out: list[ConfigError] = []
+    if not t.tokenizer_path:
+        out.append(
+            ConfigError(
+                "teacher.tokenizer_path",
+                "is empty, but a remote teacher (teacher.url) scores the policy's token ids: its tokenizer "
+                "must be checked against the policy's before any worker starts",
+                "set teacher.tokenizer_path to a local folder with the teacher's tokenizer",
+            )
+        )
+    if cfg.rollout.temperature not in (0.0, 1.0):
+        out.append(
+            ConfigError(
+                "teacher.url",
+                f"a remote teacher's log-probs are the raw model's (temperature 1: vLLM's prompt_logprobs), "
+                f"but rollout.temperature={cfg.rollout.temperature:g} samples the student at another one, "
+                "so the reverse KL would compare two temperatures",
+                "set rollout.temperature=1, or use a local teacher (teacher.model_path), which scores at the "
+                "rollout's temperature",
+            )
+        )
+    if Role.TEACHER in cfg.cluster.separate_pools:
+        out.append(
+            ConfigError(
+                "cluster.separate_pools",
+                f"lists teacher, but the teacher is remote (teacher.url={cfg.teacher.url}): no teacher "
+                "role starts",
+                "drop teacher from cluster.separate_pools",
+            )
+        )
+    return out
+
+
 def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
     out: list[ConfigError] = []
     est = cfg.algorithm.adv_estimator
@@ -173,9 +220,10 @@ def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
                 "algorithm.distill_coef",
                 f"is {cfg.algorithm.distill_coef:g}, but there is no teacher to distil from",
                 "set teacher.model_path to the teacher's folder (same tokenizer as the policy), or "
-                "algorithm.distill_coef=0",
+                "teacher.url to a server's, or algorithm.distill_coef=0",
             )
         )
+    out += _remote_teacher_rules(cfg)
     if cfg.algorithm.needs_group and cfg.rollout.n < 2:
         out.append(
             ConfigError(

@@ -29,5 +29,5 @@ def resolve_shapes(cfg: QuartetConfig) -> RoleShapes:
     if plan_step(cfg).critic:
         critic = shape_from_path(cfg.critic.model_path) if cfg.critic.model_path else policy
     reward = shape_from_path(cfg.reward.model_path) if cfg.reward.model_path else None
-    teacher = shape_from_path(cfg.teacher.model_path) if cfg.teacher.enabled else None
+    teacher = shape_from_path(cfg.teacher.model_path) if cfg.teacher.local else None
     return RoleShapes(policy, critic, reward, teacher)

@@ -42,6 +42,7 @@ __all__ = [
     "GenerationOutput",
     "GenerationRequest",
     "InvalidRequestError",
+    "PromptLogprob",
     "SamplingParams",
     "TopLogprobs",
     "check_sampling",
@@ -250,12 +251,36 @@ class GenerationRequest:
     """The prompt's processed images for a vision-language model: `pixel_values` and `image_grid_thw`
     (one row of the batch's `multi_modal_inputs`), and the encoded `images` (for engines that process
     images themselves, vLLM); None for a text prompt."""
+    prompt_logprobs: int | None = None
+    """vLLM's `prompt_logprobs`: score the prompt itself, per token (but the first) its log-prob, its rank
+    and the `prompt_logprobs` most likely tokens there (0..20), under the raw model (log_softmax(logits),
+    T = 1 whatever `sampling.temperature`, as vLLM does) (`GenerationOutput.prompt_logprobs`). None: not
+    computed. Built-in engine only."""
 
     def __post_init__(self) -> None:
         ids = _token_ids("prompt_token_ids", self.prompt_token_ids, self.request_id)
         if not ids:
             raise InvalidRequestError("prompt_token_ids", "the prompt is empty", self.request_id)
         object.__setattr__(self, "prompt_token_ids", ids)
+        if self.prompt_logprobs is not None:
+            try:
+                require_integer("prompt_logprobs", self.prompt_logprobs, 0, MAX_TOP_LOGPROBS)
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(exc.field, exc.reason, self.request_id) from None
+
+
+@dataclass(frozen=True)
+class PromptLogprob:
+    """One prompt token scored by the model that reads the tokens before it (vLLM's prompt logprobs)."""
+
+    token_id: int
+    """The prompt's token at this position."""
+    logprob: float
+    """Its log-prob under log_softmax(logits) of the position before (T = 1)."""
+    rank: int
+    """1 + the number of tokens strictly likelier there (1: the model's argmax)."""
+    top: TopLogprobs
+    """The `prompt_logprobs` most likely tokens there, most likely first (empty for 0)."""
 
 
 @dataclass(frozen=True)
@@ -301,3 +326,6 @@ class GenerationOutput:
     """MoE models with routing recorded (`rollout.record_routing`, built-in engine): the top-k expert indices
     [prompt + R - 1, L, k] (uint8 for <= 256 experts, else int16) of every token the engine fed through the
     model: the prompt, then every generated token but the last (never fed back). None otherwise."""
+    prompt_logprobs: tuple[PromptLogprob | None, ...] | None = field(default=None, compare=False, repr=False)
+    """With `GenerationRequest.prompt_logprobs` set: per prompt token [P], its score (None for the first
+    token, which nothing precedes), shared by the request's samples; None otherwise."""

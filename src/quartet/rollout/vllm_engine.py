@@ -217,6 +217,11 @@ class VLLMRolloutEngine(ThreadedEngine):
                 "constrained decoding (SamplingParams.grammar) runs in the built-in engine only "
                 "(rollout.engine: torch); leave it out with vLLM"
             )
+        if request.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt log-probs (GenerationRequest.prompt_logprobs) are computed by the built-in engine "
+                "only (rollout.engine: torch); a vLLM server answers them itself (prompt_logprobs)"
+            )
         if params.stop and not self.has_tokenizer:
             raise ValueError(f"stop strings {params.stop} need a tokenizer in the model folder (or stop ids)")
         if len(request.prompt_token_ids) >= self.max_model_len:

@@ -67,7 +67,7 @@ from aiohttp import ClientPayloadError, web
 from aiohttp.typedefs import Handler
 
 from quartet.rollout.base import EngineStateError, RolloutEngine
-from quartet.rollout.types import GenerationOutput, GenerationRequest, SamplingParams
+from quartet.rollout.types import GenerationOutput, GenerationRequest, InvalidRequestError, SamplingParams
 from quartet.serving import constraints, protocol, responses, responses_api
 from quartet.serving.address import advertised_host
 from quartet.serving.bridge import EngineBridge, wait_in_loop
@@ -269,11 +269,13 @@ class OpenAIServer:
         prompt_ids: Sequence[int],
         sampling: SamplingParams,
         multi_modal: Mapping[str, Any] | None = None,
+        prompt_logprobs: int | None = None,
     ) -> list[GenerationOutput]:
         """The `sampling.n` responses to a prompt of token ids, through the engine's shared batch.
 
         For agent loops in this process (no HTTP). `multi_modal`: the prompt's images for a vision-language
-        model (`quartet.serving.images`). Raises `ServerAsleepError` while asleep,
+        model (`quartet.serving.images`). `prompt_logprobs`: score the prompt too, with this many
+        alternatives per token (`GenerationRequest.prompt_logprobs`). Raises `ServerAsleepError` while asleep,
         `GenerationTimeoutError` after `request_timeout_s` (the request is aborted in the engine), ValueError
         for a token id outside the vocabulary or images that do not fit the prompt (checked here, so they
         never fail the engine's batch), and the engine's own errors (ValueError for a request it cannot
@@ -287,7 +289,9 @@ class OpenAIServer:
         images = None
         if multi_modal is not None:
             images = await asyncio.to_thread(check_multi_modal, prompt_ids, multi_modal, self._vision)
-        request = GenerationRequest(tuple(prompt_ids), sampling, multi_modal=images)
+        request = GenerationRequest(
+            tuple(prompt_ids), sampling, multi_modal=images, prompt_logprobs=prompt_logprobs
+        )
         self._gate.enter()
         try:
             call = self._bridge.submit(request)
@@ -313,10 +317,16 @@ class OpenAIServer:
         prompt_ids: Sequence[int],
         sampling: SamplingParams,
         multi_modal: Mapping[str, Any] | None = None,
+        prompt_logprobs: int | None = None,
+        prompt_param: str = "prompt_token_ids",
     ) -> list[GenerationOutput]:
-        """`generate_tokens` with the engine's errors turned into HTTP answers."""
+        """`generate_tokens` with the engine's errors turned into HTTP answers (the engine's field named as
+        the body spells it: the prompt's as `prompt_param`)."""
         try:
-            return await self.generate_tokens(prompt_ids, sampling, multi_modal)
+            return await self.generate_tokens(prompt_ids, sampling, multi_modal, prompt_logprobs)
+        except InvalidRequestError as exc:
+            param = prompt_param if exc.field == "prompt_token_ids" else exc.field
+            raise ApiError.bad_request(str(exc), param) from None
         except ValueError as exc:
             raise ApiError.bad_request(str(exc)) from None
         except EngineStateError as exc:
@@ -434,7 +444,9 @@ class OpenAIServer:
         if not prompt:
             raise ApiError.bad_request("the prompt encodes to no tokens", "prompt")
         check_sampling(completion.sampling, len(prompt), self.limits, _OPENAI_NAMES)
-        outputs = await self._engine_call(prompt, completion.sampling)
+        outputs = await self._engine_call(
+            prompt, completion.sampling, prompt_logprobs=completion.prompt_logprobs, prompt_param="prompt"
+        )
         answer = await self._lanes.ordinary.run(
             responses.completion_response,
             self.model_name,
@@ -443,6 +455,7 @@ class OpenAIServer:
             self.tokenizer,
             completion.logprobs,
             completion.top_logprobs,
+            completion.prompt_logprobs is not None,
         )
         if completion.stream:
             return await send_events(request, completion_chunks(answer, completion.include_usage))

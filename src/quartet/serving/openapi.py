@@ -291,6 +291,12 @@ def _completion(limits: RequestLimits) -> dict[str, Any]:
                 ]
             },
             "logprobs": {"type": "integer", "minimum": 0, "maximum": 5, "nullable": True},
+            "prompt_logprobs": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_TOP_LOGPROBS,
+                "nullable": True,
+            },
             "echo": {"type": "boolean", "enum": [False], "nullable": True},
         },
     }

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quartet.rollout.types import SamplingParams
+from quartet.rollout.types import MAX_TOP_LOGPROBS, SamplingParams
 from quartet.serving.constraints import ToolPlan, parse_response_format, parse_tool_choice
 from quartet.serving.errors import ApiError
 from quartet.serving.fields import bad, boolean, build_sampling, integer, number, show, str_list, token_ids
@@ -112,7 +112,9 @@ CHAT_FIELDS = (
     }
 )
 """Every top-level field a chat body may hold."""
-COMPLETION_FIELDS = METADATA_FIELDS | _SAMPLING_BODY_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+COMPLETION_FIELDS = (
+    METADATA_FIELDS | _SAMPLING_BODY_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
+)
 """Every top-level field a completions body may hold."""
 TOKEN_FIELDS = frozenset({"prompt_token_ids", "sampling", "multi_modal", "return_routed_experts"})
 """Every top-level field a `/v1/quartet/generate` body may hold. A routing record is never one: the server
@@ -152,6 +154,8 @@ class CompletionRequest:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
+    prompt_logprobs: int | None = None
+    """vLLM's `prompt_logprobs`: score the prompt, with this many alternatives per token; None: not asked."""
 
 
 @dataclass(frozen=True)
@@ -320,9 +324,16 @@ def parse_completion(body: Mapping[str, Any], default_max_tokens: int) -> Comple
     if top is not None and not 0 <= top <= 5:
         raise bad(f"'logprobs' must lie in [0, 5] (alternatives per token), got {top}", "logprobs")
     stream, include_usage = _stream(body)
+    prompt_top = integer(body, "prompt_logprobs", None, "prompt_logprobs")
+    if prompt_top is not None and not 0 <= prompt_top <= MAX_TOP_LOGPROBS:
+        message = f"'prompt_logprobs' must lie in [0, {MAX_TOP_LOGPROBS}] (alternatives per token)"
+        message += f", got {prompt_top}"
+        raise bad(message, "prompt_logprobs")
+    if prompt_top is not None and stream:
+        raise bad("'prompt_logprobs' is not answered in a stream: leave out one of them", "prompt_logprobs")
     max_tokens = _max_tokens(body, ("max_tokens",), default_max_tokens)
     sampling = _openai_sampling(body, max_tokens, top is not None, top or 0)
-    return CompletionRequest(parsed, sampling, top is not None, top or 0, stream, include_usage)
+    return CompletionRequest(parsed, sampling, top is not None, top or 0, stream, include_usage, prompt_top)
 
 
 def parse_sampling(obj: Any, default_max_tokens: int, param: str = "sampling") -> SamplingParams:

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from quartet.rollout.types import FinishReason, GenerationOutput
+from quartet.rollout.types import FinishReason, GenerationOutput, PromptLogprob
 from quartet.serving.routing_wire import routing_from_json, routing_to_json
 from quartet.serving.text import TokenizerLike, decode_response, token_texts
 from quartet.serving.tool_calls import parse_assistant_turn
@@ -142,6 +142,28 @@ def _completion_logprobs(tokenizer: TokenizerLike, output: GenerationOutput, top
     }
 
 
+def prompt_logprobs_json(
+    tokenizer: TokenizerLike, scores: Sequence[PromptLogprob | None]
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` layout: per prompt token None (the first) or {token id (a string, as JSON
+    keys are): {"logprob", "rank", "decoded_token"}} holding the prompt's token and its top alternatives."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for score in scores:
+        if score is None:
+            out.append(None)
+            continue
+        entries = [(score.token_id, score.logprob, score.rank)]
+        entries += [(t, lp, rank) for rank, (t, lp) in enumerate(score.top, 1) if t != score.token_id]
+        texts = token_texts(tokenizer, [t for t, _, _ in entries])
+        out.append(
+            {
+                str(t): {"logprob": lp, "rank": rank, "decoded_token": text}
+                for (t, lp, rank), text in zip(entries, texts, strict=True)
+            }
+        )
+    return out
+
+
 def completion_response(
     model: str,
     prompt_tokens: int,
@@ -149,9 +171,11 @@ def completion_response(
     tokenizer: TokenizerLike,
     logprobs: bool,
     top_logprobs: int = 0,
+    prompt_logprobs: bool = False,
 ) -> dict[str, Any]:
-    """A `text_completion` object with one choice per output (`top_logprobs` alternatives per token)."""
-    choices = [
+    """A `text_completion` object with one choice per output (`top_logprobs` alternatives per token; with
+    `prompt_logprobs`, each choice's `prompt_logprobs` in vLLM's layout, `prompt_logprobs_json`)."""
+    choices: list[dict[str, Any]] = [
         {
             "index": i,
             "text": decode_response(tokenizer, o),
@@ -160,6 +184,10 @@ def completion_response(
         }
         for i, o in enumerate(outputs)
     ]
+    if prompt_logprobs:
+        shared = prompt_logprobs_json(tokenizer, outputs[0].prompt_logprobs or ()) if outputs else []
+        for choice in choices:
+            choice["prompt_logprobs"] = shared
     return {
         **_envelope("text_completion", "cmpl", model),
         "choices": choices,

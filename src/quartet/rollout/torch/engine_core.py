@@ -49,6 +49,7 @@ from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.kv_cache import SlotKVCache
 from quartet.rollout.torch.model_runner import DecoderRunner
 from quartet.rollout.torch.penalties import apply_processing, build_processing
+from quartet.rollout.torch.prompt_scores import score_prompt
 from quartet.rollout.torch.sampling import sample_next, sample_seed, top_logprobs
 from quartet.rollout.torch.scheduler import Scheduler, split_into_groups
 from quartet.rollout.torch.sequence import SequenceGroup, SequenceState
@@ -297,7 +298,12 @@ class EngineCore:
             for group, delta in zip(groups, vision[1].tolist(), strict=True):
                 for seq in group.sequences:
                     seq.rope_delta = int(delta)
-        logits = self.runner.prefill(ids, lengths, self.cache, start, expand, vision[0] if vision else None)
+        scored = [g for g in groups if g.request.prompt_logprobs is not None]
+        logits = self.runner.prefill(
+            ids, lengths, self.cache, start, expand, vision[0] if vision else None, keep_hidden=bool(scored)
+        )
+        if scored:
+            self._score_prompts(groups)
         if self.records_routing:
             routing = self.runner.last_routing
             assert routing is not None
@@ -313,6 +319,19 @@ class EngineCore:
             seq.first_step = self.steps
         self.running.extend(seqs)
         self._append(seqs, tokens, logprobs, tops)
+
+    def _score_prompts(self, groups: list[SequenceGroup]) -> None:
+        """Give the samples of each group that asks for them its prompt's log-probs (`prompt_scores`)."""
+        hidden = self.runner.last_hidden
+        assert hidden is not None
+        self.runner.last_hidden = None
+        for i, group in enumerate(groups):
+            k = group.request.prompt_logprobs
+            if k is None:
+                continue
+            scores = score_prompt(self.runner.head, hidden[i], group.request.prompt_token_ids, k)
+            for seq in group.sequences:
+                seq.prompt_logprobs = scores
 
     def _sample(self, logits: torch.Tensor, start: int, seqs: list[SequenceState]) -> _Sampled:
         """Process (penalties, `min_tokens`) and sample the logits [A, V] of slots start.., rows `seqs`."""

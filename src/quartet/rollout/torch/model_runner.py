@@ -112,6 +112,9 @@ class DecoderRunner:
         self.last_routing: torch.Tensor | None = None
         """The last forward's routing [tokens, L, k] (prefill: G * P padded positions, row-major; decode: A
         rows) while a recorder is on; None otherwise."""
+        self.last_hidden: torch.Tensor | None = None
+        """The last prefill's final hidden states [G, P, D] (before the final norm) when it was asked to keep
+        them (`prefill(keep_hidden=True)`, for prompt log-probs through `head`); None otherwise."""
 
     def record_routing(self, on: bool) -> None:
         """Record (or stop recording) the MoE routing of this runner's forwards (`routing_record`)."""
@@ -189,6 +192,10 @@ class DecoderRunner:
         out: torch.Tensor = self.lm_head(_norm(self.base.norm, last_hidden))
         return out
 
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [..., V] of final hidden states [..., D] (as `last_hidden` keeps them): norm, then head."""
+        return self._logits(hidden)
+
     # ---- forwards ---------------------------------------------------------------------------------------
 
     def prefill(
@@ -199,15 +206,18 @@ class DecoderRunner:
         start: int,
         expand: torch.Tensor | None,
         vision: tuple[torch.Tensor, torch.Tensor] | None = None,
+        keep_hidden: bool = False,
     ) -> torch.Tensor:
         """Run G right-padded prompts, store their keys/values in slots start.., return next-token logits.
 
         input_ids [G, P] int64 (right-padded), lengths [G] int64 (real lengths), expand [S] int64 or None
         (see `SlotKVCache.write_prefill`). Returns logits [G, V] at each prompt's last real token.
         vision: a VLM's input embeddings [G, P, D] (image features in place) and M-RoPE positions [3, G, P]
-        (`rollout.torch.vision_prefill`).
+        (`rollout.torch.vision_prefill`). keep_hidden: keep every position's final hidden state in
+        `last_hidden` (prompt log-probs).
         """
         groups, seq = input_ids.shape
+        self.last_hidden = None
         if self.recorder is not None:
             self.recorder.begin()
         positions = torch.arange(seq, device=input_ids.device)
@@ -228,6 +238,8 @@ class DecoderRunner:
             h = h + attn.o_proj(out.transpose(1, 2).reshape(groups, seq, -1))
             h = self._mlp_block(layer, h)
         last = h[torch.arange(groups, device=h.device), lengths - 1]
+        if keep_hidden:
+            self.last_hidden = h
         if self.recorder is not None:
             self.last_routing = self.recorder.finish()
         return self._logits(last)

@@ -9,7 +9,13 @@ from typing import Any
 
 import torch
 
-from quartet.rollout.types import FinishReason, GenerationOutput, GenerationRequest, TopLogprobs
+from quartet.rollout.types import (
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    PromptLogprob,
+    TopLogprobs,
+)
 
 __all__ = ["SequenceGroup", "SequenceState"]
 
@@ -40,6 +46,8 @@ class SequenceState:
     routing: list[torch.Tensor] | None = None
     """MoE routing record (`routing_record`): the top-k experts [t, L, k] of the tokens fed so far, in
     chunks (the prompt's, shared by the request's samples, then one per decode step); None: not recorded."""
+    prompt_logprobs: tuple[PromptLogprob | None, ...] | None = None
+    """The prompt's scores when the request asks for them (`prompt_scores`), shared by its samples."""
     error: BaseException | None = None
     """Why the engine failed this sequence (its request then fails with it); None otherwise."""
     first_step: int = -1
@@ -92,6 +100,7 @@ class SequenceState:
             top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs > 0 else None,
             versions=tuple(self.versions),
             routed_experts=None if self.routing is None else torch.cat(self.routing).cpu(),
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

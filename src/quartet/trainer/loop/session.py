@@ -93,9 +93,8 @@ def prepare_run(cfg: QuartetConfig, run_dir: Path, metrics_path: Path, rules_sco
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer_path or model_path)
     if cfg.teacher.enabled:  # it scores the policy's token ids: they must mean the same text
-        check_same_tokenizer(
-            cfg.model.tokenizer_path or model_path, cfg.teacher.model_path, "policy", "teacher"
-        )
+        teacher = cfg.teacher.model_path or cfg.teacher.tokenizer_path  # a remote one: its tokenizer's folder
+        check_same_tokenizer(cfg.model.tokenizer_path or model_path, teacher, "policy", "teacher")
     images = image_inputs(cfg, model_path, tokenizer)
     data = prepare_rl_data(cfg, tokenizer, run_dir, images, rules_score)
     if cfg.rollout.multi_turn.enable:

@@ -37,6 +37,7 @@ from quartet.core.turn_credit import turn_level_advantages
 from quartet.roles.actor import Actor
 from quartet.roles.critic import Critic
 from quartet.roles.reference import Reference
+from quartet.roles.remote_teacher import RemoteTeacher
 from quartet.roles.rollout import Rollout
 from quartet.roles.teacher import Teacher
 from quartet.trainer.feed.batch_source import BatchSource
@@ -109,6 +110,8 @@ class StepRunner:
             cfg.trainer.hang_timeout_s, cfg.cluster.call_timeout_s, cfg.trainer.run_dir
         )
         """Each phase's hang deadline, from the phase's earlier times in this run (`hang_deadline`)."""
+        self.remote_teacher = RemoteTeacher(cfg.teacher) if cfg.teacher.url else None
+        """The teacher at `teacher.url` (`quartet.roles.remote_teacher`); None: local or none."""
         self.estimator = cfg.algorithm.adv_estimator
         self.params = AdvantageParams(
             gamma=cfg.algorithm.gamma,
@@ -153,6 +156,9 @@ class StepRunner:
         if w.teacher is not None:
             with timer("teacher"):
                 batch = batch.union(w.teacher.call_batch(Teacher.compute_teacher_logprobs, batch))
+        elif self.remote_teacher is not None:
+            with timer("teacher"):
+                batch = batch.union(self.remote_teacher.score(batch))
         if w.critic is not None:
             with timer("values"):
                 batch = batch.union(w.critic.call_batch(Critic.compute_values, batch))
