@@ -1,4 +1,5 @@
-"""`data.reasoning_gym`: a reasoning-gym mixture as a run's prompts from the config alone (issue 52)."""
+"""`data.reasoning_gym`: a reasoning-gym mixture as a run's prompts from the config alone (issue 52),
+and the per-source training reward it logs (`reward/<data_source>/mean`)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,27 @@ def test_quartet_train_runs_grpo_on_a_two_task_mixture_from_the_config(
     steps = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2]
+    for rec in steps:
+        samples = [json.loads(x) for x in (result.run_dir / f"rollouts/step_{rec['step']}.jsonl").open()]
+        assert len(samples) == 8  # every sample: 4 prompts x 2
+        by_source: dict[str, list[float]] = {}
+        for s in samples:
+            by_source.setdefault(s["data_source"], []).append(s["score"])
+        logged = {k: v for k, v in rec.items() if k.startswith("reward/reasoning_gym/")}
+        expected = {f"reward/{k}/mean": sum(v) / len(v) for k, v in by_source.items()}
+        assert set(logged) == set(expected) and logged == pytest.approx(expected)
+
+
+def test_source_score_metrics_average_each_sources_sequence_scores() -> None:
+    import torch
+
+    from quartet.core.metrics import source_score_metrics
+
+    scores = torch.zeros(4, 3)
+    for (row, col), value in {(0, 1): 1.0, (1, 2): 0.5, (2, 0): 0.25, (3, 2): 9.0}.items():
+        scores[row, col] = value  # row 3's score sits in padding: not counted
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    metrics = source_score_metrics(scores, mask, ["a", "b", "a", "b"])
+    assert metrics == pytest.approx({"reward/a/mean": (1.0 + 0.25) / 2, "reward/b/mean": (0.5 + 0.0) / 2})
+    with pytest.raises(ValueError, match="3 data sources for 4 rows"):
+        source_score_metrics(scores, mask, ["a", "b", "a"])
