@@ -177,3 +177,12 @@ def test_source_score_metrics_average_each_sources_sequence_scores() -> None:
     assert metrics == pytest.approx({"reward/a/mean": (1.0 + 0.25) / 2, "reward/b/mean": (0.5 + 0.0) / 2})
     with pytest.raises(ValueError, match="3 data sources for 4 rows"):
         source_score_metrics(scores, mask, ["a", "b", "a"])
+
+
+def test_the_built_in_tasks_resolver_refuses_a_mixture_instead_of_writing_arithmetic(tmp_path: Path) -> None:
+    from quartet.tasks import resolve_data_files
+
+    cfg = load_config(None, ["data.reasoning_gym.tasks=[{name: gcd}]"])
+    with pytest.raises(ValueError, match="write_config_sets"):
+        resolve_data_files(cfg.data, tmp_path)
+    assert not any(tmp_path.iterdir())
