@@ -200,6 +200,8 @@ def main() -> None:
     screen: list[dict[str, Any]] = []
     if args.no_screen:
         tasks = args.tasks.split(",")
+        # a resumed run keeps the screening it did (the candidates' seed-0 runs)
+        screen = [r for r in runs if r["seed"] == seeds[0] and r["task"] in args.candidates.split(",")]
     else:
         for task in args.candidates.split(","):
             found = [r for r in runs if (r["task"], r["seed"]) == (task, seeds[0])]
