@@ -18,11 +18,10 @@ import argparse
 import json
 from pathlib import Path
 
-from quartet.environments.reasoning_gym import GymTask, rows
-from quartet.tasks.rows import write_parquet
+from quartet.environments.reasoning_gym import GymTask
+from quartet.environments.reasoning_gym_files import VAL_SEED_OFFSET, resolve_system_prompt, write_rl_sets
 
-VAL_SEED_OFFSET = 10_000_019
-"""Validation datasets' seeds: far from training's (reasoning-gym seeds entry i of seed s with s + i)."""
+__all__ = ["VAL_SEED_OFFSET", "main", "parse_tasks"]
 
 
 def parse_tasks(tasks: list[str], configs: list[str], seed: int, size: int) -> list[GymTask]:
@@ -52,18 +51,11 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     size = max(args.train, 2 * args.val)
-    train_rows = rows(parse_tasks(args.task, args.config, args.seed, size), args.train, seed=args.seed)
-    seen = {r["prompt"][-1]["content"] for r in train_rows}
-    val_seed = args.seed + VAL_SEED_OFFSET
-    candidates = rows(parse_tasks(args.task, args.config, val_seed, size), 2 * args.val, seed=val_seed)
-    fresh = [r for r in candidates if r["prompt"][-1]["content"] not in seen]
-    if len(fresh) < args.val:
-        raise SystemExit(
-            f"only {len(fresh)} of {2 * args.val} validation problems are not in training: fewer --val"
-        )
-    train = write_parquet(train_rows, args.out_dir / "rl_train.parquet")
-    val = write_parquet(fresh[: args.val], args.out_dir / "rl_val.parquet")
-    repeats = len([r for r in candidates[: args.val] if r["prompt"][-1]["content"] in seen])
+    tasks = parse_tasks(args.task, args.config, args.seed, size)
+    system = resolve_system_prompt("default")
+    train, val, repeats = write_rl_sets(
+        args.out_dir, tasks, args.train, args.val, args.seed, system, val_field="--val"
+    )
     left_out = f"{repeats} repeats of training left out"
     print(f"wrote {train} ({args.train} rows) and {val} ({args.val} rows; {left_out})")
     return train, val

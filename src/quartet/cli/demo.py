@@ -34,6 +34,9 @@ WHAT = {
 }
 """The title's task, per `--task`."""
 
+GYM_NOTE = "expected: a few minutes on a 2-core CPU (benchmarks/reasoning_gym_tasks.py times it)"
+"""The opening line of `--task reasoning_gym:<name>`."""
+
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("demo", help="SFT warm start, then GRPO vs more SFT, on CPU in minutes")
@@ -45,11 +48,13 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of data, model init and sampling")
     parser.add_argument(
         "--task",
-        choices=["arithmetic", "calculator", "vision"],  # quartet.demo.DEMOS, not imported: `--help` is fast
+        type=_task,
         default="arithmetic",
+        metavar="{arithmetic,calculator,vision,reasoning_gym:<name>}",
         help="arithmetic: 2-digit addition, one turn; calculator: multi-turn, the model calls a tool; "
         "vision: a tiny VLM counts the circles in a picture (its SFT side: vision.<name>=<value>, e.g. "
-        "vision.sft_steps=500; see docs/vision.md)",
+        "vision.sft_steps=500; see docs/vision.md); reasoning_gym:<name>: a reasoning-gym task, e.g. "
+        "reasoning_gym:chain_sum (docs/environments.md)",
     )
     parser.add_argument(
         "--model",
@@ -74,6 +79,16 @@ def add_parser(sub: Any) -> None:
         "overrides", nargs="*", help="dotted overrides of the demo config, e.g. trainer.total_steps=50"
     )
     parser.set_defaults(run=run)
+
+
+def _task(text: str) -> str:
+    """`--task`'s value: a demo of quartet.demo.DEMOS (not imported: `--help` is fast) or
+    `reasoning_gym:<name>` (the name is checked when the config is built)."""
+    if text in WHAT or (text.startswith("reasoning_gym:") and len(text) > len("reasoning_gym:")):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(WHAT)}, or reasoning_gym:<name>)"
+    )
 
 
 def _progress(
@@ -109,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         cfg = demo_config(args.overrides, args.seed, args.quick, args.task, device, args.model)
+        if args.task.startswith("reasoning_gym:"):  # an unknown name, refused settings: before any training
+            from quartet.environments.reasoning_gym_files import config_tasks
+
+            config_tasks(cfg.data.reasoning_gym, cfg.data.seed, 1)
     except (ConfigError, ValueError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -119,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     logging.basicConfig(level=logging.WARNING)
     console = command_console()
-    what = WHAT[args.task]
+    gym = args.task.partition("reasoning_gym:")[2]
+    what = WHAT.get(args.task) or f"reasoning-gym's {gym}, scored by its own verifier"
     model = "tiny Qwen2, CPU" if device == "cpu" else "~0.1B Qwen2 shape, GPU"
     model = "tiny Qwen2-VL, CPU" if args.task == "vision" else model
     moe = _moe_model(cfg) if args.model == "moe" else None
@@ -127,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
     flags = f"--task {args.task}" + (f" --model {args.model}" if args.model != "dense" else "")
     console.rule(f"[bold]quartet demo {flags}")  # short: a rule is cut at 80 columns in a log
     console.print(f"SFT start -> GRPO vs more SFT: {model}, {what}", markup=False)
-    console.print(opening_note(args.task, args.quick, device, args.model), markup=False)
-    source = cfg.data.builtin_task.value
+    note = opening_note(args.task, args.quick, device, args.model) if not gym else GYM_NOTE
+    console.print(note, markup=False)
+    source = f"reasoning_gym/{gym}" if gym else cfg.data.builtin_task.value
     try:
         result = run_demo(
             args.overrides,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from quartet.config.errors import require
+from quartet.config.reasoning_gym import ReasoningGymConfig
 
 __all__ = ["ArithmeticOp", "BuiltinTask", "DataConfig", "OverlongPrompt"]
 
@@ -67,6 +68,10 @@ class DataConfig:
 
     builtin_operations: tuple[ArithmeticOp, ...] = (ArithmeticOp.ADD, ArithmeticOp.SUB, ArithmeticOp.MUL)
     """Built-in arithmetic: operations drawn from (uniformly): any of `add`, `sub`, `mul`."""
+
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
+    """reasoning-gym tasks as the prompts, instead of `builtin_task` (when `train_files` is empty and
+    `reasoning_gym.tasks` is not); docs/environments.md."""
 
     prompt_key: str = "prompt"
     """Column holding the chat messages of the prompt (a list of {role, content})."""
@@ -134,6 +139,12 @@ class DataConfig:
             1 <= self.builtin_digits <= 6, "builtin_digits", f"must lie in [1, 6], got {self.builtin_digits}"
         )
         require(bool(self.builtin_operations), "builtin_operations", "must not be empty", "e.g. [add]")
+        require(
+            not (self.train_files and self.reasoning_gym.tasks),
+            "reasoning_gym.tasks",
+            "is set while data.train_files names files: the run would train on the files only",
+            "clear data.train_files to train on the reasoning-gym tasks, or clear data.reasoning_gym.tasks",
+        )
         require(bool(self.prompt_key), "prompt_key", "must not be empty", "name the prompt column")
         require(bool(self.image_key), "image_key", "must not be empty", "name the images column")
         require(

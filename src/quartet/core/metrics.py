@@ -29,6 +29,8 @@ advantages, filters) are plain floats (`Metrics`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = [
@@ -84,6 +86,7 @@ __all__ = [
     "batch_data_metrics",
     "explained_variance",
     "logprob_diff_metrics",
+    "source_score_metrics",
     "masked_count",
     "masked_max",
     "masked_mean",
@@ -312,6 +315,26 @@ def batch_data_metrics(
         if max_prompt_length is not None:
             metrics[PROMPT_LENGTH_CLIP_RATIO] = float((plen >= max_prompt_length).double().mean())
     return metrics
+
+
+def source_score_metrics(
+    token_level_scores: torch.Tensor, response_mask: torch.Tensor, data_sources: Sequence[str]
+) -> Metrics:
+    """`reward/<data_source>/mean`: the mean sequence score (`critic/score`'s per-row sum) of each data
+    source's rows in the step's batch, for every source present; [B, T] tensors, one source per row.
+
+    Keyed by data source (verl's row field, the key validation logs under, `val-core/<source>/...`), not by
+    a task name: every row has one, whatever made it (a built-in task, files, a reasoning-gym mixture,
+    whose sources are `reasoning_gym/<task>`). Logged whenever a source is in the batch, even alone: a
+    mixture's step can draw one source only, and its curve must not skip that step.
+    """
+    if len(data_sources) != token_level_scores.shape[0]:
+        raise ValueError(f"{len(data_sources)} data sources for {token_level_scores.shape[0]} rows")
+    per_row = masked_sum(token_level_scores, _valid(token_level_scores, response_mask), -1).double().tolist()
+    totals: dict[str, list[float]] = {}
+    for source, score in zip(data_sources, per_row, strict=True):
+        totals.setdefault(str(source), []).append(score)
+    return {f"reward/{source}/mean": sum(v) / len(v) for source, v in sorted(totals.items())}
 
 
 def logprob_diff_metrics(

@@ -27,6 +27,7 @@ from typing import Any
 
 from quartet.config import QuartetConfig, load_config
 from quartet.config.trainer import Logger
+from quartet.demo.reasoning_gym import gym_name, gym_overrides, with_worked_examples
 from quartet.demo.vision import QUICK_OVERRIDES as VISION_QUICK
 from quartet.demo.vision import VisionSettings, split_settings
 from quartet.demo.vision import with_section as _with
@@ -187,6 +188,11 @@ DEMOS = {"arithmetic": "demo.yaml", "calculator": "calculator.yaml", "vision": "
 """`quartet demo --task T`: the embedded config of each demo (single-turn addition; multi-turn tool use;
 counting shapes in pictures, whose SFT side is `quartet.demo.vision.VisionSettings`)."""
 
+NO_FILTERED_GYM = (
+    "--filtered-control has no meaning for --task reasoning_gym:<name>: every worked example's answer is the "
+    "task's own, so the verified traces are all of them. Fix: drop --filtered-control"
+)
+
 NO_FILTERED_VISION = (
     "--filtered-control has no meaning for --task vision: every worked answer of its chat set is right, so "
     "the verified traces are all of them and the row would repeat the control. Fix: drop --filtered-control"
@@ -205,8 +211,10 @@ def demo_config(
     everywhere, `--quick` settings, then the user's. Builds the config only: nothing checks that the device
     is there. For `task="vision"` the `vision.<name>=<value>` overrides are the SFT side's
     (`split_settings`), checked here and left out of the config."""
-    if task not in DEMOS:
-        raise ValueError(f"unknown demo task {task!r}; the demos are {', '.join(DEMOS)}")
+    gym = gym_name(task)
+    if task not in DEMOS and gym is None:
+        known = f"{', '.join(DEMOS)}, reasoning_gym:<name>"
+        raise ValueError(f"unknown demo task {task!r}; the demos are {known}")
     if device not in DEVICES:
         raise ValueError(f"unknown demo device {device!r}; the devices are {', '.join(DEVICES)}")
     if device == "gpu" and task not in GPU:
@@ -215,12 +223,14 @@ def demo_config(
         raise ValueError(problem)
     if task == "vision":
         overrides = split_settings(overrides, quick)[1]
-    path = resources.files("quartet.demo") / DEMOS[task]
+    path = resources.files("quartet.demo") / DEMOS["arithmetic" if gym else task]
     sized = GPU[task] if device == "gpu" else MOE[task] if model == "moe" else []
+    sized = gym_overrides(gym, quick) if gym else sized
     seeds = [f"trainer.seed={seed}", f"data.seed={seed}", f"sft.seed={seed}", f"model.tiny.seed={seed}"]
     seeds += [f"rollout.seed={seed}"]
     with resources.as_file(path) as file:
-        return load_config(str(file), [*sized, *seeds, *(QUICK[task] if quick else []), *overrides])
+        quick_sizes = QUICK[task] if quick and not gym else []
+        return load_config(str(file), [*sized, *seeds, *quick_sizes, *overrides])
 
 
 def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[int, int]:
@@ -230,6 +240,8 @@ def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[
     simulated users as in training), scored on what the loop hands the reward function.
     """
     from quartet.data.prompts import PromptDataset
+    from quartet.environments.reasoning_gym import DATA_SOURCE_PREFIX
+    from quartet.environments.reasoning_gym import compute_score as gym_score
     from quartet.models.loading import load_tokenizer
     from quartet.rollout import SamplingParams, TorchRolloutEngine, requests_from_batch
     from quartet.tasks import task_scorer
@@ -251,6 +263,10 @@ def greedy_accuracy(cfg: QuartetConfig, model_dir: str, val_file: str) -> tuple[
     correct = 0
     for i, text in enumerate(texts):
         source = batch.non_tensors["data_source"][i]
+        if source.startswith(DATA_SOURCE_PREFIX):  # right: reasoning-gym's own score is 1
+            info = batch.non_tensors["extra_info"][i]
+            correct += int(gym_score(source, text, batch.non_tensors["ground_truth"][i], info) == 1.0)
+            continue
         scorer = task_scorer(source)
         if scorer is None:
             raise ValueError(f"the demo scores built-in tasks only; '{source}' has no built-in scorer")
@@ -304,6 +320,8 @@ def run_demo(
     start = time.perf_counter()
     if task == "vision" and filtered_control:
         raise ValueError(NO_FILTERED_VISION)
+    if gym_name(task) and filtered_control:
+        raise ValueError(NO_FILTERED_GYM)
     cfg = demo_config(overrides, seed, quick, task, device, model)
     problem = cuda_problem() if device == "gpu" else None
     if problem:
@@ -311,6 +329,8 @@ def run_demo(
     # a --quick run has its own folder: it must not replace the models and table of a full run
     project = f"{cfg.trainer.experiment_name}{'-quick' if quick else ''}-seed{seed}"
     base = Path(cfg.trainer.output_dir) / project  # each stage's run folder is base/<stage>
+    if gym_name(task):
+        cfg = with_worked_examples(cfg, base / "worked_examples")
     result = DemoResult(run_dir=base)
     emit = on_record or (lambda rec: None)
     if task == "vision":
@@ -336,7 +356,8 @@ def _text_models(
 ) -> tuple[Scored, Path]:
     """The text demo's models, each scored on the GRPO run's held-out problems (`greedy_accuracy`)."""
     models, rl_run_dir = _train_models(cfg, project, emit, filtered_control)
-    val_file = str(rl_run_dir / DATA_DIR / cfg.data.builtin_task.value / RL_FILES[1])
+    folder = "reasoning_gym" if cfg.data.reasoning_gym.tasks else cfg.data.builtin_task.value
+    val_file = str(rl_run_dir / DATA_DIR / folder / RL_FILES[1])
     scored = [(name, d, secs, *greedy_accuracy(cfg, d, val_file)) for name, d, secs in models]
     return scored, rl_run_dir
 

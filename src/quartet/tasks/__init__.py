@@ -186,6 +186,11 @@ def resolve_data_files(cfg: DataConfig, folder: str | Path) -> tuple[tuple[str, 
     `val_files` names other files)."""
     if cfg.train_files:
         return tuple(cfg.train_files), tuple(cfg.val_files)
+    if cfg.reasoning_gym.tasks:  # the environments layer writes those, above this one
+        raise ValueError(
+            "data.reasoning_gym.tasks is set: its files come from quartet.environments."
+            "reasoning_gym_files.write_config_sets(cfg, folder), not from the built-in tasks"
+        )
     train, val = write_builtin(
         cfg.builtin_task, folder, cfg.builtin_train_size, cfg.builtin_val_size, cfg.seed
     )

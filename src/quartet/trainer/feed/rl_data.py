@@ -69,11 +69,17 @@ def prepare_rl_data(
     images: ImageInputs | None = None,
     rules_score: bool = True,
 ) -> RLData:
-    """Train/val prompt datasets from the configured files, or the built-in task written to `run_dir/data`;
+    """Train/val prompt datasets from the configured files, or the reasoning-gym mixture
+    (`data.reasoning_gym`) or the built-in task written to `run_dir/data`;
     `images` (`image_inputs`) when the model reads images. rules_score: False when reward functions passed
     as callables score (no row needs a rule scorer)."""
     train_files, val_files = list(cfg.data.train_files), list(cfg.data.val_files)
-    if not train_files:
+    if not train_files and cfg.data.reasoning_gym.tasks:
+        from quartet.environments.reasoning_gym_files import write_config_sets
+
+        train_path, val_path = write_config_sets(cfg.data, run_dir / DATA_DIR)
+        train_files, val_files = [str(train_path)], val_files or [str(val_path)]
+    elif not train_files:
         from quartet.config.data import BuiltinTask
         from quartet.tasks import ArithmeticSpec, builtin_spec, write_builtin
 

@@ -31,7 +31,12 @@ from quartet.core.balance import balanced_order
 from quartet.core.batch import Batch
 from quartet.core.distill import distill_metrics, reverse_kl_advantages
 from quartet.core.kl import KLController, apply_kl_penalty, make_kl_controller
-from quartet.core.metrics import batch_data_metrics, logprob_diff_metrics, masked_mean
+from quartet.core.metrics import (
+    batch_data_metrics,
+    logprob_diff_metrics,
+    masked_mean,
+    source_score_metrics,
+)
 from quartet.core.routing import ROUTING_MISMATCH, mismatch_share
 from quartet.core.turn_credit import turn_level_advantages
 from quartet.roles.actor import Actor
@@ -316,7 +321,12 @@ class StepRunner:
 
     def _data_metrics(self, batch: Batch) -> dict[str, float]:
         prompt_width = batch["prompts"].shape[1]
-        return batch_data_metrics(
+        sources = batch.non_tensors.get("data_source")
+        per_source = (
+            {} if sources is None
+            else source_score_metrics(batch["token_level_scores"], batch["response_mask"], list(sources))
+        )  # fmt: skip
+        return per_source | batch_data_metrics(
             batch["token_level_scores"],
             batch["token_level_rewards"],
             batch["advantages"],
