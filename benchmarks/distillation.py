@@ -7,11 +7,14 @@ The demo's task (`quartet demo`: 2-digit addition, 512 worked examples, fresh ve
 held-out problems scored greedily by the exact verifier) with two tiny Qwen2 models built by the code that
 share the tiny tokenizer:
 
-1. **Teacher** (`--teacher-hidden`, 4 layers: wider than the student): the demo's SFT start for
-   `--teacher-sft-epochs`, then `--teacher-grpo-steps` of the demo's GRPO. Cached under
-   `<work>/teacher-...` (a second run, or another seed, reuses it); its held-out accuracy is reported.
-2. **Student**: the demo's model and SFT start (`sft.epochs` of the demo, `--student-sft-epochs`), cached
-   the same way; every arm of every seed starts from it.
+1. **Teacher** (`--teacher-hidden` 256, 4 layers: twice the student's width, ~4x its weights): SFT on
+   `--teacher-sft-examples` worked examples (the demo's 512) for `--teacher-sft-epochs` (60: longer than
+   the student's 40) at batch `--teacher-sft-batch`, optionally `--teacher-more-epochs` more at batch 32,
+   then `--teacher-grpo-steps` of the demo's GRPO. Each stage is cached under `<work>/teacher-...` (a
+   second run, or another seed, reuses it); its held-out accuracy is reported.
+2. **Student**: the demo's model and SFT recipe for `--student-sft-epochs` (40, as
+   benchmarks/time_to_accuracy.py's warm start: the demo's 160 take ~4x as long on this CPU), cached the
+   same way; every arm of every seed starts from it.
 3. **The race**, `--budget` training seconds per arm (the sum of the optimizer steps' wall times, as the
    demo's time-matched control counts them; start-up, checkpoints and evaluation not counted):
    - `distill`: on-policy distillation (`algorithm.distill_coef=1`, `distill_task_coef=0`): the student
@@ -26,7 +29,8 @@ share the tiny tokenizer:
 
 The held-out problems (`data.seed`, `sft.seed` of the sets) are those of seed 0 for every seed, the ones the
 teacher never trained on; a seed changes the sampling and the SFT batch order. Writes
-`benchmarks/results/distillation.json` and `distillation.png` (accuracy vs training seconds per arm).
+`benchmarks/results/distillation.json` and `docs/images/distillation_race.png` (accuracy vs training
+seconds per arm and seed).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from common import RESULTS_DIR, table, write_result
 from quartet.trainer.records.callbacks import RunCallbacks
 
 RUNS = Path(__file__).resolve().parents[1] / "runs" / "distillation"
+IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 ARMS = ("distill", "grpo", "sft_teacher")
 VAL_PREFIX = "val-core/"
 BASE = [
@@ -168,45 +173,42 @@ def cached(path: Path, build: Any) -> dict[str, Any]:
 
 
 def build_teacher(work: Path, args: argparse.Namespace, val_file: str) -> dict[str, Any]:
-    """The teacher (module docstring, 1.), cached under `work`."""
+    """The teacher (module docstring, 1.), each stage cached under `work`: SFT on
+    `--teacher-sft-examples` worked examples at batch `--teacher-sft-batch`, more SFT on them at the demo's
+    batch (`--teacher-more-epochs`), then `--teacher-grpo-steps` of GRPO (the demo's settings)."""
     hidden = args.teacher_hidden
     tiny = (
         f"model.tiny={{hidden_size: {hidden}, num_hidden_layers: 4, num_attention_heads: 4, "
         f"num_key_value_heads: 2, intermediate_size: {4 * hidden}, seed: 0}}"
     )
-    name = f"teacher-h{hidden}-n{args.teacher_sft_examples}-b{args.teacher_sft_batch}"
-    name += f"-sft{args.teacher_sft_epochs}-grpo{args.teacher_grpo_steps}"
-    folder = work / name
+    examples = f"sft.builtin.train_size={args.teacher_sft_examples}"
+    sizes = f"n{args.teacher_sft_examples}-b{args.teacher_sft_batch}-sft{args.teacher_sft_epochs}"
+    base = work / f"teacher-h{hidden}-{sizes}"
+    folder = base / f"more{args.teacher_more_epochs}-grpo{args.teacher_grpo_steps}"
+
+    def first() -> dict[str, Any]:
+        batch = args.teacher_sft_batch
+        sizes = [tiny, examples, f"sft.epochs={args.teacher_sft_epochs}", f"sft.batch_size={batch}"]
+        sft_dir, sft_s = sft_model(base, [*sizes, f"sft.micro_batch_size_per_device={batch}"], 0)
+        return {"model_dir": sft_dir, "seconds": sft_s, "accuracy": accuracy(sft_dir, val_file)}
 
     def build() -> dict[str, Any]:
-        sizes = [
-            tiny,
-            f"sft.epochs={args.teacher_sft_epochs}",
-            f"sft.builtin.train_size={args.teacher_sft_examples}",
-        ]
-        sizes += [
-            f"sft.batch_size={args.teacher_sft_batch}",
-            f"sft.micro_batch_size_per_device={args.teacher_sft_batch}",
-        ]
-        sft_dir, sft_s = sft_model(folder, sizes, 0)
-        out = {
-            "folder": str(folder),
-            "tiny": tiny,
-            "sft_dir": sft_dir,
-            "sft_seconds": sft_s,
-            "sft_accuracy": accuracy(sft_dir, val_file),
-        }
-        out |= {"model_dir": sft_dir, "grpo_seconds": 0.0, "grpo_steps": 0, "accuracy": out["sft_accuracy"]}
+        stage1 = cached(base / "sft1.json", first)
+        out = {"folder": str(folder), "tiny": tiny, "sft1": stage1, "model_dir": stage1["model_dir"]}
+        if args.teacher_more_epochs:
+            more = [
+                tiny,
+                examples,
+                f"model.path={stage1['model_dir']}",
+                f"sft.epochs={args.teacher_more_epochs}",
+            ]
+            sft_dir, sft_s = sft_model(folder / "more", more, 0)
+            out |= {"model_dir": sft_dir, "sft2": {"seconds": sft_s, "accuracy": accuracy(sft_dir, val_file)}}
         if args.teacher_grpo_steps:
-            rl = rl_run(
-                folder,
-                sft_dir,
-                [tiny, f"trainer.total_steps={args.teacher_grpo_steps}", "trainer.test_freq=0"],
-                0,
-                0.0,
-            )
-            out |= {"model_dir": rl["hf_dir"], "grpo_seconds": rl["train_seconds"], "grpo_steps": rl["steps"]}
-            out["accuracy"] = accuracy(rl["hf_dir"], val_file)
+            steps = [tiny, f"trainer.total_steps={args.teacher_grpo_steps}", "trainer.test_freq=0"]
+            rl = rl_run(folder, out["model_dir"], steps, 0, 0.0)
+            out |= {"model_dir": rl["hf_dir"], "grpo": {"seconds": rl["train_seconds"], "steps": rl["steps"]}}
+        out["accuracy"] = accuracy(out["model_dir"], val_file)
         return out
 
     return cached(folder / "teacher.json", build)
@@ -365,9 +367,10 @@ def main() -> None:
     parser.add_argument("--sft-chunks", type=int, default=4)
     parser.add_argument("--sft-prompts", type=int, default=2048)
     parser.add_argument("--teacher-hidden", type=int, default=256)
-    parser.add_argument("--teacher-sft-examples", type=int, default=8192, help="worked examples (demo: 512)")
-    parser.add_argument("--teacher-sft-epochs", type=int, default=4)
-    parser.add_argument("--teacher-sft-batch", type=int, default=128, help="SFT batch (demo: 32)")
+    parser.add_argument("--teacher-sft-examples", type=int, default=512, help="worked examples (demo: 512)")
+    parser.add_argument("--teacher-sft-epochs", type=int, default=60)
+    parser.add_argument("--teacher-sft-batch", type=int, default=32, help="SFT batch (demo: 32)")
+    parser.add_argument("--teacher-more-epochs", type=int, default=0, help="then SFT at batch 32")
     parser.add_argument("--teacher-grpo-steps", type=int, default=30)
     parser.add_argument("--student-sft-epochs", type=int, default=40)
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="both RL arms")
@@ -388,7 +391,7 @@ def main() -> None:
             2,
             1,
         )
-        args.teacher_sft_examples = 64
+        args.teacher_sft_examples, args.teacher_more_epochs = 64, 1
         args.override = [
             *args.override,
             "data.train_batch_size=8",
@@ -407,7 +410,7 @@ def main() -> None:
         f"teacher {parts['teacher']['accuracy']:.1%}, student start {parts['student']['accuracy']:.1%}",
         flush=True,
     )
-    folder = Path(parts["teacher"]["folder"])
+    folder = Path(parts["teacher"]["folder"])  # the teacher's samples are cached with it
     parts["teacher_set"] = cached(
         folder / f"teacher_set{args.sft_prompts}.json",
         lambda: teacher_set(folder, parts["teacher"]["model_dir"], train_file, args.sft_prompts),
@@ -418,7 +421,9 @@ def main() -> None:
     for seed in map(int, args.seeds.split(",")):
         seeds.append({"seed": seed, "arms": race_seed(work, seed, args, parts)})
     summary = summarise(seeds, parts)
-    png = plot(seeds, parts["teacher"]["accuracy"], out_dir / "plots" / "distillation.png")
+    # the docs' figure for a full run; beside the result for a run with --out-dir
+    png_path = out_dir / "distillation.png" if args.out_dir else IMAGES / "distillation_race.png"
+    png = plot(seeds, parts["teacher"]["accuracy"], png_path)
     rows = [[arm, *(f"{a:.1%}" for a in summary[arm]["final_accuracy"]), f"{summary[arm]['mean']:.1%}",
              summary[arm]["train_seconds_mean"]] for arm in ARMS]  # fmt: skip
     print(table(["arm", *(f"seed {s['seed']}" for s in seeds), "mean", "train s"], rows))
