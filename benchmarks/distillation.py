@@ -8,10 +8,11 @@ held-out problems scored greedily by the exact verifier) with two tiny Qwen2 mod
 share the tiny tokenizer:
 
 1. **Teacher** (`--teacher-hidden` 256, 4 layers: twice the student's width, ~4x its weights): SFT on
-   `--teacher-sft-examples` worked examples (the demo's 512) for `--teacher-sft-epochs` (60: longer than
-   the student's 40) at batch `--teacher-sft-batch`, optionally `--teacher-more-epochs` more at batch 32,
-   then `--teacher-grpo-steps` of the demo's GRPO. Each stage is cached under `<work>/teacher-...` (a
-   second run, or another seed, reuses it); its held-out accuracy is reported.
+   `--teacher-sft-examples` worked examples (the demo's 512) for `--teacher-sft-epochs` (80: twice the
+   student's 40) at batch `--teacher-sft-batch` and `--teacher-lr` (half the demo's, for twice the
+   width), optionally `--teacher-more-epochs` more at batch 32, then `--teacher-grpo-steps` of the demo's
+   GRPO. Each stage is cached under `<work>/teacher-...` (a second run, or another seed, reuses it); its
+   held-out accuracy is reported.
 2. **Student**: the demo's model and SFT recipe for `--student-sft-epochs` (40, as
    benchmarks/time_to_accuracy.py's warm start: the demo's 160 take ~4x as long on this CPU), cached the
    same way; every arm of every seed starts from it.
@@ -126,6 +127,8 @@ def rl_run(folder: Path, model_dir: str, overrides: list[str], seed: int, budget
     )
     stop = StopAtSeconds(budget if budget else float("inf"))
     result = RLTrainer(cfg, callbacks=stop).run()
+    if result.preempted is not None:  # a signal, not the budget, stopped it: nothing to score or cache
+        raise RuntimeError(f"the run in {folder} was stopped by a signal at step {result.steps}")
     if result.hf_dir is not None:
         hf_dir = str(result.hf_dir)
     else:  # stopped by the budget: its last step's checkpoint
@@ -182,14 +185,16 @@ def build_teacher(work: Path, args: argparse.Namespace, val_file: str) -> dict[s
         f"num_key_value_heads: 2, intermediate_size: {4 * hidden}, seed: 0}}"
     )
     examples = f"sft.builtin.train_size={args.teacher_sft_examples}"
-    sizes = f"n{args.teacher_sft_examples}-b{args.teacher_sft_batch}-sft{args.teacher_sft_epochs}"
+    sizes = f"n{args.teacher_sft_examples}-b{args.teacher_sft_batch}-lr{args.teacher_lr:g}"
+    sizes += f"-sft{args.teacher_sft_epochs}"
     base = work / f"teacher-h{hidden}-{sizes}"
     folder = base / f"more{args.teacher_more_epochs}-grpo{args.teacher_grpo_steps}"
 
     def first() -> dict[str, Any]:
         batch = args.teacher_sft_batch
         sizes = [tiny, examples, f"sft.epochs={args.teacher_sft_epochs}", f"sft.batch_size={batch}"]
-        sft_dir, sft_s = sft_model(base, [*sizes, f"sft.micro_batch_size_per_device={batch}"], 0)
+        sizes += [f"sft.micro_batch_size_per_device={batch}", f"sft.optim.lr={args.teacher_lr}"]
+        sft_dir, sft_s = sft_model(base, sizes, 0)
         return {"model_dir": sft_dir, "seconds": sft_s, "accuracy": accuracy(sft_dir, val_file)}
 
     def build() -> dict[str, Any]:
@@ -368,7 +373,8 @@ def main() -> None:
     parser.add_argument("--sft-prompts", type=int, default=2048)
     parser.add_argument("--teacher-hidden", type=int, default=256)
     parser.add_argument("--teacher-sft-examples", type=int, default=512, help="worked examples (demo: 512)")
-    parser.add_argument("--teacher-sft-epochs", type=int, default=60)
+    parser.add_argument("--teacher-sft-epochs", type=int, default=80)
+    parser.add_argument("--teacher-lr", type=float, default=5e-4, help="first SFT stage (demo: 1e-3)")
     parser.add_argument("--teacher-sft-batch", type=int, default=32, help="SFT batch (demo: 32)")
     parser.add_argument("--teacher-more-epochs", type=int, default=0, help="then SFT at batch 32")
     parser.add_argument("--teacher-grpo-steps", type=int, default=30)
