@@ -8,11 +8,11 @@ held-out problems scored greedily by the exact verifier) with two tiny Qwen2 mod
 share the tiny tokenizer:
 
 1. **Teacher** (`--teacher-hidden` 256, 4 layers: twice the student's width, ~4x its weights): SFT on
-   `--teacher-sft-examples` worked examples (the demo's 512) for `--teacher-sft-epochs` (80: twice the
-   student's 40) at batch `--teacher-sft-batch` and `--teacher-lr` (half the demo's, for twice the
-   width), optionally `--teacher-more-epochs` more at batch 32, then `--teacher-grpo-steps` of the demo's
-   GRPO. Each stage is cached under `<work>/teacher-...` (a second run, or another seed, reuses it); its
-   held-out accuracy is reported.
+   `--teacher-sft-examples` worked examples (the demo's 512) for `--teacher-sft-epochs` (40, as the
+   student) at batch `--teacher-sft-batch` and `--teacher-lr` (half the demo's, for twice the width),
+   optionally `--teacher-more-epochs` more at batch 32, then `--teacher-grpo-steps` (80) of the demo's
+   GRPO: trained longer than the student. Each stage is cached under `<work>/teacher-...` (a second run,
+   or another seed, reuses it); its held-out accuracy is reported.
 2. **Student**: the demo's model and SFT recipe for `--student-sft-epochs` (40, as
    benchmarks/time_to_accuracy.py's warm start: the demo's 160 take ~4x as long on this CPU), cached the
    same way; every arm of every seed starts from it.
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -297,6 +298,7 @@ def race_seed(work: Path, seed: int, args: argparse.Namespace, parts: dict[str, 
     for arm in ARMS:
         t0 = time.perf_counter()
         folder = work / f"seed{seed}" / arm
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier run's checkpoints must not be scored
         if arm == "sft_teacher":
             run = sft_arm(folder, start, parts["teacher_set"], args, seed, val_file)
         else:
@@ -367,17 +369,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--budget", type=float, default=60.0, help="training seconds per arm")
-    parser.add_argument("--eval-every", type=int, default=10, help="RL arms: validate every this many steps")
-    parser.add_argument("--sft-chunks", type=int, default=4)
+    parser.add_argument("--budget", type=float, default=20.0, help="training seconds per arm")
+    parser.add_argument("--eval-every", type=int, default=5, help="RL arms: validate every this many steps")
+    parser.add_argument("--sft-chunks", type=int, default=2)
     parser.add_argument("--sft-prompts", type=int, default=2048)
     parser.add_argument("--teacher-hidden", type=int, default=256)
     parser.add_argument("--teacher-sft-examples", type=int, default=512, help="worked examples (demo: 512)")
-    parser.add_argument("--teacher-sft-epochs", type=int, default=80)
+    parser.add_argument("--teacher-sft-epochs", type=int, default=40)
     parser.add_argument("--teacher-lr", type=float, default=5e-4, help="first SFT stage (demo: 1e-3)")
     parser.add_argument("--teacher-sft-batch", type=int, default=32, help="SFT batch (demo: 32)")
     parser.add_argument("--teacher-more-epochs", type=int, default=0, help="then SFT at batch 32")
-    parser.add_argument("--teacher-grpo-steps", type=int, default=30)
+    parser.add_argument("--teacher-grpo-steps", type=int, default=80)
     parser.add_argument("--student-sft-epochs", type=int, default=40)
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="both RL arms")
     parser.add_argument(
