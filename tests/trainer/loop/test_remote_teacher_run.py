@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from distill_settings import DISTILL as SHARED
 from quartet.config import TinyModelConfig, load_config
 from quartet.models.loading import load_causal_lm, load_tokenizer
 from quartet.models.tiny import ensure_tiny_model
@@ -24,18 +25,7 @@ from quartet.trainer import RLTrainer
 
 NAME = "tiny-teacher"
 DISTILL = [
-    "algorithm.distill_coef=1.0",
-    "algorithm.distill_task_coef=0.0",  # distillation alone: the advantage is the teacher's signal only
-    "data.builtin_train_size=32",
-    "data.builtin_val_size=8",
-    "data.train_batch_size=4",
-    "rollout.n=2",
-    "actor.mini_batch_size=4",
-    "actor.micro_batch_size_per_device=8",
-    "trainer.total_steps=2",
-    "trainer.test_freq=0",
-    "trainer.val_before_train=false",
-    "trainer.loggers=[jsonl]",
+    *SHARED,
     "cluster.backend=local",
     f"teacher.model_name={NAME}",
 ]
