@@ -364,6 +364,22 @@ def summarise(seeds: list[dict[str, Any]], parts: dict[str, Any]) -> dict[str, A
     return summary
 
 
+SMOKE = {
+    "seeds": "0",
+    "budget": 4.0,
+    "eval_every": 2,
+    "sft_chunks": 2,
+    "sft_prompts": 64,
+    "teacher_hidden": 64,
+    "teacher_sft_epochs": 2,
+    "teacher_grpo_steps": 2,
+    "student_sft_epochs": 1,
+    "teacher_sft_examples": 64,
+    "teacher_more_epochs": 1,
+}
+"""`--smoke`'s sizes (the pipeline, not the figures), over the parsed flags."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -392,14 +408,8 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     if args.smoke:
-        args.seeds, args.budget, args.eval_every, args.sft_chunks, args.sft_prompts = "0", 4.0, 2, 2, 64
-        args.teacher_hidden, args.teacher_sft_epochs, args.teacher_grpo_steps, args.student_sft_epochs = (
-            64,
-            2,
-            2,
-            1,
-        )
-        args.teacher_sft_examples, args.teacher_more_epochs = 64, 1
+        for name, value in SMOKE.items():
+            setattr(args, name, value)
         args.override = [
             *args.override,
             "data.train_batch_size=8",
