@@ -33,6 +33,7 @@ from quartet.agents.tools.parsing import ToolCallParser
 from quartet.agents.trajectory import AgentFinishReason, ChatRenderer, Trajectory
 from quartet.config.errors import ConfigError
 from quartet.config.rollout import TemplateMode
+from quartet.core.registry import check_unclaimed
 from quartet.rollout.types import FinishReason
 
 if TYPE_CHECKING:
@@ -137,13 +138,7 @@ _LOOPS: dict[str, AgentLoop] = {}
 def register_agent_loop(name: str) -> Callable[[L], L]:
     """Decorator: make `fn(row, generate, env) -> Trajectory` the agent loop `name` (a row's `agent_name`,
     or `rollout.multi_turn.default_agent`). A name is registered once: the built-ins' names are taken."""
-    if not name or not isinstance(name, str):
-        raise ValueError(f"an agent loop name must be a non-empty string, got {name!r}")
-    if name in _LOOPS:
-        owner = getattr(_LOOPS[name], "__module__", "?")
-        raise ValueError(
-            f"agent loop {name!r} is already registered (by {owner}); register yours under another name"
-        )
+    check_unclaimed(name, _LOOPS, "agent loop")
 
     def decorate(fn: L) -> L:
         _LOOPS[name] = fn

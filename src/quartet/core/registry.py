@@ -53,6 +53,7 @@ __all__ = [
     "CUSTOM_MODULES_ENV",
     "CustomModuleError",
     "RegisteredEstimator",
+    "check_unclaimed",
     "estimator_names",
     "get_estimator",
     "get_policy_loss",
@@ -106,6 +107,18 @@ def _check_new(name: str, builtin: list[str], registered: Mapping[str, object], 
         raise ValueError(f"{what} {name!r} is built in; register the custom one under another name")
     if name in registered:
         raise ValueError(f"{what} {name!r} is already registered (two modules, or one imported twice?)")
+
+
+def check_unclaimed(name: str, registered: Mapping[str, object], what: str) -> None:
+    """ValueError unless `name` is a non-empty string no entry of `registered` holds; a taken name is
+    reported with the module that registered it (the agent loop and environment registries)."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"an {what} name must be a non-empty string, got {name!r}")
+    if name in registered:
+        owner = getattr(registered[name], "__module__", "?")
+        raise ValueError(
+            f"{what} {name!r} is already registered (by {owner}); register yours under another name"
+        )
 
 
 def register_estimator(name: str, *, needs_group: bool = False) -> Callable[[F], F]:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from quartet.core.registry import check_unclaimed
+
 __all__ = [
     "UnknownEnvironmentError",
     "ENTRY_POINT_GROUP",
@@ -43,13 +45,7 @@ class UnknownEnvironmentError(ValueError):
 def register_environment(name: str) -> Callable[[T], T]:
     """Class decorator: make the class (an `Environment`, or any class with async or plain `reset(row)`
     and `step(turn)`) the environment `name`. The built-ins' and other modules' names are taken."""
-    if not name or not isinstance(name, str):
-        raise ValueError(f"an environment name must be a non-empty string, got {name!r}")
-    if name in _ENVIRONMENTS:
-        owner = getattr(_ENVIRONMENTS[name], "__module__", "?")
-        raise ValueError(
-            f"environment {name!r} is already registered (by {owner}); register yours under another name"
-        )
+    check_unclaimed(name, _ENVIRONMENTS, "environment")
 
     def decorate(cls: T) -> T:
         if not inspect.isclass(cls):
