@@ -25,7 +25,7 @@ to the trainer's step count (as in verl).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -38,20 +38,28 @@ from quartet.core.batch import Batch
 from quartet.engines import checkpoint, heads
 from quartet.engines.build import build_module
 from quartet.engines.dist import DistContext, all_reduce_max, init_distributed, sum_over_dp
-from quartet.engines.fused_head import HeadRequest, find_lm_head, fused_lm_head
+from quartet.engines.fused_head import find_lm_head
+from quartet.engines.head_outputs import (
+    NO_EXTRAS,
+    ExtraOutputs,
+    ExtrasUnsupported,
+    extra_outputs,
+    head_request,
+    run_head,
+)
 from quartet.engines.inputs import ModelInputs, build_inputs, pad_responses, valid_lengths
 from quartet.engines.loss_scale import loss_scale
 from quartet.engines.micro import extend_plan, plan_micro_batches, restore_order
 from quartet.engines.model_init import ScoreCapture
 from quartet.engines.offload import move_module, move_optimizer_state
 from quartet.engines.optim import build_optimizer, build_scheduler, optimizer_step, trainable_parameters
-from quartet.engines.packed_run import PackedRun, packed_values
+from quartet.engines.packed_run import PackedPlace, packed_logprobs, packed_values
 from quartet.engines.router import RouterLoss, routing
 from quartet.engines.routing_replay import RoutingReplay, with_mismatch
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.engines.tensor_parallel import VocabHead, fused_head_allowed, row_group
 from quartet.engines.ulysses import group_rows, seq_group
-from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision, vision_call
+from quartet.engines.vision_inputs import NO_VISION, VisionCall, vision_call
 from quartet.models.vision import image_token_mask
 
 __all__ = ["EngineStateError", "TrainingEngine"]
@@ -131,12 +139,15 @@ class TrainingEngine:
         *,
         with_entropy: bool = False,
         with_routing_mismatch: bool = False,
+        extras: ExtraOutputs = NO_EXTRAS,
     ) -> ModelOutputs:
         """`forward_logprobs` as `ModelOutputs` [B, R] (float32, on CPU), with `routing_mismatch` when asked
-        and the batch carries the engine's `routed_experts` (`engines.routing_replay`)."""
+        and the batch carries the engine's `routed_experts` (`engines.routing_replay`), and the `extras`
+        asked for ([B, R, k]: top-k, support log-probs)."""
         self._need(ModelKind.CAUSAL_LM)
         batch, own = group_rows(batch, self._row_group)  # SP/TP: the rows of the whole group
-        outs, plan = self._no_grad_pass(batch, micro, temperature, with_entropy, with_routing_mismatch)
+        run = (temperature, with_entropy, with_routing_mismatch, extras)
+        outs, plan = self._no_grad_pass(batch, micro, *run)
         fields = zip(*(o.tensors() for o in outs), strict=True)  # per field, each micro-batch's part
         return ModelOutputs(*(None if f[0] is None else restore_order(list(f), plan)[own] for f in fields))
 
@@ -178,6 +189,7 @@ class TrainingEngine:
         temperature: float | None = None,
         with_entropy: bool = False,
         entropy_grad: bool = True,
+        support_key: str | None = None,
     ) -> dict[str, float]:
         """One optimizer step over this rank's share of a mini-batch, cut into micro-batches.
 
@@ -190,6 +202,7 @@ class TrainingEngine:
             temperature: divides the logits for log-probs; None uses `batch.meta.temperature`.
             with_entropy: also compute `outputs.entropy` (causal LM).
             entropy_grad: False computes the entropy without a graph (for a metric: cheaper, no backward).
+            support_key: a column [B, R, k] of token ids: `outputs.support_logprobs` at them (GKD).
 
         Returns:
             `loss` (the mini-batch loss: micro-batch losses summed over micro-batches and ranks),
@@ -209,7 +222,7 @@ class TrainingEngine:
         collected: dict[str, list[torch.Tensor]] = {}
         for rows in plan:
             mb, dummy = self._micro_batch(batch, rows)
-            run = (temp, with_entropy, entropy_grad)
+            run = (temp, with_entropy, entropy_grad, ExtraOutputs(support_key=support_key))
             loss, metrics = self._micro_step(mb.to(self.device), dummy, loss_fn, scale, run)
             loss_sum += loss.double()
             for key, value in metrics.items():
@@ -222,7 +235,12 @@ class TrainingEngine:
         return result
 
     def _micro_step(
-        self, mb: Batch, dummy: bool, loss_fn: LossFn, scale: LossScale, run: tuple[float, bool, bool]
+        self,
+        mb: Batch,
+        dummy: bool,
+        loss_fn: LossFn,
+        scale: LossScale,
+        run: tuple[float, bool, bool, ExtraOutputs],
     ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]:
         """One micro-batch's forward and backward: its loss (detached) and metrics. A stand-in micro-batch
         (`dummy`) keeps this rank in step with the others' collectives and adds 0 and no metrics."""
@@ -369,7 +387,13 @@ class TrainingEngine:
         return batch.index(0), True
 
     def _no_grad_pass(
-        self, batch: Batch, micro: MicroSpec, temperature: float, with_entropy: bool, mismatch: bool = False
+        self,
+        batch: Batch,
+        micro: MicroSpec,
+        temperature: float,
+        with_entropy: bool,
+        mismatch: bool = False,
+        extras: ExtraOutputs = NO_EXTRAS,
     ) -> tuple[list[ModelOutputs], list[torch.Tensor]]:
         self._check_loaded()
         self.module.eval()
@@ -380,7 +404,8 @@ class TrainingEngine:
                 mb, dummy = self._micro_batch(batch, rows)
                 inputs = build_inputs(mb)
                 with self._routing.pass_(inputs, self.spec.packs, self.device, record=mismatch) as capture:
-                    out = with_mismatch(self._run(mb, inputs, temperature, with_entropy), capture, inputs)
+                    out = self._run(mb, inputs, temperature, with_entropy, extras=extras)
+                    out = with_mismatch(out, capture, inputs)
                 if not dummy:
                     outs.append(ModelOutputs(*(None if t is None else t.cpu() for t in out.tensors())))
                     kept.append(rows)
@@ -404,6 +429,7 @@ class TrainingEngine:
         temperature: float,
         with_entropy: bool,
         entropy_grad: bool = True,
+        extras: ExtraOutputs = NO_EXTRAS,
     ) -> ModelOutputs:
         """Outputs [b, R] of one micro-batch (graph attached when grad is enabled)."""
         width, full = inputs.response_width, mb["responses"].shape[1]
@@ -424,7 +450,18 @@ class TrainingEngine:
         if self.spec.kind is not ModelKind.CAUSAL_LM:
             raise EngineStateError(f"no per-token outputs for a {self.spec.kind} model")
         if self.spec.packs:
-            return self._run_packed(inputs, temperature, with_entropy, entropy_grad, finish, vision)
+            if extras.wanted:
+                raise ExtrasUnsupported(
+                    "top-k and support log-probs (GKD) are not built for packed passes "
+                    "(model.remove_padding or model.sequence_parallel_size > 1)"
+                )
+            place = PackedPlace(self._seq_group, self.device, self._autocast, self._lm_head, self._vocab)
+            logprobs, entropy = packed_logprobs(
+                self.module, inputs, place, (temperature, with_entropy, entropy_grad), vision
+            )
+            return ModelOutputs(
+                logprobs=finish(logprobs), entropy=None if entropy is None else finish(entropy)
+            )
         # Only the positions that predict response tokens reach the head: P-1 .. P+R'-2 (see `heads`).
         t = inputs.input_ids.shape[1]
         targets = inputs.input_ids[:, t - width :].to(self.device)
@@ -435,58 +472,13 @@ class TrainingEngine:
                 return self._model_call(inputs, vision, logits_to_keep=keep).logits  # type: ignore[no-any-return]
             return self._model_call(inputs, vision, logits_to_keep=width + 1).logits[:, :-1]  # type: ignore[no-any-return]
 
-        request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
-        logprobs, entropy = self._head(logits, targets, request)
-        return ModelOutputs(logprobs=finish(logprobs), entropy=None if entropy is None else finish(entropy))
-
-    def _run_packed(
-        self,
-        inputs: ModelInputs,
-        temperature: float,
-        with_entropy: bool,
-        entropy_grad: bool,
-        finish: Callable[[torch.Tensor], torch.Tensor],
-        vision: VisionCall = NO_VISION,
-    ) -> ModelOutputs:
-        """`_run` on the micro-batch packed into one sequence (`quartet.engines.packing`): the outputs of the
-        K real response tokens only, scattered back into the [b, R'] layout."""
-        run = PackedRun.of(inputs, self._seq_group, self.device)  # with SP: this rank's token slice
-        extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)  # a VLM's (no SP)
-        kwargs = {**run.model_kwargs(), **extra}
-
-        def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
-            with self._autocast(), image_token_mask(slots, stand_in):
-                out = self.module(logits_to_keep=run.part.keep.to(self.device), **kwargs)
-            return out.logits  # type: ignore[no-any-return]
-
-        targets = run.part.targets.to(self.device).unsqueeze(0)
-        request = HeadRequest(targets, temperature, with_entropy, entropy_grad)
-        logprobs, entropy = run.part.gather(*self._head(logits, targets, request))  # all K tokens' outputs
+        request = head_request(mb, targets, temperature, (with_entropy, entropy_grad), extras)
+        logprobs, entropy = run_head(logits, request, self._lm_head, self._vocab)
         return ModelOutputs(
-            logprobs=finish(run.unpack(logprobs)),
-            entropy=None if entropy is None else finish(run.unpack(entropy)),
+            logprobs=finish(logprobs),
+            entropy=None if entropy is None else finish(entropy),
+            **extra_outputs(request, valid, full),
         )
-
-    def _head(
-        self, forward: Callable[[bool], torch.Tensor], targets: torch.Tensor, request: HeadRequest
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs [b, K] and entropy (or None) of `targets` [b, K] at the positions `forward(fused)` keeps.
-
-        Fused (`fused_head`): the lm_head computes them from the hidden states block by block. Plain: the
-        model returns the kept logits [b, K, V] and `heads` takes their float32 log-softmax in chunks."""
-        if self._lm_head is not None:
-            with fused_lm_head(self._lm_head, request):
-                both = forward(True)  # [b, K, 2]
-            return both[..., 0], both[..., 1] if request.with_entropy else None
-        logits = forward(False)
-        if self._vocab is not None:  # this rank's vocabulary slice of the logits
-            return self._vocab.outputs(logits, targets, request)
-        logprobs = heads.response_logprobs(logits, targets, request.temperature)
-        entropy = None
-        if request.with_entropy:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and request.entropy_grad):
-                entropy = heads.response_entropy(logits, request.temperature)
-        return logprobs, entropy
 
     def _scores_of(self, inputs: ModelInputs) -> torch.Tensor:
         assert self._scores is not None

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quartet.engines.hf_modules import hf_model
+from quartet.engines.support_head import support_from_hidden, topk_from_hidden
 
 log = logging.getLogger(__name__)
 
@@ -295,22 +296,46 @@ class HeadRequest:
     with_entropy: bool
     entropy_grad: bool = True
     """False: the entropy is returned without a graph (a metric)."""
+    top_k: int = 0
+    """> 0: also the k most likely tokens per position (`support_head`), into `side["topk"]`."""
+    support: torch.Tensor | None = None
+    """[b, K, k] token ids: also the log-probs at them per position (with graph), into `side["support"]`."""
+    side: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The extra outputs the call computed (a head returns only [b, K, 2] through the model)."""
 
     def __call__(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
         """[b, K, H] kept hidden states -> [b, K, 2] float32: log-prob and entropy (0 when not asked)."""
+        targets = self.targets.to(hidden.device)
         logprobs, entropy = fused_logprobs_entropy(
-            hidden,
-            lm_head.weight,
-            lm_head.bias,
-            self.targets.to(hidden.device),
-            self.temperature,
-            with_entropy=self.with_entropy,
+            hidden, lm_head.weight, lm_head.bias, targets, self.temperature, with_entropy=self.with_entropy
         )
+        self._extras(hidden, lm_head, logprobs)
         if entropy is None:
             entropy = torch.zeros_like(logprobs)
         elif not self.entropy_grad:
             entropy = entropy.detach()
         return torch.stack([logprobs, entropy], dim=-1)
+
+    def _extras(self, hidden: torch.Tensor, lm_head: nn.Linear, logprobs: torch.Tensor) -> None:
+        """The top-k and support outputs asked for, into `side` ([b, K, k] each)."""
+        if not self.top_k and self.support is None:
+            return
+        lead, dtype = logprobs.shape, _compute_dtype(hidden, lm_head.weight)
+        flat_h = hidden.reshape(-1, hidden.shape[-1])
+        with torch.autocast(hidden.device.type, enabled=False):
+            if self.top_k:
+                values, ids = topk_from_hidden(
+                    flat_h, lm_head.weight, lm_head.bias, self.top_k, self.temperature, dtype
+                )
+                self.side["topk_logprobs"] = values.reshape(*lead, -1)
+                self.side["topk_ids"] = ids.reshape(*lead, -1)
+            if self.support is not None:
+                ids = self.support.to(hidden.device).reshape(flat_h.shape[0], -1)
+                flat_t = self.targets.to(hidden.device).reshape(-1)
+                self.side["support"] = support_from_hidden(
+                    flat_h, lm_head.weight, lm_head.bias, flat_t, logprobs.reshape(-1), ids,
+                    self.temperature, dtype,
+                ).reshape(*lead, -1)  # fmt: skip
 
 
 @contextmanager

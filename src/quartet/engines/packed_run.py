@@ -23,13 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from quartet.engines.fused_head import HeadRequest
+from quartet.engines.head_outputs import run_head
 from quartet.engines.inputs import ModelInputs
 from quartet.engines.packing import PackedInputs, pack_inputs
+from quartet.engines.tensor_parallel import VocabHead
 from quartet.engines.ulysses import SeqGroup, SeqShard, gather_outputs, local_share
 from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision
 from quartet.models.vision import image_token_mask
 
-__all__ = ["PackedRun", "packed_values"]
+__all__ = ["PackedPlace", "PackedRun", "packed_logprobs", "packed_values"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +95,41 @@ def packed_values(
         token_values = module(**{**run.model_kwargs(), **extra}).logits  # [1, local n, 1]
     local = token_values[0, run.part.keep.to(device), 0].float().unsqueeze(0)  # [1, local K]
     return run.unpack(run.gather(local))
+
+
+@dataclass(frozen=True)
+class PackedPlace:
+    """Where a packed causal LM pass runs: the sequence group, the device, the engine's autocast and its
+    head (the fused lm_head, or the vocabulary-parallel head, or neither: the plain logits)."""
+
+    group: SeqGroup | None
+    device: torch.device
+    autocast: Callable[[], AbstractContextManager[Any]]
+    lm_head: nn.Linear | None
+    vocab: VocabHead | None
+
+
+def packed_logprobs(
+    module: nn.Module,
+    inputs: ModelInputs,
+    place: PackedPlace,
+    head: tuple[float, bool, bool],
+    vision: VisionCall = NO_VISION,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A causal LM's [b, R'] log-probs and entropy (None unless asked) of one micro-batch packed into one
+    sequence (`quartet.engines.packing`): the outputs of the K real response tokens only, gathered over the
+    sequence group and scattered back into the [b, R'] layout. `head` is (temperature, with_entropy,
+    entropy_grad)."""
+    run = PackedRun.of(inputs, place.group, place.device)  # with SP: this rank's token slice
+    extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)  # a VLM's (no SP)
+    kwargs = {**run.model_kwargs(), **extra}
+
+    def logits(fused: bool) -> torch.Tensor:  # [1, K, V], or [1, K, 2] from the fused head
+        with place.autocast(), image_token_mask(slots, stand_in):
+            out = module(logits_to_keep=run.part.keep.to(place.device), **kwargs)
+        return out.logits  # type: ignore[no-any-return]
+
+    targets = run.part.targets.to(place.device).unsqueeze(0)
+    request = HeadRequest(targets, *head)
+    logprobs, entropy = run.part.gather(*run_head(logits, request, place.lm_head, place.vocab))
+    return run.unpack(logprobs), None if entropy is None else run.unpack(entropy)

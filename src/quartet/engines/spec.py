@@ -246,9 +246,28 @@ class ModelOutputs:
     """MoE causal LM on a batch with `routed_experts`, when asked for: the share of MoE layers whose own top-k
     set differs from the rollout engine's at response token t (0 where the engine recorded nothing)."""
 
+    topk_logprobs: torch.Tensor | None = None
+    """Causal LM, when asked for (`TopK`): [b, R, k] the k largest log-probs at each response position,
+    descending (the teacher's side of GKD, `core.gkd`)."""
+
+    topk_ids: torch.Tensor | None = None
+    """[b, R, k] int64: their token ids."""
+
+    support_logprobs: torch.Tensor | None = None
+    """Causal LM, when asked for: [b, R, k] log-probs at the batch's given ids per position (the student's
+    side of GKD), with graph in `train_step`."""
+
     def tensors(self) -> tuple[torch.Tensor | None, ...]:
         """The fields in declaration order (None where not computed)."""
-        return (self.logprobs, self.entropy, self.values, self.routing_mismatch)
+        return (
+            self.logprobs,
+            self.entropy,
+            self.values,
+            self.routing_mismatch,
+            self.topk_logprobs,
+            self.topk_ids,
+            self.support_logprobs,
+        )
 
     def present(self) -> list[torch.Tensor]:
         """The computed fields."""
