@@ -62,14 +62,18 @@ def test_remote_teacher_equals_the_local_role(
     wide_teacher: Path, teacher_url: str, run_values: RunValues, one_local_rank: None
 ) -> None:
     batch = rl_batch(6, seed=5)
-    remote = _remote(teacher_url, max_concurrency=3).score(batch)["teacher_logprobs"]
+    scored = _remote(teacher_url, max_concurrency=3).score(batch)
+    remote = scored["teacher_logprobs"]
     hosts = local(
         teacher=RoleSpec(Teacher, TeacherConfig(model_path=str(wide_teacher)), run_values, Dtype.FLOAT32)
     )
     try:
-        expected = hosts.groups["teacher"].compute_teacher_logprobs(batch)["teacher_logprobs"]
+        local_scored = hosts.groups["teacher"].compute_teacher_logprobs(batch)
     finally:
         hosts.shutdown()
+    expected = local_scored["teacher_logprobs"]
+    # the server's rank 1 is the local role's argmax (random tokens: mostly disagreement)
+    assert torch.equal(scored["teacher_agrees"], local_scored["teacher_agrees"])
     assert remote.shape == expected.shape == batch["responses"].shape
     assert bool((remote[batch["response_mask"] == 0] == 0).all())  # 0 past each response's end
     assert bool((remote[batch["response_mask"] == 1] < 0).all())  # real log-probs where there are tokens

@@ -128,6 +128,18 @@ class AlgorithmConfig:
     """Discount of later tokens' reverse KL in a token's distillation advantage (0: each token its own,
     as published; 1: the reverse KL of the rest of the response)."""
 
+    gkd_coef: float = 0.0
+    """GKD (docs/distillation.md): weight of the generalised Jensen-Shannon divergence between the teacher's
+    and the student's next-token distributions over the teacher's top `gkd_top_k` tokens, a loss term beside
+    the policy loss. Needs a local teacher (`teacher.model_path`). 0: off."""
+
+    gkd_beta: float = 0.5
+    """GKD's interpolation: 0 the forward KL(teacher || student), 1 the reverse KL(student || teacher), 0.5
+    the symmetric Jensen-Shannon divergence (TRL's `GKDConfig.beta`)."""
+
+    gkd_top_k: int = 16
+    """Tokens per position in GKD's support: the teacher's most likely ones (the tail is dropped)."""
+
     filter_groups: bool = False
     """DAPO dynamic sampling: drop prompt groups whose rewards are all equal (zero advantage) and generate
     on fresh prompts until `data.train_batch_size` informative groups remain; counted."""
@@ -164,6 +176,9 @@ class AlgorithmConfig:
         require(
             0.0 <= self.distill_gamma <= 1.0, "distill_gamma", f"must lie in [0, 1], got {self.distill_gamma}"
         )
+        require(self.gkd_coef >= 0.0, "gkd_coef", f"must be >= 0, got {self.gkd_coef}")
+        require(0.0 <= self.gkd_beta <= 1.0, "gkd_beta", f"must lie in [0, 1], got {self.gkd_beta}")
+        require(self.gkd_top_k >= 1, "gkd_top_k", f"must be >= 1, got {self.gkd_top_k}")
         require(
             self.kl_penalty != KLPenalty.FULL,
             "kl_penalty",

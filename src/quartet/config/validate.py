@@ -154,6 +154,43 @@ def _critic_parallel_rules(cfg: QuartetConfig) -> list[ConfigError]:
     return [p.under("critic") for p in problems[:1]]
 
 
+def _gkd_rules(cfg: QuartetConfig) -> list[ConfigError]:
+    """GKD needs a local teacher's top-k and the student's log-probs there: the padded, unsplit head."""
+    if cfg.algorithm.gkd_coef <= 0:
+        return []
+    coef = f"is {cfg.algorithm.gkd_coef:g}"
+    if not cfg.teacher.model_path:
+        how = "its teacher is remote (teacher.url)" if cfg.teacher.url else "there is no teacher"
+        return [
+            ConfigError(
+                "algorithm.gkd_coef",
+                f"{coef}, but {how}: GKD reads a local teacher's top-k log-probs at every position",
+                "set teacher.model_path to the teacher's folder (same tokenizer), or algorithm.gkd_coef=0 "
+                "(algorithm.distill_coef works with a remote teacher)",
+            )
+        ]
+    m = cfg.model
+    unbuilt = [
+        f"{key}={value}"
+        for key, value, fine in (
+            ("model.remove_padding", m.remove_padding, not m.remove_padding),
+            ("model.sequence_parallel_size", m.sequence_parallel_size, m.sequence_parallel_size == 1),
+            ("model.tensor_parallel_size", m.tensor_parallel_size, m.tensor_parallel_size == 1),
+        )
+        if not fine
+    ]
+    if not unbuilt:
+        return []
+    return [
+        ConfigError(
+            "algorithm.gkd_coef",
+            f"{coef} with {', '.join(unbuilt)}: top-k and support log-probs are built for the padded, "
+            "unsplit head only (not for packed passes or a vocabulary-parallel head)",
+            "set model.remove_padding=false and sequence/tensor parallel sizes 1, or algorithm.gkd_coef=0",
+        )
+    ]
+
+
 def _remote_teacher_rules(cfg: QuartetConfig) -> list[ConfigError]:
     """A remote teacher (`teacher.url`) scores at temperature 1 and starts no role, so no pool of its own."""
     t = cfg.teacher
@@ -224,6 +261,7 @@ def _algorithm_rules(cfg: QuartetConfig) -> list[ConfigError]:
             )
         )
     out += _remote_teacher_rules(cfg)
+    out += _gkd_rules(cfg)
     if cfg.algorithm.needs_group and cfg.rollout.n < 2:
         out.append(
             ConfigError(

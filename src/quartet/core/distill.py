@@ -53,15 +53,24 @@ def reverse_kl_advantages(
 
 
 def distill_metrics(
-    student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor
+    student_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    teacher_agrees: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """`distill/reverse_kl` (mean over model-written tokens of student - teacher log-prob),
     `distill/teacher_logprob` and `distill/student_logprob` (their means), `distill/seq_reverse_kl` (the
-    mean over rows of each row's sum)."""
+    mean over rows of each row's sum); with `teacher_agrees` [B, T] (1 where the teacher's most likely
+    token is the sampled one), `distill/teacher_argmax_agree`: its mean over model-written tokens."""
     keep = mask.to(torch.float32)
     diff = (student_logprobs.float() - teacher_logprobs.float()) * keep
     rows = keep.sum(-1) > 0
-    return {
+    agree = (
+        {}
+        if teacher_agrees is None
+        else {"distill/teacher_argmax_agree": float(masked_mean(teacher_agrees.float(), keep))}
+    )
+    return agree | {
         "distill/reverse_kl": float(masked_mean(diff, keep)),
         "distill/teacher_logprob": float(masked_mean(teacher_logprobs.float(), keep)),
         "distill/student_logprob": float(masked_mean(student_logprobs.float(), keep)),

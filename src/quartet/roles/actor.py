@@ -9,6 +9,7 @@ gradient accumulation and data parallelism give the gradient of one big batch):
 
     loss = policy_loss(logp, old_logp, advantages)          # PPO / GSPO / REINFORCE, clip, TIS
          + kl_loss_coef * KL(logp || ref_logp)              # with actor.use_kl_loss
+         + gkd_coef * JSD_beta(teacher || student)         # GKD over the teacher's top-k (`core.gkd`)
          - entropy_coeff * entropy                          # with actor.entropy_coeff > 0
          + moe_aux_loss_coef * aux + moe_z_loss_coef * z    # MoE policies: the router's terms, which the
                                                             # engine adds with the moe/* metrics (`router`)
@@ -30,6 +31,7 @@ from quartet.config.rollout import WeightTransport
 from quartet.core.batch import Batch
 from quartet.core.choices import LossAggMode, TISMode
 from quartet.core.entropy import entropy_bonus
+from quartet.core.gkd import TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS, gkd_loss_term
 from quartet.core.kl import kl_loss_term
 from quartet.core.metrics import logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
@@ -195,7 +197,12 @@ class Actor(EngineRole):
             for mini in mini_batches(batch, per_rank, self.ac.shuffle, self.generator):
                 steps.append(
                     self.engine.train_step(
-                        mini, self._loss, micro, with_entropy=entropy, entropy_grad=self.ac.entropy_coeff > 0
+                        mini,
+                        self._loss,
+                        micro,
+                        with_entropy=entropy,
+                        entropy_grad=self.ac.entropy_coeff > 0,
+                        support_key=TEACHER_TOPK_IDS if self.run.gkd_coef > 0 else None,
                     )
                 )
         self.updates += 1
@@ -239,6 +246,17 @@ class Actor(EngineRole):
             )
             loss = loss + kl.loss
             metrics |= kl.metrics
+        if self.run.gkd_coef > 0:
+            gkd = gkd_loss_term(
+                out.required("support_logprobs"),
+                mb[TEACHER_TOPK_LOGPROBS],
+                mask,
+                self.run.gkd_beta,
+                self.run.gkd_coef,
+                **agg,
+            )
+            loss = loss + gkd.loss
+            metrics |= gkd.metrics
         if out.entropy is not None:  # coefficient 0 (the on-policy update's metric): a zero term, no graph
             bonus = entropy_bonus(out.entropy, mask, self.ac.entropy_coeff, **agg)
             loss = loss + bonus.loss

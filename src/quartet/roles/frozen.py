@@ -13,7 +13,8 @@ import torch
 from quartet.config.model import Dtype
 from quartet.config.roles import MicroBatching
 from quartet.core.batch import Batch
-from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
+from quartet.engines import EngineSpec, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.engines.head_outputs import ExtraOutputs
 from quartet.roles.run_values import RunValues
 
 __all__ = ["FrozenScorer"]
@@ -51,11 +52,20 @@ class FrozenScorer:
 
     def response_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the responses at the rollout's temperature (onloaded for the pass)."""
+        return self.response_outputs(batch).required("logprobs")
+
+    def response_outputs(self, batch: Batch, top_k: int = 0) -> ModelOutputs:
+        """The responses' log-probs [B, R] at the rollout's temperature, and with `top_k` > 0 each response
+        position's k most likely tokens (`topk_logprobs`, `topk_ids` [B, R, k]); onloaded for the pass."""
         if self.param_offload:
             self.engine.onload()
-        logprobs, _ = self.engine.forward_logprobs(
-            batch, batch.meta.temperature, MicroSpec.from_config(self.micro)
-        )
-        if self.param_offload:
-            self.engine.offload()
-        return logprobs
+        try:
+            return self.engine.forward_policy(
+                batch,
+                batch.meta.temperature,
+                MicroSpec.from_config(self.micro),
+                extras=ExtraOutputs(top_k=top_k),
+            )
+        finally:
+            if self.param_offload:
+                self.engine.offload()

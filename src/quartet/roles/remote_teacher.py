@@ -74,19 +74,29 @@ class RemoteTeacher:
             )
         rows = row_tokens(batch)
         out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        agrees = torch.zeros_like(out)
+        ranked = True  # every answer gave each token's rank (vLLM's and quartet's servers do)
         todo = [i for i, (_, response) in enumerate(rows) if response]
         pool = ThreadPoolExecutor(max_workers=self.cfg.max_concurrency, thread_name_prefix="teacher")
         try:
             futures = {i: pool.submit(self._row, i, *rows[i]) for i in todo}
             for i, future in futures.items():
-                values = future.result()
+                values, firsts = future.result()
                 out[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+                ranked = ranked and None not in firsts
+                agrees[i, : len(firsts)] = torch.tensor([bool(f) for f in firsts], dtype=torch.float32)
         finally:  # a failed row fails the batch: rows not yet sent are not sent
             pool.shutdown(wait=True, cancel_futures=True)
-        return Batch({"teacher_logprobs": out}, meta=batch.meta)
+        columns = {"teacher_logprobs": out}
+        if ranked:  # `teacher_agrees`: the teacher's most likely token is the sampled one (rank 1)
+            columns["teacher_agrees"] = agrees * (batch["response_mask"] > 0)
+        return Batch(columns, meta=batch.meta)
 
-    def _row(self, row: int, prompt: Sequence[int], response: Sequence[int]) -> list[float]:
-        """The log-probs of `response` after `prompt` (one request)."""
+    def _row(
+        self, row: int, prompt: Sequence[int], response: Sequence[int]
+    ) -> tuple[list[float], list[bool | None]]:
+        """The log-probs of `response` after `prompt` (one request), and per token whether it is the
+        teacher's most likely one (None where the answer gave no rank)."""
         ids = [*prompt, *response]
         body = {
             "model": self.cfg.model_name,
@@ -100,12 +110,12 @@ class RemoteTeacher:
             scores = choice["prompt_logprobs"]
             if not isinstance(scores, list) or len(scores) != len(ids):
                 raise ValueError(f"{len(ids)} prompt_logprobs entries expected")
-            values = [_token_logprob(scores[t], ids[t]) for t in range(len(prompt), len(ids))]
+            pairs = [_token_score(scores[t], ids[t]) for t in range(len(prompt), len(ids))]
         except (KeyError, TypeError, ValueError) as exc:
             raise RemoteTeacherError(
                 self.cfg.url, row, f"malformed answer: {type(exc).__name__}: {exc}"
             ) from None
-        return values
+        return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def _post(self, row: int, body: dict[str, Any]) -> dict[str, Any]:
         """POST `body`; the answer's JSON object, or `RemoteTeacherError` with the server's message."""
@@ -135,11 +145,14 @@ class RemoteTeacher:
         return answer
 
 
-def _token_logprob(entry: Any, token: int) -> float:
-    """The log-prob of `token` in one `prompt_logprobs` entry ({"<id>": {"logprob": ...}})."""
+def _token_score(entry: Any, token: int) -> tuple[float, bool | None]:
+    """The log-prob of `token` in one `prompt_logprobs` entry ({"<id>": {"logprob": ..., "rank": ...}}), and
+    whether its rank is 1 (None without a rank)."""
     if not isinstance(entry, dict) or str(token) not in entry:
         raise ValueError(f"no log-prob of token {token} in {str(entry)[:120]}")
-    value = float(entry[str(token)]["logprob"])
+    scored = entry[str(token)]
+    value = float(scored["logprob"])
     if math.isnan(value):
         raise ValueError(f"the log-prob of token {token} is NaN")
-    return value
+    rank = scored.get("rank") if isinstance(scored, dict) else None
+    return value, None if rank is None else int(rank) == 1

@@ -46,6 +46,12 @@ class RunValues:
     """`model.fused_head`: the policy's log-probs from the hidden states in vocabulary blocks (None: CUDA)."""
     freeze_vision_tower: bool = True
     """`model.freeze_vision_tower`: a vision-language policy trains its language model only."""
+    gkd_coef: float = 0.0
+    """`algorithm.gkd_coef`: > 0 adds GKD's JSD term to the actor's loss (`core.gkd`)."""
+    gkd_beta: float = 0.5
+    """`algorithm.gkd_beta`."""
+    gkd_top_k: int = 16
+    """`algorithm.gkd_top_k`: the teacher's tokens per position in GKD's support."""
     custom_module: str = ""
     """`algorithm.custom_module`: a user module that the actor's process imports for its registered losses,
     and the rollout's for its registered agent loops."""

@@ -14,6 +14,7 @@ from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.model import Dtype
 from quartet.config.roles import TeacherConfig
 from quartet.core.batch import Batch
+from quartet.core.gkd import TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS
 from quartet.roles.frozen import FrozenScorer
 from quartet.roles.run_values import RunValues
 
@@ -27,9 +28,22 @@ class Teacher(FrozenScorer):
         if not cfg.model_path:
             raise ValueError("the teacher role needs teacher.model_path")
         self.rc = cfg
+        self.run = run
         super().__init__(cfg.model_path, run, mixed_precision, cfg.logprobs, cfg.param_offload)
 
     @dispatch(Split.BY_DP_RANK)
     def compute_teacher_logprobs(self, batch: Batch) -> Batch:
-        """`teacher_logprobs` [B, R] of the responses under the teacher (the rollout's temperature)."""
-        return Batch({"teacher_logprobs": self.response_logprobs(batch)}, meta=batch.meta)
+        """`teacher_logprobs` [B, R] of the responses under the teacher (the rollout's temperature) and
+        `teacher_agrees` [B, R] (1 where the teacher's most likely token is the sampled one); with GKD
+        (`algorithm.gkd_coef` > 0) its top `gkd_top_k` per position too: `teacher_topk_logprobs` and
+        `teacher_topk_ids` [B, R, k]."""
+        gkd = self.run.gkd_coef > 0
+        out = self.response_outputs(batch, top_k=self.run.gkd_top_k if gkd else 1)
+        ids = out.required("topk_ids")
+        mask = batch["response_mask"] > 0
+        agrees = (ids[..., 0] == batch["responses"]) & mask
+        columns = {"teacher_logprobs": out.required("logprobs"), "teacher_agrees": agrees.float()}
+        if gkd:
+            columns[TEACHER_TOPK_LOGPROBS] = out.required("topk_logprobs")
+            columns[TEACHER_TOPK_IDS] = ids
+        return Batch(columns, meta=batch.meta)

@@ -310,7 +310,7 @@ class StepRunner:
         alg, mask = self.cfg.algorithm, batch["response_mask"]
         student = batch["old_logprobs"] if "old_logprobs" in batch else batch["rollout_logprobs"]
         teacher = batch["teacher_logprobs"]
-        metrics |= distill_metrics(student, teacher, mask)
+        metrics |= distill_metrics(student, teacher, mask, batch.get("teacher_agrees", None))
         if alg.distill_coef == 0.0:
             return advantages, returns
         signal = reverse_kl_advantages(student, teacher, mask, alg.distill_gamma).to(advantages.dtype)

@@ -123,6 +123,9 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
         expert_parallel_size=cfg.model.expert_parallel_size,
         fused_head=cfg.model.fused_head,
         freeze_vision_tower=cfg.model.freeze_vision_tower,
+        gkd_coef=cfg.algorithm.gkd_coef,
+        gkd_beta=cfg.algorithm.gkd_beta,
+        gkd_top_k=cfg.algorithm.gkd_top_k,
         custom_module=cfg.algorithm.custom_module,
         image_pixels=(cfg.data.min_pixels, cfg.data.max_pixels),
     )
