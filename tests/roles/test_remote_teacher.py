@@ -4,6 +4,7 @@ naming what is wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from role_cases import local, rl_batch
 from quartet.cluster.colocate import RoleSpec
 from quartet.config import ConfigError, Dtype, TinyModelConfig, load_config
 from quartet.config.roles import TeacherConfig
+from quartet.core.gkd import TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS
 from quartet.models.loading import load_causal_lm, load_tokenizer
 from quartet.models.tiny import ensure_tiny_model
 from quartet.roles.remote_teacher import RemoteTeacher, RemoteTeacherError, row_tokens
@@ -78,6 +80,38 @@ def test_remote_teacher_equals_the_local_role(
     assert bool((remote[batch["response_mask"] == 0] == 0).all())  # 0 past each response's end
     assert bool((remote[batch["response_mask"] == 1] < 0).all())  # real log-probs where there are tokens
     torch.testing.assert_close(remote, expected.float(), atol=1e-4, rtol=0)
+
+
+def test_remote_top_k_equals_the_local_role(
+    wide_teacher: Path, teacher_url: str, run_values: RunValues, one_local_rank: None
+) -> None:
+    """GKD's top-k from the server's `prompt_logprobs: k` equals the local teacher's block-wise top-k."""
+    batch = rl_batch(4, seed=6)
+    remote = RemoteTeacher(
+        TeacherConfig(url=teacher_url, model_name=NAME, api_key="k", tokenizer_path="t"), top_k=5
+    ).score(batch)
+    gkd_run = dataclasses.replace(run_values, gkd_coef=1.0, gkd_top_k=5)
+    hosts = local(
+        teacher=RoleSpec(Teacher, TeacherConfig(model_path=str(wide_teacher)), gkd_run, Dtype.FLOAT32)
+    )
+    try:
+        expected = hosts.groups["teacher"].compute_teacher_logprobs(batch)
+    finally:
+        hosts.shutdown()
+    model = batch["response_mask"] == 1
+    assert remote[TEACHER_TOPK_IDS].shape == (4, batch["responses"].shape[1], 5)
+    assert torch.equal(remote[TEACHER_TOPK_IDS][model], expected[TEACHER_TOPK_IDS][model])
+    torch.testing.assert_close(
+        remote[TEACHER_TOPK_LOGPROBS][model],
+        expected[TEACHER_TOPK_LOGPROBS][model].float(),
+        atol=1e-4,
+        rtol=0,
+    )
+    # past the server's cap (20, as vLLM's default --max-logprobs): its refusal, named, fails the step
+    with pytest.raises(RemoteTeacherError, match=r"row \d+: HTTP 400: .*prompt_logprobs.*got 21"):
+        RemoteTeacher(
+            TeacherConfig(url=teacher_url, model_name=NAME, api_key="k", tokenizer_path="t"), top_k=21
+        ).score(batch)
 
 
 def test_a_dead_url_fails_naming_it_and_the_row() -> None:

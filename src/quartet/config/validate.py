@@ -159,14 +159,13 @@ def _gkd_rules(cfg: QuartetConfig) -> list[ConfigError]:
     if cfg.algorithm.gkd_coef <= 0:
         return []
     coef = f"is {cfg.algorithm.gkd_coef:g}"
-    if not cfg.teacher.model_path:
-        how = "its teacher is remote (teacher.url)" if cfg.teacher.url else "there is no teacher"
+    if not cfg.teacher.enabled:
         return [
             ConfigError(
                 "algorithm.gkd_coef",
-                f"{coef}, but {how}: GKD reads a local teacher's top-k log-probs at every position",
-                "set teacher.model_path to the teacher's folder (same tokenizer), or algorithm.gkd_coef=0 "
-                "(algorithm.distill_coef works with a remote teacher)",
+                f"{coef}, but there is no teacher: GKD reads a teacher's top-k log-probs at every position",
+                "set teacher.model_path to the teacher's folder (same tokenizer) or teacher.url to a "
+                "server's, or algorithm.gkd_coef=0",
             )
         ]
     m = cfg.model

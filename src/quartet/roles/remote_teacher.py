@@ -7,6 +7,11 @@ the response (no padding) as one token-id prompt to `/v1/completions` with `prom
 prompt token None for the first, else `{"<token id>": {"logprob", ...}}`). vLLM's server and quartet's
 (`quartet.serving`) both answer it. The one token the server samples is thrown away.
 
+With GKD (`algorithm.gkd_coef` > 0) it asks `prompt_logprobs: k` (`algorithm.gkd_top_k`) and also reads
+each response position's k most likely tokens (ranks 1..k) into `teacher_topk_ids` and
+`teacher_topk_logprobs`; a server that returns fewer (vLLM caps k at its `--max-logprobs`, 20 by default;
+quartet's server at 20) fails the row naming the key.
+
 The log-probs are the raw model's (temperature 1): that is what `prompt_logprobs` means on both servers,
 so `quartet.config.validate` refuses a remote teacher with a rollout temperature other than 1 (or greedy).
 Rows go out concurrently (`teacher.max_concurrency` in flight), each with its own timeout
@@ -28,6 +33,7 @@ import torch
 
 from quartet.config.roles import TeacherConfig
 from quartet.core.batch import Batch
+from quartet.core.gkd import TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS
 
 __all__ = ["RemoteTeacher", "RemoteTeacherError", "row_tokens"]
 
@@ -58,10 +64,12 @@ def row_tokens(batch: Batch) -> list[tuple[list[int], list[int]]]:
 class RemoteTeacher:
     """`teacher_logprobs` [B, R] of a batch's responses from the server at `teacher.url`."""
 
-    def __init__(self, cfg: TeacherConfig) -> None:
+    def __init__(self, cfg: TeacherConfig, top_k: int = 0) -> None:
+        """`top_k` > 0 (GKD): also each response position's k most likely tokens."""
         if not cfg.url:
             raise ValueError("a remote teacher needs teacher.url")
         self.cfg = cfg
+        self.top_k = top_k
         self.endpoint = cfg.url.rstrip("/") + "/completions"
 
     def score(self, batch: Batch) -> Batch:
@@ -75,14 +83,20 @@ class RemoteTeacher:
         rows = row_tokens(batch)
         out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         agrees = torch.zeros_like(out)
+        k = max(self.top_k, 1)
+        top_values = torch.zeros(*out.shape, k, dtype=torch.float32)
+        top_ids = torch.zeros(*out.shape, k, dtype=torch.long)
         ranked = True  # every answer gave each token's rank (vLLM's and quartet's servers do)
         todo = [i for i, (_, response) in enumerate(rows) if response]
         pool = ThreadPoolExecutor(max_workers=self.cfg.max_concurrency, thread_name_prefix="teacher")
         try:
             futures = {i: pool.submit(self._row, i, *rows[i]) for i in todo}
             for i, future in futures.items():
-                values, firsts = future.result()
+                values, firsts, tops = future.result()
                 out[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+                for t, top in enumerate(tops):
+                    top_ids[i, t] = torch.tensor([token for token, _ in top], dtype=torch.long)
+                    top_values[i, t] = torch.tensor([value for _, value in top], dtype=torch.float32)
                 ranked = ranked and None not in firsts
                 agrees[i, : len(firsts)] = torch.tensor([bool(f) for f in firsts], dtype=torch.float32)
         finally:  # a failed row fails the batch: rows not yet sent are not sent
@@ -90,19 +104,21 @@ class RemoteTeacher:
         columns = {"teacher_logprobs": out}
         if ranked:  # `teacher_agrees`: the teacher's most likely token is the sampled one (rank 1)
             columns["teacher_agrees"] = agrees * (batch["response_mask"] > 0)
+        if self.top_k:
+            columns[TEACHER_TOPK_IDS], columns[TEACHER_TOPK_LOGPROBS] = top_ids, top_values
         return Batch(columns, meta=batch.meta)
 
     def _row(
         self, row: int, prompt: Sequence[int], response: Sequence[int]
-    ) -> tuple[list[float], list[bool | None]]:
-        """The log-probs of `response` after `prompt` (one request), and per token whether it is the
-        teacher's most likely one (None where the answer gave no rank)."""
+    ) -> tuple[list[float], list[bool | None], list[list[tuple[int, float]]]]:
+        """The log-probs of `response` after `prompt` (one request), per token whether it is the teacher's
+        most likely one (None where the answer gave no rank), and with `top_k` its k most likely tokens."""
         ids = [*prompt, *response]
         body = {
             "model": self.cfg.model_name,
             "prompt": ids,
             "max_tokens": 1,
-            "prompt_logprobs": 0,
+            "prompt_logprobs": self.top_k,
         }
         answer = self._post(row, body)
         try:
@@ -110,12 +126,14 @@ class RemoteTeacher:
             scores = choice["prompt_logprobs"]
             if not isinstance(scores, list) or len(scores) != len(ids):
                 raise ValueError(f"{len(ids)} prompt_logprobs entries expected")
-            pairs = [_token_score(scores[t], ids[t]) for t in range(len(prompt), len(ids))]
+            positions = range(len(prompt), len(ids))
+            pairs = [_token_score(scores[t], ids[t]) for t in positions]
+            tops = [_top_tokens(scores[t], self.top_k, t) for t in positions] if self.top_k else []
         except (KeyError, TypeError, ValueError) as exc:
             raise RemoteTeacherError(
                 self.cfg.url, row, f"malformed answer: {type(exc).__name__}: {exc}"
             ) from None
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        return [p[0] for p in pairs], [p[1] for p in pairs], tops
 
     def _post(self, row: int, body: dict[str, Any]) -> dict[str, Any]:
         """POST `body`; the answer's JSON object, or `RemoteTeacherError` with the server's message."""
@@ -156,3 +174,20 @@ def _token_score(entry: Any, token: int) -> tuple[float, bool | None]:
         raise ValueError(f"the log-prob of token {token} is NaN")
     rank = scored.get("rank") if isinstance(scored, dict) else None
     return value, None if rank is None else int(rank) == 1
+
+
+def _top_tokens(entry: dict[str, Any], k: int, position: int) -> list[tuple[int, float]]:
+    """The k most likely tokens (id, log-prob) of one `prompt_logprobs` entry, by rank."""
+    ranked = sorted(
+        (
+            (int(v["rank"]), -float(v["logprob"]), int(token))
+            for token, v in entry.items()
+            if int(v["rank"]) <= k
+        )
+    )
+    if len(ranked) < k:
+        raise ValueError(
+            f"position {position} has {len(ranked)} of the {k} alternatives algorithm.gkd_top_k asks for "
+            "(vLLM caps them at --max-logprobs, 20 by default): lower algorithm.gkd_top_k"
+        )
+    return [(token, -neg) for _, neg, token in ranked[:k]]

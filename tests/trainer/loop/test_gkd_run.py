@@ -69,16 +69,6 @@ def test_a_teacher_equal_to_the_student_gives_zero_divergence(tiny_model_dir: Pa
 def test_configurations_gkd_cannot_serve_are_refused(wide_teacher: Path) -> None:
     with pytest.raises(ConfigError, match="algorithm.gkd_coef: is 1, but there is no teacher"):
         load_config(None, ["algorithm.gkd_coef=1"])
-    with pytest.raises(ConfigError, match="algorithm.gkd_coef: is 1, but its teacher is remote"):
-        load_config(
-            None,
-            [
-                "algorithm.gkd_coef=1",
-                "teacher.url=http://127.0.0.1:9/v1",
-                f"teacher.tokenizer_path={wide_teacher}",
-                "rollout.temperature=1",
-            ],
-        )
     with pytest.raises(ConfigError, match=r"model.remove_padding=True: top-k and support log-probs"):
         load_config(
             None, ["algorithm.gkd_coef=1", f"teacher.model_path={wide_teacher}", "model.remove_padding=true"]

@@ -115,7 +115,8 @@ class StepRunner:
             cfg.trainer.hang_timeout_s, cfg.cluster.call_timeout_s, cfg.trainer.run_dir
         )
         """Each phase's hang deadline, from the phase's earlier times in this run (`hang_deadline`)."""
-        self.remote_teacher = RemoteTeacher(cfg.teacher) if cfg.teacher.url else None
+        gkd_k = cfg.algorithm.gkd_top_k if cfg.algorithm.gkd_coef > 0 else 0
+        self.remote_teacher = RemoteTeacher(cfg.teacher, top_k=gkd_k) if cfg.teacher.url else None
         """The teacher at `teacher.url` (`quartet.roles.remote_teacher`); None: local or none."""
         self.estimator = cfg.algorithm.adv_estimator
         self.params = AdvantageParams(
