@@ -81,11 +81,45 @@ def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> 
         "mfu": round(6 * params * tokens / best / peak, 4),
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if step.cuda else None,
     }
+    try:  # the profile is extra: its failure must not lose the timed case
+        result["profile"] = update_profile(step, engine, batch, micro)
+    except Exception as err:
+        result["profile"] = {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:1000]}
     del engine
     gc.collect()
     if step.cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def update_profile(step: Step, engine: Any, batch: Any, micro: int) -> dict[str, Any]:
+    """One more update under the profiler: device time by kind of kernel (`kernel_kinds`) and the ten
+    largest kernels. On CUDA the kernels' own rows (an aten op's row repeats its kernels' time); in a CPU
+    dry run, the aten ops' self times."""
+    from kernel_kinds import by_kind
+    from torch.profiler import ProfilerActivity, profile
+
+    from quartet.engines import MicroSpec
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if step.cuda else [])
+    step.sync()
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        engine.train_step(batch, response_nll, MicroSpec(size=micro), temperature=1.0, with_entropy=True,
+                          entropy_grad=False)  # fmt: skip
+        step.sync()
+    wall = time.perf_counter() - t0
+    key = "self_device_time_total" if step.cuda else "self_cpu_time_total"
+    device = "CUDA" if step.cuda else "CPU"
+    events = [e for e in prof.key_averages() if e.device_type.name == device and getattr(e, key, 0) > 0]
+    rows = [(e.key, float(getattr(e, key)), int(e.count)) for e in events]
+    rows.sort(key=lambda r: -r[1])
+    return {
+        "sorted_by": key,
+        "wall_s": round(wall, 4),
+        **by_kind(rows),
+        "top": [{"name": n[:90], "us": round(us, 1), "calls": c} for n, us, c in rows[:10]],
+    }
 
 
 def run(step: Step) -> None:

@@ -154,6 +154,9 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     assert update["tokens"] == 4 * (8 + 16) and update["tokens_per_s"] == pytest.approx(
         update["tokens"] / best, rel=0.01
     )
+    profile = update["profile"]  # the update's time by kind: matmuls lead, the shares add up to one
+    assert profile["total_us"] > 0 and "matmul" in profile["kinds"]
+    assert sum(k["share"] for k in profile["kinds"].values()) == pytest.approx(1.0, abs=1e-3)
     flops = 6 * update["params"] * update["tokens"] / best
     assert update["mfu"] == pytest.approx(flops / steps["update"]["matmul_flops_per_s"], rel=0.01, abs=1e-4)
     _check_moe(steps["moe"])
