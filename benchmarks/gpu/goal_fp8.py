@@ -48,14 +48,14 @@ def _projection_case(step: Step, linear: torch.nn.Linear, x: torch.Tensor) -> di
         xq, xs = quantize_tokens(x)
         w_t, w_s = module.weight.t(), module.weight_scale.unsqueeze(0)
         case: dict[str, Any] = {
-            "path": "scaled_mm" if module._scaled else "emulated",
+            "path": "scaled_mm" if module.scaled else "emulated",
             "rel_err_vs_reference": round(float((got - want).norm() / want.norm()), 6),
             "rel_err_vs_bf16_weights": round(float((got - exact).norm() / exact.norm()), 6),
             "bf16_linear_ms": _per_call_ms(step, lambda: F.linear(x, linear.weight)),
             "fp8_forward_ms": _per_call_ms(step, lambda: module(x)),
             "quantize_tokens_ms": _per_call_ms(step, lambda: quantize_tokens(x)),
         }
-        if module._scaled:
+        if module.scaled:
             case["scaled_mm_only_ms"] = _per_call_ms(
                 step, lambda: torch._scaled_mm(xq, w_t, scale_a=xs, scale_b=w_s, out_dtype=torch.bfloat16)
             )
@@ -118,7 +118,7 @@ def run(step: Step) -> None:
         "7B/quantized",
         {
             "projections": count,
-            "path": "scaled_mm" if all(m._scaled for m in modules) else "emulated",
+            "path": "scaled_mm" if all(m.scaled for m in modules) else "emulated",
             "unquantized_weight_bytes": unquantized[rows_of[64]]["weight_bytes"],
             "fp8_weight_bytes": fp8_bytes,
         },

@@ -19,8 +19,9 @@ unfiltered, and it is the part vLLM's and other frameworks' fp8 modes keep in 16
 Forward (`Fp8Linear`):
 - CUDA with `torch._scaled_mm` and row-wise scaling (compute capability 9.0+, bfloat16 activations, both
   feature counts multiples of 16): the activations are quantized per token (one scale per row of x,
-  amax / 448, so one outlier token does not crush the others' resolution) and the product runs in fp8 with
-  float32 accumulation, scaled by (token scale x channel scale), written in bfloat16.
+  amax / 448, so one outlier token does not crush the others' resolution; once per input tensor, shared by
+  q/k/v_proj and by gate/up_proj: `TokenQuantizer`) and the product runs in fp8 with float32
+  accumulation, scaled by (token scale x channel scale), written in bfloat16.
 - Elsewhere (CPU, older GPUs, odd shapes): emulation, the weight dequantized to the compute dtype then
   `F.linear`; the activations stay in the compute dtype. This is what the CPU tests prove; the device run
   checks the scaled product against `scaled_reference`, its exact float32 twin.
@@ -48,6 +49,7 @@ __all__ = [
     "QUANTIZED_PROJECTIONS",
     "Fp8Linear",
     "Fp8QuantizationError",
+    "TokenQuantizer",
     "dequantize_rows",
     "quantize_layers",
     "quantize_rows",
@@ -98,10 +100,35 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 [M, K], float32 scales [M, 1]) of activations x [M, K], one scale per token (row): amax / 448."""
-    xf = x.to(torch.float32)
-    scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_(min=_MIN_TOKEN_SCALE)
-    return (xf / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    """(fp8 [M, K], float32 scales [M, 1]) of activations x [M, K], one scale per token (row): amax / 448.
+
+    The amax is taken in x's dtype (exact) and only the [M, 1] scales are made float32, so x is read
+    twice and never copied to float32 whole (a decode step runs this per projection input)."""
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    scale = amax.div_(FP8_MAX).clamp_(min=_MIN_TOKEN_SCALE)
+    return (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+class TokenQuantizer:
+    """`quantize_tokens` of the last input it saw, reused while the same tensor comes again.
+
+    q/k/v_proj take one tensor, gate/up_proj another: `quantize_layers` gives every projection of a model
+    one quantizer, so each input is quantized once (4 times a layer instead of 7). It holds the last input
+    (by identity, so never a freed tensor's address reused) and its fp8 copy: one activation's memory. The
+    runner and transformers' forward pass never change a projection's input in place between the calls
+    that share it, which is what reuse by identity relies on.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp8 [M, K], scales [M, 1]) of x [..., K] flattened to M rows."""
+        if self._last is not None and self._last[0] is x:
+            return self._last[1], self._last[2]
+        xq, xs = quantize_tokens(x.reshape(-1, x.shape[-1]))
+        self._last = (x, xq, xs)
+        return xq, xs
 
 
 def scaled_reference(
@@ -151,7 +178,11 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=FP8_DTYPE, device=device))
         self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
         self.bias = bias
-        self._scaled = scaled_mm_supported(torch.device(device)) and self._shapes_fit()
+        self.scaled = scaled_mm_supported(torch.device(device)) and self._shapes_fit()
+        """Whether a bfloat16 input takes `torch._scaled_mm` (set where the device supports it; tests set it
+        on the CPU, whose torch runs the same kernel interface, to run the device path's code)."""
+        self.tokens = TokenQuantizer()
+        """The activations' quantizer (`quantize_layers` shares one among a model's projections)."""
 
     def _shapes_fit(self) -> bool:
         """`_scaled_mm` takes K and N multiples of 16, and row-wise scales with bfloat16 output only."""
@@ -193,13 +224,13 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]: the scaled fp8 product on a capable GPU, else dequantize-then-linear."""
-        if self._scaled and x.is_cuda and x.dtype == torch.bfloat16:
-            return self._scaled_forward(x)
+        if self.scaled and x.dtype == torch.bfloat16:
+            return self.scaled_forward(x)
         return F.linear(x, self.dequantized(x.dtype), self.bias)
 
-    def _scaled_forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        xq, xs = quantize_tokens(flat)
+    def scaled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The device path: per-token fp8 activations (`tokens`) times the fp8 weight by `_scaled_mm`."""
+        xq, xs = self.tokens(x)
         out = torch._scaled_mm(
             xq,
             self.weight.t(),  # [in, out] column-major, as the kernel takes its second operand
@@ -220,7 +251,7 @@ class Fp8Linear(nn.Module):
             self.weight = weight.to(self.weight.device)
         if self.weight_scale.dtype != torch.float32:
             self.weight_scale = scale.to(self.weight_scale.device)
-        self._scaled = scaled_mm_supported(self.weight.device) and self._shapes_fit()
+        self.scaled = scaled_mm_supported(self.weight.device) and self._shapes_fit()
         return self
 
     def extra_repr(self) -> str:
@@ -233,13 +264,16 @@ class Fp8Linear(nn.Module):
 def quantize_layers(layers: Iterable[nn.Module]) -> int:
     """Replace the projections (`QUANTIZED_PROJECTIONS`) inside each decoder layer with `Fp8Linear`, in
     place; returns how many were replaced. Each bf16/fp32 weight is dropped as its fp8 copy takes its place,
-    so the peak is one layer's projection beyond the model."""
+    so the peak is one layer's projection beyond the model. All of them share one `TokenQuantizer`."""
     count = 0
+    tokens = TokenQuantizer()
     for i, layer in enumerate(layers):
         for parent_name, parent in list(layer.named_modules()):
             for child_name, child in list(parent.named_children()):
                 if child_name in QUANTIZED_PROJECTIONS and type(child) is nn.Linear:
                     path = ".".join(p for p in (f"layers.{i}", parent_name, child_name) if p)
-                    setattr(parent, child_name, Fp8Linear.from_linear(child, f"{path}.weight"))
+                    module = Fp8Linear.from_linear(child, f"{path}.weight")
+                    module.tokens = tokens
+                    setattr(parent, child_name, module)
                     count += 1
     return count
