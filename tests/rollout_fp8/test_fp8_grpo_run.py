@@ -1,28 +1,29 @@
-"""Two GRPO steps with `rollout.quantization=fp8` on the tiny model through `RLTrainer`, as `quartet train`
-runs it (in-process roles, `cluster.backend=local`): the engine samples with fp8 projections (re-quantized at
-each step's weight sync), each step reports the engine-trainer log-prob mismatch that this causes
-(`rollout/logprob_diff_*`, 0 exactly when both sides compute in float32 unquantized), and the truncated
-importance weights (`actor.tis_cap`) correct the update for it."""
+"""Two GRPO steps with `rollout.quantization=fp8` on the tiny model through `quartet train` (in-process roles,
+`cluster.backend=local`), read back from the run's `metrics.jsonl`: the engine samples with fp8 projections
+(re-quantized at each step's weight sync), each step reports the engine-trainer log-prob mismatch that this
+causes (`rollout/logprob_diff_*`, 0 exactly when both sides compute in float32 unquantized), and the
+truncated importance weights (`actor.tis_cap`) correct the update for it."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
-from quartet.config import load_config
-from quartet.trainer import RLTrainer
+from quartet.cli.main import main
 
 CAP = 2.0
 
 
 def _steps(tmp_path: Path, quantization: str) -> list[dict[str, Any]]:
-    cfg = load_config(
-        None,
+    out = tmp_path / quantization
+    code = main(
         [
+            "train",
             f"rollout.quantization={quantization}",
             f"actor.tis_cap={CAP}",
-            f"trainer.output_dir={tmp_path / quantization}",
+            f"trainer.output_dir={out}",
             "cluster.backend=local",
             "data.train_batch_size=2",
             "data.builtin_train_size=4",
@@ -38,8 +39,9 @@ def _steps(tmp_path: Path, quantization: str) -> list[dict[str, Any]]:
             "trainer.loggers=[jsonl]",
         ],
     )
-    records: list[dict[str, Any]] = []
-    assert RLTrainer(cfg, on_record=records.append).run().steps == 2
+    assert code == 0
+    (metrics_file,) = out.rglob("metrics.jsonl")
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     steps = [r.get("metrics", r) for r in records if r.get("kind") == "step"]
     assert len(steps) == 2
     return steps
