@@ -44,15 +44,19 @@ def test_the_planned_rollout_weights_shrink_as_counted_by_hand(tiny_model_dir: P
     assert bf16 - fp8 == quantized - 4 * channels > 0
 
 
-def test_the_plan_equals_the_fp8_engines_tensors(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "moe_model_dir"])
+def test_the_plan_equals_the_fp8_engines_tensors(model_fixture: str, request: pytest.FixtureRequest) -> None:
+    """Dense Qwen2, and Qwen3-MoE (its attention in fp8; the fused experts and the router stay bf16)."""
+    model_dir: Path = request.getfixturevalue(model_fixture)
     with TorchRolloutEngine.from_pretrained(
-        tiny_model_dir, dtype=torch.bfloat16, max_num_seqs=2, quantization="fp8"
+        model_dir, dtype=torch.bfloat16, max_num_seqs=2, quantization="fp8"
     ) as engine:
         held = {id(t): t.nbytes for t in [*engine.model.parameters(), *engine.model.buffers()]}
         float_buffers = sum(t.nbytes for t in engine.model.buffers() if t.dtype == torch.float32)
     scales = sum(t.nbytes for n, t in engine.model.named_buffers() if n.endswith("weight_scale"))
     rotary = float_buffers - scales  # the rotary embedding's inverse frequencies: not weights
-    assert sum(held.values()) - rotary == _rollout_weights(tiny_model_dir, "fp8")
+    assert sum(held.values()) - rotary == _rollout_weights(model_dir, "fp8")
+    assert scales > 0
 
 
 def test_an_unknown_quantization_names_the_key_and_the_choices() -> None:
