@@ -43,6 +43,7 @@ def test_a_sync_requantizes_exactly_what_the_trainer_sent(
     sent = {n: p.detach().clone() for n, p in trainer.named_parameters()}
     modules = _fp8_modules(engine)
     assert len(modules) == len(FP8_PROJECTIONS) * 2  # the tiny model's two layers
+    assert len({id(m.tokens) for m in modules.values()}) == 1  # one activation quantizer, model-wide
     addresses = {n: (m.weight.data_ptr(), m.weight_scale.data_ptr()) for n, m in modules.items()}
     count = engine.load_weights(sent.items(), version=1)
     assert count == len(sent) and engine.weight_version == 1

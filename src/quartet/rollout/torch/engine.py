@@ -34,7 +34,7 @@ from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.torch.engine_core import EngineCore
-from quartet.rollout.torch.fp8 import quantize_layers
+from quartet.rollout.torch.fp8 import Fp8Linear, quantize_layers
 from quartet.rollout.torch.grammar import GrammarCompiler
 from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.model_runner import DecoderRunner
@@ -117,7 +117,9 @@ class TorchRolloutEngine(ThreadedEngine):
         self.runner = DecoderRunner(model)
         self.quantization = RolloutQuantization(quantization)
         if self.quantization is RolloutQuantization.FP8:
-            log.info("rollout weights in fp8: %d projections quantized", quantize_layers(self.runner.layers))
+            quantize_layers(self.runner.layers)  # none left where from_pretrained quantized them already
+            count = sum(isinstance(m, Fp8Linear) for m in model.modules())
+            log.info("rollout weights in fp8: %d projections", count)
         self.runner.record_routing(record_routing)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
@@ -179,6 +181,9 @@ class TorchRolloutEngine(ThreadedEngine):
         from quartet.models.loading import load_causal_lm, load_tokenizer
 
         model = load_causal_lm(path, dtype=dtype)
+        if RolloutQuantization(engine_kwargs.get("quantization", "none")) is RolloutQuantization.FP8:
+            # onto the device one projection at a time: the 16-bit projections never all sit there
+            quantize_layers(DecoderRunner(model).layers, device)
         nn.Module.to(model, device)
         model.train(False)  # inference: no dropout
         tok_folder = Path(tokenizer_path or path)

@@ -193,15 +193,18 @@ class Fp8Linear(nn.Module):
         )
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, name: str = "weight") -> Fp8Linear:
-        """An fp8 copy of `linear` (its bias object kept, so a sync of `<name>.bias` still reaches it)."""
+    def from_linear(
+        cls, linear: nn.Linear, name: str = "weight", device: torch.device | str | None = None
+    ) -> Fp8Linear:
+        """An fp8 copy of `linear` on `device` (default: linear's), quantized there; its bias object kept
+        where it is, so a sync of `<name>.bias` still reaches it (moving the model moves it)."""
         out_features, in_features = linear.weight.shape
         module = cls(
             in_features,
             out_features,
             bias=linear.bias,
             compute_dtype=linear.weight.dtype,
-            device=linear.weight.device,
+            device=linear.weight.device if device is None else device,
         )
         module.load_weight(linear.weight, name)
         return module
@@ -261,10 +264,13 @@ class Fp8Linear(nn.Module):
         )
 
 
-def quantize_layers(layers: Iterable[nn.Module]) -> int:
+def quantize_layers(layers: Iterable[nn.Module], device: torch.device | str | None = None) -> int:
     """Replace the projections (`QUANTIZED_PROJECTIONS`) inside each decoder layer with `Fp8Linear`, in
-    place; returns how many were replaced. Each bf16/fp32 weight is dropped as its fp8 copy takes its place,
-    so the peak is one layer's projection beyond the model. All of them share one `TokenQuantizer`."""
+    place; returns how many were replaced (projections already in fp8 are left as they are). Each bf16/fp32
+    weight is dropped as its fp8 copy takes its place, so the peak is one projection beyond the model. All of
+    them share one `TokenQuantizer`. `device`: where the fp8 copies go (default: where each weight is), so a
+    model loaded on the CPU is quantized onto the GPU one matrix at a time and its 16-bit projections never
+    all sit on the GPU."""
     count = 0
     tokens = TokenQuantizer()
     for i, layer in enumerate(layers):
@@ -272,7 +278,7 @@ def quantize_layers(layers: Iterable[nn.Module]) -> int:
             for child_name, child in list(parent.named_children()):
                 if child_name in QUANTIZED_PROJECTIONS and type(child) is nn.Linear:
                     path = ".".join(p for p in (f"layers.{i}", parent_name, child_name) if p)
-                    module = Fp8Linear.from_linear(child, f"{path}.weight")
+                    module = Fp8Linear.from_linear(child, f"{path}.weight", device)
                     module.tokens = tokens
                     setattr(parent, child_name, module)
                     count += 1
