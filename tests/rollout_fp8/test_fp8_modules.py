@@ -16,7 +16,13 @@ from torch import nn
 
 from quartet.config.rollout import FP8_PROJECTIONS
 from quartet.models.loading import load_causal_lm
-from quartet.rollout.torch.fp8 import Fp8Linear, quantize_layers, quantize_rows, scaled_reference
+from quartet.rollout.torch.fp8 import (
+    Fp8Linear,
+    quantize_for_engine,
+    quantize_layers,
+    quantize_rows,
+    scaled_reference,
+)
 from quartet.rollout.torch.model_runner import DecoderRunner
 
 
@@ -125,3 +131,21 @@ def test_the_device_paths_math_adds_only_the_activation_rounding() -> None:
     q, s = quantize_rows(linear.weight)
     assert torch.equal(q.view(torch.uint8), module.weight.view(torch.uint8))
     assert torch.equal(s, module.weight_scale)
+
+
+def test_an_engine_on_a_gpu_without_scaled_fp8_is_warned(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Emulated projections save memory but decode slower: on a CUDA device that is worth a warning (the
+    device is only named here: nothing runs on it), on the CPU only the count is logged."""
+    layers = DecoderRunner(load_causal_lm(tiny_model_dir)).layers
+    with caplog.at_level("INFO", logger="quartet.rollout.torch.fp8"):
+        modules = quantize_for_engine(layers, torch.device("cpu"))
+    assert len(modules) == 14 and not any(m.scaled for m in modules)
+    assert [r.levelname for r in caplog.records] == ["INFO"] and "14 projections, 14 emulated" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="quartet.rollout.torch.fp8"):
+        again = quantize_for_engine(layers, torch.device("cuda"))
+    assert [m is n for m, n in zip(again, modules, strict=True)] == [True] * 14  # nothing quantized twice
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warning) == 1 and "14 of 14 projections run emulated" in warning[0]

@@ -34,7 +34,7 @@ from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.torch.engine_core import EngineCore
-from quartet.rollout.torch.fp8 import Fp8Linear, quantize_layers
+from quartet.rollout.torch.fp8 import quantize_for_engine, quantize_layers
 from quartet.rollout.torch.grammar import GrammarCompiler
 from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.model_runner import DecoderRunner
@@ -116,10 +116,8 @@ class TorchRolloutEngine(ThreadedEngine):
         self.tokenizer = tokenizer
         self.runner = DecoderRunner(model)
         self.quantization = RolloutQuantization(quantization)
-        if self.quantization is RolloutQuantization.FP8:
-            quantize_layers(self.runner.layers)  # none left where from_pretrained quantized them already
-            count = sum(isinstance(m, Fp8Linear) for m in model.modules())
-            log.info("rollout weights in fp8: %d projections", count)
+        if self.quantization is RolloutQuantization.FP8:  # none left where from_pretrained quantized them
+            quantize_for_engine(self.runner.layers, self.runner.device)
         self.runner.record_routing(record_routing)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)

@@ -34,7 +34,8 @@ over these buffers see the new values, so the runner's "weights seen at once" co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -51,12 +52,15 @@ __all__ = [
     "Fp8QuantizationError",
     "TokenQuantizer",
     "dequantize_rows",
+    "quantize_for_engine",
     "quantize_layers",
     "quantize_rows",
     "quantize_tokens",
     "scaled_mm_supported",
     "scaled_reference",
 ]
+
+log = logging.getLogger(__name__)
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -283,3 +287,21 @@ def quantize_layers(layers: Iterable[nn.Module], device: torch.device | str | No
                     setattr(parent, child_name, module)
                     count += 1
     return count
+
+
+def quantize_for_engine(layers: Sequence[nn.Module], device: torch.device) -> list[Fp8Linear]:
+    """`quantize_layers` for an engine on `device`, then its fp8 modules; logs how many run emulated, and
+    warns on a GPU where some do (they save memory there, but decode slower than 16-bit weights)."""
+    quantize_layers(layers)
+    fp8 = [m for layer in layers for m in layer.modules() if isinstance(m, Fp8Linear)]
+    emulated = sum(not m.scaled for m in fp8)
+    log.info("rollout weights in fp8: %d projections, %d emulated", len(fp8), emulated)
+    if emulated and device.type == "cuda":
+        log.warning(
+            "rollout.quantization=fp8: %d of %d projections run emulated on this GPU (scaled fp8 matmuls "
+            "need compute capability 9.0+, rollout.dtype=bfloat16 and feature counts that are multiples of "
+            "16): they save memory, but decode slower than without fp8",
+            emulated,
+            len(fp8),
+        )
+    return fp8
