@@ -6,6 +6,8 @@
 Steps, in order (each in its own process with its own deadline; in a dry run, in this one; `--only a,b`):
   decode         a. the built-in engine's decode at 0.5B and 7B, 64 and 256 rows, full vocabulary, against
                     the HBM roofline; the 7B/64 kernel profile
+  fp8_decode     issue 54: the 7B decode with fp8 projections (rollout.quantization=fp8) at 64 and 256 rows
+                    against the bf16 roofline; the scaled fp8 matmul against its float32 twin and bf16
   hf_baseline    a. HF's static-cache generate (compiled by transformers) at 0.5B/64: the issue's baseline
   update         b. the actor update's MFU at the 1.5B shape (packed, no offload; fused head on and off)
   moe            issue 49: a Qwen3-MoE (hidden 1024, 12 layers, 64 experts, top 8): the experts' matmul that
@@ -45,6 +47,7 @@ from goal_io import Step, child_env, log  # noqa: E402
 STEPS: dict[str, tuple[str, float, float]] = {
     # name: (module:function, estimated seconds on an H200, the least worth starting with)
     "decode": ("goal_decode:run", 90.0, 50.0),
+    "fp8_decode": ("goal_fp8:run", 70.0, 40.0),
     "hf_baseline": ("goal_decode:hf_baseline", 100.0, 60.0),
     "update": ("goal_update:run", 80.0, 45.0),
     "moe": ("goal_moe:run", 90.0, 50.0),
@@ -126,6 +129,8 @@ def goals_table(steps: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, di
     """Each issue-37 goal with its figure from this run and whether it is met (None: not measured, or a
     dry run, whose tiny CPU figures say nothing of the goals)."""
     decode, update = steps.get("decode", {}), steps.get("update", {})
+    fp8 = steps.get("fp8_decode", {})
+    fp8_64, fp8_256 = (fp8.get(f"7B/{rows}", {}).get("ratio_to_bf16_roofline") for rows in (64, 256))
     hf = steps.get("hf_baseline", {}).get("0.5B/64/hf_static_compiled", {})
     ours = decode.get("0.5B/64", {}).get("ms_per_step")
     speedup = round(hf["ms_per_step"] / ours, 3) if ours and hf.get("ms_per_step") else None
@@ -137,6 +142,8 @@ def goals_table(steps: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, di
     rows = [
         ("decode_7B_64_over_roofline", decode.get("7B/64", {}).get("ratio_to_roofline"), "<=", 1.4),
         ("decode_7B_256_over_roofline", decode.get("7B/256", {}).get("ratio_to_roofline"), "<=", 1.6),
+        ("decode_7B_64_fp8_over_bf16_roofline", fp8_64, "<", 1.0),
+        ("decode_7B_256_fp8_over_bf16_roofline", fp8_256, "<", 1.0),
         ("decode_0.5B_64_speedup_over_hf_compiled", speedup, ">=", 2.0),
         ("update_1.5B_mfu", max(mfus) if mfus else None, ">=", 0.45),
         ("first_step_1.5B_s", first, "<=", 25.0),

@@ -119,6 +119,7 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     steps = record["steps"]
     assert list(steps) == [
         "decode",
+        "fp8_decode",
         "hf_baseline",
         "update",
         "moe",
@@ -146,6 +147,7 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
         assert case["roofline_ms"] == pytest.approx(1000 * (4 * params + kv) / bandwidth, rel=1e-3, abs=5e-5)
         assert case["ratio_to_roofline"] == pytest.approx(case["ms_per_step"] / case["roofline_ms"], rel=1e-2)
     assert decode["7B/64"]["profile"]["top"]
+    _check_fp8(steps["fp8_decode"], params)
     hf = steps["hf_baseline"]["0.5B/64/hf_static_compiled"]
     assert hf["new_tokens"] == 8 and hf["static_cache"] is True
     (update_key,) = [k for k in steps["update"] if k.startswith("update")][:1]
@@ -166,6 +168,29 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     assert all(g["met"] is None for g in record["goals"].values())
     variants = [v for k, v in steps["update"].items() if k.startswith("update")]
     assert record["goals"]["update_1.5B_mfu"]["figure"] == max(v["mfu"] for v in variants)  # the best variant
+
+
+def _check_fp8(fp8: dict[str, Any], params: int) -> None:
+    """The fp8 decode step on the CPU: the scaled matmul skipped (no CUDA), the emulation decoded, and the
+    weight bytes and rooflines follow from the tiny shape's projections, counted here."""
+    assert fp8["scaled_mm"]["status"] == "skip"
+    hidden, kv, mlp, layers = 64, 2 * 16, 128, 2  # the dry run's tiny Qwen2
+    projections = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp)
+    channels = layers * (2 * hidden + 2 * kv + 2 * mlp + hidden)
+    quantized = fp8["7B/quantized"]
+    assert quantized["projections"] == 7 * layers and quantized["path"] == "emulated"
+    assert quantized["unquantized_weight_bytes"] == 4 * params  # fp32 on the CPU
+    assert quantized["fp8_weight_bytes"] == 4 * (params - projections) + projections + 4 * channels
+    bandwidth = fp8["hbm_bytes_per_s"]
+    for key, rows in (("7B/64", 4), ("7B/256", 8)):
+        case = fp8[key]
+        assert case["tokens"] == rows * 8
+        want = 1000 * (quantized["fp8_weight_bytes"] + case["kv_bytes_per_step"]) / bandwidth
+        assert case["fp8_roofline_ms"] == pytest.approx(want, rel=1e-3, abs=5e-5)
+        assert case["fp8_roofline_ms"] < case["bf16_roofline_ms"]
+        assert case["ratio_to_bf16_roofline"] == pytest.approx(
+            case["ms_per_step"] / case["bf16_roofline_ms"], rel=1e-2
+        )
 
 
 def _check_moe(moe: dict[str, Any]) -> None:

@@ -13,10 +13,12 @@ from quartet.config.model import Dtype
 __all__ = [
     "BUILTIN_INTERACTIONS",
     "BUILTIN_TOOLS",
+    "FP8_PROJECTIONS",
     "MultiTurnConfig",
     "RolloutConfig",
     "RolloutEngineKind",
     "RolloutInterface",
+    "RolloutQuantization",
     "SamplingConfig",
     "ServerConfig",
     "TemplateMode",
@@ -27,6 +29,9 @@ __all__ = [
 
 BUILTIN_TOOLS = ("calculator", "python", "zoom")
 BUILTIN_INTERACTIONS = ("guessing_game",)
+FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder layers' `nn.Linear` modules `rollout.quantization=fp8` stores in fp8 (by name; the engine
+quantizes them, the planner counts them)."""
 
 
 class RolloutEngineKind(StrEnum):
@@ -34,6 +39,13 @@ class RolloutEngineKind(StrEnum):
 
     TORCH = "torch"  # built-in PyTorch engine, no extra dependency
     VLLM = "vllm"  # needs the `vllm` extra
+
+
+class RolloutQuantization(StrEnum):
+    """How the rollout engine stores the policy's linear weights (the trainer keeps its own precision)."""
+
+    NONE = "none"  # in rollout.dtype, as the trainer sends them
+    FP8 = "fp8"  # float8 e4m3 with one scale per output channel, re-quantized at every weight sync
 
 
 class RolloutInterface(StrEnum):
@@ -345,6 +357,14 @@ class RolloutConfig:
     dtype: Dtype = Dtype.FLOAT32
     """Weights dtype of the inference engine (float32 is fastest on CPUs without AMX; bfloat16 on GPU)."""
 
+    quantization: RolloutQuantization = RolloutQuantization.NONE
+    """Weights of the engine's decoder projections (q/k/v/o, gate/up/down): `none` keeps `dtype`; `fp8`
+    stores them as float8 e4m3 with a float32 scale per output channel, at load and at every weight sync
+    (half the bytes decode reads against bfloat16). Built-in engine: scaled fp8 matmuls on GPUs of compute
+    capability 9.0+, emulated (dequantize, then matmul in `dtype`) elsewhere; vLLM: its own
+    `quantization="fp8"`. Sampling then differs from the trainer's policy by the rounding:
+    `rollout/logprob_diff_*` reports it and `actor.tis_cap` corrects for it (docs/fp8_rollout.md)."""
+
     cuda_graphs: bool = True
     """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
     length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
@@ -383,6 +403,13 @@ class RolloutConfig:
             f"must lie in (0, 1], got {self.gpu_memory_utilization}",
             "use e.g. 0.5 when the actor trains on the same GPU",
         )
+        require(
+            self.quantization in tuple(RolloutQuantization),
+            "quantization",
+            f"unknown quantization {self.quantization!r}",
+            f"choose one of {[q.value for q in RolloutQuantization]}",
+        )
+        object.__setattr__(self, "quantization", RolloutQuantization(self.quantization))
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")

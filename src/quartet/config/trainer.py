@@ -182,9 +182,11 @@ class TrainerConfig:
     mismatch_alarm_max_abs_diff: float = 0.0
     """Largest mean per-token |engine - trainer| log-prob of a step (`rollout/logprob_diff_mean`) before the
     alarm trips; 0 derives it from the trainer's compute dtype (`actor.mixed_precision`): 3e-4 with
-    float32 (an engine in bfloat16 trips it), 0.05 with bfloat16/float16. Tiny model, 16-token responses:
-    fp32 engine and trainer 0 exactly, bf16 engine and trainer 5e-4..7.5e-4, bf16 engine with an fp32
-    trainer 6e-4..7.5e-4, one skipped weight sync after an update at lr 1e-5 1.4e-3 (1e-3: 0.1)."""
+    float32 (an engine in bfloat16 trips it), 0.05 with bfloat16/float16 or an fp8 engine
+    (`rollout.quantization=fp8`: 3.6e-3 on the tiny model next to a float32 trainer). Tiny model,
+    16-token responses: fp32 engine and trainer 0 exactly, bf16 engine and trainer 5e-4..7.5e-4, bf16
+    engine with an fp32 trainer 6e-4..7.5e-4, one skipped weight sync after an update at lr 1e-5 1.4e-3
+    (1e-3: 0.1)."""
 
     mismatch_alarm_max_drift_share: float = 0.5
     """Multi-turn runs: largest share of a step's trajectories whose `agent/token_drift` is above 0 (the chat

@@ -8,7 +8,8 @@ in every phase when it shares the bundle's memory (GPU pools on fractions of one
 
     actor       float32 weights (+ LoRA adapters), AdamW exp_avg + exp_avg_sq (float32) of the trainable
                 parameters, float32 gradients during its update only (the engine frees them after the step)
-    rollout     its own copy of the policy in `rollout.dtype`, and the KV cache during generation (freed
+    rollout     its own copy of the policy in `rollout.dtype` (its projections in fp8 with
+                `rollout.quantization=fp8`: `rollout_weights`), and the KV cache during generation (freed
                 while training with `rollout.sleep_while_training`)
     reference   float32 weights, frozen (absent with LoRA: the actor serves it with adapters disabled)
     critic      float32 value model (trunk + score head), AdamW states, gradients during its update (a
@@ -75,6 +76,7 @@ from quartet.planning.parallel import (
 )
 from quartet.planning.plan import MemoryPlan, Phase, PlanRow
 from quartet.planning.role_shapes import RoleShapes, resolve_shapes
+from quartet.planning.rollout_weights import rollout_weight_bytes
 from quartet.planning.vision import vision_activation_bytes
 from quartet.planning.workload import Workload
 
@@ -371,7 +373,7 @@ def _engine_row(cfg: QuartetConfig, e: _Engine, phase: Phase, load: Workload, un
 def _rollout_row(cfg: QuartetConfig, policy: ModelShape, phase: Phase, load: Workload) -> PlanRow:
     rc = cfg.rollout
     r = DTYPE_BYTES[rc.dtype]
-    dev = {"weights": r * policy.params()}
+    dev = {"weights": rollout_weight_bytes(policy, r, rc.quantization)}
     if phase is Phase.GEN or not rc.sleep_while_training:
         slots, per_slot = load.kv_tokens()
         if rc.engine is RolloutEngineKind.VLLM:  # preallocated to the token budget, no rounding

@@ -8,13 +8,16 @@ it is chosen, so the built-in engine never needs the `vllm` extra.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from quartet.config.rollout import RolloutConfig, RolloutEngineKind
+from quartet.config.rollout import RolloutConfig, RolloutEngineKind, RolloutQuantization
 from quartet.rollout.base import RolloutEngine
 
 __all__ = ["make_engine"]
+
+FP8 = RolloutQuantization.FP8
 
 
 def make_engine(
@@ -50,6 +53,7 @@ def make_engine(
                 seed=seed,
                 cuda_graphs=rollout_cfg.cuda_graphs,
                 record_routing=rollout_cfg.record_routing,
+                quantization=rollout_cfg.quantization,
             )
         case RolloutEngineKind.VLLM:
             from quartet.rollout.vllm_engine import VLLMRolloutEngine
@@ -59,6 +63,8 @@ def make_engine(
                     f"tensor_parallel_size={rollout_cfg.tensor_parallel_size}: the in-process vLLM engine "
                     "runs one worker; use 1"
                 )
+            # vLLM's own online fp8 of the checkpoint's linear layers
+            extra: dict[str, Any] = {"quantization": "fp8"} if rollout_cfg.quantization is FP8 else {}
             return VLLMRolloutEngine.from_pretrained(
                 folder,
                 dtype=dtype_name,
@@ -67,4 +73,5 @@ def make_engine(
                 seed=seed,
                 kv_cache_tokens=kv_tokens,
                 gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+                **extra,
             )

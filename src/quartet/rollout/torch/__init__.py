@@ -10,6 +10,7 @@ factory, the request thread, batch conversion):
     kv_cache       the slot-based KV cache
     model_runner   the model's forward over the cache (supported architectures)
     graph_decode   decode steps replayed from CUDA graphs per bucketed shape
+    fp8            fp8 weights of the decoder projections (`rollout.quantization=fp8`)
     sampling       on-device sampling and log-probs
     penalties      presence/frequency/repetition penalties and min_tokens
     sequence       one sample's state while it is generated

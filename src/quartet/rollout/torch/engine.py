@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from quartet.config.rollout import RolloutConfig
+from quartet.config.rollout import RolloutConfig, RolloutQuantization
 from quartet.rollout.base import EngineStateError
 from quartet.rollout.engine_thread import EngineThread, settle
 from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.torch.engine_core import EngineCore
+from quartet.rollout.torch.fp8 import quantize_for_engine, quantize_layers
 from quartet.rollout.torch.grammar import GrammarCompiler
 from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.model_runner import DecoderRunner
@@ -88,8 +89,10 @@ class TorchRolloutEngine(ThreadedEngine):
         max_n: int | None = None,
         cuda_graphs: bool = True,
         record_routing: bool = False,
+        quantization: RolloutQuantization | str = RolloutQuantization.NONE,
     ) -> None:
-        """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it).
+        """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it, unless
+        `quantization` changes it).
 
         max_num_seqs: sequences decoded together. max_model_len: prompt + response limit (default: the
         model's context). max_prefill_tokens: padded prompt tokens prefilled in one forward. seed: source of
@@ -103,6 +106,8 @@ class TorchRolloutEngine(ThreadedEngine):
         record_routing: an MoE model's outputs carry the top-k experts of every token the engine fed
         (`GenerationOutput.routed_experts`, `routing_record`; inside the CUDA graphs too). A dense model
         raises ValueError.
+        quantization: `fp8` replaces the decoder layers' projections of `model` with fp8 ones, in place
+        (`quantization.fp8`; then the model is the engine's own: never pass a trainer's model with it).
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
@@ -110,6 +115,9 @@ class TorchRolloutEngine(ThreadedEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.runner = DecoderRunner(model)
+        self.quantization = RolloutQuantization(quantization)
+        if self.quantization is RolloutQuantization.FP8:  # none left where from_pretrained quantized them
+            quantize_for_engine(self.runner.layers, self.runner.device)
         self.runner.record_routing(record_routing)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
@@ -171,6 +179,9 @@ class TorchRolloutEngine(ThreadedEngine):
         from quartet.models.loading import load_causal_lm, load_tokenizer
 
         model = load_causal_lm(path, dtype=dtype)
+        if RolloutQuantization(engine_kwargs.get("quantization", "none")) is RolloutQuantization.FP8:
+            # onto the device one projection at a time: the 16-bit projections never all sit there
+            quantize_layers(DecoderRunner(model).layers, device)
         nn.Module.to(model, device)
         model.train(False)  # inference: no dropout
         tok_folder = Path(tokenizer_path or path)
@@ -191,6 +202,7 @@ class TorchRolloutEngine(ThreadedEngine):
             seed=cfg.seed,
             cuda_graphs=cfg.cuda_graphs,
             record_routing=cfg.record_routing,
+            quantization=cfg.quantization,
         )
 
     # ---- generation ---------------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ Phases: `recompute` (the trainer's old-log-prob pass against the engine's log-pr
 known), `drift` (the re-rendered conversation's tokens against the trajectory's). The threshold of the
 log-prob check follows the trainer's compute dtype (see `TrainerConfig.mismatch_alarm_max_abs_diff` for
 the figures it was chosen from): the trainer's numerics define the policy, so an engine in bfloat16 next
-to a float32 trainer trips it, while two bfloat16 sides stay under the bfloat16 threshold.
+to a float32 trainer trips it, while two bfloat16 sides stay under the bfloat16 threshold. An fp8 engine
+(`rollout.quantization=fp8`) gets the low-precision threshold whatever the trainer's dtype: its rounding is
+the point, and TIS corrects for it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from quartet.config import AlarmMode, Backend, DeviceKind, Dtype, QuartetConfig, plan_step
+from quartet.config import (
+    AlarmMode,
+    Backend,
+    DeviceKind,
+    Dtype,
+    QuartetConfig,
+    RolloutQuantization,
+    plan_step,
+)
 from quartet.core.batch import Batch
 from quartet.engines.precision import resolve_precision
 
@@ -156,6 +166,12 @@ def _causes(cfg: QuartetConfig, trainer_dtype: Dtype, drift: float) -> tuple[str
         causes = [f"dtype differs between engine and trainer: {dtypes}", stale]
     else:
         causes = [stale, f"numerics of the same dtype on both sides: {dtypes}"]
+    if cfg.rollout.quantization is RolloutQuantization.FP8:
+        causes.insert(
+            0,
+            "rollout.quantization=fp8: the engine samples with fp8-rounded weights (tiny model, float32 "
+            "trainer: a mean of ~4e-3); actor.tis_cap corrects the update for it",
+        )
     if drift > 0:
         causes.append(f"chat template re-rendering: {drift:.0%} of the trajectories drift this step")
     return tuple(causes)
@@ -200,7 +216,9 @@ class MismatchWatch:
     def from_config(cls, cfg: QuartetConfig) -> MismatchWatch:
         t = cfg.trainer
         dtype = trainer_compute_dtype(cfg)
-        derived = FP32_MAX_ABS_DIFF if dtype is Dtype.FLOAT32 else LOW_PRECISION_MAX_ABS_DIFF
+        # an fp8 engine rounds its weights to 3 mantissa bits: low precision whatever the trainer computes in
+        fp8 = cfg.rollout.quantization is RolloutQuantization.FP8
+        derived = FP32_MAX_ABS_DIFF if dtype is Dtype.FLOAT32 and not fp8 else LOW_PRECISION_MAX_ABS_DIFF
         limit = t.mismatch_alarm_max_abs_diff or derived
         ahead = plan_step(cfg).generation_ahead
         return cls(
@@ -281,8 +299,11 @@ class MismatchWatch:
 
     @property
     def _diff_key(self) -> str:
+        fp8 = " and the fp8 rollout" if self.cfg.rollout.quantization is RolloutQuantization.FP8 else ""
         derived = (
-            "" if self.cfg.trainer.mismatch_alarm_max_abs_diff else f", derived from {self.trainer_dtype}"
+            ""
+            if self.cfg.trainer.mismatch_alarm_max_abs_diff
+            else f", derived from {self.trainer_dtype}{fp8}"
         )
         return f"mismatch_alarm_max_abs_diff{derived}"
 
