@@ -65,3 +65,10 @@ def test_an_unknown_quantization_names_the_key_and_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"(?s)quantization.*\['none', 'fp8'\]"):
         RolloutConfig(quantization="int3")  # type: ignore[arg-type]
     assert load_config(None, ["rollout.quantization=FP8"]).rollout.quantization is RolloutQuantization.FP8
+
+
+def test_fp8_with_the_vllm_engine_is_refused_until_its_syncs_are_checked() -> None:
+    with pytest.raises(
+        ConfigError, match=r"rollout.quantization: fp8 with rollout.engine=vllm is not supported"
+    ):
+        load_config(None, ["rollout.quantization=fp8", "rollout.engine=vllm"])

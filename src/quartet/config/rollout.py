@@ -410,6 +410,14 @@ class RolloutConfig:
             f"choose one of {[q.value for q in RolloutQuantization]}",
         )
         object.__setattr__(self, "quantization", RolloutQuantization(self.quantization))
+        require(
+            not (self.quantization is RolloutQuantization.FP8 and self.engine == RolloutEngineKind.VLLM),
+            "quantization",
+            "fp8 with rollout.engine=vllm is not supported yet: vLLM quantizes a checkpoint once after "
+            "loading, and whether it re-quantizes the weights each step's sync writes into it is unchecked",
+            "use rollout.engine=torch (quartet's engine re-quantizes every sync), or "
+            "rollout.quantization=none",
+        )
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")

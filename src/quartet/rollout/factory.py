@@ -8,7 +8,6 @@ it is chosen, so the built-in engine never needs the `vllm` extra.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -63,8 +62,8 @@ def make_engine(
                     f"tensor_parallel_size={rollout_cfg.tensor_parallel_size}: the in-process vLLM engine "
                     "runs one worker; use 1"
                 )
-            # vLLM's own online fp8 of the checkpoint's linear layers
-            extra: dict[str, Any] = {"quantization": "fp8"} if rollout_cfg.quantization is FP8 else {}
+            if rollout_cfg.quantization is FP8:  # the config refuses it; a hand-built config must not slip by
+                raise ValueError("rollout.quantization=fp8 is built for rollout.engine=torch only")
             return VLLMRolloutEngine.from_pretrained(
                 folder,
                 dtype=dtype_name,
@@ -73,5 +72,4 @@ def make_engine(
                 seed=seed,
                 kv_cache_tokens=kv_tokens,
                 gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
-                **extra,
             )
