@@ -1,0 +1,75 @@
+"""Fused residual add + RMSNorm of the decode step: `normed = weight * rms_norm(x + residual)`.
+
+A Llama/Qwen2 decoder layer adds each block's output to the residual stream and normalises the sum for
+the next block: on a GPU that is an add, RMSNorm's kernels and a multiply per norm, twice a layer. The
+Triton kernel does it in one pass per row and also returns the new residual (the rounded sum), which the
+next add reads. It rounds where the torch path rounds (the sum to the tensor's dtype, the normalised value
+before the weight), so it differs from the torch path only by the order of the mean's summation.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["add_rms_norm_torch", "add_rms_norm_triton"]
+
+
+def add_rms_norm_torch(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch path: (weight * rms_norm(x + residual), x + residual), each [..., D] in x's dtype.
+
+    Exactly what the runner computed before the kernels existed (`model_runner._norm` after the add).
+    """
+    total = x + residual
+    normed = weight * F.rms_norm(total, (total.shape[-1],), eps=eps)
+    return normed, total
+
+
+@functools.cache
+def _kernel() -> Any:
+    """The Triton kernel, built on first use (so `TRITON_INTERPRET` is read when a test has set it)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, hidden, eps, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < hidden
+        offs = row * hidden + cols
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        total = (x + r).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + offs, total, mask=mask)
+        t32 = total.to(tl.float32)
+        mean_sq = tl.sum(t32 * t32, axis=0) / hidden
+        normed = (t32 * tl.rsqrt(mean_sq + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+    return add_rms_norm_kernel
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_rms_norm_torch` as one Triton kernel (one program per row of D <= 65536 features)."""
+    hidden = x.shape[-1]
+    if residual.shape != x.shape or weight.shape != (hidden,):
+        raise ValueError(
+            f"add_rms_norm: x {tuple(x.shape)}, residual {tuple(residual.shape)}, weight "
+            f"{tuple(weight.shape)}; want equal x/residual shapes and weight [{hidden}]"
+        )
+    x_c, res_c = x.contiguous(), residual.contiguous()
+    normed = torch.empty_like(x_c)
+    total = torch.empty_like(x_c)
+    rows = x_c.numel() // max(hidden, 1)
+    if rows:
+        block = 1 << max(hidden - 1, 0).bit_length()
+        _kernel()[(rows,)](x_c, res_c, weight.contiguous(), normed, total, hidden, eps, BLOCK=block)
+    return normed, total
