@@ -349,6 +349,12 @@ class RolloutConfig:
     """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
     length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
 
+    fused_kernels: str = "auto"
+    """Built-in engine: the decode step's fused Triton kernels (residual add + RMSNorm, RoPE with the
+    KV-cache write, the sampler; docs/throughput.md). auto: on CUDA where Triton imports and each kernel
+    compiles, else the torch path (logged once); off: the torch path; on: the kernels, or an error naming
+    why not. No effect on CPU (auto) or with vLLM."""
+
     record_routing: bool = False
     """Mixture-of-experts models, built-in engine: record the top-k experts of every MoE layer for every
     token the engine processes (prompt and response) and carry them with the batch (`routed_experts`, one
@@ -384,6 +390,12 @@ class RolloutConfig:
             "use e.g. 0.5 when the actor trains on the same GPU",
         )
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
+        require(
+            self.fused_kernels in ("auto", "off", "on"),
+            "fused_kernels",
+            f"must be auto, off or on, got {self.fused_kernels!r}",
+            "use auto (the Triton kernels on CUDA where they compile)",
+        )
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
         require(

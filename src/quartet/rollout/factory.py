@@ -50,6 +50,7 @@ def make_engine(
                 seed=seed,
                 cuda_graphs=rollout_cfg.cuda_graphs,
                 record_routing=rollout_cfg.record_routing,
+                fused_kernels=rollout_cfg.fused_kernels,
             )
         case RolloutEngineKind.VLLM:
             from quartet.rollout.vllm_engine import VLLMRolloutEngine

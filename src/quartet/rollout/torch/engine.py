@@ -36,6 +36,7 @@ from quartet.rollout.threaded_engine import ThreadedEngine
 from quartet.rollout.torch.engine_core import EngineCore
 from quartet.rollout.torch.grammar import GrammarCompiler
 from quartet.rollout.torch.graph_decode import BucketedDecoder
+from quartet.rollout.torch.kernels import select_kernels
 from quartet.rollout.torch.model_runner import DecoderRunner
 from quartet.rollout.torch.sequence import SequenceState
 from quartet.rollout.torch.stopping import StopChecker
@@ -88,6 +89,7 @@ class TorchRolloutEngine(ThreadedEngine):
         max_n: int | None = None,
         cuda_graphs: bool = True,
         record_routing: bool = False,
+        fused_kernels: str = "auto",
     ) -> None:
         """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it).
 
@@ -103,6 +105,9 @@ class TorchRolloutEngine(ThreadedEngine):
         record_routing: an MoE model's outputs carry the top-k experts of every token the engine fed
         (`GenerationOutput.routed_experts`, `routing_record`; inside the CUDA graphs too). A dense model
         raises ValueError.
+        fused_kernels: the decode step's Triton kernels (`quartet.rollout.torch.kernels`): auto = on CUDA
+        where Triton imports and each kernel compiles (else its torch path, logged once), off = the torch
+        path, on = the kernels or `KernelsUnavailableError` naming why. No effect on CPU under auto.
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
@@ -111,6 +116,7 @@ class TorchRolloutEngine(ThreadedEngine):
         self.tokenizer = tokenizer
         self.runner = DecoderRunner(model)
         self.runner.record_routing(record_routing)
+        self.runner.kernels = select_kernels(fused_kernels, self.runner.device)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
         self.core = self._build_core(
@@ -191,6 +197,7 @@ class TorchRolloutEngine(ThreadedEngine):
             seed=cfg.seed,
             cuda_graphs=cfg.cuda_graphs,
             record_routing=cfg.record_routing,
+            fused_kernels=cfg.fused_kernels,
         )
 
     # ---- generation ---------------------------------------------------------------------------------------
