@@ -18,6 +18,7 @@ from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngin
 from quartet.rollout.torch.kernels import (
     DecodeKernels,
     KernelsUnavailableError,
+    sampler,
     select_kernels,
     torch_kernels,
     triton_kernels,
@@ -92,13 +93,17 @@ def _assert_near(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> N
         assert float((got.float() - want.float()).abs().max()) <= 2**-4 * float(want.float().abs().max())
 
 
-def test_the_engine_decodes_through_the_kernels(tiny_model_dir: Path) -> None:
-    """End to end, with top-k and top-p (the ranked sampler): each token's log-prob, as the engine whose
-    runner and sampler are the Triton kernels reports it, is the model's own (a full forward's)."""
+@pytest.mark.parametrize("filtered", [False, True])
+def test_the_engine_decodes_through_the_kernels(
+    tiny_model_dir: Path, filtered: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end, plain and with top-k and top-p (the ranked kernel switched on): each token's log-prob, as
+    the engine whose runner and sampler are the Triton kernels reports it, is the model's own (a full
+    forward's)."""
+    monkeypatch.setattr(sampler, "RANKED_KERNEL", True)
     model = _model(tiny_model_dir, torch.float32)
-    params = SamplingParams(
-        max_new_tokens=2, temperature=0.8, top_k=20, top_p=0.9, seed=3, n=2, ignore_eos=True
-    )
+    filters = {"top_k": 20, "top_p": 0.9} if filtered else {}
+    params = SamplingParams(max_new_tokens=2, temperature=0.8, seed=3, n=2, ignore_eos=True, **filters)
     with TorchRolloutEngine(model, max_num_seqs=2, fused_kernels="off") as engine:
         engine.runner.kernels = triton_kernels()
         outputs = engine.generate([GenerationRequest(tuple(PROMPTS[0]), params)])[0]

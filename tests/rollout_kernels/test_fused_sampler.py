@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from quartet.rollout.torch.kernels import sampler
-from quartet.rollout.torch.kernels.sampler import sample_triton
+from quartet.rollout.torch.kernels.sampler import sample_fused, sample_triton
 from quartet.rollout.torch.sampling import RowSampling, sample_next
 
 MARGIN = 1e-4
@@ -149,3 +149,36 @@ def test_the_interpreter_runs_the_kernel_on_its_inputs() -> None:
     assert sample_triton(logits, rows, torch.tensor([0.95]))[0].tolist() == [9]
     assert type(sampler._kernel()).__name__ == "InterpretedFunction"
     assert sample_triton(logits, rows, torch.tensor([0.5]), want_logprobs=False)[1] is None
+
+
+def test_the_engines_sampler_keeps_filtering_batches_on_the_torch_path_until_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`sample_fused`: unfiltered batches through the kernel; filtering ones through `sample_next` unless
+    `RANKED_KERNEL` is set (told apart by counting the kernel's launches); the same tokens either way."""
+    launches = []
+    real = sampler._kernel
+
+    def counting() -> object:
+        launches.append(1)
+        return real()
+
+    monkeypatch.setattr(sampler, "_kernel", counting)
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
+    uniforms = torch.tensor([0.3, 0.7])
+    plain, filtered = _rows([1.0, 0.5], [0, 0], [1.0, 1.0]), _rows([1.0, 0.5], [5, 0], [1.0, 0.9])
+    assert (
+        sample_fused(logits, plain, uniforms)[0].tolist() == sample_next(logits, plain, uniforms)[0].tolist()
+    )
+    assert len(launches) == 1
+    assert (
+        sample_fused(logits, filtered, uniforms)[0].tolist()
+        == sample_next(logits, filtered, uniforms)[0].tolist()
+    )
+    assert len(launches) == 1  # the torch path
+    monkeypatch.setattr(sampler, "RANKED_KERNEL", True)
+    assert (
+        sample_fused(logits, filtered, uniforms)[0].tolist()
+        == sample_next(logits, filtered, uniforms)[0].tolist()
+    )
+    assert len(launches) == 2

@@ -21,7 +21,7 @@ import torch
 
 from quartet.rollout.torch.kernels.rms_norm import add_rms_norm_torch, add_rms_norm_triton
 from quartet.rollout.torch.kernels.rope_cache import rope_cache_torch, rope_cache_triton, signed_sin
-from quartet.rollout.torch.kernels.sampler import sample_torch, sample_triton
+from quartet.rollout.torch.kernels.sampler import sample_fused, sample_torch, sample_triton
 from quartet.rollout.torch.sampling import RowSampling
 
 __all__ = [
@@ -66,11 +66,12 @@ def torch_kernels() -> DecodeKernels:
 
 
 def triton_kernels() -> DecodeKernels:
-    """Every operation as a Triton kernel, unchecked (tests run these under `TRITON_INTERPRET=1`)."""
+    """Every operation as a Triton kernel, unchecked (tests run these under `TRITON_INTERPRET=1`); the
+    sampler as the engine uses it (`sampler.sample_fused`: filtering batches on the torch path for now)."""
     return DecodeKernels(
         add_rms_norm_triton,
         rope_cache_triton,
-        sample_triton,
+        sample_fused,
         frozenset({"add_rms_norm", "rope_cache", "sample"}),
     )
 

@@ -30,11 +30,15 @@ import torch
 
 from quartet.rollout.torch.sampling import RowSampling, sample_next
 
-__all__ = ["sample_torch", "sample_triton"]
+__all__ = ["RANKED_KERNEL", "sample_fused", "sample_torch", "sample_triton"]
 
 _INDEX_BITS = 24  # low bits of a key: the complemented vocab index
 _KEY_BITS = 32 + _INDEX_BITS
 _CHUNK = 1024  # vocab entries a program reads per inner iteration
+RANKED_KERNEL = False
+"""Whether the engine's fused sampler (`sample_fused`) runs filtering batches through the kernel. Off until a
+device run measures it: its threshold searches make ~170 passes over each row (56 per search), against
+one sort on the torch path; `benchmarks/gpu/goal_decode_kernels.py` times both (`sample_top_k_top_p`)."""
 
 
 def sample_torch(
@@ -50,6 +54,16 @@ def _kernel() -> Any:
     from quartet.rollout.torch.kernels.sampler_triton import sampler_kernel
 
     return sampler_kernel
+
+
+def sample_fused(
+    logits: torch.Tensor, rows: RowSampling, uniforms: torch.Tensor, want_logprobs: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The engine's sampler where the kernel is selected: the kernel for batches without top-k/top-p (three
+    passes over each row), and for filtering ones too when `RANKED_KERNEL` is set; else `sample_next`."""
+    if rows.any_filter and not rows.all_greedy and not RANKED_KERNEL:
+        return sample_next(logits, rows, uniforms, want_logprobs)
+    return sample_triton(logits, rows, uniforms, want_logprobs)
 
 
 def sample_triton(
@@ -72,6 +86,7 @@ def sample_triton(
         _kernel()[(count,)](
             logits, logits.stride(0), rows.temperature.float().contiguous(), rows.top_k.contiguous(),
             rows.top_p.float().contiguous(), uniforms.float().contiguous(), tokens, logprobs, vocab,
-            1 << (_KEY_BITS - 1), RANKED=ranked, BLOCK=block, INDEX_BITS=_INDEX_BITS, KEY_BITS=_KEY_BITS,
+            1 << (_KEY_BITS - 1), RANKED=ranked, BLOCK=block, SPAN=-(-vocab // block) * block,
+            INDEX_BITS=_INDEX_BITS, KEY_BITS=_KEY_BITS,
         )  # fmt: skip
     return tokens, logprobs if want_logprobs else None
