@@ -6,6 +6,7 @@ forms of the same fused operations (`torch_kernels`) must give the runner's own 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from quartet.models.loading import load_causal_lm
 from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
 from quartet.rollout.torch.kernels import (
     DecodeKernels,
+    GuardedKernel,
     KernelsUnavailableError,
     sampler,
     select_kernels,
@@ -135,3 +137,29 @@ def test_the_config_key_is_checked() -> None:
     assert RolloutConfig().fused_kernels == "auto"
     with pytest.raises(ConfigError, match="fused_kernels"):
         RolloutConfig(fused_kernels="maybe")
+
+
+def test_a_kernel_that_fails_falls_back_to_its_torch_path_once(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[str] = []
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        calls.append("kernel")
+        raise RuntimeError("no such shape\ndetails")
+
+    def fallback(x: torch.Tensor) -> torch.Tensor:
+        calls.append("torch")
+        return x + 1
+
+    guarded = GuardedKernel("rope_cache", broken, fallback, strict=False)
+    with caplog.at_level(logging.WARNING):
+        assert guarded(torch.zeros(2)).tolist() == [1.0, 1.0]
+        assert guarded(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert calls == ["kernel", "torch", "torch"]  # the kernel is not tried again
+    lines = [r.getMessage() for r in caplog.records if "rope_cache" in r.getMessage()]
+    want = "fused decode kernel rope_cache failed (RuntimeError: no such shape); using its torch path"
+    assert lines == [want + " from now on"]
+    strict = GuardedKernel("sample", broken, fallback, strict=True)
+    with pytest.raises(
+        KernelsUnavailableError, match="the sample kernel failed .RuntimeError: no such shape"
+    ):
+        strict(torch.zeros(1))

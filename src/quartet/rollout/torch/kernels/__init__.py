@@ -8,6 +8,7 @@ kernel or the torch path. Triton is imported only when a kernel is first used, s
 from quartet.rollout.torch.kernels.available import (
     FUSED_KERNEL_MODES,
     DecodeKernels,
+    GuardedKernel,
     KernelsUnavailableError,
     select_kernels,
     torch_kernels,
@@ -18,6 +19,7 @@ from quartet.rollout.torch.kernels.available import (
 __all__ = [
     "FUSED_KERNEL_MODES",
     "DecodeKernels",
+    "GuardedKernel",
     "KernelsUnavailableError",
     "select_kernels",
     "torch_kernels",

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ from quartet.rollout.torch.sampling import RowSampling
 __all__ = [
     "FUSED_KERNEL_MODES",
     "DecodeKernels",
+    "GuardedKernel",
     "KernelsUnavailableError",
     "select_kernels",
     "torch_kernels",
@@ -111,13 +113,46 @@ def select_kernels(mode: str, device: torch.device) -> DecodeKernels | None:
     ):
         failure = _try(check, device)
         if failure is None:
-            chosen = dataclasses.replace(chosen, **{name: getattr(triton, name)})
+            guarded = GuardedKernel(name, getattr(triton, name), getattr(chosen, name), strict=mode == "on")
+            part: dict[str, Any] = {name: guarded}
+            chosen = dataclasses.replace(chosen, **part)
             used.add(name)
         elif mode == "on":
             raise KernelsUnavailableError(f"rollout.fused_kernels=on, but the {name} kernel {failure}")
         else:
             _log_once(f"fused decode kernel {name} off: it {failure}; using its torch path")
     return dataclasses.replace(chosen, triton=frozenset(used))
+
+
+class GuardedKernel:
+    """A selected kernel that falls back to its torch path for good the first time it raises (a shape its
+    check did not compile, say), with one log line; under `strict` (`fused_kernels=on`) it raises
+    `KernelsUnavailableError` instead. The engine's CUDA-graph warm-up runs eagerly before each capture,
+    so a failure falls back there, before a graph could record the failing launch."""
+
+    def __init__(
+        self, name: str, kernel: Callable[..., Any], fallback: Callable[..., Any], strict: bool
+    ) -> None:
+        self.name = name
+        self.kernel = kernel
+        self.fallback = fallback
+        self.strict = strict
+        self.failed = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            try:
+                return self.kernel(*args, **kwargs)
+            except Exception as exc:  # a compiler or launch error of any kind: the torch path computes it
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if self.strict:
+                    raise KernelsUnavailableError(
+                        f"rollout.fused_kernels=on, but the {self.name} kernel failed ({why}); "
+                        "set it to auto or off"
+                    ) from exc
+                self.failed = True
+                _log_once(f"fused decode kernel {self.name} failed ({why}); using its torch path from now on")
+        return self.fallback(*args, **kwargs)
 
 
 def _log_once(message: str) -> None:
