@@ -32,25 +32,8 @@ def add_rms_norm_torch(
 
 @functools.cache
 def _kernel() -> Any:
-    """The Triton kernel, built on first use (so `TRITON_INTERPRET` is read when a test has set it)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, hidden, eps, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
-        row = tl.program_id(0)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < hidden
-        offs = row * hidden + cols
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        total = (x + r).to(sum_ptr.dtype.element_ty)
-        tl.store(sum_ptr + offs, total, mask=mask)
-        t32 = total.to(tl.float32)
-        mean_sq = tl.sum(t32 * t32, axis=0) / hidden
-        normed = (t32 * tl.rsqrt(mean_sq + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    """The Triton kernel, imported on first use (Triton is optional; `TRITON_INTERPRET` is read then)."""
+    from quartet.rollout.torch.kernels.rms_norm_triton import add_rms_norm_kernel
 
     return add_rms_norm_kernel
 
