@@ -34,18 +34,19 @@ norm |= {"hidden": "i32", "eps": "fp32", "BLOCK": "constexpr"}
 sample = {"logits_ptr": "*bf16", "row_stride": "i32", "temp_ptr": "*fp32", "topk_ptr": "*i64",
           "topp_ptr": "*fp32", "u_ptr": "*fp32", "tok_ptr": "*i64", "lp_ptr": "*fp32", "vocab": "i32",
           "top_step": "i64"} | {n: "constexpr" for n in "RANKED BLOCK SPAN INDEX_BITS KEY_BITS".split()}
+# the launchers' settings at the 7B shape: hidden 3584, head dim 128, vocabulary 151,936 in blocks of 4096
+vocab = {"BLOCK": 4096, "SPAN": 155648, "INDEX_BITS": 24, "KEY_BITS": 56}
 cases = {
-    "add_rms_norm": (add_rms_norm_kernel, norm, {"BLOCK": 4096}),
-    "rope_cache": (rope_cache_kernel, rope, {"HEAD_DIM": 128, "BLOCK": 128}),
-    "sample": (sampler_kernel, sample, {"RANKED": False, "BLOCK": 1024, "SPAN": 152576, "INDEX_BITS": 24,
-                                        "KEY_BITS": 56}),
-    "sample_ranked": (sampler_kernel, sample, {"RANKED": True, "BLOCK": 1024, "SPAN": 152576,
-                                               "INDEX_BITS": 24, "KEY_BITS": 56}),
+    "add_rms_norm": (add_rms_norm_kernel, norm, {"BLOCK": 4096}, 8),
+    "rope_cache": (rope_cache_kernel, rope, {"HEAD_DIM": 128, "BLOCK": 128}, 4),
+    "sample": (sampler_kernel, sample, {"RANKED": False, **vocab}, 16),
+    "sample_ranked": (sampler_kernel, sample, {"RANKED": True, **vocab}, 16),
 }
 out = {}
-for name, (fn, signature, constants) in cases.items():
+for name, (fn, signature, constants, warps) in cases.items():
     try:
-        compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
+        source = ASTSource(fn, signature, constants)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         out[name] = sorted(compiled.asm)
     except Exception as exc:
         out[name] = f"{type(exc).__name__}: {exc}"

@@ -54,5 +54,8 @@ def add_rms_norm_triton(
     rows = x_c.numel() // max(hidden, 1)
     if rows:
         block = 1 << max(hidden - 1, 0).bit_length()
-        _kernel()[(rows,)](x_c, res_c, weight.contiguous(), normed, total, hidden, eps, BLOCK=block)
+        warps = 8 if block >= 2048 else 4  # a 7B row (3584 features): 16 per thread
+        _kernel()[(rows,)](
+            x_c, res_c, weight.contiguous(), normed, total, hidden, eps, BLOCK=block, num_warps=warps
+        )
     return normed, total

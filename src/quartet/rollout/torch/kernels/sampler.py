@@ -34,7 +34,7 @@ __all__ = ["RANKED_KERNEL", "sample_fused", "sample_torch", "sample_triton"]
 
 _INDEX_BITS = 24  # low bits of a key: the complemented vocab index
 _KEY_BITS = 32 + _INDEX_BITS
-_CHUNK = 1024  # vocab entries a program reads per inner iteration
+_CHUNK = 4096  # vocab entries a program reads per inner iteration (16 warps: 8 each per thread)
 RANKED_KERNEL = False
 """Whether the engine's fused sampler (`sample_fused`) runs filtering batches through the kernel. Off until a
 device run measures it: its threshold searches make ~170 passes over each row (56 per search), against
@@ -87,6 +87,6 @@ def sample_triton(
             logits, logits.stride(0), rows.temperature.float().contiguous(), rows.top_k.contiguous(),
             rows.top_p.float().contiguous(), uniforms.float().contiguous(), tokens, logprobs, vocab,
             1 << (_KEY_BITS - 1), RANKED=ranked, BLOCK=block, SPAN=-(-vocab // block) * block,
-            INDEX_BITS=_INDEX_BITS, KEY_BITS=_KEY_BITS,
+            INDEX_BITS=_INDEX_BITS, KEY_BITS=_KEY_BITS, num_warps=16 if block >= _CHUNK else 4,
         )  # fmt: skip
     return tokens, logprobs if want_logprobs else None
