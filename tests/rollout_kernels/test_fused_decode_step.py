@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quartet.config import RolloutConfig
+from quartet.config import FusedKernels, RolloutConfig, load_config
 from quartet.config.errors import ConfigError
 from quartet.models.loading import load_causal_lm
 from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
@@ -133,10 +133,17 @@ def test_the_selector_keeps_the_torch_path_off_cuda_and_names_why_under_on(tiny_
         TorchRolloutEngine(model, max_num_seqs=1, fused_kernels="on")
 
 
-def test_the_config_key_is_checked() -> None:
-    assert RolloutConfig().fused_kernels == "auto"
+def test_the_config_key_is_checked(tmp_path: Path) -> None:
+    assert RolloutConfig().fused_kernels is FusedKernels.AUTO
     with pytest.raises(ConfigError, match="fused_kernels"):
-        RolloutConfig(fused_kernels="maybe")
+        RolloutConfig(fused_kernels="maybe")  # type: ignore[arg-type]
+    run = tmp_path / "run.yaml"
+    run.write_text("rollout:\n  fused_kernels: off\n")  # a YAML 1.1 boolean, read as the string
+    assert load_config(run).rollout.fused_kernels is FusedKernels.OFF
+    with pytest.raises(
+        ConfigError, match=r"(?s)rollout.fused_kernels: 'yes'.*use one of \['auto', 'off', 'on'\]"
+    ):
+        load_config(run, ("rollout.fused_kernels=yes",))
 
 
 def test_a_kernel_that_fails_falls_back_to_its_torch_path_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,6 +13,7 @@ from quartet.config.model import Dtype
 __all__ = [
     "BUILTIN_INTERACTIONS",
     "BUILTIN_TOOLS",
+    "FusedKernels",
     "MultiTurnConfig",
     "RolloutConfig",
     "RolloutEngineKind",
@@ -34,6 +35,17 @@ class RolloutEngineKind(StrEnum):
 
     TORCH = "torch"  # built-in PyTorch engine, no extra dependency
     VLLM = "vllm"  # needs the `vllm` extra
+
+
+class FusedKernels(StrEnum):
+    """`rollout.fused_kernels`: the built-in engine's fused Triton decode kernels."""
+
+    AUTO = "auto"
+    """On CUDA where Triton imports and each kernel compiles (else that kernel's torch path, logged)."""
+    OFF = "off"
+    """The torch path."""
+    ON = "on"
+    """The kernels, or an error naming why one cannot run."""
 
 
 class RolloutInterface(StrEnum):
@@ -349,7 +361,7 @@ class RolloutConfig:
     """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
     length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
 
-    fused_kernels: str = "auto"
+    fused_kernels: FusedKernels = FusedKernels.AUTO
     """Built-in engine: the decode step's fused Triton kernels (residual add + RMSNorm, RoPE with the
     KV-cache write, the sampler; docs/throughput.md). auto: on CUDA where Triton imports and each kernel
     compiles, else the torch path (logged once); off: the torch path; on: the kernels, or an error naming
@@ -391,7 +403,7 @@ class RolloutConfig:
         )
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
         require(
-            self.fused_kernels in ("auto", "off", "on"),
+            self.fused_kernels in tuple(FusedKernels),
             "fused_kernels",
             f"must be auto, off or on, got {self.fused_kernels!r}",
             "use auto (the Triton kernels on CUDA where they compile)",
