@@ -3,7 +3,8 @@
 Two parts, each recorded as it ends:
 - `kernels/*`: each kernel against its torch path at the 7B shape (hidden 3584, 28 query and 4 key/value
   heads of 128, vocabulary 151,936) for 64 and 256 rows: device ms per call (CUDA events, the mean of 20
-  after 3 warm-ups) and the largest difference of the outputs; the sampler with and without top-k/top-p
+  after 3 warm-ups) and how far the outputs are (the largest difference; for the sampler the share of equal
+  tokens and the largest log-prob difference); the sampler with and without top-k/top-p
   (its ranked and vocabulary-order paths); which Triton ran and which kernels `select_kernels` kept;
 - `0.5B/64`, `7B/64`: the built-in engine's decode (CUDA graphs) with `fused_kernels=off` and `auto`,
   ms per step each and the speedup, as `goal_decode.engine_case` measures it.
@@ -41,20 +42,34 @@ def _device_ms(fn: Callable[[], Any], repeats: int = 20) -> float:
     return round(start.elapsed_time(end) / repeats, 4)  # type: ignore[no-untyped-call]
 
 
-def _max_diff(a: Any, b: Any) -> float:
-    pairs = zip(a, b, strict=True) if isinstance(a, tuple) else [(a, b)]
-    return max(float((x.float() - y.float()).abs().max()) for x, y in pairs if x is not None)
+def compare(ours: Any, theirs: Any) -> dict[str, float]:
+    """How far a kernel's output is from its torch path's: the largest difference of each output tensor
+    (the sampler: the share of equal tokens and the largest log-prob difference)."""
+    if isinstance(ours, tuple) and ours[0].dtype == torch.int64:  # (tokens, log-probs)
+        return {
+            "tokens_equal": round(float((ours[0] == theirs[0]).float().mean()), 4),
+            "logprob_max_diff": float((ours[1] - theirs[1]).abs().max()),
+        }
+    pairs = zip(ours, theirs, strict=True) if isinstance(ours, tuple) else [(ours, theirs)]
+    return {"max_abs_diff": max(float((x.float() - y.float()).abs().max()) for x, y in pairs)}
 
 
-def _kernel_cases(rows: int) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
-    """(Triton, torch) callables of each kernel at the 7B shape and `rows` rows, on the GPU in bf16."""
+def kernel_cases(
+    rows: int,
+    device: torch.device,
+    shape: tuple[int, int, int, int] = SHAPE_7B,
+    vocab: int = VOCAB,
+) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """(Triton, torch) callables of each kernel at `shape` (hidden, heads, kv heads, head dim), `vocab` and
+    `rows` rows, in bf16 on `device` (the GPU; tests run them on the CPU under Triton's interpreter)."""
     from quartet.rollout.torch.kernels.rms_norm import add_rms_norm_torch, add_rms_norm_triton
     from quartet.rollout.torch.kernels.rope_cache import rope_cache_torch, rope_cache_triton, signed_sin
     from quartet.rollout.torch.kernels.sampler import sample_torch, sample_triton
     from quartet.rollout.torch.sampling import RowSampling
 
-    dev, bf16 = torch.device("cuda"), torch.bfloat16
-    hidden, heads, kv_heads, head_dim = SHAPE_7B
+    torch.manual_seed(0)  # the same inputs every run (CPU and CUDA generators)
+    dev, bf16 = device, torch.bfloat16
+    hidden, heads, kv_heads, head_dim = shape
     capacity = 512
     x, res = (torch.randn(rows, 1, hidden, device=dev, dtype=bf16) for _ in "xr")
     weight = torch.randn(hidden, device=dev, dtype=bf16)
@@ -65,7 +80,7 @@ def _kernel_cases(rows: int) -> dict[str, tuple[Callable[[], Any], Callable[[], 
     k_cache = torch.zeros(rows, kv_heads, head_dim, capacity, device=dev, dtype=bf16)
     v_cache = torch.zeros(rows, kv_heads, capacity, head_dim, device=dev, dtype=bf16)
     lengths = torch.randint(0, capacity, (rows,), device=dev)
-    logits = torch.randn(rows, VOCAB, device=dev, dtype=bf16) * 3
+    logits = torch.randn(rows, vocab, device=dev, dtype=bf16) * 3
     uniforms = torch.rand(rows, device=dev)
 
     def sampling(filtered: bool) -> RowSampling:
@@ -118,16 +133,16 @@ def kernels_part(step: Step) -> None:
     step.put("kernels/selected", sorted(chosen.triton) if chosen is not None else [])
     for rows in ROWS:
         try:
-            cases = _kernel_cases(rows)
+            cases = kernel_cases(rows, torch.device("cuda"))
             record = {}
             for name, (fused, reference) in cases.items():
-                diff = _max_diff(fused(), reference())
+                agreement = compare(fused(), reference())
                 ours, theirs = _device_ms(fused), _device_ms(reference)
                 record[name] = {
                     "triton_ms": ours,
                     "torch_ms": theirs,
                     "speedup": round(theirs / ours, 3) if ours else None,
-                    "max_abs_diff": diff,
+                    **agreement,
                 }
             step.put(f"kernels/{rows}", record)
         except Exception as err:  # a kernel that fails here must not lose the engine cases
