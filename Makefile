@@ -24,7 +24,7 @@ $(STAMP):
 	# torch first, from the local CPU wheel; everything after it is held to that version by constraints.txt
 	$(PY) -m pip install --quiet torch==2.13.0
 	# the official Tinker SDK and tinker-cookbook too: `make test` runs `quartet serve tinker` under both
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tinker,cookbook,environments]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tinker,cookbook,environments,kernels]'
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt $(COOKBOOK)
 	$(PIP_CHECK)
 	@touch $@

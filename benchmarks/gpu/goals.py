@@ -8,6 +8,8 @@ Steps, in order (each in its own process with its own deadline; in a dry run, in
                     the HBM roofline; the 7B/64 kernel profile
   fp8_decode     issue 54: the 7B decode with fp8 projections (rollout.quantization=fp8) at 64 and 256 rows
                     against the bf16 roofline; the scaled fp8 matmul against its float32 twin and bf16
+  decode_kernels issue 54: the fused Triton kernels against their torch paths (7B shape, 64 and 256 rows),
+                    and the engine's decode at 0.5B and 7B / 64 rows with `rollout.fused_kernels` off and auto
   hf_baseline    a. HF's static-cache generate (compiled by transformers) at 0.5B/64: the issue's baseline
   update         b. the actor update's MFU at the 1.5B shape (packed, no offload; fused head on and off)
   moe            issue 49: a Qwen3-MoE (hidden 1024, 12 layers, 64 experts, top 8): the experts' matmul that
@@ -48,6 +50,7 @@ STEPS: dict[str, tuple[str, float, float]] = {
     # name: (module:function, estimated seconds on an H200, the least worth starting with)
     "decode": ("goal_decode:run", 90.0, 50.0),
     "fp8_decode": ("goal_fp8:run", 70.0, 40.0),
+    "decode_kernels": ("goal_decode_kernels:run", 90.0, 45.0),
     "hf_baseline": ("goal_decode:hf_baseline", 100.0, 60.0),
     "update": ("goal_update:run", 80.0, 45.0),
     "moe": ("goal_moe:run", 90.0, 50.0),

@@ -120,6 +120,7 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     assert list(steps) == [
         "decode",
         "fp8_decode",
+        "decode_kernels",
         "hf_baseline",
         "update",
         "moe",
@@ -148,6 +149,14 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
         assert case["ratio_to_roofline"] == pytest.approx(case["ms_per_step"] / case["roofline_ms"], rel=1e-2)
     assert decode["7B/64"]["profile"]["top"]
     _check_fp8(steps["fp8_decode"], params)
+    kernels = steps["decode_kernels"]  # issue 54: on the CPU the kernels are not timed, both settings decode
+    assert kernels["kernels"]["status"] == "skip" and "CUDA" in kernels["kernels"]["reason"]
+    for size in ("0.5B", "7B"):
+        case = kernels[f"{size}/64"]
+        assert case["off"]["tokens"] == case["auto"]["tokens"] == 4 * 8
+        assert case["off"]["triton_kernels"] == case["auto"]["triton_kernels"] == []  # auto on CPU: torch
+        ratio = case["off"]["ms_per_step"] / case["auto"]["ms_per_step"]
+        assert case["speedup"] == pytest.approx(ratio, rel=0.01)
     hf = steps["hf_baseline"]["0.5B/64/hf_static_compiled"]
     assert hf["new_tokens"] == 8 and hf["static_cache"] is True
     (update_key,) = [k for k in steps["update"] if k.startswith("update")][:1]

@@ -164,7 +164,7 @@ def test_the_fused_rms_norm_equals_each_familys_own_bit_for_bit(
 def test_the_three_kernel_rotary_embedding_equals_transformers(dtype: torch.dtype) -> None:
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-    from quartet.rollout.torch.model_runner import _apply_rope, _signed_sin
+    from quartet.rollout.torch.kernels.rope_cache import apply_rope, signed_sin
 
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(3, h, 5, 16, generator=gen).to(dtype) for h in (4, 2))
@@ -174,9 +174,9 @@ def test_the_three_kernel_rotary_embedding_equals_transformers(dtype: torch.dtyp
         torch.cat((angles, angles), -1).sin().to(dtype),
     )
     want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-    tables = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
+    tables = cos.unsqueeze(1), signed_sin(sin.unsqueeze(1))
     # float32: equal to rounding. bf16: the sum may round once instead of twice, so a result differs by up to
     # one unit in the last place of its terms (2**-5 for terms under 8), also where they cancel to ~0.
     tol = {"atol": 1e-6, "rtol": 0.0} if dtype is torch.float32 else {"atol": 2**-5, "rtol": 0.0}
-    torch.testing.assert_close(_apply_rope(q, *tables), want_q, **tol)
-    torch.testing.assert_close(_apply_rope(k, *tables), want_k, **tol)
+    torch.testing.assert_close(apply_rope(q, *tables), want_q, **tol)
+    torch.testing.assert_close(apply_rope(k, *tables), want_k, **tol)

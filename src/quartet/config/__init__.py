@@ -23,6 +23,7 @@ from quartet.config.roles import (
     RoutingReplay,
 )
 from quartet.config.rollout import (
+    FusedKernels,
     RolloutConfig,
     RolloutEngineKind,
     RolloutInterface,
@@ -67,6 +68,7 @@ __all__ = [
     "RewardConfig",
     "Role",
     "RoutingReplay",
+    "FusedKernels",
     "RolloutConfig",
     "RolloutEngineKind",
     "RolloutInterface",

@@ -14,6 +14,7 @@ __all__ = [
     "BUILTIN_INTERACTIONS",
     "BUILTIN_TOOLS",
     "FP8_PROJECTIONS",
+    "FusedKernels",
     "MultiTurnConfig",
     "RolloutConfig",
     "RolloutEngineKind",
@@ -46,6 +47,15 @@ class RolloutQuantization(StrEnum):
 
     NONE = "none"  # in rollout.dtype, as the trainer sends them
     FP8 = "fp8"  # float8 e4m3 with one scale per output channel, re-quantized at every weight sync
+class FusedKernels(StrEnum):
+    """`rollout.fused_kernels`: the built-in engine's fused Triton decode kernels."""
+
+    AUTO = "auto"
+    """On CUDA where Triton imports and each kernel compiles (else that kernel's torch path, logged)."""
+    OFF = "off"
+    """The torch path."""
+    ON = "on"
+    """The kernels, or an error naming why one cannot run."""
 
 
 class RolloutInterface(StrEnum):
@@ -369,6 +379,12 @@ class RolloutConfig:
     """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
     length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
 
+    fused_kernels: FusedKernels = FusedKernels.AUTO
+    """Built-in engine: the decode step's fused Triton kernels (residual add + RMSNorm, RoPE with the
+    KV-cache write, the sampler; docs/throughput.md). auto: on CUDA where Triton imports and each kernel
+    compiles, else the torch path (logged once); off: the torch path; on: the kernels, or an error naming
+    why not. No effect on CPU (auto) or with vLLM."""
+
     record_routing: bool = False
     """Mixture-of-experts models, built-in engine: record the top-k experts of every MoE layer for every
     token the engine processes (prompt and response) and carry them with the batch (`routed_experts`, one
@@ -419,6 +435,12 @@ class RolloutConfig:
             "rollout.quantization=none",
         )
         require(self.max_num_seqs > 0, "max_num_seqs", "must be > 0")
+        require(
+            self.fused_kernels in tuple(FusedKernels),
+            "fused_kernels",
+            f"must be auto, off or on, got {self.fused_kernels!r}",
+            "use auto (the Triton kernels on CUDA where they compile)",
+        )
         require(self.kv_cache_tokens >= 0, "kv_cache_tokens", "must be >= 0", "use 0 for automatic sizing")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
         require(

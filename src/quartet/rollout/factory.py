@@ -53,6 +53,7 @@ def make_engine(
                 cuda_graphs=rollout_cfg.cuda_graphs,
                 record_routing=rollout_cfg.record_routing,
                 quantization=rollout_cfg.quantization,
+                fused_kernels=rollout_cfg.fused_kernels,
             )
         case RolloutEngineKind.VLLM:
             from quartet.rollout.vllm_engine import VLLMRolloutEngine

@@ -37,6 +37,7 @@ from quartet.rollout.torch.engine_core import EngineCore
 from quartet.rollout.torch.fp8 import quantize_for_engine, quantize_layers
 from quartet.rollout.torch.grammar import GrammarCompiler
 from quartet.rollout.torch.graph_decode import BucketedDecoder
+from quartet.rollout.torch.kernels import select_kernels
 from quartet.rollout.torch.model_runner import DecoderRunner
 from quartet.rollout.torch.sequence import SequenceState
 from quartet.rollout.torch.stopping import StopChecker
@@ -90,6 +91,7 @@ class TorchRolloutEngine(ThreadedEngine):
         cuda_graphs: bool = True,
         record_routing: bool = False,
         quantization: RolloutQuantization | str = RolloutQuantization.NONE,
+        fused_kernels: str = "auto",
     ) -> None:
         """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it, unless
         `quantization` changes it).
@@ -108,6 +110,9 @@ class TorchRolloutEngine(ThreadedEngine):
         raises ValueError.
         quantization: `fp8` replaces the decoder layers' projections of `model` with fp8 ones, in place
         (`quantization.fp8`; then the model is the engine's own: never pass a trainer's model with it).
+        fused_kernels: the decode step's Triton kernels (`quartet.rollout.torch.kernels`): auto = on CUDA
+        where Triton imports and each kernel compiles (else its torch path, logged once), off = the torch
+        path, on = the kernels or `KernelsUnavailableError` naming why. No effect on CPU under auto.
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
@@ -119,6 +124,7 @@ class TorchRolloutEngine(ThreadedEngine):
         if self.quantization is RolloutQuantization.FP8:  # none left where from_pretrained quantized them
             quantize_for_engine(self.runner.layers, self.runner.device)
         self.runner.record_routing(record_routing)
+        self.runner.kernels = select_kernels(fused_kernels, self.runner.device)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
         self.core = self._build_core(
@@ -203,6 +209,7 @@ class TorchRolloutEngine(ThreadedEngine):
             cuda_graphs=cfg.cuda_graphs,
             record_routing=cfg.record_routing,
             quantization=cfg.quantization,
+            fused_kernels=cfg.fused_kernels,
         )
 
     # ---- generation ---------------------------------------------------------------------------------------

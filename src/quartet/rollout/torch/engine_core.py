@@ -343,7 +343,8 @@ class EngineCore:
         if any_constrained(seqs):
             logits = apply_grammar_masks(logits, seqs)
         rows = self.table.sampling_rows(start, stop, seqs)
-        tokens, logprobs = sample_next(logits, rows, self.table.next_uniforms(start, stop))
+        sample = sample_next if self.runner.kernels is None else self.runner.kernels.sample
+        tokens, logprobs = sample(logits, rows, self.table.next_uniforms(start, stop))
         k = max(s.request.sampling.top_logprobs for s in seqs)
         tops = top_logprobs(logits, rows.temperature, k) if k > 0 else None
         return tokens, logprobs, tops

@@ -22,6 +22,8 @@ from torch import nn
 
 from quartet.config.moe_shapes import rollout_gap
 from quartet.models.vision import vision_model
+from quartet.rollout.torch.kernels import DecodeKernels
+from quartet.rollout.torch.kernels.rope_cache import apply_rope, signed_sin
 from quartet.rollout.torch.kv_cache import SlotKVCache
 from quartet.rollout.torch.routing_record import RoutingRecorder
 
@@ -48,21 +50,6 @@ def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
         return out
     result: torch.Tensor = norm(x)
     return result
-
-
-def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    """cat(-sin1, sin2) [B, 1, S, hd] of `_apply_rope`, made once per forward for every layer."""
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [B, heads, S, hd] (transformers' convention: x * cos + rotate_half(x) * sin).
-
-    rotate_half(x) * sin = cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): three kernels per
-    tensor (a roll, a product, a fused multiply-add) instead of five.
-    """
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class DecoderRunner:
@@ -112,6 +99,12 @@ class DecoderRunner:
         self.last_routing: torch.Tensor | None = None
         """The last forward's routing [tokens, L, k] (prefill: G * P padded positions, row-major; decode: A
         rows) while a recorder is on; None otherwise."""
+        norms = [self.base.norm, *(getattr(x, n) for x in self.layers for n in _LAYER_PARTS[:2])]
+        self.fusable = all(type(n).__name__ in _RMS_NORMS for n in norms)
+        """Every norm of the trunk is an RMSNorm, so `kernels` may fuse the residual adds into them."""
+        self.kernels: DecodeKernels | None = None
+        """The decode step's fused operations (`kernels.select_kernels`); None: the torch path as written
+        here. Set by the engine from `rollout.fused_kernels`; the prefill never uses them."""
         self.last_hidden: torch.Tensor | None = None
         """The last prefill's final hidden states [G, P, D] (before the final norm) when it was asked to keep
         them (`prefill(keep_hidden=True)`, for prompt log-probs through `head`); None otherwise."""
@@ -152,16 +145,18 @@ class DecoderRunner:
         self, attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated queries [B, H, S, hd], keys and values [B, kvH, S, hd] of normed hidden [B, S, D]."""
+        q, k, v = self._projections(attn, h)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _projections(self, attn: Any, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [B, H, S, hd], keys and values [B, kvH, S, hd] of normed hidden [B, S, D], not rotated."""
         batch, seq, _ = h.shape
         q = attn.q_proj(h).view(batch, seq, -1, self.head_dim)
         k = attn.k_proj(h).view(batch, seq, -1, self.head_dim)
         v = attn.v_proj(h).view(batch, seq, -1, self.head_dim)
         if self.has_qk_norm:  # Qwen3: RMSNorm per head before the rotation
             q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
-        q = q.transpose(1, 2)
-        k = k.transpose(1, 2)
-        v = v.transpose(1, 2)
-        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _decode_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
@@ -227,7 +222,7 @@ class DecoderRunner:
         h = self.base.embed_tokens(input_ids) if vision is None else vision[0]
         rope_positions = positions.unsqueeze(0).expand(groups, seq) if vision is None else vision[1]
         cos, sin = self.base.rotary_emb(h, rope_positions)
-        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
+        cos, sin = cos.unsqueeze(1), signed_sin(sin.unsqueeze(1))
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
@@ -265,13 +260,15 @@ class DecoderRunner:
         h = self.base.embed_tokens(tokens.unsqueeze(1))  # [A, 1, D]
         positions = lengths if rope_deltas is None else lengths + rope_deltas
         cos, sin = self.base.rotary_emb(h, positions.unsqueeze(1))
-        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
+        cos, sin = cos.unsqueeze(1), signed_sin(sin.unsqueeze(1))
         row_index = torch.arange(rows, device=tokens.device)
         keys = torch.arange(max_length, device=tokens.device)
         hidden = (keys.unsqueeze(0) > lengths.unsqueeze(1)).unsqueeze(1)  # [A, 1, L] True = not yet written
         bias = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device)
         bias.masked_fill_(hidden, torch.finfo(h.dtype).min)
         bias = bias.repeat_interleave(self.num_kv_heads, dim=0)  # [A * kvH, 1, L], once for every layer
+        if self.kernels is not None and self.fusable:
+            return self._fused_decode(self.kernels, h, cos, sin, bias, lengths, max_length, cache)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, _norm(layer.input_layernorm, h), cos, sin)
@@ -281,3 +278,37 @@ class DecoderRunner:
         if self.recorder is not None:
             self.last_routing = self.recorder.finish()
         return self._logits(h[:, 0])
+
+    def _fused_decode(
+        self,
+        kernels: DecodeKernels,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        bias: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        cache: SlotKVCache,
+    ) -> torch.Tensor:
+        """`decode`'s layers through `kernels`: each residual add fused with the norm after it, and RoPE
+        with the cache write. h [A, 1, D] embeddings; cos, sin [A, 1, 1, hd] (sin signed). Returns logits
+        [A, V]."""
+        rows = h.shape[0]
+        first = self.layers[0].input_layernorm
+        normed, residual = kernels.add_rms_norm(h, torch.zeros_like(h), first.weight, first.variance_epsilon)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._projections(attn, normed)
+            q = kernels.rope_cache(q, k, v, cos, sin, cache.keys[i], cache.values[i], lengths)
+            k_all, v_all = cache.keys[i][:rows, ..., :max_length], cache.values[i][:rows, :, :max_length]
+            attn_out = attn.o_proj(self._decode_attention(q, k_all, v_all, bias))
+            post = layer.post_attention_layernorm
+            normed, residual = kernels.add_rms_norm(attn_out, residual, post.weight, post.variance_epsilon)
+            after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.base.norm
+            normed, residual = kernels.add_rms_norm(
+                layer.mlp(normed), residual, after.weight, after.variance_epsilon
+            )
+        if self.recorder is not None:
+            self.last_routing = self.recorder.finish()
+        out: torch.Tensor = self.lm_head(normed[:, 0])
+        return out

@@ -56,7 +56,9 @@ class RowSampling:
 def _filtered_inverse_cdf(scaled: torch.Tensor, rows: RowSampling, uniforms: torch.Tensor) -> torch.Tensor:
     """Token [A] int64 sampled from softmax(scaled) [A, V] truncated by per-row top-k, then top-p."""
     vocab = scaled.shape[-1]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    # Stable: equal logits rank by vocab index (lower first), at the top-k cut, the top-p cut and the draw
+    # alike; the fused sampler (`kernels.sampler`) follows the same rule.
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     ranks = torch.arange(vocab, device=scaled.device)
     k = torch.where(rows.top_k > 0, rows.top_k, vocab)
     keep = ranks.unsqueeze(0) < k.unsqueeze(1)
