@@ -47,6 +47,8 @@ class RolloutQuantization(StrEnum):
 
     NONE = "none"  # in rollout.dtype, as the trainer sends them
     FP8 = "fp8"  # float8 e4m3 with one scale per output channel, re-quantized at every weight sync
+
+
 class FusedKernels(StrEnum):
     """`rollout.fused_kernels`: the built-in engine's fused Triton decode kernels."""
 
