@@ -110,21 +110,16 @@ class TorchRolloutEngine(ThreadedEngine):
         raises ValueError.
         quantization: `fp8` replaces the decoder layers' projections of `model` with fp8 ones, in place
         (`quantization.fp8`; then the model is the engine's own: never pass a trainer's model with it).
-        fused_kernels: the decode step's Triton kernels (`quartet.rollout.torch.kernels`): auto = on CUDA
-        where Triton imports and each kernel compiles (else its torch path, logged once), off = the torch
-        path, on = the kernels or `KernelsUnavailableError` naming why. No effect on CPU under auto.
+        fused_kernels: `rollout.fused_kernels`, the decode step's Triton kernels (auto, off or on;
+        `quartet.rollout.torch.kernels.select_kernels`). No effect on CPU under auto.
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.model = model
         self.tokenizer = tokenizer
-        self.runner = DecoderRunner(model)
         self.quantization = RolloutQuantization(quantization)
-        if self.quantization is RolloutQuantization.FP8:  # none left where from_pretrained quantized them
-            quantize_for_engine(self.runner.layers, self.runner.device)
-        self.runner.record_routing(record_routing)
-        self.runner.kernels = select_kernels(fused_kernels, self.runner.device)
+        self.runner = self._build_runner(model, record_routing, fused_kernels)
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
         self.core = self._build_core(
@@ -141,6 +136,17 @@ class TorchRolloutEngine(ThreadedEngine):
             on_death=self._fail_all,
             on_start=self._on_thread_start,
         )
+
+    def _build_runner(
+        self, model: PreTrainedModel, record_routing: bool, fused_kernels: str
+    ) -> DecoderRunner:
+        """The runner over `model`: fp8 projections when asked, routing recorded, the decode kernels."""
+        runner = DecoderRunner(model)
+        if self.quantization is RolloutQuantization.FP8:  # none left where from_pretrained quantized them
+            quantize_for_engine(runner.layers, runner.device)
+        runner.record_routing(record_routing)
+        runner.kernels = select_kernels(fused_kernels, runner.device)
+        return runner
 
     def _build_core(
         self,
