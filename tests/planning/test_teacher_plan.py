@@ -42,3 +42,23 @@ def test_quartet_plan_prints_the_teacher(teacher_dir: Path, capsys: pytest.Captu
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     teacher = [cols[0] for cols in lines if len(cols) > 1 and cols[1] == "teacher"]
     assert teacher == ["gen", "old_log_prob", "teacher", "update_actor"]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_head", "plain_head"])
+def test_the_plan_counts_gkds_student_side_in_the_update(teacher_dir: Path, fused: bool) -> None:
+    """GKD's support log-probs in the actor's update: k gathered weight rows per logit position in bf16
+    (twice: saved and their gradient) with the fused head, one more float32 log-softmax without it."""
+    overrides = [f"teacher.model_path={teacher_dir}", "algorithm.gkd_coef=1", "algorithm.gkd_top_k=8"]
+    overrides.append("actor.mixed_precision=bfloat16")  # 2-byte gathered rows
+    cfg = load_config(None, [*overrides, f"model.fused_head={str(fused).lower()}"])
+    tiny = TinyModelConfig()  # the default policy
+    positions = cfg.actor.micro_batch_size_per_device * (cfg.data.max_response_length + 1)
+    expected = 2 * 2 * 8 * tiny.hidden_size * positions if fused else 4 * tiny.vocab_size * positions
+    update = [
+        r
+        for r in estimate_memory(cfg, device="gpu").rows
+        if r.role is Role.ACTOR and r.phase is Phase.UPDATE_ACTOR
+    ]
+    assert [r.breakdown["gkd_support"] for r in update] == [expected]
+    off = estimate_memory(load_config(None, [overrides[0], overrides[3]]), device="gpu").rows
+    assert not any("gkd_support" in r.breakdown for r in off)

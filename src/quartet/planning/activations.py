@@ -87,6 +87,7 @@ __all__ = [
     "MicroBatch",
     "forward_working_bytes",
     "fused_head_bytes",
+    "gkd_support_bytes",
     "kv_cache_bytes",
     "layer_saved_bytes_per_token",
     "prefill_tokens",
@@ -205,12 +206,14 @@ def train_working_bytes(
     tp: int = 1,
     fused_head: bool = False,
     ep: int = 1,
+    gkd_top_k: int = 0,
 ) -> dict[str, int]:
     """Peak working memory of one micro-batch's forward + backward on one rank, by component.
 
     `trainable_linear_params`: linear weights that require grad (autocast keeps a half-precision copy of
     each until backward; 0 without autocast), as this rank holds them (its tensor-parallel shard). `ep`:
-    expert parallelism (adds one MoE layer's all-to-all buffers, `ep_dispatch`).
+    expert parallelism (adds one MoE layer's all-to-all buffers, `ep_dispatch`). `gkd_top_k` > 0: the
+    student's log-probs at the teacher's top k per position (`gkd_support_bytes`).
     """
     per_token = layer_saved_bytes_per_token(
         shape, compute_bytes, mb.seq_len, lora_inputs, tp=tp, packed=mb.packed, ep=ep
@@ -241,7 +244,20 @@ def train_working_bytes(
         copies = 1 if mb.packed else 2  # backward: the logits' gradient (and, padded, the slice's padded one)
         logits = F32 * v_nr + copies * compute_bytes * v_nr + 2 * _logits_chunk(shape, mb, tp)
         out["logits"] = logits + (F32 * v_nr if entropy else 0)
+    if head is HeadKind.CAUSAL_LM and gkd_top_k:
+        out["gkd_support"] = gkd_support_bytes(
+            shape, mb.logit_positions, compute_bytes, gkd_top_k, fused_head
+        )
     return out
+
+
+def gkd_support_bytes(shape: ModelShape, positions: int, compute_bytes: int, k: int, fused_head: bool) -> int:
+    """GKD's student side (`engines.support_head`): with the fused head, the k gathered weight rows per
+    position [N, k, D] in the compute dtype, saved for the backward, and their gradient's twin; with the
+    plain logits, one more float32 log-softmax [N, V] that the gather's backward keeps."""
+    if fused_head:
+        return 2 * compute_bytes * k * shape.hidden_size * positions
+    return F32 * shape.vocab_size * positions
 
 
 def forward_working_bytes(

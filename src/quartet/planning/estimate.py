@@ -278,6 +278,9 @@ def _update_working(
         tp=tp,
         fused_head=sp.fused,
         ep=sp.layout.ep,
+        gkd_top_k=cfg.algorithm.gkd_top_k
+        if phase is Phase.UPDATE_ACTOR and cfg.algorithm.gkd_coef > 0
+        else 0,
     )
     trains_tower = not cfg.model.freeze_vision_tower and not (lora and e.role is Role.ACTOR)
     work.update(_vision_working(cfg, e.shape, mb, c, trains=trains_tower))
