@@ -18,8 +18,10 @@ from quartet.roles.run_values import RunValues
 from quartet.roles.teacher import Teacher
 
 
-def teacher(model_dir: Path, gkd_coef: float) -> Teacher:
-    run = RunValues(str(model_dir), 16, 8, 4, 2, gkd_coef=gkd_coef, gkd_top_k=3)
+def teacher(model_dir: Path, gkd_coef: float, remove_padding: bool = False) -> Teacher:
+    run = RunValues(
+        str(model_dir), 16, 8, 4, 2, gkd_coef=gkd_coef, gkd_top_k=3, remove_padding=remove_padding
+    )
     return Teacher(TeacherConfig(model_path=str(model_dir)), run, Dtype.FLOAT32)
 
 
@@ -63,3 +65,13 @@ def test_gkd_ships_the_top_k(tiny_model_dir: Path) -> None:
         top = logp.topk(3, dim=-1)
         assert torch.equal(ids[i, : logp.shape[0]], top.indices)
         torch.testing.assert_close(values[i, : logp.shape[0]].double(), top.values, atol=2e-5, rtol=0)
+
+
+def test_a_packed_teacher_scores_without_the_agreement(tiny_model_dir: Path) -> None:
+    """Top-k is built for the padded head: a teacher on packed passes (`model.remove_padding`, or SP) still
+    scores every token, equal to the padded teacher's, and leaves the agreement metric out."""
+    batch = scored_batch(tiny_model_dir)
+    packed = teacher(tiny_model_dir, 0.0, remove_padding=True).compute_teacher_logprobs(batch)
+    padded = teacher(tiny_model_dir, 0.0).compute_teacher_logprobs(batch)
+    assert "teacher_agrees" not in packed and "teacher_agrees" in padded
+    torch.testing.assert_close(packed["teacher_logprobs"], padded["teacher_logprobs"], atol=1e-5, rtol=0)

@@ -33,16 +33,21 @@ class Teacher(FrozenScorer):
 
     @dispatch(Split.BY_DP_RANK)
     def compute_teacher_logprobs(self, batch: Batch) -> Batch:
-        """`teacher_logprobs` [B, R] of the responses under the teacher (the rollout's temperature) and
-        `teacher_agrees` [B, R] (1 where the teacher's most likely token is the sampled one); with GKD
-        (`algorithm.gkd_coef` > 0) its top `gkd_top_k` per position too: `teacher_topk_logprobs` and
-        `teacher_topk_ids` [B, R, k]."""
+        """`teacher_logprobs` [B, R] of the responses under the teacher (the rollout's temperature) and,
+        on padded unsplit passes, `teacher_agrees` [B, R] (1 where the teacher's most likely token is the
+        sampled one); with GKD (`algorithm.gkd_coef` > 0) its top `gkd_top_k` per position too:
+        `teacher_topk_logprobs` and `teacher_topk_ids` [B, R, k]."""
         gkd = self.run.gkd_coef > 0
-        out = self.response_outputs(batch, top_k=self.run.gkd_top_k if gkd else 1)
-        ids = out.required("topk_ids")
-        mask = batch["response_mask"] > 0
-        agrees = (ids[..., 0] == batch["responses"]) & mask
-        columns = {"teacher_logprobs": out.required("logprobs"), "teacher_agrees": agrees.float()}
+        run = self.run  # top-k is built for the padded, unsplit head (GKD's config rules refuse the others)
+        unsplit = not run.remove_padding and run.sequence_parallel_size == run.tensor_parallel_size == 1
+        out = self.response_outputs(batch, top_k=run.gkd_top_k if gkd else int(unsplit))
+        columns = {"teacher_logprobs": out.required("logprobs")}
+        if out.topk_ids is None:  # packed or split passes: no argmax, no agreement metric
+            return Batch(columns, meta=batch.meta)
+        ids = out.topk_ids
+        columns["teacher_agrees"] = (
+            (ids[..., 0] == batch["responses"]) & (batch["response_mask"] > 0)
+        ).float()
         if gkd:
             columns[TEACHER_TOPK_LOGPROBS] = out.required("topk_logprobs")
             columns[TEACHER_TOPK_IDS] = ids
