@@ -297,11 +297,13 @@ class HeadRequest:
     entropy_grad: bool = True
     """False: the entropy is returned without a graph (a metric)."""
     top_k: int = 0
-    """> 0: also the k most likely tokens per position (`support_head`), into `side["topk"]`."""
+    """> 0: also the k most likely tokens per position (`support_head`): `side["topk_logprobs"]`,
+    `side["topk_ids"]`."""
     support: torch.Tensor | None = None
-    """[b, K, k] token ids: also the log-probs at them per position (with graph), into `side["support"]`."""
+    """[b, K, k] token ids: also the log-probs there, with graph: `side["support_logprobs"]`."""
     side: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The extra outputs the call computed (a head returns only [b, K, 2] through the model)."""
+    """The extra outputs the call computed, by `ModelOutputs` field name (a head returns only [b, K, 2]
+    through the model)."""
 
     def __call__(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
         """[b, K, H] kept hidden states -> [b, K, 2] float32: log-prob and entropy (0 when not asked)."""
@@ -332,7 +334,7 @@ class HeadRequest:
             if self.support is not None:
                 ids = self.support.to(hidden.device).reshape(flat_h.shape[0], -1)
                 flat_t = self.targets.to(hidden.device).reshape(-1)
-                self.side["support"] = support_from_hidden(
+                self.side["support_logprobs"] = support_from_hidden(
                     flat_h, lm_head.weight, lm_head.bias, flat_t, logprobs.reshape(-1), ids,
                     self.temperature, dtype,
                 ).reshape(*lead, -1)  # fmt: skip

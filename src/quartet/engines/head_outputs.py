@@ -91,9 +91,10 @@ def run_head(
             entropy = heads.response_entropy(logits, request.temperature)
     if request.top_k:
         values, ids = topk_from_logits(logits, request.top_k, request.temperature)
-        request.side["topk_logprobs"], request.side["topk_ids"] = values, ids
+        request.side["topk_logprobs"] = values
+        request.side["topk_ids"] = ids
     if request.support is not None:
-        request.side["support"] = support_from_logits(logits, request.support, request.temperature)
+        request.side["support_logprobs"] = support_from_logits(logits, request.support, request.temperature)
     return logprobs, entropy
 
 
@@ -105,5 +106,4 @@ def extra_outputs(request: HeadRequest, valid: torch.Tensor, full: int) -> dict[
         kept = torch.where(valid.unsqueeze(-1), t, torch.zeros((), dtype=t.dtype, device=t.device))
         return torch.nn.functional.pad(kept, (0, 0, 0, full - t.shape[1]))
 
-    names = {"topk_logprobs": "topk_logprobs", "topk_ids": "topk_ids", "support": "support_logprobs"}
-    return {field: finish(request.side[key]) for key, field in names.items() if key in request.side}
+    return {field: finish(value) for field, value in request.side.items()}

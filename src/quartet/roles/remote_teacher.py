@@ -83,9 +83,8 @@ class RemoteTeacher:
         rows = row_tokens(batch)
         out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         agrees = torch.zeros_like(out)
-        k = max(self.top_k, 1)
-        top_values = torch.zeros(*out.shape, k, dtype=torch.float32)
-        top_ids = torch.zeros(*out.shape, k, dtype=torch.long)
+        top_values = torch.zeros(*out.shape, self.top_k, dtype=torch.float32)  # [B, R, 0] without GKD
+        top_ids = torch.zeros(*out.shape, self.top_k, dtype=torch.long)
         ranked = True  # every answer gave each token's rank (vLLM's and quartet's servers do)
         todo = [i for i, (_, response) in enumerate(rows) if response]
         pool = ThreadPoolExecutor(max_workers=self.cfg.max_concurrency, thread_name_prefix="teacher")
@@ -105,7 +104,8 @@ class RemoteTeacher:
         if ranked:  # `teacher_agrees`: the teacher's most likely token is the sampled one (rank 1)
             columns["teacher_agrees"] = agrees * (batch["response_mask"] > 0)
         if self.top_k:
-            columns[TEACHER_TOPK_IDS], columns[TEACHER_TOPK_LOGPROBS] = top_ids, top_values
+            columns[TEACHER_TOPK_IDS] = top_ids
+            columns[TEACHER_TOPK_LOGPROBS] = top_values
         return Batch(columns, meta=batch.meta)
 
     def _row(
