@@ -225,7 +225,8 @@ def _cluster_checks(facts: ClusterSurvey, ranks: dict[str, list[RankPlace]] | No
                 "ray state api",
                 "warn",
                 "Ray's state API did not answer (no dashboard, or several Rays on this host)",
-                "start Ray with its dashboard: `ray start --head --include-dashboard=true`",
+                "start Ray with its dashboard: `ray start --head --include-dashboard=true`, or "
+                "`cluster.dashboard=true` for a Ray the run starts",
             )
         )
     out += dead_node_checks(facts.nodes, facts.runs, ranks)

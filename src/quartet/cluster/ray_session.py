@@ -68,6 +68,7 @@ def connect(cfg: ClusterConfig) -> str:
             address="local",  # never a stale `ray start` record or RAY_ADDRESS: resolve_target decided
             namespace=cfg.namespace,
             num_cpus=cfg.num_cpus or None,
+            include_dashboard=cfg.dashboard,
             log_to_driver=True,
             _system_config=_LOCAL_RAY_SYSTEM_CONFIG,
         )

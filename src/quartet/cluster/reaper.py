@@ -16,8 +16,8 @@ starts them), then twice a second. When the driver is gone it terminates (SIGTER
 then SIGKILL after 2 s) the processes noted, and those whose command line passes them the session folder
 (`--session-dir=`, `--session_dir=`, `--log-dir=`, `--logs-dir=`: the GCS, raylet, dashboard, monitors).
 Nothing else is touched (a `tail` of a session log is no Ray process). After a normal `ray.shutdown()`
-little is left to do, and the watcher stops once the raylet is gone. The dashboard stays on: Ray's state
-API (`ray list actors`, `quartet doctor`'s actor states) needs it.
+little is left to do, and the watcher stops once the raylet is gone. The agents run with the dashboard off
+too (`cluster.dashboard`, off by default), so the watcher is needed either way.
 
 This file runs as a script (`python reaper.py SESSION_DIR RAYLET_PIDS PID:START...`), so the watcher
 imports nothing of quartet, ray or torch: a bare Python (~10 MB). Linux only (it reads /proc); elsewhere
