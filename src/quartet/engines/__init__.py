@@ -16,8 +16,25 @@
   checkpoint is resumed on another world size.
 """
 
-from quartet.engines.engine import EngineStateError, TrainingEngine
+from typing import TYPE_CHECKING, Any
+
 from quartet.engines.spec import EngineSpec, LossFn, LossScale, MicroSpec, ModelKind, ModelOutputs
+
+if TYPE_CHECKING:
+    from quartet.engines.engine import EngineStateError, TrainingEngine
+
+_ENGINE_NAMES = ("EngineStateError", "TrainingEngine")
+
+
+def __getattr__(name: str) -> Any:
+    """`TrainingEngine` is imported on first use: it brings in transformers' models, FSDP2 and peft, which a
+    process that only plans, dispatches or reads `spec` (the driver) never needs."""
+    if name in _ENGINE_NAMES:
+        from quartet.engines import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'quartet.engines' has no attribute '{name}'")
+
 
 __all__ = [
     "EngineSpec",

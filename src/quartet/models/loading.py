@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoImageProcessor,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # the model classes are imported where a model is loaded: a driver loads only tokenizers
+    from transformers import PreTrainedModel
 
 __all__ = [
     "ModelFolderError",
@@ -72,6 +66,8 @@ def is_vision_model(path: str | Path) -> bool:
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """The causal LM saved in `path`, with weights in `dtype`; a vision-language model (Qwen2-VL, ...) is
     loaded as transformers' image-text-to-text model, which generates text as a causal LM does."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
     folder = _check_folder(path, "config.json")
     if is_vision_model(folder):
         vlm: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
@@ -84,6 +80,8 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreT
 def load_image_processor(path: str | Path, min_pixels: int = 0, max_pixels: int = 0) -> Any:
     """The image processor saved in `path` (`preprocessor_config.json`), with the pixel bounds an image is
     resized into overridden where given (> 0): Qwen2-VL's `min_pixels` / `max_pixels`."""
+    from transformers import AutoImageProcessor
+
     folder = _check_folder(path, "preprocessor_config.json")
     kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v > 0}
     return AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]  # unannotated in transformers
@@ -98,6 +96,8 @@ def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Pr
     critic is initialised from the policy). A vision-language folder (Qwen2-VL, Qwen2.5-VL) gets the
     multimodal trunk with the same head (`models.vision_value`).
     """
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
     folder = _check_folder(path, "config.json")
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # a value regression target should not be noised

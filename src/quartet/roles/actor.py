@@ -37,8 +37,7 @@ from quartet.core.metrics import logprob_diff_metrics
 from quartet.core.policy_loss import ClipParams, compute_policy_loss
 from quartet.core.registry import import_custom_module
 from quartet.core.routing import ROUTING_MISMATCH
-from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
-from quartet.engines.weight_export import inference_weights
+from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.roles.engine_role import EngineRole
 from quartet.roles.run_values import RunValues
 from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
@@ -68,6 +67,8 @@ class Actor(EngineRole):
     ) -> None:
         """`lora` (model.lora; rank 0 is none) adapts the policy; `ref_logprobs` (reference.logprobs) is the
         micro-batching of `compute_ref_logprobs`, which only a LoRA actor serves."""
+        from quartet.engines import TrainingEngine  # the host's import, not the driver's (it reads @dispatch)
+
         import_custom_module(run.custom_module)  # its registered losses, in this process too
         self.ac = cfg
         self.run = run
@@ -136,6 +137,8 @@ class Actor(EngineRole):
     @dispatch(Split.BROADCAST)
     def publish_weights(self, version: int) -> dict[str, float]:
         """Stream the current weights to every replica as `version` (bytes, seconds, buckets on rank 0)."""
+        from quartet.engines.weight_export import inference_weights
+
         engine = self.engine
         was_offloaded = engine.offloaded
         if was_offloaded:

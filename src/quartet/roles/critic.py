@@ -20,7 +20,7 @@ from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.roles import CriticConfig
 from quartet.core.batch import Batch
 from quartet.core.value_loss import compute_value_loss
-from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
+from quartet.engines import EngineSpec, LossScale, MicroSpec, ModelKind, ModelOutputs
 from quartet.roles.engine_role import EngineRole
 from quartet.roles.run_values import RunValues
 from quartet.roles.updates import mean_metrics, mini_batches, optimizer_steps, train_micro_spec
@@ -32,6 +32,8 @@ class Critic(EngineRole):
     """The value model on one rank."""
 
     def __init__(self, cfg: CriticConfig, run: RunValues) -> None:
+        from quartet.engines import TrainingEngine  # the host's import, not the driver's (it reads @dispatch)
+
         self.cc = cfg
         self.run = run
         self.engine = TrainingEngine(

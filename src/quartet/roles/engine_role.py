@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from quartet.cluster.dispatch import Split, dispatch
-from quartet.engines import TrainingEngine
 from quartet.engines.elastic import derived_seed, elastic_source
+
+if TYPE_CHECKING:
+    from quartet.engines import TrainingEngine
 
 __all__ = ["EngineRole"]
 

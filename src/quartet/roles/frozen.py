@@ -13,8 +13,7 @@ import torch
 from quartet.config.model import Dtype
 from quartet.config.roles import MicroBatching
 from quartet.core.batch import Batch
-from quartet.engines import EngineSpec, MicroSpec, ModelKind, ModelOutputs, TrainingEngine
-from quartet.engines.head_outputs import ExtraOutputs
+from quartet.engines import EngineSpec, MicroSpec, ModelKind, ModelOutputs
 from quartet.roles.run_values import RunValues
 
 __all__ = ["FrozenScorer"]
@@ -33,6 +32,8 @@ class FrozenScorer:
         **spec: Any,
     ) -> None:
         """`spec`: more `EngineSpec` fields (the reference's expert split and routing replay)."""
+        from quartet.engines import TrainingEngine  # the host's import, not the driver's (it reads @dispatch)
+
         self.micro = micro
         self.param_offload = param_offload
         self.engine = TrainingEngine(
@@ -57,6 +58,8 @@ class FrozenScorer:
     def response_outputs(self, batch: Batch, top_k: int = 0) -> ModelOutputs:
         """The responses' log-probs [B, R] at the rollout's temperature, and with `top_k` > 0 each response
         position's k most likely tokens (`topk_logprobs`, `topk_ids` [B, R, k]); onloaded for the pass."""
+        from quartet.engines.head_outputs import ExtraOutputs
+
         if self.param_offload:
             self.engine.onload()
         try:

@@ -16,7 +16,7 @@ from quartet.cluster.dispatch import Split, dispatch
 from quartet.config.model import Dtype
 from quartet.config.reward import RewardConfig
 from quartet.core.batch import Batch
-from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
+from quartet.engines import EngineSpec, MicroSpec, ModelKind
 from quartet.models.loading import load_tokenizer
 from quartet.roles.run_values import RunValues
 
@@ -29,6 +29,8 @@ class RewardModel:
     def __init__(self, cfg: RewardConfig, run: RunValues, mixed_precision: Dtype) -> None:
         """`mixed_precision`: the actor's (`actor.mixed_precision`); the policy's tokenizer is read from
         `run.model_path`."""
+        from quartet.engines import TrainingEngine  # the host's import, not the driver's (it reads @dispatch)
+
         path = cfg.model_path
         if not path:
             raise ValueError("RewardModel needs reward.model_path (a sequence-classification model folder)")
