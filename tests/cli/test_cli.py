@@ -130,6 +130,7 @@ def test_train_starts_ray_while_it_imports_the_trainer(tmp_path: Path) -> None:
     assert startup["workers/connect_early_s"] > 0  # started while the trainer was imported
     assert startup["workers/connect_s"] < startup["workers/connect_early_s"]  # then only found connected
     assert startup["imports_s"] >= startup["workers/connect_early_s"]  # the overlap is inside the imports
+    assert startup["workers/hosts_started_early_s"] > 0  # and the hosts started right after it
 
 
 @pytest.mark.slow

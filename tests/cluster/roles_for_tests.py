@@ -156,3 +156,13 @@ class TwoCollectors(TensorParallelEcho):
 
     def data_rank(self) -> DataRank:
         return DataRank(self.rank // self.tp, self.world // self.tp, collect=True)
+
+
+class ProcessFacts:
+    """What a host process has: its pid, torch's threads, and whether a module was imported before."""
+
+    @dispatch(Split.BROADCAST)
+    def facts(self, module: str) -> tuple[int, int, bool]:
+        import sys
+
+        return os.getpid(), torch.get_num_threads(), module in sys.modules

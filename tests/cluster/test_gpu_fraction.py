@@ -13,6 +13,7 @@ from ray import cloudpickle
 
 from quartet.cluster.colocate import RoleSpec, colocate, host_options
 from quartet.cluster.dispatch import Split, dispatch
+from quartet.cluster.host_actors import host_threads
 from quartet.cluster.naming import RunNames
 from quartet.cluster.pool import BundleSlot, ResourcePool
 from quartet.config import load_config
@@ -34,7 +35,8 @@ def test_each_pool_of_the_one_gpu_example_asks_ray_for_its_share(pool: str, shar
     assert options["num_gpus"] == share and options["num_cpus"] == cluster.cpus_per_bundle
     assert options["max_concurrency"] == 5 and options["name"] == "run:rl:0"
     assert options["scheduling_strategy"].placement_group_bundle_index == 0
-    assert options["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == str(int(cluster.cpus_per_bundle))
+    # torch's threads are the bundle's CPUs, set by the host itself: a runtime_env would cost a fresh process
+    assert "runtime_env" not in options and host_threads(planned) == max(1, int(cluster.cpus_per_bundle))
 
 
 def test_a_whole_gpu_by_default_and_none_on_cpu() -> None:

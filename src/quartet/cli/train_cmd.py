@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from quartet.cli.console import command_console, quiet_transformers
@@ -59,17 +60,26 @@ def add_parser(sub: Any) -> None:
 _TRAINER_MODULES = ("quartet.trainer", "rich.console")
 
 
-def _starts_ray_now(cfg: QuartetConfig) -> bool:
-    """Start Ray while the trainer is imported: for a Ray run that starts its own local Ray (joining a
-    running cluster takes ~0.4 s, too little to hide) and goes straight to RL (an SFT warm start trains
-    first, in this process, and would leave Ray idle meanwhile), in a process that has not imported the
-    trainer yet (else there is nothing to overlap, and the run connects as it always did)."""
-    if "quartet.trainer" in sys.modules or cfg.cluster.backend != Backend.RAY or cfg.trainer.sft_warm_start:
-        return False
-    from quartet.cluster.connect import resolve_target
+def _connects_early(cfg: QuartetConfig) -> bool:
+    """Connect to Ray (starting a local one or joining a cluster) and start the main pool's hosts while
+    the trainer is imported: for a Ray run that goes straight to RL (an SFT warm start trains first, in
+    this process, and would leave Ray idle meanwhile), in a process that has not imported the trainer yet
+    (else there is nothing to overlap, and the run connects as it always did)."""
+    return not (
+        "quartet.trainer" in sys.modules or cfg.cluster.backend != Backend.RAY or cfg.trainer.sft_warm_start
+    )
+
+
+def _start_hosts_early(cfg: QuartetConfig) -> None:
+    """The main pool's hosts, started under the run's names and told to import its roles' modules
+    (`quartet.cluster.early_hosts`); the run's launch takes them."""
+    from quartet.cluster.early_hosts import HOST_MODULES, ROLE_MODULES, start_early_hosts
+    from quartet.cluster.naming import RunNames
+    from quartet.config import plan_step
 
     c = cfg.cluster
-    return resolve_target(c.address, min(c.connect_timeout_s, 5.0)).mode == "start"
+    names = RunNames.for_run(c.namespace, c.run_prefix, cfg.trainer.experiment_name)
+    start_early_hosts(c, names, [*HOST_MODULES, *(ROLE_MODULES[role] for role in plan_step(cfg).roles)])
 
 
 def split_config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -115,13 +125,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
     try:
-        if _starts_ray_now(cfg):  # Ray starts on this thread while another imports the trainer
+        if _connects_early(cfg):  # Ray and the hosts start on this thread while another imports the trainer
             from quartet.cluster.ray_session import connect_while_importing
 
-            connect_while_importing(cfg.cluster, _TRAINER_MODULES)
+            connect_while_importing(cfg.cluster, _TRAINER_MODULES, then=partial(_start_hosts_early, cfg))
     except (ConnectionError, RuntimeError, ValueError) as err:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
+    try:
+        return _train(cfg)
+    finally:
+        if "quartet.cluster.early_hosts" in sys.modules:  # hosts of a run that failed before its launch
+            from quartet.cluster.early_hosts import discard_early_hosts
+
+            discard_early_hosts()
+
+
+def _train(cfg: QuartetConfig) -> int:
     from quartet.tracking import TrackerUnavailableError
     from quartet.trainer import RLTrainer
 

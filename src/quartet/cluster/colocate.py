@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +23,10 @@ from quartet.cluster.dispatch import check_layout
 from quartet.cluster.errors import DispatchError
 from quartet.cluster.group import RoleGroup, driver_methods
 from quartet.cluster.host import Sibling
+from quartet.cluster.host_actors import host_options, start_host_actors
 from quartet.cluster.hostset import START_BOUND, HostSet, live_runs
 from quartet.cluster.naming import RunNames
-from quartet.cluster.pool import BundleSlot, ResourcePool
+from quartet.cluster.pool import ResourcePool
 
 __all__ = ["HostSet", "RoleSpec", "colocate", "host_options", "live_runs", "start_roles"]
 
@@ -94,28 +96,6 @@ def start_roles(hosts: HostSet, roles: dict[str, RoleSpec], timeout_s: float) ->
     return hosts
 
 
-def host_options(
-    pool: ResourcePool, slot: BundleSlot, name: str, namespace: str, max_concurrency: int = 1
-) -> dict[str, Any]:
-    """Ray actor options of the host on `slot`: the bundle's CPUs and its GPU share (`gpus_per_bundle`,
-    below 1 when pools share a GPU: Ray still names that GPU in the host's CUDA_VISIBLE_DEVICES, whereas
-    `num_gpus=0` would hide every GPU from it), pinned to its placement-group bundle."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return {
-        "name": name,
-        "namespace": namespace,
-        "num_cpus": pool.cpus_per_bundle,
-        "num_gpus": pool.gpus_per_bundle if pool.use_gpu else 0,
-        "max_restarts": 0,
-        "max_concurrency": max_concurrency,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
-        ),
-        "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(max(1, int(pool.cpus_per_bundle)))}},
-    }
-
-
 def colocate(
     pool: ResourcePool,
     names: RunNames,
@@ -123,26 +103,22 @@ def colocate(
     call_timeout_s: float = 3600.0,
     start_timeout_s: float = 120.0,
     max_concurrency: int = 1,
+    started_hosts: Sequence[Any] = (),
     **roles: RoleSpec,
 ) -> HostSet:
     """Start ONE host actor per bundle of `pool`, construct every role in each, return the HostSet.
 
-    `max_concurrency` > 1 makes the hosts threaded Ray actors running that many calls at once."""
-    import ray
-
-    from quartet.cluster.host import RoleHost
-
+    `max_concurrency` > 1 makes the hosts threaded Ray actors running that many calls at once.
+    `started_hosts`: the hosts of `pool` already started under these names (`quartet.cluster.early_hosts`),
+    one per bundle in rank order; none are started then."""
     check_roles(roles)
     hosts = HostSet(pool, names, label or "-".join(roles), call_timeout_s)
     hosts.max_concurrency = max_concurrency
     hosts.start_timeout_s = start_timeout_s
-    remote_host = ray.remote(RoleHost)
-    local_ranks: dict[str, int] = {}
-    for slot in pool.slots:
-        local_rank = local_ranks.get(slot.node_id, 0)
-        local_ranks[slot.node_id] = local_rank + 1
-        name = names.actor_name(hosts.label, slot.rank)
-        options = host_options(pool, slot, name, names.namespace, max_concurrency)
-        handle = remote_host.options(**options).remote(slot.rank, pool.world_size, local_rank, name)
-        hosts.handles.append(handle)
+    if started_hosts:
+        if len(started_hosts) != pool.world_size:
+            raise DispatchError(f"{len(started_hosts)} started hosts for a pool of {pool.world_size} bundles")
+        hosts.handles.extend(started_hosts)
+    else:
+        hosts.handles.extend(start_host_actors(pool, names, hosts.label, max_concurrency))
     return start_roles(hosts, roles, start_timeout_s)

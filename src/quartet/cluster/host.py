@@ -7,15 +7,19 @@ which they take turns using.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quartet.cluster.dispatch import DataRank
 from quartet.cluster.watchdog import install_stack_dump
+
+if TYPE_CHECKING:
+    from quartet.cluster.dispatch import DataRank
 
 __all__ = ["LocalRef", "RoleHost", "Sibling"]
 
@@ -60,8 +64,16 @@ class RoleHost:
     """One rank of a colocated group: environment for torch.distributed, role objects, calls."""
 
     def __init__(
-        self, rank: int, world_size: int, local_rank: int, name: str, in_process: bool = False
+        self,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        name: str,
+        in_process: bool = False,
+        threads: int = 0,
     ) -> None:
+        """`threads` > 0: torch's CPU threads in this process (its bundle's CPUs), set before torch loads
+        (OMP_NUM_THREADS) or at once where it has loaded."""
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
@@ -74,6 +86,24 @@ class RoleHost:
         if not in_process:
             # A worker's stderr goes to the driver's console: no per-rank "Loading weights" progress bars.
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if threads > 0 and not in_process:
+            os.environ["OMP_NUM_THREADS"] = str(threads)  # libgomp reads it when torch loads
+            torch = sys.modules.get("torch")
+            if torch is not None:  # a worker process Ray reused: torch is already up
+                torch.set_num_threads(threads)
+
+    def prewarm(self, modules: Sequence[str]) -> dict[str, Any]:
+        """Import `modules` now (the role classes a run will add), while the driver still prepares: their
+        imports are most of a role's construction on a fresh process. What fails here is left for
+        `add_role` to raise and report; the answer says what was imported, in how many seconds."""
+        began, began_unix = time.perf_counter(), time.time()
+        failed: dict[str, str] = {}
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception as err:  # add_role imports it again and reports the error with the role
+                failed[module] = f"{type(err).__name__}: {err}"
+        return {"began_unix": began_unix, "seconds": time.perf_counter() - began, "failed": failed}
 
     def node_info(self) -> dict[str, Any]:
         """pid, node id and IP of this process (for naming errors and checking placement)."""
@@ -103,6 +133,8 @@ class RoleHost:
 
     def add_role(self, role: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DataRank:
         """Construct a role object in this process; return which data chunk it takes and if it collects."""
+        from quartet.cluster.dispatch import DataRank  # torch's import: a host starts without it (`prewarm`)
+
         args = tuple(self._sibling(role, a) for a in args)
         kwargs = {k: self._sibling(role, v) for k, v in kwargs.items()}
         obj = cls(*args, **kwargs)

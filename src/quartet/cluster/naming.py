@@ -37,6 +37,11 @@ class RunNames:
         """Names for a new run: prefix `<experiment>-<UTC start time>`."""
         return RunNames(namespace, f"{experiment}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}", address)
 
+    @staticmethod
+    def for_run(namespace: str, run_prefix: str, experiment: str) -> RunNames:
+        """A run's names: `run_prefix` when set (`cluster.run_prefix`), else a fresh one (`new`)."""
+        return RunNames(namespace, run_prefix) if run_prefix else RunNames.new(namespace, experiment)
+
     def actor_prefix(self, label: str) -> str:
         return f"{self.prefix}:{label}:"
 

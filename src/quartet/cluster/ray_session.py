@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from quartet.cluster.connect import join_bounded, resolve_target
 from quartet.cluster.reaper import start_reaper
@@ -107,12 +107,15 @@ def take_early_connect_seconds() -> float:
     return seconds
 
 
-def connect_while_importing(cfg: ClusterConfig, modules: Sequence[str]) -> float:
-    """`connect(cfg)` on this thread while a daemon thread imports `modules`; returns the connect's seconds.
+def connect_while_importing(
+    cfg: ClusterConfig, modules: Sequence[str], then: Callable[[], None] | None = None
+) -> float:
+    """`connect(cfg)` on this thread while a daemon thread imports `modules`, then `then()` (still beside
+    the imports: `quartet train` starts its hosts there); returns the connect's seconds.
 
     Ray's start is mostly waiting for its own processes, and the imports are Python work, so on two cores
     the two overlap. The connect stays on the main thread, where Ray installs its SIGTERM handler. An error
-    of either is raised once both are done (the connect's first).
+    of any is raised once the imports are done (the connect's first).
     """
     failures: list[BaseException] = []
 
@@ -128,9 +131,11 @@ def connect_while_importing(cfg: ClusterConfig, modules: Sequence[str]) -> float
     began = time.perf_counter()
     try:
         connect(cfg)
+        seconds = time.perf_counter() - began
+        if then is not None:
+            then()
     finally:
         loader.join()
-    seconds = time.perf_counter() - began
     _EARLY_CONNECT_S[0] = seconds
     if failures:
         raise failures[0]

@@ -16,9 +16,9 @@ import logging
 import time
 from typing import Any
 
-from quartet.cluster.colocate import host_options
 from quartet.cluster.dispatch import check_layout
 from quartet.cluster.errors import WorkerError
+from quartet.cluster.host_actors import host_options, host_threads
 from quartet.cluster.hostset import START_BOUND, HostSet
 
 __all__ = ["replace_host"]
@@ -86,7 +86,7 @@ def _start_host(hosts: HostSet, rank: int, deadline: float) -> Any:
     remote_host, world = ray.remote(RoleHost).options(**options), hosts.pool.world_size
     while True:
         try:
-            return remote_host.remote(rank, world, local_rank, name)
+            return remote_host.remote(rank, world, local_rank, name, threads=host_threads(hosts.pool))
         except ValueError as err:  # "already taken": the dead actor's name is released a moment later
             if "already taken" not in str(err) or time.monotonic() >= deadline:
                 raise WorkerError(

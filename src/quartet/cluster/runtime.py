@@ -10,6 +10,7 @@ import dataclasses
 import time
 
 from quartet.cluster.colocate import RoleSpec, colocate
+from quartet.cluster.early_hosts import discard_taken, prewarm_timing, take_early_hosts
 from quartet.cluster.hostset import HostSet
 from quartet.cluster.local import colocate_local
 from quartet.cluster.naming import RunNames
@@ -43,12 +44,23 @@ def launch(
     address = connect(cfg)
     connected = time.perf_counter()
     names = dataclasses.replace(names, address=names.address or address)
-    resources = ResourcePool.from_config(cfg, pool)
+    early = take_early_hosts(cfg, names, label, max_concurrency, pool)  # started while the driver imported
+    resources = early.pool if early is not None else ResourcePool.from_config(cfg, pool)
     pooled = time.perf_counter()
-    hosts = colocate(
-        resources, names, label, cfg.call_timeout_s, cfg.start_timeout_s, max_concurrency, **roles
-    )
+    started = early.handles if early is not None else ()
+    try:
+        call_s, start_s = cfg.call_timeout_s, cfg.start_timeout_s
+        hosts = colocate(resources, names, label, call_s, start_s, max_concurrency, started, **roles)
+    except BaseException:
+        if early is not None:  # colocate shuts its hosts down, but may fail before it holds them
+            discard_taken(early)
+        raise
     early_s = take_early_connect_seconds()  # Ray started while the driver imported (`quartet train`)
-    early = {"connect_early": early_s} if early_s else {}
-    hosts.timing = {"connect": connected - began, **early, "pool": pooled - connected, **hosts.timing}
+    timing = {"connect": connected - began, "pool": pooled - connected}
+    if early_s:
+        timing["connect_early"] = early_s
+    if early is not None:  # how long before this launch the hosts were started, and their imports
+        timing["hosts_started_early"] = began - early.started
+        timing |= prewarm_timing(early, cfg.start_timeout_s)
+    hosts.timing = timing | hosts.timing
     return hosts

@@ -68,3 +68,24 @@ def test_routing_replay_reaches_the_rollout_and_the_reference() -> None:
     off = load_config(None, overrides[:2])
     off_specs = role_specs(off, plan_step(off), run_values(off, "/models/policy", total_steps=5))
     assert off_specs["rollout"].args[0] is off.rollout and off_specs["reference"].args[3] is False
+
+
+def test_the_modules_a_host_imports_early_are_those_of_the_role_classes() -> None:
+    """`quartet train` tells early hosts to import `ROLE_MODULES[role]`: each must be its class's module."""
+    from quartet.cluster.early_hosts import ROLE_MODULES
+    from quartet.config.roles import Role
+
+    cfg = load_config(
+        None,
+        [
+            "algorithm.adv_estimator=gae",
+            "actor.use_kl_loss=true",
+            "reward.model_path=/models/rm",
+            "teacher.model_path=/models/teacher",
+            "algorithm.distill_coef=1.0",
+        ],
+        check=False,
+    )
+    specs = role_specs(cfg, plan_step(cfg), run_values(cfg, "/models/policy"))
+    assert set(specs) == set(Role)  # every role is covered
+    assert {role: spec.cls.__module__ for role, spec in specs.items()} == ROLE_MODULES

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from quartet.cluster.early_hosts import early_names
 from quartet.cluster.naming import RunNames
 from quartet.cluster.run_record import mark_failed, mark_finished, mark_running, record_hosts
 from quartet.cluster.runtime import connection
@@ -138,12 +139,10 @@ def check_chat_template(cfg: QuartetConfig, tokenizer: Any, data: RLData, model_
 
 
 def run_names(cfg: QuartetConfig) -> RunNames:
-    """The Ray names of the run's workers: `cluster.run_prefix`, or a fresh one from the experiment."""
-    c = cfg.cluster
-    return (
-        RunNames(c.namespace, c.run_prefix)
-        if c.run_prefix
-        else RunNames.new(c.namespace, cfg.trainer.experiment_name)
+    """The Ray names of the run's workers: those its hosts were started under early
+    (`quartet.cluster.early_hosts`), else `cluster.run_prefix`, or a fresh one from the experiment."""
+    return early_names(cfg.cluster) or RunNames.for_run(
+        cfg.cluster.namespace, cfg.cluster.run_prefix, cfg.trainer.experiment_name
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from quartet.cluster.colocate import HostSet, RoleSpec
+from quartet.cluster.early_hosts import MAIN_LABEL
 from quartet.cluster.group import RoleGroup
 from quartet.cluster.host import Sibling
 from quartet.cluster.naming import RunNames
@@ -166,7 +167,7 @@ def start_workers(
                 calls = cfg.trainer.async_buffer + _ROLLOUT_SIDE_CALLS if role is Role.ROLLOUT else 1
                 own = {role: roles.pop(role)}
                 separate[role] = launch(cfg.cluster, names, role, calls, str(role), **own)
-        hosts = launch(cfg.cluster, names, "rl", 1, MAIN_POOL, **roles)
+        hosts = launch(cfg.cluster, names, MAIN_LABEL, 1, MAIN_POOL, **roles)
     except BaseException:
         for started in separate.values():
             started.shutdown()
