@@ -1,8 +1,9 @@
 """This process's Ray connection: join the cluster a config names, or start a local one.
 
-Light on purpose: it imports neither torch nor the role hosts, so `quartet train` can start Ray on its main
-thread while another thread imports the trainer (`connect_while_importing`): on a machine where Ray starts
-in ~3.5 s and the imports take ~4 s, the two overlap instead of adding up.
+Light on purpose: it imports neither torch nor the role hosts, so `quartet train` can start (or join) Ray
+on its main thread while another thread imports the trainer (`connect_while_importing`): on a machine where
+Ray starts in ~3.5 s and the imports take ~4 s, the two overlap instead of adding up, and the run's hosts
+start right after the connect (`quartet.cluster.early_hosts`).
 """
 
 from __future__ import annotations
