@@ -90,11 +90,28 @@ def test_rows_mix_greedy_and_sampling_with_their_own_parameters() -> None:
     uniforms = torch.tensor([0.99, 0.99, 0.99, 0.999])
     tokens, logprobs = sample_next(logits, params, uniforms)
     assert tokens[:3].tolist() == [0, 5, 0]  # greedy, greedy, top-1
-    assert tokens[3].item() == int(LOGITS.roll(2).argmin())  # u near 1 picks the last token of the CDF
+    # u near 1 picks the last token of the row's CDF: in vocabulary order, as the row has no filter of its own
+    assert tokens[3].item() == VOCAB - 1
     assert logprobs is not None
     expected0 = torch.log_softmax(LOGITS, 0)[0]  # greedy rows report T = 1
     expected3 = torch.log_softmax(LOGITS.roll(2) / 2.0, 0)[tokens[3]]
     torch.testing.assert_close(logprobs[[0, 3]], torch.stack([expected0, expected3]))
+
+
+def test_a_rows_token_does_not_depend_on_the_other_rows_of_its_batch() -> None:
+    """A seeded request samples the same tokens whoever shares its batch: a plain row beside a top-k/top-p
+    row draws in its own (vocabulary) order, and a filtering row in its own (ranked) order, as each does
+    alone. Before, a filtering neighbour switched the whole batch to the ranked order."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=gen) * 2
+    params = [(1.0, 0, 1.0), (0.8, 5, 1.0), (1.3, 0, 0.7), (0.0, 0, 1.0)]
+    batch = rows(*([list(c) for c in zip(*params, strict=True)]))  # type: ignore[arg-type]
+    for u in torch.linspace(0.01, 0.99, 25):
+        uniforms = torch.full((4,), float(u))
+        together, _ = sample_next(logits, batch, uniforms)
+        for i, (t, k, p) in enumerate(params):
+            alone, _ = sample_next(logits[i : i + 1], rows([t], [k], [p]), uniforms[:1])
+            assert together[i] == alone[0], (i, float(u))
 
 
 def test_zero_probability_tokens_are_never_drawn() -> None:

@@ -2,10 +2,12 @@
 
 Each row (sequence) has its own temperature, top-k, top-p and random stream. Sampling is by inverse CDF: a
 sequence draws all its uniforms up front from a `torch.Generator` seeded by the request (`draw_uniforms`),
-and at step t the engine passes that sequence's t-th uniform `u`. The token is the first index whose
-cumulative probability exceeds `u * total`. One uniform per token keeps a sequence's samples independent of
-which other sequences share its batch (up to floating-point differences in the logits), costs one gather
-per step instead of a generator call per row, and works the same on CPU and GPU.
+and at step t the engine passes that sequence's t-th uniform `u`. The token is the first one whose
+cumulative probability exceeds `u * total`, walking the vocabulary in index order, or for a row with top-k
+or top-p in ranked order (logit descending, equal logits by index), where the cuts are made. Each row's
+order is its own: one uniform per token then keeps a sequence's samples independent of which other
+sequences share its batch (up to floating-point differences in the logits), costs one gather per step
+instead of a generator call per row, and works the same on CPU and GPU.
 
 Log-probs are `log_softmax(logits / T)` at the sampled token, before top-k/top-p
 (see `quartet.rollout.types`); `top_logprobs` reads the alternatives from the same distribution. The
@@ -98,10 +100,10 @@ def sample_next(
     else:
         temp = torch.where(rows.temperature > 0, rows.temperature, 1.0)
         scaled = logits / temp.unsqueeze(1)
-        if rows.any_filter:
-            tokens = _filtered_inverse_cdf(scaled, rows, uniforms)
-        else:
-            tokens = _inverse_cdf(torch.softmax(scaled, dim=-1), uniforms)
+        tokens = _inverse_cdf(torch.softmax(scaled, dim=-1), uniforms)
+        if rows.any_filter:  # the rows that filter walk the ranked order; the others keep theirs
+            filters = (rows.top_k > 0) | (rows.top_p < 1.0)
+            tokens = torch.where(filters, _filtered_inverse_cdf(scaled, rows, uniforms), tokens)
         if rows.any_greedy:
             tokens = torch.where(rows.temperature > 0, tokens, logits.argmax(dim=-1))
     if not want_logprobs:

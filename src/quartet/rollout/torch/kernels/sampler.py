@@ -5,15 +5,15 @@ log-prob per row without a sort. The torch path sorts each row (a device-wide so
 searchsorted: several kernels and a [A, V] temporary per step); here one program per row makes passes over
 its logits instead:
 
-- the ranked order `sample_next` walks when any row filters is the order of (scaled logit descending,
+- the ranked order `sample_next` walks for a row with top-k or top-p is the order of (scaled logit descending,
   vocab index ascending): `sample_next` sorts stably, so equal logits keep index order. That is the tie
   rule, at the top-k cut, the top-p cut and the draw alike. Each token gets a 56-bit key that is
   monotone in that order (the float's order-preserving integer, then the complemented index), so "the
   k-th token", "the last token whose preceding mass is below top_p" and "the first token whose
   cumulative mass exceeds u * total" are each the largest key with a monotone property: found bit by bit,
   one pass over the row per bit, without materialising the sorted row.
-- with no row filtering, the draw walks the vocabulary in index order (as `sample_next` does), one
-  chunked cumulative sum.
+- a row without a filter walks the vocabulary in index order (as `sample_next` does), one chunked
+  cumulative sum, whatever the other rows of its batch do.
 
 Masses are summed in a different order than torch's cumsum, so a token can differ from `sample_next` only
 when `u * total` lies within float32 rounding of a cumulative boundary (about 1e-7 of the mass); tests

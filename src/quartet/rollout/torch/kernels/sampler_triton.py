@@ -160,8 +160,8 @@ def sampler_kernel(
     RANKED: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr, INDEX_BITS: tl.constexpr,
     KEY_BITS: tl.constexpr,
 ):  # fmt: skip
-    """One row's token and log-prob: greedy (temperature <= 0), the ranked draw when the batch filters
-    (RANKED), else the vocabulary-order draw."""
+    """One row's token and log-prob: greedy (temperature <= 0), the ranked draw for a row with top-k or
+    top-p in a batch compiled for them (RANKED), else the vocabulary-order draw."""
     row = tl.program_id(0)
     base = logits_ptr + row * row_stride
     t_raw = tl.load(temp_ptr + row)
@@ -169,11 +169,11 @@ def sampler_kernel(
     token, scaled_max, total = _row_stats(base, vocab, temp, BLOCK, SPAN)
     u = tl.load(u_ptr + row)
     if t_raw > 0.0:
-        if RANKED:
-            k = tl.load(topk_ptr + row)
+        k = tl.load(topk_ptr + row)
+        p = tl.load(topp_ptr + row)
+        if RANKED and ((k > 0) | (p < 1.0)):  # this row filters: its own order is the ranked one
             k = tl.where((k <= 0) | (k > vocab), vocab, k)
             cut = _top_k_cut(base, vocab, temp, k, top_step, BLOCK, SPAN, INDEX_BITS, KEY_BITS)
-            p = tl.load(topp_ptr + row)
             cut = _top_p_cut(
                 base, vocab, temp, scaled_max, cut, p, top_step, BLOCK, SPAN, INDEX_BITS, KEY_BITS
             )
