@@ -16,6 +16,7 @@ from rollout_cases import hf_greedy, prompt_ids, recompute_logprobs, shared_mode
 from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
 from quartet.rollout.torch.graph_decode import BucketedDecoder, row_buckets
 from quartet.rollout.torch.model_runner import DecoderRunner
+from quartet.rollout.torch.sampling import RowSampling, sample_next
 
 
 def test_row_buckets_are_powers_of_two_capped_at_the_slots() -> None:
@@ -121,3 +122,88 @@ def test_an_engine_decoding_at_buckets_generates_what_transformers_does(tiny_mod
 def test_a_cpu_engine_builds_no_graph_decoder(tiny_model_dir: Path) -> None:
     with TorchRolloutEngine(shared_model(tiny_model_dir), max_num_seqs=2, cuda_graphs=True) as eng:
         assert eng.core.decoder is None  # graphs need CUDA; the CPU engine stays eager
+
+
+def _row_sampling(temps: list[float], ks: list[int], ps: list[float]) -> RowSampling:
+    return RowSampling(
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        top_k=torch.tensor(ks, dtype=torch.long),
+        top_p=torch.tensor(ps, dtype=torch.float32),
+        any_filter=any(k > 0 for k in ks) or any(p < 1.0 for p in ps),
+        any_greedy=any(t == 0.0 for t in temps),
+        all_greedy=all(t == 0.0 for t in temps),
+    )
+
+
+SAMPLINGS = {
+    "greedy": ([0.0, 0.0, 0.0], [0, 0, 0], [1.0, 1.0, 1.0]),
+    "temperature, one greedy row": ([0.7, 0.0, 1.3], [0, 0, 0], [1.0, 1.0, 1.0]),
+    "top-k and top-p": ([1.0, 0.9, 1.1], [5, 0, 40], [1.0, 0.8, 0.95]),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLINGS))
+@torch.inference_mode()
+def test_sampling_inside_the_step_equals_sampling_its_logits(tiny_model_dir: Path, case: str) -> None:
+    """3 rows at a bucket of 4: the padded row samples as row 0 and is dropped; every real row's token and
+    log-prob equal `sample_next` on the logits the step computes, bit for bit."""
+    runner = DecoderRunner(shared_model(tiny_model_dir))
+    prompts = prompt_ids(tiny_model_dir)[:3]
+    logits_cache, logits = _prefilled(runner, prompts, slots=6)
+    sampled_cache, _ = _prefilled(runner, prompts, slots=6)
+    of_logits = BucketedDecoder(runner, 6, capture=False, length_quantum=8)
+    inside = BucketedDecoder(runner, 6, capture=False, length_quantum=8)
+    rows = _row_sampling(*SAMPLINGS[case])
+    generator = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = logits.argmax(-1)
+    for _ in range(10):
+        longest = int(lengths.max()) + 1
+        uniforms = torch.rand(3, generator=generator)
+        step_logits = of_logits.decode(tokens, lengths, longest, logits_cache)  # type: ignore[arg-type]
+        want_tokens, want_logprobs = sample_next(step_logits, rows, uniforms)
+        got_tokens, got_logprobs = inside.decode_sampled(
+            tokens,
+            lengths,
+            longest,
+            sampled_cache,  # type: ignore[arg-type]
+            rows,
+            uniforms,
+            sample_next,
+        )
+        assert torch.equal(got_tokens, want_tokens)
+        assert want_logprobs is not None and torch.equal(got_logprobs, want_logprobs)
+        tokens, lengths = want_tokens, lengths + 1
+    assert {rows for rows, _ in inside.shapes} == {4}
+    flags = (rows.any_filter, rows.any_greedy, rows.all_greedy)
+    assert all(key[2:] == flags for key in inside._buckets)  # keyed by the sampler's host flags
+
+
+def _mixed_requests(prompts: list[list[int]]) -> list[GenerationRequest]:
+    """Seeded sampling with and without filters, a greedy row, and one row that asks for top log-probs
+    (its batches keep the sampler outside the step while it runs)."""
+    params = [
+        SamplingParams(temperature=1.0, max_new_tokens=20, seed=3, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=6, seed=4, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_new_tokens=14, ignore_eos=True),
+        SamplingParams(temperature=1.2, max_new_tokens=9, seed=5, ignore_eos=True, top_logprobs=2),
+        SamplingParams(temperature=1.0, max_new_tokens=20, seed=6, ignore_eos=True),
+    ]
+    return [GenerationRequest(tuple(p), s) for p, s in zip(prompts, params, strict=True)]
+
+
+def test_an_engine_samples_the_same_inside_the_step_as_after_it(tiny_model_dir: Path) -> None:
+    model = shared_model(tiny_model_dir)
+    prompts = prompt_ids(tiny_model_dir)
+    results = []
+    for inside in (False, True):
+        with TorchRolloutEngine(model, max_num_seqs=3) as eng:
+            eng.core.decoder = BucketedDecoder(eng.runner, 3, capture=False, sample_inside=inside)
+            outs = eng.generate(_mixed_requests(prompts))
+            results.append([(list(o[0].token_ids), torch.tensor(o[0].logprobs)) for o in outs])
+            sampled_buckets = [key for key in eng.core.decoder._buckets if len(key) > 2]
+            assert bool(sampled_buckets) == inside  # the plain batches sampled inside the step
+    for (after_tokens, after_logprobs), (inside_tokens, inside_logprobs) in zip(*results, strict=True):
+        assert inside_tokens == after_tokens
+        # the same arithmetic, on [bucket, V] instead of [rows, V]: within float32 rounding
+        torch.testing.assert_close(inside_logprobs, after_logprobs, atol=1e-5, rtol=0)

@@ -16,6 +16,7 @@ from quartet.config import FusedKernels, RolloutConfig, load_config
 from quartet.config.errors import ConfigError
 from quartet.models.loading import load_causal_lm
 from quartet.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
+from quartet.rollout.torch.graph_decode import BucketedDecoder
 from quartet.rollout.torch.kernels import (
     DecodeKernels,
     GuardedKernel,
@@ -112,6 +113,24 @@ def test_the_engine_decodes_through_the_kernels(
     assert len(outputs) == 2
     for out in outputs:
         assert len(out.token_ids) == 2 and out.logprobs is not None
+        ids = torch.tensor([PROMPTS[0] + list(out.token_ids)])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(PROMPTS[0]) - 1 : -1].float()
+        want = torch.log_softmax(logits / 0.8, -1).gather(1, torch.tensor(out.token_ids).unsqueeze(1))[:, 0]
+        torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-4, rtol=0)
+
+
+def test_the_kernels_sample_inside_the_bucketed_step(tiny_model_dir: Path) -> None:
+    """The fused sampler inside the decoder's step (what a CUDA graph records): each token's log-prob is
+    the model's own, as when it samples after the step."""
+    model = _model(tiny_model_dir, torch.float32)
+    params = SamplingParams(max_new_tokens=3, temperature=0.8, seed=5, n=2, ignore_eos=True)
+    with TorchRolloutEngine(model, max_num_seqs=2, fused_kernels="off") as engine:
+        engine.runner.kernels = triton_kernels()
+        engine.core.decoder = BucketedDecoder(engine.runner, 2, capture=False)
+        outputs = engine.generate([GenerationRequest(tuple(PROMPTS[0]), params)])[0]
+        assert any(len(key) > 2 for key in engine.core.decoder._buckets)  # it sampled inside the step
+    for out in outputs:
         ids = torch.tensor([PROMPTS[0] + list(out.token_ids)])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, len(PROMPTS[0]) - 1 : -1].float()

@@ -45,7 +45,7 @@ from quartet.rollout.torch.grammar import (
     any_constrained,
     apply_grammar_masks,
 )
-from quartet.rollout.torch.graph_decode import BucketedDecoder
+from quartet.rollout.torch.graph_decode import BucketedDecoder, SampleFn
 from quartet.rollout.torch.kv_cache import SlotKVCache
 from quartet.rollout.torch.model_runner import DecoderRunner
 from quartet.rollout.torch.penalties import apply_processing, build_processing
@@ -65,6 +65,14 @@ _Sampled = tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Te
 __all__ = ["EngineCore"]
 
 log = logging.getLogger(__name__)
+
+
+def _plain_sampling(seqs: list[SequenceState]) -> bool:
+    """No row needs the logits on the host's side of the step: no penalty or `min_tokens`, no grammar, no
+    top log-probs (the decoder may then sample inside its step)."""
+    return not any_constrained(seqs) and not any(
+        s.request.sampling.uses_penalties or s.request.sampling.top_logprobs > 0 for s in seqs
+    )
 
 
 class EngineCore:
@@ -227,6 +235,13 @@ class EngineCore:
         if any(s.rope_delta for s in seqs):
             deltas = torch.tensor([s.rope_delta for s in seqs], dtype=lengths.dtype, device=lengths.device)
         if self.decoder is not None and rows == len(self.running) and deltas is None:
+            if self.decoder.sample_inside and _plain_sampling(seqs):  # the sampler inside the graph
+                sampling, uniforms = table.sampling_rows(0, rows, seqs), table.next_uniforms(0, rows)
+                sampled = self.decoder.decode_sampled(
+                    tokens, lengths, longest, self.cache, sampling, uniforms, self._sample_fn
+                )
+                self._step_routing = self.decoder.last_routing
+                return sampled[0], sampled[1], None
             logits = self.decoder.decode(tokens, lengths, longest, self.cache)  # padded rows: free slots
             self._step_routing = self.decoder.last_routing
         else:
@@ -343,11 +358,15 @@ class EngineCore:
         if any_constrained(seqs):
             logits = apply_grammar_masks(logits, seqs)
         rows = self.table.sampling_rows(start, stop, seqs)
-        sample = sample_next if self.runner.kernels is None else self.runner.kernels.sample
-        tokens, logprobs = sample(logits, rows, self.table.next_uniforms(start, stop))
+        tokens, logprobs = self._sample_fn(logits, rows, self.table.next_uniforms(start, stop))
         k = max(s.request.sampling.top_logprobs for s in seqs)
         tops = top_logprobs(logits, rows.temperature, k) if k > 0 else None
         return tokens, logprobs, tops
+
+    @property
+    def _sample_fn(self) -> SampleFn:
+        """The sampler: the fused kernel where the runner has it, else `sample_next`."""
+        return sample_next if self.runner.kernels is None else self.runner.kernels.sample
 
     def _append(
         self,

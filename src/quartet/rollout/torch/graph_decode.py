@@ -22,6 +22,14 @@ With the runner recording MoE routing (`routing_record`), the stacked top-k indi
 output of the graph like the logits: recorded inside the graph, rewritten by each replay, and handed on as
 `last_routing`. A recorder switched on or off after a capture needs `reset()` (the engine does it).
 
+The sampler can run inside the graph too (`decode_sampled`): the step's per-row temperature, top-k, top-p
+and uniform are copied into the bucket's static inputs before the replay, and the graph writes each row's
+token and log-prob, so no [rows, V] logits leave it and the sampler's kernels launch with the rest. A bucket
+that samples is keyed by the sampler's host flags (greedy rows, filters) as well, because those choose its
+kernels. Padded rows sample with row 0's parameters (the flags stay the real rows'), and their tokens are
+dropped. The engine samples inside for a batch without penalties, grammars or top log-probs, which need the
+logits on the host's side of the step.
+
 Without `capture` (or off CUDA) the same bucketed step runs eagerly: that is what the CPU tests check
 against the eager step.
 """
@@ -29,6 +37,7 @@ against the eager step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +45,10 @@ import torch
 
 from quartet.rollout.torch.kv_cache import SlotKVCache
 from quartet.rollout.torch.model_runner import DecoderRunner
+from quartet.rollout.torch.sampling import RowSampling
+
+SampleFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""`sample(logits, rows, uniforms)` -> (tokens, log-probs): `sampling.sample_next` or the fused kernel."""
 
 __all__ = ["BucketedDecoder", "row_buckets"]
 
@@ -54,6 +67,16 @@ def row_buckets(num_slots: int) -> tuple[int, ...]:
 
 
 @dataclass
+class _SamplerBuffers:
+    """The static sampler inputs of a bucket that samples inside its step, and its outputs."""
+
+    rows: RowSampling  # [R] temperature, top-k, top-p, and the host flags the bucket is keyed by
+    uniforms: torch.Tensor  # [R] float32
+    tokens: torch.Tensor | None = None  # [R] int64, written by each run or replay
+    logprobs: torch.Tensor | None = None  # [R] float32
+
+
+@dataclass
 class _Bucket:
     """Static inputs and output of one (rows, length) shape, and its graph once captured."""
 
@@ -62,6 +85,14 @@ class _Bucket:
     logits: torch.Tensor | None = None  # [R, V], written by each run or replay
     routing: torch.Tensor | None = None  # [R, L, k] top-k experts, written likewise (when recording)
     graph: torch.cuda.CUDAGraph | None = None
+    sampler: _SamplerBuffers | None = None  # set when the step samples inside
+
+
+def _padded_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[:n] = src; the rows past n repeat src[0] (a padded row samples as row 0 does)."""
+    n = int(src.shape[0])
+    dst[:n].copy_(src)
+    dst[n:].copy_(src[:1].expand(dst.shape[0] - n))
 
 
 class BucketedDecoder:
@@ -74,15 +105,19 @@ class BucketedDecoder:
         *,
         capture: bool,
         length_quantum: int = LENGTH_QUANTUM,
+        sample_inside: bool = True,
     ) -> None:
+        """`sample_inside`: the engine samples a plain batch inside the step (`decode_sampled`); False keeps
+        the sampler outside, after the logits come out."""
         if length_quantum < 1:
             raise ValueError(f"length_quantum must be >= 1, got {length_quantum}")
         self.runner = runner
         self.num_slots = num_slots
         self.capture = capture
         self.length_quantum = length_quantum
+        self.sample_inside = sample_inside
         self.row_buckets = row_buckets(num_slots)
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._buckets: dict[tuple[Any, ...], _Bucket] = {}
         self._addresses: tuple[int, ...] = ()
         params = list(runner.model.parameters())
         self._watched = (params[0], params[-1])  # `.to()` moves every parameter's data: these two tell
@@ -107,7 +142,7 @@ class BucketedDecoder:
     @property
     def shapes(self) -> list[tuple[int, int]]:
         """The (rows, length) buckets that hold buffers (and, when capturing, a graph) now."""
-        return sorted(self._buckets)
+        return sorted({key[:2] for key in self._buckets})
 
     def reset(self) -> None:
         """Drop every graph and buffer (their memory pool goes with them)."""
@@ -120,30 +155,100 @@ class BucketedDecoder:
     ) -> torch.Tensor:
         """`DecoderRunner.decode` for the whole running batch (slots 0..rows-1): logits [rows, V]."""
         rows = int(tokens.shape[0])
+        bucket, length = self._bucket(tokens, lengths, max_length, cache, ())
+
+        def step() -> None:
+            bucket.logits = self.runner.decode(bucket.tokens, bucket.lengths, length, cache)
+            bucket.routing = self.runner.last_routing  # the graph's own output tensor (or None)
+
+        self._run(bucket, step)
+        assert bucket.logits is not None
+        # clones: the next replay of a graph sharing the pool may reuse the memory
+        self.last_routing = None if bucket.routing is None else bucket.routing[:rows].clone()
+        return bucket.logits[:rows].clone()
+
+    def decode_sampled(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        cache: SlotKVCache,
+        rows: RowSampling,
+        uniforms: torch.Tensor,
+        sample: SampleFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode`, then `sample(logits, rows, uniforms)` in the same step (and graph): the tokens [rows]
+        int64 and their log-probs [rows] float32 of the whole running batch. `rows` and `uniforms` are the
+        running rows' (`SlotTable.sampling_rows`, `next_uniforms`); `sample` must launch the same kernels
+        for the same host flags every time (`sampling.sample_next` or the fused sampler)."""
+        n = int(tokens.shape[0])
+        flags = (rows.any_filter, rows.any_greedy, rows.all_greedy)
+        bucket, length = self._bucket(tokens, lengths, max_length, cache, flags)
+        if bucket.sampler is None:
+            size, device = int(bucket.tokens.shape[0]), tokens.device
+            static = RowSampling(
+                temperature=torch.zeros(size, dtype=torch.float32, device=device),
+                top_k=torch.zeros(size, dtype=torch.long, device=device),
+                top_p=torch.ones(size, dtype=torch.float32, device=device),
+                any_filter=rows.any_filter,
+                any_greedy=rows.any_greedy,
+                all_greedy=rows.all_greedy,
+            )
+            bucket.sampler = _SamplerBuffers(static, torch.zeros(size, dtype=torch.float32, device=device))
+        buffers = bucket.sampler
+        _padded_copy(buffers.rows.temperature, rows.temperature)
+        _padded_copy(buffers.rows.top_k, rows.top_k)
+        _padded_copy(buffers.rows.top_p, rows.top_p)
+        _padded_copy(buffers.uniforms, uniforms)
+
+        def step() -> None:
+            logits = self.runner.decode(bucket.tokens, bucket.lengths, length, cache)
+            bucket.routing = self.runner.last_routing
+            buffers.tokens, logprobs = sample(logits, buffers.rows, buffers.uniforms)
+            if logprobs is None:
+                raise RuntimeError("the sampler returned no log-probs; decode_sampled needs them")
+            buffers.logprobs = logprobs
+
+        self._run(bucket, step)
+        assert buffers.tokens is not None and buffers.logprobs is not None
+        self.last_routing = None if bucket.routing is None else bucket.routing[:n].clone()
+        return buffers.tokens[:n].clone(), buffers.logprobs[:n].clone()
+
+    def _bucket(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        cache: SlotKVCache,
+        mode: tuple[bool, ...],
+    ) -> tuple[_Bucket, int]:
+        """The bucket of this step (made on first use), its token and length inputs filled; and the
+        attended length it runs at. `mode`: () for logits out, the sampler's host flags when sampling."""
+        rows = int(tokens.shape[0])
         self._forget_moved(cache)
-        key = self.shape(rows, max_length, cache.capacity)
+        padded_rows, length = self.shape(rows, max_length, cache.capacity)
+        key = (padded_rows, length, *mode)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(
-                torch.zeros(key[0], dtype=torch.long, device=tokens.device),
-                torch.zeros(key[0], dtype=torch.long, device=tokens.device),
+                torch.zeros(padded_rows, dtype=torch.long, device=tokens.device),
+                torch.zeros(padded_rows, dtype=torch.long, device=tokens.device),
             )
         bucket.tokens[:rows].copy_(tokens)
         bucket.tokens[rows:].zero_()
         bucket.lengths[:rows].copy_(lengths)
         bucket.lengths[rows:].zero_()
-        graphs = self.capture and tokens.device.type == "cuda"
+        return bucket, length
+
+    def _run(self, bucket: _Bucket, step: Callable[[], None]) -> None:
+        """The bucket's step: eagerly off CUDA (or without `capture`), else captured once, then replayed."""
+        graphs = self.capture and bucket.tokens.device.type == "cuda"
         if not graphs:
-            bucket.logits = self.runner.decode(bucket.tokens, bucket.lengths, key[1], cache)
-            bucket.routing = self.runner.last_routing
+            step()
         elif bucket.graph is None:
-            self._capture(bucket, key[1], cache)
+            self._capture(bucket, step)
         else:
             bucket.graph.replay()
-        assert bucket.logits is not None
-        # clones: the next replay of a graph sharing the pool may reuse the memory
-        self.last_routing = None if bucket.routing is None else bucket.routing[:rows].clone()
-        return bucket.logits[:rows].clone()
 
     def _forget_moved(self, cache: SlotKVCache) -> None:
         first, last = self._watched
@@ -158,19 +263,18 @@ class BucketedDecoder:
             self.reset()
             self._addresses = addresses
 
-    def _capture(self, bucket: _Bucket, length: int, cache: SlotKVCache) -> None:
+    def _capture(self, bucket: _Bucket, step: Callable[[], None]) -> None:
         """Warm the step up on a side stream (its writes equal the replay's), then record it."""
         start = time.perf_counter()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.runner.decode(bucket.tokens, bucket.lengths, length, cache)
+            step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the engine steps on its own thread while a trainer may use the device.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            bucket.logits = self.runner.decode(bucket.tokens, bucket.lengths, length, cache)
-            bucket.routing = self.runner.last_routing  # the graph's own output tensor (or None)
+            step()  # its outputs are now the graph's own tensors, rewritten by each replay
         if self._pool is None:
             self._pool = graph.pool()
         bucket.graph = graph
