@@ -45,6 +45,13 @@ class OptimConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
 
+    fused: bool | None = None
+    """torch's fused AdamW: one kernel per parameter group instead of a loop over parameters (TRL's
+    `optim=adamw_torch_fused`). None (auto): fused, where every parameter is a floating-point tensor on a
+    CPU or a CUDA device; else the foreach implementation on CUDA and the for-loop on CPU. On a 2-core CPU
+    the step over 19M parameters took 12 ms fused and 39 ms not. Numerics equal the unfused step within
+    float32 rounding (not bit for bit)."""
+
     def __post_init__(self) -> None:
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}", "set a positive learning rate, e.g. 1e-6")
         require(len(self.betas) == 2, "betas", "needs exactly two values")

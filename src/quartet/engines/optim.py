@@ -28,7 +28,7 @@ from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.engines.dist import to_local_full
 from quartet.engines.tensor_parallel import clip_grad_norm
 
-__all__ = ["build_optimizer", "build_scheduler", "optimizer_step", "trainable_parameters"]
+__all__ = ["build_optimizer", "build_scheduler", "fused_supported", "optimizer_step", "trainable_parameters"]
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
@@ -51,7 +51,15 @@ def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     params = trainable_parameters(module)
     if not params:
         raise ValueError("the model has no trainable parameter; pass optim=None for a frozen engine")
-    return torch.optim.AdamW(_groups(params, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    fused = cfg.fused if cfg.fused is not None else fused_supported(params)
+    groups = _groups(params, cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
+
+
+def fused_supported(params: list[nn.Parameter]) -> bool:
+    """torch's fused AdamW takes these parameters: floating point, all on one kind of device, CPU or CUDA."""
+    kinds = {p.device.type for p in params}
+    return len(kinds) == 1 and kinds <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
