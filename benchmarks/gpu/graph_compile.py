@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         eager = BucketedDecoder(runner, rows, capture=True)
         want = eager.decode(tokens, lengths, prompt + 1, cache)
         eager_ms = _time_calls(ctx, lambda: eager.decode(tokens, lengths, prompt + 1, cache), 50)
-        compiled_runner = SimpleNamespace(model=model, decode=torch.compile(runner.decode, dynamic=False))
+        compiled = torch.compile(runner.decode, dynamic=False)
+        compiled_runner = SimpleNamespace(model=model, decode=compiled, last_routing=None)
         fused = BucketedDecoder(compiled_runner, rows, capture=True)  # type: ignore[arg-type]
         began = time.perf_counter()
         got = fused.decode(tokens, lengths, prompt + 1, cache)  # compiles, then captures
