@@ -97,14 +97,21 @@ def engine_case(
     profile: bool,
     cuda_graphs: bool = True,
     fused_kernels: str = "auto",
+    graph_decode_steps: int = 1,
 ) -> dict[str, Any]:
     """The built-in engine (CUDA graphs where on CUDA, unless `cuda_graphs` is off; `rollout.fused_kernels`
-    as given): a warm-up generate (captures), then a timed one."""
+    and `rollout.graph_decode_steps` as given): a warm-up generate (captures), then a timed one."""
     from quartet.rollout import TorchRolloutEngine
 
     requests = _requests(rows, PROMPT, new, vocab)
     with TorchRolloutEngine(
-        model, None, max_num_seqs=rows, eos_token_ids=[], cuda_graphs=cuda_graphs, fused_kernels=fused_kernels
+        model,
+        None,
+        max_num_seqs=rows,
+        eos_token_ids=[],
+        cuda_graphs=cuda_graphs,
+        fused_kernels=fused_kernels,
+        graph_decode_steps=graph_decode_steps,
     ) as eng:
         kernels = eng.runner.kernels
         step.sync()

@@ -150,10 +150,11 @@ def kernels_part(step: Step) -> None:
 
 
 def run(step: Step) -> None:
-    """The kernels, then the engine at 0.5B and 7B with 64 rows, fused kernels off and auto."""
+    """The kernels, then the engine at 0.5B and 7B with 64 rows: fused kernels off and auto, and auto with
+    4 tokens a graph replay (`rollout.graph_decode_steps`)."""
     kernels_part(step)
     vocab, new, rows = (1000, 8, 4) if step.dry_run else (VOCAB, NEW, 64)
-    for name, estimate in (("0.5B", 20.0), ("7B", 45.0)):
+    for name, estimate in (("0.5B", 28.0), ("7B", 62.0)):
         if not step.fits(f"{name}/64", estimate):
             continue
         try:
@@ -161,7 +162,20 @@ def run(step: Step) -> None:
             off = engine_case(step, model, rows, new, vocab, profile=False, fused_kernels="off")
             on = engine_case(step, model, rows, new, vocab, profile=False, fused_kernels="auto")
             speedup = round(off["ms_per_step"] / on["ms_per_step"], 3)
-            step.put(f"{name}/64", {"off": off, "auto": on, "speedup": speedup})
+            blocks = engine_case(
+                step, model, rows, new, vocab, profile=False, fused_kernels="auto", graph_decode_steps=4
+            )
+            over_auto = round(on["ms_per_step"] / blocks["ms_per_step"], 3)
+            step.put(
+                f"{name}/64",
+                {
+                    "off": off,
+                    "auto": on,
+                    "speedup": speedup,
+                    "auto_4_steps": blocks,
+                    "4_steps_over_auto": over_auto,
+                },
+            )
         except Exception as err:  # (out of memory, say) the other size may still run
             step.put(f"{name}/64", {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:2000]})
         model = None

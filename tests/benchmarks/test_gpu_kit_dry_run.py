@@ -157,6 +157,9 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
         assert case["off"]["triton_kernels"] == case["auto"]["triton_kernels"] == []  # auto on CPU: torch
         ratio = case["off"]["ms_per_step"] / case["auto"]["ms_per_step"]
         assert case["speedup"] == pytest.approx(ratio, rel=0.01)
+        assert case["auto_4_steps"]["tokens"] == 4 * 8  # on the CPU no graphs: the same decode, timed
+        blocks = case["auto"]["ms_per_step"] / case["auto_4_steps"]["ms_per_step"]
+        assert case["4_steps_over_auto"] == pytest.approx(blocks, rel=0.01)
     hf = steps["hf_baseline"]["0.5B/64/hf_static_compiled"]
     assert hf["new_tokens"] == 8 and hf["static_cache"] is True
     (update_key,) = [k for k in steps["update"] if k.startswith("update")][:1]

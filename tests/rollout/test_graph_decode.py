@@ -176,10 +176,10 @@ def test_sampling_inside_the_step_equals_sampling_its_logits(tiny_model_dir: Pat
         tokens, lengths = want_tokens, lengths + 1
     assert {rows for rows, _ in inside.shapes} == {4}
     flags = (rows.any_filter, rows.any_greedy, rows.all_greedy)
-    assert all(key[2:] == flags for key in inside._buckets)  # keyed by the sampler's host flags
+    assert all(key[2:] == (*flags, 1) for key in inside._buckets)  # keyed by the sampler's host flags
 
 
-def _mixed_requests(prompts: list[list[int]]) -> list[GenerationRequest]:
+def _mixed_requests(prompts: list[list[int]], last_budget: int = 20) -> list[GenerationRequest]:
     """Seeded sampling with and without filters, a greedy row, and one row that asks for top log-probs
     (its batches keep the sampler outside the step while it runs)."""
     params = [
@@ -187,7 +187,7 @@ def _mixed_requests(prompts: list[list[int]]) -> list[GenerationRequest]:
         SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=6, seed=4, ignore_eos=True),
         SamplingParams(temperature=0.0, max_new_tokens=14, ignore_eos=True),
         SamplingParams(temperature=1.2, max_new_tokens=9, seed=5, ignore_eos=True, top_logprobs=2),
-        SamplingParams(temperature=1.0, max_new_tokens=20, seed=6, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_new_tokens=last_budget, seed=6, ignore_eos=True),
     ]
     return [GenerationRequest(tuple(p), s) for p, s in zip(prompts, params, strict=True)]
 
@@ -207,3 +207,84 @@ def test_an_engine_samples_the_same_inside_the_step_as_after_it(tiny_model_dir: 
         assert inside_tokens == after_tokens
         # the same arithmetic, on [bucket, V] instead of [rows, V]: within float32 rounding
         torch.testing.assert_close(inside_logprobs, after_logprobs, atol=1e-5, rtol=0)
+
+
+@torch.inference_mode()
+def test_several_steps_in_one_call_equal_one_step_at_a_time(tiny_model_dir: Path) -> None:
+    """`decode_steps` feeds each sampled token to the next step on the device: its K tokens and log-probs
+    equal K successive `decode_sampled` calls (the attended length is one bucket for all K)."""
+    runner = DecoderRunner(shared_model(tiny_model_dir))
+    prompts = prompt_ids(tiny_model_dir)[:3]
+    one_cache, logits = _prefilled(runner, prompts, slots=4)
+    block_cache, _ = _prefilled(runner, prompts, slots=4)
+    one = BucketedDecoder(runner, 4, capture=False, length_quantum=8)
+    block = BucketedDecoder(runner, 4, capture=False, length_quantum=8, steps_per_replay=3)
+    rows = _row_sampling(*SAMPLINGS["top-k and top-p"])
+    uniforms = torch.rand(3, 3, generator=torch.Generator().manual_seed(3))
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = logits.argmax(-1)
+    got_tokens, got_logprobs = block.decode_steps(
+        tokens,
+        lengths,
+        int(lengths.max()) + 1,
+        block_cache,
+        rows,
+        uniforms,
+        sample_next,  # type: ignore[arg-type]
+    )
+    assert got_tokens.shape == got_logprobs.shape == (3, 3)
+    for j in range(3):
+        want_tokens, want_logprobs = one.decode_sampled(
+            tokens,
+            lengths,
+            int(lengths.max()) + 1,
+            one_cache,
+            rows,
+            uniforms[:, j],
+            sample_next,  # type: ignore[arg-type]
+        )
+        assert torch.equal(got_tokens[:, j], want_tokens)
+        torch.testing.assert_close(got_logprobs[:, j], want_logprobs, atol=1e-6, rtol=0)
+        tokens, lengths = want_tokens, lengths + 1
+    end = int(lengths.max())
+    for layer in range(len(runner.layers)):  # the same cache columns written
+        torch.testing.assert_close(
+            block_cache.keys[layer][:3, ..., :end],  # type: ignore[attr-defined]
+            one_cache.keys[layer][:3, ..., :end],  # type: ignore[attr-defined]
+            atol=1e-5,
+            rtol=0,
+        )
+
+
+def test_an_engine_decoding_blocks_of_tokens_generates_what_one_at_a_time_does(tiny_model_dir: Path) -> None:
+    """Blocks of 5 tokens a step: budgets that end inside a block, a row whose top log-probs keep its batch
+    on single steps while it runs, queued requests, and a cache too short for a last whole block (the last
+    prompt's 16 tokens and 48 new ones fill a cache of 64 columns; its blocks start at tokens 1, 6, ..., 46,
+    and the last 2 go one at a time)."""
+    model = shared_model(tiny_model_dir)
+    prompts = prompt_ids(tiny_model_dir)
+    assert len(prompts[-1]) == 16
+    results = []
+    for steps in (1, 5):
+        with TorchRolloutEngine(model, max_num_seqs=3) as eng:
+            eng.core.decoder = BucketedDecoder(eng.runner, 3, capture=False, steps_per_replay=steps)
+            outs = eng.generate(_mixed_requests(prompts, last_budget=48))
+            assert eng.core.cache.capacity == 64
+            results.append([(list(o[0].token_ids), torch.tensor(o[0].logprobs)) for o in outs])
+            blocks = [key for key in eng.core.decoder._buckets if key[-1] == 5]
+            assert bool(blocks) == (steps == 5)  # the plain batches decoded in blocks
+    for (one_tokens, one_logprobs), (block_tokens, block_logprobs) in zip(*results, strict=True):
+        assert block_tokens == one_tokens
+        torch.testing.assert_close(block_logprobs, one_logprobs, atol=1e-5, rtol=0)
+    assert [len(tokens) for tokens, _ in results[1]] == [20, 6, 14, 9, 48]  # every budget, none past it
+
+
+def test_the_steps_per_replay_are_checked(tiny_model_dir: Path) -> None:
+    from quartet.config import ConfigError
+    from quartet.config.rollout import RolloutConfig
+
+    with pytest.raises(ConfigError, match="graph_decode_steps"):
+        RolloutConfig(graph_decode_steps=0)
+    assert RolloutConfig().graph_decode_steps == 1
+    with pytest.raises(ValueError, match="steps_per_replay"):
+        BucketedDecoder(DecoderRunner(shared_model(tiny_model_dir)), 2, capture=False, steps_per_replay=0)

@@ -71,3 +71,26 @@ def test_sampling_inside_the_graph_matches_sampling_after_it(tiny_model_dir: Pat
     for g, w in zip(got, want, strict=True):
         assert list(g.token_ids) == list(w.token_ids)
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5, rtol=0)
+
+
+def test_blocks_of_tokens_per_replay_match_eager_decoding(tiny_model_dir: Path) -> None:
+    """`rollout.graph_decode_steps=4`: each replay decodes 4 tokens a row (budgets end inside blocks)."""
+    prompts = prompt_ids(tiny_model_dir)
+    params = [
+        SamplingParams(temperature=1.0, max_new_tokens=b, seed=i, ignore_eos=True)
+        for i, b in enumerate(BUDGETS)
+    ]
+    requests = [GenerationRequest(tuple(p), s) for p, s in zip(prompts, params, strict=True)]
+    with (
+        TorchRolloutEngine(varied_model(tiny_model_dir).cuda(), max_num_seqs=4, cuda_graphs=False) as eager,
+        TorchRolloutEngine(
+            varied_model(tiny_model_dir).cuda(), max_num_seqs=4, cuda_graphs=True, graph_decode_steps=4
+        ) as graphed,
+    ):
+        want = [o[0] for o in eager.generate(requests)]
+        got = [o[0] for o in graphed.generate(requests)]
+        decoder = graphed.core.decoder
+        assert decoder is not None and any(key[-1] == 4 for key in decoder._buckets)
+    for g, w in zip(got, want, strict=True):
+        assert list(g.token_ids) == list(w.token_ids)
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5, rtol=0)

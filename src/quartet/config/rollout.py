@@ -381,6 +381,13 @@ class RolloutConfig:
     """Built-in engine on a GPU: replay decode steps from CUDA graphs captured per bucketed batch size and
     length (false: eager, as vLLM's `enforce_eager`). No effect on CPU or with vLLM."""
 
+    graph_decode_steps: int = 1
+    """Built-in engine with `cuda_graphs` on a GPU: tokens each sequence decodes per graph replay (vLLM's
+    multi-step scheduling). Above 1 the engine returns to the host for stop checks and admission only every
+    that many tokens, for batches without penalties, grammars or top log-probs; a sequence that stops inside
+    a block drops the rest of it (at most this minus 1 tokens of wasted work a sequence). 1: a token a
+    replay. No effect on CPU or with vLLM."""
+
     fused_kernels: FusedKernels = FusedKernels.AUTO
     """Built-in engine: the decode step's fused Triton kernels (residual add + RMSNorm, RoPE with the
     KV-cache write, the sampler; docs/throughput.md). auto: on CUDA where Triton imports and each kernel
@@ -412,6 +419,12 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_p, self.top_k, self.n)  # same local checks
+        require(
+            1 <= self.graph_decode_steps <= 64,
+            "graph_decode_steps",
+            f"must lie in [1, 64], got {self.graph_decode_steps}",
+            "use 1 (a token a replay) or a few, e.g. 4",
+        )
         require(
             self.dtype is not Dtype.AUTO, "dtype", "auto is for <role>.mixed_precision only", "use float32"
         )

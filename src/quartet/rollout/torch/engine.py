@@ -92,6 +92,7 @@ class TorchRolloutEngine(ThreadedEngine):
         record_routing: bool = False,
         quantization: RolloutQuantization | str = RolloutQuantization.NONE,
         fused_kernels: str = "auto",
+        graph_decode_steps: int = 1,
     ) -> None:
         """Wrap `model` (used as is: same device, dtype and weights, so a trainer may share it, unless
         `quantization` changes it).
@@ -112,6 +113,8 @@ class TorchRolloutEngine(ThreadedEngine):
         (`quantization.fp8`; then the model is the engine's own: never pass a trainer's model with it).
         fused_kernels: `rollout.fused_kernels`, the decode step's Triton kernels (auto, off or on;
         `quartet.rollout.torch.kernels.select_kernels`). No effect on CPU under auto.
+        graph_decode_steps: with CUDA graphs, tokens a plain batch decodes per replay
+        (`rollout.graph_decode_steps`; `BucketedDecoder.decode_steps`).
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
@@ -123,7 +126,7 @@ class TorchRolloutEngine(ThreadedEngine):
         eos = set(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
         self.stop_checker = StopChecker(eos, tokenizer)
         self.core = self._build_core(
-            max_num_seqs, max_model_len, max_prefill_tokens, seed, max_n, cuda_graphs
+            max_num_seqs, max_model_len, max_prefill_tokens, seed, max_n, cuda_graphs, graph_decode_steps
         )
         self._pending: dict[str, _Pending] = {}  # request id -> its future, guarded by the thread's cond
         self._asleep = False
@@ -156,6 +159,7 @@ class TorchRolloutEngine(ThreadedEngine):
         seed: int,
         max_n: int | None,
         cuda_graphs: bool,
+        graph_decode_steps: int = 1,
     ) -> EngineCore:
         """The core that steps `self.runner`: sequences capped by the model's own context, decode steps
         replayed from CUDA graphs where asked and on a CUDA device."""
@@ -171,7 +175,11 @@ class TorchRolloutEngine(ThreadedEngine):
             max_prefill_tokens=max_prefill_tokens,
             seed=seed,
             max_n=max_n,
-            decoder=BucketedDecoder(self.runner, max_num_seqs, capture=True) if graphs else None,
+            decoder=BucketedDecoder(
+                self.runner, max_num_seqs, capture=True, steps_per_replay=graph_decode_steps
+            )
+            if graphs
+            else None,
             grammars=None
             if self.tokenizer is None
             else GrammarCompiler(self.tokenizer, self.runner.vocab_size),
@@ -216,6 +224,7 @@ class TorchRolloutEngine(ThreadedEngine):
             record_routing=cfg.record_routing,
             quantization=cfg.quantization,
             fused_kernels=cfg.fused_kernels,
+            graph_decode_steps=cfg.graph_decode_steps,
         )
 
     # ---- generation ---------------------------------------------------------------------------------------

@@ -209,7 +209,14 @@ class EngineCore:
         return self.runner.recorder is not None
 
     def _decode(self) -> None:
-        """One token for every running sequence; a sequence whose decoding raises fails alone."""
+        """One token for every running sequence (or the decoder's `steps_per_replay` tokens, where the batch
+        allows it); a sequence whose decoding raises fails alone."""
+        if self._block_fits():
+            try:
+                self._decode_block()
+                return
+            except Exception as exc:  # decoded again token by token, where a failing row is isolated
+                log.debug("rollout: a multi-step decode failed (%r); one step instead", exc)
         while self.running:
             rows = len(self.running)
             try:
@@ -223,6 +230,42 @@ class EngineCore:
             self.table.record(0, tokens, fed=True)
             self._append(self.running, tokens, logprobs, tops)
             return
+
+    def _block_fits(self) -> bool:
+        """Several tokens per step: a decoder set for them, a batch that samples inside it (no penalties,
+        grammars, top log-probs, routing records or image positions), and room in the cache for all."""
+        decoder = self.decoder
+        if decoder is None or decoder.steps_per_replay < 2 or not decoder.sample_inside:
+            return False
+        seqs = self.running
+        if self.records_routing or any(s.rope_delta for s in seqs) or not _plain_sampling(seqs):
+            return False
+        return max(s.cached_len for s in seqs) + decoder.steps_per_replay <= self.cache.capacity
+
+    def _decode_block(self) -> None:
+        """`steps_per_replay` tokens for every running sequence in one decoder call; each sequence takes
+        them in order until it stops, and drops the rest (their cache columns are past its end)."""
+        decoder, table = self.decoder, self.table
+        assert decoder is not None and table is not None
+        seqs, steps = list(self.running), decoder.steps_per_replay
+        rows = len(seqs)
+        longest = max(s.cached_len for s in seqs) + 1
+        tokens, logprobs = decoder.decode_steps(
+            table.last_token[:rows],
+            table.cached_len[:rows],
+            longest,
+            self.cache,
+            table.sampling_rows(0, rows, seqs),
+            table.next_uniforms_block(0, rows, steps),
+            self._sample_fn,
+        )
+        table.record_block(0, tokens[:, -1], steps)
+        for j in range(steps):
+            live = [i for i, seq in enumerate(seqs) if not seq.finished]
+            if not live:
+                break
+            pick = torch.tensor(live, device=tokens.device)
+            self._append([seqs[i] for i in live], tokens[pick, j], logprobs[pick, j], None)
 
     def _decode_rows(self, rows: int) -> _Sampled:
         """Forward and sample slots 0..rows-1 without recording (a repeat rewrites the same cache column)."""

@@ -71,9 +71,9 @@ class _SamplerBuffers:
     """The static sampler inputs of a bucket that samples inside its step, and its outputs."""
 
     rows: RowSampling  # [R] temperature, top-k, top-p, and the host flags the bucket is keyed by
-    uniforms: torch.Tensor  # [R] float32
-    tokens: torch.Tensor | None = None  # [R] int64, written by each run or replay
-    logprobs: torch.Tensor | None = None  # [R] float32
+    uniforms: torch.Tensor  # [R, K] float32: each row's uniform for each of the K steps
+    tokens: torch.Tensor | None = None  # [R, K] int64, written by each run or replay
+    logprobs: torch.Tensor | None = None  # [R, K] float32
 
 
 @dataclass
@@ -88,11 +88,24 @@ class _Bucket:
     sampler: _SamplerBuffers | None = None  # set when the step samples inside
 
 
+def _sampler_buffers(rows: RowSampling, size: int, steps: int, device: torch.device) -> _SamplerBuffers:
+    """Static sampler inputs of `size` rows with the host flags of `rows`, and `steps` uniforms a row."""
+    static = RowSampling(
+        temperature=torch.zeros(size, dtype=torch.float32, device=device),
+        top_k=torch.zeros(size, dtype=torch.long, device=device),
+        top_p=torch.ones(size, dtype=torch.float32, device=device),
+        any_filter=rows.any_filter,
+        any_greedy=rows.any_greedy,
+        all_greedy=rows.all_greedy,
+    )
+    return _SamplerBuffers(static, torch.zeros(size, steps, dtype=torch.float32, device=device))
+
+
 def _padded_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst[:n] = src; the rows past n repeat src[0] (a padded row samples as row 0 does)."""
     n = int(src.shape[0])
     dst[:n].copy_(src)
-    dst[n:].copy_(src[:1].expand(dst.shape[0] - n))
+    dst[n:].copy_(src[:1].expand(dst.shape[0] - n, *src.shape[1:]))
 
 
 class BucketedDecoder:
@@ -106,9 +119,13 @@ class BucketedDecoder:
         capture: bool,
         length_quantum: int = LENGTH_QUANTUM,
         sample_inside: bool = True,
+        steps_per_replay: int = 1,
     ) -> None:
         """`sample_inside`: the engine samples a plain batch inside the step (`decode_sampled`); False keeps
-        the sampler outside, after the logits come out."""
+        the sampler outside, after the logits come out. `steps_per_replay` > 1: the engine decodes a plain
+        batch that many tokens per step (`decode_steps`), one replay for all of them."""
+        if steps_per_replay < 1:
+            raise ValueError(f"steps_per_replay must be >= 1, got {steps_per_replay}")
         if length_quantum < 1:
             raise ValueError(f"length_quantum must be >= 1, got {length_quantum}")
         self.runner = runner
@@ -116,6 +133,7 @@ class BucketedDecoder:
         self.capture = capture
         self.length_quantum = length_quantum
         self.sample_inside = sample_inside
+        self.steps_per_replay = steps_per_replay
         self.row_buckets = row_buckets(num_slots)
         self._buckets: dict[tuple[Any, ...], _Bucket] = {}
         self._addresses: tuple[int, ...] = ()
@@ -181,33 +199,50 @@ class BucketedDecoder:
         int64 and their log-probs [rows] float32 of the whole running batch. `rows` and `uniforms` are the
         running rows' (`SlotTable.sampling_rows`, `next_uniforms`); `sample` must launch the same kernels
         for the same host flags every time (`sampling.sample_next` or the fused sampler)."""
-        n = int(tokens.shape[0])
-        flags = (rows.any_filter, rows.any_greedy, rows.all_greedy)
-        bucket, length = self._bucket(tokens, lengths, max_length, cache, flags)
+        got = self.decode_steps(tokens, lengths, max_length, cache, rows, uniforms.unsqueeze(1), sample)
+        return got[0][:, 0], got[1][:, 0]
+
+    def decode_steps(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        cache: SlotKVCache,
+        rows: RowSampling,
+        uniforms: torch.Tensor,
+        sample: SampleFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K = uniforms.shape[1] decode-and-sample steps in one (each token fed to the next step on the
+        device): tokens [rows, K] and log-probs [rows, K]. Every row writes K cache columns from its
+        length on, so `max_length + K - 1` must fit the cache; the caller drops what a row sampled after
+        it stopped. uniforms [rows, K]: each row's next K uniforms."""
+        n, steps = int(tokens.shape[0]), int(uniforms.shape[1])
+        flags = (rows.any_filter, rows.any_greedy, rows.all_greedy, steps)
+        bucket, length = self._bucket(tokens, lengths, max_length + steps - 1, cache, flags)
         if bucket.sampler is None:
-            size, device = int(bucket.tokens.shape[0]), tokens.device
-            static = RowSampling(
-                temperature=torch.zeros(size, dtype=torch.float32, device=device),
-                top_k=torch.zeros(size, dtype=torch.long, device=device),
-                top_p=torch.ones(size, dtype=torch.float32, device=device),
-                any_filter=rows.any_filter,
-                any_greedy=rows.any_greedy,
-                all_greedy=rows.all_greedy,
-            )
-            bucket.sampler = _SamplerBuffers(static, torch.zeros(size, dtype=torch.float32, device=device))
+            bucket.sampler = _sampler_buffers(rows, int(bucket.tokens.shape[0]), steps, tokens.device)
         buffers = bucket.sampler
         _padded_copy(buffers.rows.temperature, rows.temperature)
         _padded_copy(buffers.rows.top_k, rows.top_k)
         _padded_copy(buffers.rows.top_p, rows.top_p)
         _padded_copy(buffers.uniforms, uniforms)
+        fed, at = torch.empty_like(bucket.tokens), torch.empty_like(bucket.lengths)
 
         def step() -> None:
-            logits = self.runner.decode(bucket.tokens, bucket.lengths, length, cache)
-            bucket.routing = self.runner.last_routing
-            buffers.tokens, logprobs = sample(logits, buffers.rows, buffers.uniforms)
-            if logprobs is None:
-                raise RuntimeError("the sampler returned no log-probs; decode_sampled needs them")
-            buffers.logprobs = logprobs
+            fed.copy_(bucket.tokens)  # the inputs stay as given: a warm-up, a capture and a replay agree
+            at.copy_(bucket.lengths)
+            chosen, logprobs = [], []
+            for j in range(steps):
+                logits = self.runner.decode(fed, at, length, cache)
+                bucket.routing = self.runner.last_routing
+                token, logprob = sample(logits, buffers.rows, buffers.uniforms[:, j])
+                if logprob is None:
+                    raise RuntimeError("the sampler returned no log-probs; decode_sampled needs them")
+                chosen.append(token)
+                logprobs.append(logprob)
+                fed.copy_(token)
+                at.add_(1)
+            buffers.tokens, buffers.logprobs = torch.stack(chosen, 1), torch.stack(logprobs, 1)
 
         self._run(bucket, step)
         assert buffers.tokens is not None and buffers.logprobs is not None
@@ -220,7 +255,7 @@ class BucketedDecoder:
         lengths: torch.Tensor,
         max_length: int,
         cache: SlotKVCache,
-        mode: tuple[bool, ...],
+        mode: tuple[bool | int, ...],
     ) -> tuple[_Bucket, int]:
         """The bucket of this step (made on first use), its token and length inputs filled; and the
         attended length it runs at. `mode`: () for logits out, the sampler's host flags when sampling."""

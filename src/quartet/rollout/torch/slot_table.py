@@ -86,6 +86,15 @@ class SlotTable:
         index = self.generated[start:stop].clamp(max=self.uniforms.shape[1] - 1).unsqueeze(1)
         return self.uniforms[start:stop].gather(1, index).squeeze(1)
 
+    def next_uniforms_block(self, start: int, stop: int, steps: int) -> torch.Tensor:
+        """The uniforms of slots start..stop-1 for their next `steps` tokens [stop-start, steps] float32
+        (past a sequence's budget: its last one, for tokens it will drop)."""
+        if self.uniforms.shape[1] == 0:  # only greedy sequences so far
+            return torch.zeros(stop - start, steps, dtype=torch.float32, device=self.device)
+        offsets = torch.arange(steps, device=self.device)
+        index = (self.generated[start:stop].unsqueeze(1) + offsets).clamp(max=self.uniforms.shape[1] - 1)
+        return self.uniforms[start:stop].gather(1, index)
+
     def sampling_rows(self, start: int, stop: int, seqs: list[SequenceState]) -> RowSampling:
         """Sampling parameters of slots start..stop-1, whose sequences are `seqs` (for the host flags)."""
         greedy = [s.request.sampling.greedy for s in seqs]
@@ -97,6 +106,13 @@ class SlotTable:
             any_greedy=any(greedy),
             all_greedy=all(greedy),
         )
+
+    def record_block(self, start: int, last: torch.Tensor, steps: int) -> None:
+        """After `steps` tokens sampled and fed for slots start.. (`last` [n]: the newest of each)."""
+        stop = start + last.shape[0]
+        self.last_token[start:stop] = last
+        self.generated[start:stop] += steps
+        self.cached_len[start:stop] += steps
 
     def record(self, start: int, tokens: torch.Tensor, fed: bool) -> None:
         """Store `tokens` [n] sampled for slots start..; `fed`: the previous token entered the cache."""
