@@ -105,16 +105,14 @@ class TorchRolloutEngine(ThreadedEngine):
         setting; on a busy shared CPU, 1 thread is often much faster than 2). None keeps the default.
         max_n: most samples per request (None: no cap); a request over it raises `InvalidRequestError`.
         cuda_graphs: on a CUDA device, replay decode steps from CUDA graphs captured per bucketed shape
-        (`quartet.rollout.torch.graph_decode`); False decodes eagerly. No effect on CPU.
-        record_routing: an MoE model's outputs carry the top-k experts of every token the engine fed
-        (`GenerationOutput.routed_experts`, `routing_record`; inside the CUDA graphs too). A dense model
-        raises ValueError.
+        (`quartet.rollout.torch.graph_decode`), `graph_decode_steps` tokens a replay for a plain batch
+        (`rollout.graph_decode_steps`); False decodes eagerly. No effect on CPU.
+        record_routing: an MoE model's outputs carry the top-k experts of every token fed (`routed_experts`,
+        `routing_record`; inside the CUDA graphs too); a dense model raises ValueError.
         quantization: `fp8` replaces the decoder layers' projections of `model` with fp8 ones, in place
         (`quantization.fp8`; then the model is the engine's own: never pass a trainer's model with it).
         fused_kernels: `rollout.fused_kernels`, the decode step's Triton kernels (auto, off or on;
         `quartet.rollout.torch.kernels.select_kernels`). No effect on CPU under auto.
-        graph_decode_steps: with CUDA graphs, tokens a plain batch decodes per replay
-        (`rollout.graph_decode_steps`; `BucketedDecoder.decode_steps`).
         The tokenizer is only needed for stop strings and grammars (`SamplingParams.grammar`).
         """
         if max_num_seqs < 1:
@@ -132,7 +130,11 @@ class TorchRolloutEngine(ThreadedEngine):
         self._asleep = False
         self._home_device: torch.device | None = None
         self._num_threads = num_threads
-        self._thread: EngineThread[GenerationRequest] = EngineThread(
+        self._thread = self._engine_thread()
+
+    def _engine_thread(self) -> EngineThread[GenerationRequest]:
+        """The thread that steps the core while requests wait (`quartet.rollout.engine_thread`)."""
+        return EngineThread(
             "quartet-rollout",
             step=self._step,
             has_work=self.core.has_work,

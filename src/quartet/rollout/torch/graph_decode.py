@@ -242,7 +242,8 @@ class BucketedDecoder:
                 logprobs.append(logprob)
                 fed.copy_(token)
                 at.add_(1)
-            buffers.tokens, buffers.logprobs = torch.stack(chosen, 1), torch.stack(logprobs, 1)
+            buffers.tokens = torch.stack(chosen, 1)
+            buffers.logprobs = torch.stack(logprobs, 1)
 
         self._run(bucket, step)
         assert buffers.tokens is not None and buffers.logprobs is not None
