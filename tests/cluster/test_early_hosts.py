@@ -142,3 +142,26 @@ def test_what_cannot_start_early_starts_nothing() -> None:
     assert start_early_hosts(separate, _names(), [PREWARMED]) is None
     assert early_names(too_big) is None
     assert not [a for a in ray.util.list_named_actors(True) if a["name"].startswith("early")]
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_rank_that_cannot_start_leaves_none_of_its_siblings_behind() -> None:
+    """Rank 1's name is taken by a live actor: rank 0, already started, is killed and the pool released;
+    the launch then meets the same name and explains it."""
+    import ray
+
+    names = _names()
+    squatter = ray.remote(ProcessFacts).options(name=names.actor_name(MAIN_LABEL, 1)).remote()
+    try:
+        ray.get(squatter.__ray_ready__.remote(), timeout=60)
+        before = ray.available_resources().get("CPU", 0.0)
+        assert start_early_hosts(_cluster(), names, [PREWARMED]) is None
+        deadline = time.monotonic() + 30  # a kill and a release reach Ray's tables a moment later
+        while time.monotonic() < deadline and (
+            len(_named(names)) > 1 or ray.available_resources().get("CPU", 0.0) < before
+        ):
+            time.sleep(0.2)
+        assert _named(names) == [names.actor_name(MAIN_LABEL, 1)]  # only the squatter
+        assert ray.available_resources().get("CPU", 0.0) >= before  # the early pool was released
+    finally:
+        ray.kill(squatter)

@@ -53,11 +53,17 @@ def start_host_actors(pool: ResourcePool, names: RunNames, label: str, max_concu
     remote_host = ray.remote(RoleHost)
     handles: list[Any] = []
     local_ranks: dict[str, int] = {}
-    for slot in pool.slots:
-        local_rank = local_ranks.get(slot.node_id, 0)
-        local_ranks[slot.node_id] = local_rank + 1
-        name = names.actor_name(label, slot.rank)
-        options = host_options(pool, slot, name, names.namespace, max_concurrency)
-        host = remote_host.options(**options)
-        handles.append(host.remote(slot.rank, pool.world_size, local_rank, name, threads=host_threads(pool)))
+    try:
+        for slot in pool.slots:
+            local_rank = local_ranks.get(slot.node_id, 0)
+            local_ranks[slot.node_id] = local_rank + 1
+            name = names.actor_name(label, slot.rank)
+            options = host_options(pool, slot, name, names.namespace, max_concurrency)
+            host = remote_host.options(**options)
+            threads = host_threads(pool)
+            handles.append(host.remote(slot.rank, pool.world_size, local_rank, name, threads=threads))
+    except BaseException:  # a rank that cannot start (its name taken, say): none of them stays behind
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+        raise
     return handles
