@@ -260,12 +260,14 @@ class EngineCore:
             self._sample_fn,
         )
         table.record_block(0, tokens[:, -1], steps)
+        token_rows = tokens.tolist()  # one copy to the host for the whole block
+        logprob_rows = logprobs.tolist()
         for j in range(steps):
             live = [i for i, seq in enumerate(seqs) if not seq.finished]
             if not live:
                 break
-            pick = torch.tensor(live, device=tokens.device)
-            self._append([seqs[i] for i in live], tokens[pick, j], logprobs[pick, j], None)
+            column = [token_rows[i][j] for i in live]
+            self._append_values([seqs[i] for i in live], column, [logprob_rows[i][j] for i in live])
 
     def _decode_rows(self, rows: int) -> _Sampled:
         """Forward and sample slots 0..rows-1 without recording (a repeat rewrites the same cache column)."""
@@ -421,15 +423,24 @@ class EngineCore:
         """Give each sequence its new token (and log-probs) and check whether it stops."""
         token_list = tokens.tolist()
         lp_list = logprobs.tolist() if logprobs is not None else [0.0] * len(token_list)
-        top_values = tops[0].tolist() if tops is not None else None
-        top_ids = tops[1].tolist() if tops is not None else None
+        tops_lists = (tops[0].tolist(), tops[1].tolist()) if tops is not None else None
+        self._append_values(seqs, token_list, lp_list, tops_lists)
+
+    def _append_values(
+        self,
+        seqs: list[SequenceState],
+        token_list: list[int],
+        lp_list: list[float],
+        tops: tuple[list[list[float]], list[list[int]]] | None = None,
+    ) -> None:
+        """`_append` on host values: row i of each list is `seqs[i]`'s."""
         for i, (seq, tok, lp) in enumerate(zip(seqs, token_list, lp_list, strict=True)):
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)
             seq.versions.append(self.weight_version)
             k = seq.request.sampling.top_logprobs
-            if k > 0 and top_values is not None and top_ids is not None:
-                seq.top_logprobs.append(tuple(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
+            if k > 0 and tops is not None:
+                seq.top_logprobs.append(tuple(zip(tops[1][i][:k], tops[0][i][:k], strict=True)))
             try:
                 complete = seq.matcher is not None and advance_grammar(seq)
                 if (
