@@ -64,12 +64,11 @@ training engine (torch, transformers' models, FSDP2, peft) and the built-in roll
 
 @dataclass
 class EarlyHosts:
-    """The main pool's hosts, started before the launch that will take them."""
+    """The main pool's hosts (label `MAIN_LABEL`, one call at a time), started before the launch that will
+    take them."""
 
     cluster: ClusterConfig
     names: RunNames
-    label: str
-    max_concurrency: int
     pool: ResourcePool
     handles: list[Any]
     started: float
@@ -83,13 +82,12 @@ class EarlyHosts:
 EARLY_POOL_TIMEOUT_S = 10.0
 """Longest wait to place the main pool early; past it the launch places it (and explains a failure)."""
 
-_EARLY: list[EarlyHosts] = []
+_held: EarlyHosts | None = None
+"""The one set of early hosts not taken yet (a new one discards the last)."""
 _LOCK = threading.Lock()
 
 
-def start_early_hosts(
-    cluster: ClusterConfig, names: RunNames, modules: Sequence[str], max_concurrency: int = 1
-) -> EarlyHosts | None:
+def start_early_hosts(cluster: ClusterConfig, names: RunNames, modules: Sequence[str]) -> EarlyHosts | None:
     """On a connected Ray: the main pool's placement group and its hosts under `names`, each asked to
     import `modules`; kept for `take_early_hosts`. None (nothing started) for the local backend, with
     separate pools, or when starting fails (logged; the launch starts them as always)."""
@@ -100,18 +98,17 @@ def start_early_hosts(
     pool: ResourcePool | None = None
     try:
         pool = _placed_pool(cluster)
-        handles = start_host_actors(pool, names, MAIN_LABEL, max_concurrency)
+        handles = start_host_actors(pool, names, MAIN_LABEL)
         prewarms = [h.prewarm.remote(list(modules)) for h in handles]
     except Exception as err:  # the launch starts them again and reports this failure properly
         log.info("hosts not started early (%s: %s); the launch starts them", type(err).__name__, err)
         if pool is not None:
             _release(pool, [])
         return None
-    early = EarlyHosts(
-        cluster, names, MAIN_LABEL, max_concurrency, pool, handles, began, began_unix, prewarms
-    )
+    global _held
+    early = EarlyHosts(cluster, names, pool, handles, began, began_unix, prewarms)
     with _LOCK:
-        _EARLY.append(early)
+        _held = early
     log.info("started %d host(s) early as %s", len(handles), names.actor_prefix(MAIN_LABEL))
     return early
 
@@ -133,7 +130,7 @@ def early_names(cluster: ClusterConfig) -> RunNames | None:
     """The names the early hosts of a run with `cluster` were started under (the run must use them), or
     None."""
     with _LOCK:
-        return next((e.names for e in _EARLY if e.cluster == cluster), None)
+        return _held.names if _held is not None and _held.cluster == cluster else None
 
 
 def take_early_hosts(
@@ -141,17 +138,16 @@ def take_early_hosts(
 ) -> EarlyHosts | None:
     """The early hosts for this launch, handed over (they leave this module), or None. Early hosts of
     another config, names, label, concurrency or pool are discarded: no launch could take them after."""
-    with _LOCK:
-        taken = _EARLY.pop() if _EARLY else None
+    taken = _take()
     if taken is None:
         return None
     same = (
         taken.cluster == cluster
         and (taken.names.namespace, taken.names.prefix) == (names.namespace, names.prefix)
-        and (taken.label, taken.max_concurrency, MAIN_POOL) == (label, max_concurrency, pool)
+        and (label, max_concurrency, pool) == (MAIN_LABEL, 1, MAIN_POOL)
     )
     if not same:
-        log.info("early hosts %s not taken by the launch of %s; discarded", taken.label, label)
+        log.info("early hosts of %s not taken by the launch of %s; discarded", taken.names.prefix, label)
         _release(taken.pool, taken.handles)
         return None
     return taken
@@ -180,12 +176,19 @@ def discard_taken(early: EarlyHosts) -> None:
 
 def discard_early_hosts() -> int:
     """Kill the early hosts no launch took and release their placement group; how many were killed."""
+    left = _take()
+    if left is None:
+        return 0
+    _release(left.pool, left.handles)
+    return len(left.handles)
+
+
+def _take() -> EarlyHosts | None:
+    """The held early hosts, no longer held."""
+    global _held
     with _LOCK:
-        left = list(_EARLY)
-        _EARLY.clear()
-    for early in left:
-        _release(early.pool, early.handles)
-    return sum(len(e.handles) for e in left)
+        taken, _held = _held, None
+    return taken
 
 
 def _release(pool: ResourcePool, handles: Sequence[Any]) -> None:
