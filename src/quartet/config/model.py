@@ -211,6 +211,13 @@ class ModelConfig:
     parallelism packs whatever this says. Without sequence parallelism the critic, reward model and the
     rollout engines run padded."""
 
+    shared_prompts: bool = True
+    """With packed passes (`remove_padding`, without sequence parallelism): the rows of a micro-batch that
+    share their prompt (GRPO's n samples of one prompt) run it once, each response attending to that one copy
+    (`quartet.engines.shared_prompts`). Same log-probs and gradients as unshared up to float rounding; the
+    passes skip (n - 1) x the prompt tokens of each group. Text-only dense models; false packs every row
+    whole."""
+
     sequence_parallel_size: int = 1
     """Ulysses sequence parallelism of the policy's training passes (docs/parallelism.md): groups of this
     many consecutive devices split every micro-batch by tokens, dividing activation memory by it; attention

@@ -441,9 +441,7 @@ class TrainingEngine:
 
         if self.spec.kind is ModelKind.VALUE:
             if self.spec.packs:  # split by tokens under SP (`engines.packed_run`)
-                values = packed_values(
-                    self.module, inputs, self._seq_group, self.device, self._autocast, vision
-                )
+                values = packed_values(self.module, inputs, self._packed_place(vision), vision)
                 return ModelOutputs(values=finish(values))
             token_values = self._model_call(inputs, vision).logits.squeeze(-1)
             return ModelOutputs(values=finish(heads.response_values(token_values, width)))
@@ -455,9 +453,12 @@ class TrainingEngine:
                     "top-k and support log-probs (GKD) are not built for packed passes "
                     "(model.remove_padding or model.sequence_parallel_size > 1)"
                 )
-            place = PackedPlace(self._seq_group, self.device, self._autocast, self._lm_head, self._vocab)
             logprobs, entropy = packed_logprobs(
-                self.module, inputs, place, (temperature, with_entropy, entropy_grad), vision
+                self.module,
+                inputs,
+                self._packed_place(vision),
+                (temperature, with_entropy, entropy_grad),
+                vision,
             )
             return ModelOutputs(
                 logprobs=finish(logprobs), entropy=None if entropy is None else finish(entropy)
@@ -479,6 +480,12 @@ class TrainingEngine:
             entropy=None if entropy is None else finish(entropy),
             **extra_outputs(request, valid, full),
         )
+
+    def _packed_place(self, vision: VisionCall) -> PackedPlace:
+        """Where packed passes run; rows with one prompt run it once for text-only dense models without SP."""
+        dense = self._router is None and not self._routing.routers
+        share = self.spec.shared_prompts and self._seq_group is None and not vision[0] and dense
+        return PackedPlace(self._seq_group, self.device, self._autocast, self._lm_head, self._vocab, share)
 
     def _scores_of(self, inputs: ModelInputs) -> torch.Tensor:
         assert self._scores is not None

@@ -26,7 +26,7 @@ from torch import nn
 from quartet.engines.fused_head import HeadRequest
 from quartet.engines.head_outputs import run_head
 from quartet.engines.inputs import ModelInputs
-from quartet.engines.packing import PackedInputs, pack_inputs
+from quartet.engines.packing import PackedInputs, pack_inputs, pack_sharing
 from quartet.engines.tensor_parallel import VocabHead
 from quartet.engines.ulysses import SeqGroup, SeqShard, gather_outputs, local_share
 from quartet.engines.vision_inputs import NO_VISION, VisionCall, packed_vision
@@ -44,20 +44,25 @@ class PackedRun:
     device: torch.device
 
     @classmethod
-    def of(cls, inputs: ModelInputs, group: SeqGroup | None, device: torch.device) -> PackedRun:
-        """Pack `inputs` and take this rank's share (its token slice under SP)."""
-        packed = pack_inputs(inputs)
+    def of(
+        cls, inputs: ModelInputs, group: SeqGroup | None, device: torch.device, share: bool = False
+    ) -> PackedRun:
+        """Pack `inputs` and take this rank's share (its token slice under SP). `share`: rows with the same
+        prompt run it once (`engines.shared_prompts`; not under SP)."""
+        shared = pack_sharing(inputs) if share and group is None else None
+        packed = pack_inputs(inputs) if shared is None else shared
         return cls(packed, local_share(packed, group), device)
 
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the model's forward on this rank's tokens (attention reads the bounds)."""
-        part = self.part
+        part, spans = self.part, self.packed.spans
         return {
             "input_ids": part.input_ids.to(self.device),
             "position_ids": part.position_ids.to(self.device),
             "use_cache": False,
             "quartet_bounds": part.bounds,
             **part.model_kwargs,
+            **({} if spans is None else {"quartet_spans": spans.to(self.device)}),
         }
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
@@ -75,31 +80,9 @@ class PackedRun:
         return gather_outputs(local[0], self.part.counts, group).unsqueeze(0)
 
 
-def packed_values(
-    module: nn.Module,
-    inputs: ModelInputs,
-    group: SeqGroup | None,
-    device: torch.device,
-    autocast: Callable[[], AbstractContextManager[Any]],
-    vision: VisionCall = NO_VISION,
-) -> torch.Tensor:
-    """A value model's [b, R'] float32 values of one micro-batch, computed packed (split by tokens under SP).
-
-    The value head runs on every local token (one scalar each, cheap); the values at the kept positions are
-    gathered over the sequence group, so every rank of the group holds the micro-batch's values and the value
-    loss aggregates exactly as without SP. `vision`: a VLM's images and positions of the padded micro-batch
-    (`engines.vision_inputs`; vision-language models run without SP), packed here like the tokens."""
-    run = PackedRun.of(inputs, group, device)
-    extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)
-    with autocast(), image_token_mask(slots, stand_in):
-        token_values = module(**{**run.model_kwargs(), **extra}).logits  # [1, local n, 1]
-    local = token_values[0, run.part.keep.to(device), 0].float().unsqueeze(0)  # [1, local K]
-    return run.unpack(run.gather(local))
-
-
 @dataclass(frozen=True)
 class PackedPlace:
-    """Where a packed causal LM pass runs: the sequence group, the device, the engine's autocast and its
+    """Where a packed pass runs: the sequence group, the device, the engine's autocast and a causal LM's
     head (the fused lm_head, or the vocabulary-parallel head, or neither: the plain logits)."""
 
     group: SeqGroup | None
@@ -107,6 +90,26 @@ class PackedPlace:
     autocast: Callable[[], AbstractContextManager[Any]]
     lm_head: nn.Linear | None
     vocab: VocabHead | None
+    share: bool = False
+    """Rows with the same prompt run it once (`engines.shared_prompts`)."""
+
+
+def packed_values(
+    module: nn.Module, inputs: ModelInputs, place: PackedPlace, vision: VisionCall = NO_VISION
+) -> torch.Tensor:
+    """A value model's [b, R'] float32 values of one micro-batch, computed packed (split by tokens under SP).
+
+    The value head runs on every local token (one scalar each, cheap); the values at the kept positions are
+    gathered over the sequence group, so every rank of the group holds the micro-batch's values and the value
+    loss aggregates exactly as without SP. `vision`: a VLM's images and positions of the padded micro-batch
+    (`engines.vision_inputs`; vision-language models run without SP), packed here like the tokens. `place`:
+    where it runs (its head fields unused)."""
+    run = PackedRun.of(inputs, place.group, place.device, place.share)
+    extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)
+    with place.autocast(), image_token_mask(slots, stand_in):
+        token_values = module(**{**run.model_kwargs(), **extra}).logits  # [1, local n, 1]
+    local = token_values[0, run.part.keep.to(place.device), 0].float().unsqueeze(0)  # [1, local K]
+    return run.unpack(run.gather(local))
 
 
 def packed_logprobs(
@@ -120,7 +123,7 @@ def packed_logprobs(
     sequence (`quartet.engines.packing`): the outputs of the K real response tokens only, gathered over the
     sequence group and scattered back into the [b, R'] layout. `head` is (temperature, with_entropy,
     entropy_grad)."""
-    run = PackedRun.of(inputs, place.group, place.device)  # with SP: this rank's token slice
+    run = PackedRun.of(inputs, place.group, place.device, place.share)  # with SP: this rank's token slice
     extra, slots, stand_in = packed_vision(vision, inputs.attention_mask)  # a VLM's (no SP)
     kwargs = {**run.model_kwargs(), **extra}
 

@@ -33,8 +33,16 @@ import torch
 import torch.nn.functional as F
 
 from quartet.engines.inputs import ModelInputs
+from quartet.engines.shared_prompts import AttentionSpans, masked_span, pack_shared, span_attention
 
-__all__ = ["VARLEN", "PackedInputs", "pack_inputs", "register_varlen_attention", "varlen_attention"]
+__all__ = [
+    "VARLEN",
+    "PackedInputs",
+    "pack_inputs",
+    "pack_sharing",
+    "register_varlen_attention",
+    "varlen_attention",
+]
 
 VARLEN = "quartet_varlen"
 """The attention implementation name a packed model runs with (`config._attn_implementation`)."""
@@ -56,6 +64,8 @@ class PackedInputs:
     """[K] the response tokens they predict."""
     response_mask: torch.Tensor
     """[b, R'] bool: where the K outputs go back in the padded response layout (row-major, as `keep`)."""
+    spans: AttentionSpans | None = None
+    """Rows sharing their prompt (`pack_sharing`): the attention spans; None: each row is one span."""
 
 
 def pack_inputs(inputs: ModelInputs) -> PackedInputs:
@@ -84,6 +94,30 @@ def pack_inputs(inputs: ModelInputs) -> PackedInputs:
     )
 
 
+def pack_sharing(inputs: ModelInputs) -> PackedInputs | None:
+    """Pack a micro-batch with each prompt once for the rows that share it (`engines.shared_prompts`); None
+    when no two rows share a prompt (then `pack_inputs`)."""
+    ids, width = inputs.input_ids, inputs.response_width
+    layout = pack_shared(ids, inputs.attention_mask, inputs.position_ids, width)
+    if layout is None:
+        return None
+    b, t = ids.shape
+    resp = inputs.response_mask
+    # response token j of a row is chosen by the logits at its column before: a prompt token for j = 0
+    cols = torch.arange(t - width - 1, t - 1).expand(b, width)
+    keep = layout.column_index.gather(1, cols)[resp.cpu()]
+    ends = torch.cumsum(torch.tensor((0, *layout.spans.query_lengths)), 0).tolist()
+    return PackedInputs(
+        input_ids=layout.input_ids.to(ids.device),
+        position_ids=layout.position_ids.to(ids.device),
+        bounds=tuple(int(x) for x in ends),
+        keep=keep.to(ids.device),
+        targets=ids[:, t - width :][resp],
+        response_mask=resp,
+        spans=layout.spans,
+    )
+
+
 def varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -95,12 +129,15 @@ def varlen_attention(
     quartet_bounds: tuple[int, ...] | None = None,
     sliding_window: int | None = None,
     s_aux: torch.Tensor | None = None,
+    quartet_spans: AttentionSpans | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: causal attention within each span of `quartet_bounds`, optionally
     within a `sliding_window` and with sink logits `s_aux` [Hq] (gpt-oss).
 
     query [1, Hq, N, D], key [1, Hkv, N, D], value [1, Hkv, N, Dv] -> ([1, N, Hq, Dv], None).
+    With `quartet_spans` (rows sharing their prompt, `engines.shared_prompts`) attention runs over those
+    spans instead of the rows.
     """
     if quartet_bounds is None:
         raise ValueError(
@@ -108,6 +145,8 @@ def varlen_attention(
         )
     if dropout:
         raise ValueError("packed attention runs without attention dropout (training passes use none)")
+    if quartet_spans is not None:
+        return span_attention(query, key, value, scaling, quartet_spans, sliding_window, s_aux), None
     lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
     # a window no row reaches past is full causal attention (Mistral's 4k window, most rows)
     window = sliding_window if sliding_window is not None and max(lengths) > sliding_window else None
@@ -132,36 +171,8 @@ def varlen_attention(
         ]
     else:
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        outs = [_sink_window_span(q, k, v, scale, window, s_aux) for q, k, v in spans if q.shape[2]]
+        outs = [masked_span(q, k, v, scale, window, s_aux) for q, k, v in spans if q.shape[2]]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
-
-
-def _sink_window_span(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    window: int | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    """One row's causal attention [1, H, n, Dv] as transformers' eager gpt-oss attention computes it: keys
-    within the last `window` positions (kv > q - window), a sink logit per head joined to each softmax and
-    dropped after it."""
-    n = q.shape[2]
-    scores = torch.matmul(q, k.transpose(2, 3)) * scale
-    pos = torch.arange(n, device=q.device)
-    allowed = pos[None, :] <= pos[:, None]
-    if window is not None:
-        allowed = allowed & (pos[None, :] > pos[:, None] - window)
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    if sinks is not None:
-        sink = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, n, 1).to(scores.dtype)
-        scores = torch.cat([scores, sink], dim=-1)
-    scores = scores - scores.max(dim=-1, keepdim=True).values
-    probs = F.softmax(scores, dim=-1, dtype=scores.dtype)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    return torch.matmul(probs.to(v.dtype), v)
 
 
 def _flash_varlen() -> Any:

@@ -78,6 +78,10 @@ class EngineSpec:
     """Causal LM and value model: forward passes on packed micro-batches (`engines.packing`); the reward
     model ignores it."""
 
+    shared_prompts: bool = True
+    """Packed passes: rows of a micro-batch with the same prompt run it once (`engines.shared_prompts`);
+    text-only dense models without SP."""
+
     sequence_parallel_size: int = 1
     """Causal LM and value model: ranks per sequence group (Ulysses, `engines.ulysses`); 1: off. Implies
     packed passes whatever `remove_padding` says (`engines.packed_run`). The reward model refuses it."""

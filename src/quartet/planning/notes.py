@@ -71,6 +71,8 @@ def _parallel_notes(cfg: QuartetConfig, device: str) -> list[str]:
         out.append(f"critic engine: sp {critic_sp} (critic.sequence_parallel_size), packed; no tp")
     if cfg.model.remove_padding:
         out.append("policy passes packed (model.remove_padding): no attention masks")
+        if cfg.model.shared_prompts and cfg.model.sequence_parallel_size == 1 and cfg.rollout.n > 1:
+            out.append("rows sharing a prompt run it once in the policy's passes (model.shared_prompts)")
     if fused_head_on(cfg, device):
         out.append("fused LM head: the policy's logits exist one vocabulary block at a time")
     return out

@@ -86,6 +86,7 @@ class Actor(EngineRole):
                 optimizer_offload=cfg.optimizer_offload,
                 seed=run.seed,
                 remove_padding=run.remove_padding,
+                shared_prompts=run.shared_prompts,
                 sequence_parallel_size=run.sequence_parallel_size,
                 tensor_parallel_size=run.tensor_parallel_size,
                 expert_parallel_size=run.expert_parallel_size,

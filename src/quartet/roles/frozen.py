@@ -45,6 +45,7 @@ class FrozenScorer:
                 param_offload=param_offload,
                 seed=run.seed,
                 remove_padding=run.remove_padding,
+                shared_prompts=run.shared_prompts,
                 sequence_parallel_size=run.sequence_parallel_size,
                 tensor_parallel_size=run.tensor_parallel_size,
                 **spec,

@@ -36,6 +36,8 @@ class RunValues:
     """`model.gradient_checkpointing` of the trained models."""
     remove_padding: bool = False
     """`model.remove_padding`: the policy's passes run on packed micro-batches."""
+    shared_prompts: bool = True
+    """`model.shared_prompts`: packed rows with one prompt run it once."""
     sequence_parallel_size: int = 1
     """`model.sequence_parallel_size`: devices per sequence group of the policy's passes (packed under it)."""
     tensor_parallel_size: int = 1

@@ -119,6 +119,7 @@ def run_values(cfg: QuartetConfig, model_path: str, total_steps: int = 0) -> Run
         trainer_steps=total_steps,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         remove_padding=cfg.model.remove_padding,
+        shared_prompts=cfg.model.shared_prompts,
         sequence_parallel_size=cfg.model.sequence_parallel_size,
         tensor_parallel_size=cfg.model.tensor_parallel_size,
         expert_parallel_size=cfg.model.expert_parallel_size,
