@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from quartet.cluster.host_memory import keep_freed_memory as keep_freed_memory_now
 from quartet.cluster.watchdog import install_stack_dump
 
 if TYPE_CHECKING:
@@ -71,9 +72,11 @@ class RoleHost:
         name: str,
         in_process: bool = False,
         threads: int = 0,
+        keep_freed_memory: bool = False,
     ) -> None:
         """`threads` > 0: torch's CPU threads in this process (its bundle's CPUs), set before torch loads
-        (OMP_NUM_THREADS) or at once where it has loaded."""
+        (OMP_NUM_THREADS) or at once where it has loaded. `keep_freed_memory`: a host process keeps what it
+        frees for its next phase (`cluster.host_memory`; never the driver's own process)."""
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
@@ -86,6 +89,7 @@ class RoleHost:
         if not in_process:
             # A worker's stderr goes to the driver's console: no per-rank "Loading weights" progress bars.
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        self.keeps_freed_memory = keep_freed_memory and not in_process and keep_freed_memory_now()
         if threads > 0 and not in_process:
             os.environ["OMP_NUM_THREADS"] = str(threads)  # libgomp reads it when torch loads
             torch = sys.modules.get("torch")
@@ -119,6 +123,7 @@ class RoleHost:
             "ip": ip,
             "name": self.name,
             "stacks_file": self.stacks_file,
+            "keeps_freed_memory": self.keeps_freed_memory,
         }
 
     def free_port(self) -> int:

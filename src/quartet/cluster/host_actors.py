@@ -60,8 +60,8 @@ def start_host_actors(pool: ResourcePool, names: RunNames, label: str, max_concu
             name = names.actor_name(label, slot.rank)
             options = host_options(pool, slot, name, names.namespace, max_concurrency)
             host = remote_host.options(**options)
-            threads = host_threads(pool)
-            handles.append(host.remote(slot.rank, pool.world_size, local_rank, name, threads=threads))
+            setup = {"threads": host_threads(pool), "keep_freed_memory": pool.keep_freed_memory}
+            handles.append(host.remote(slot.rank, pool.world_size, local_rank, name, **setup))
     except BaseException:  # a rank that cannot start (its name taken, say): none of them stays behind
         for handle in handles:
             ray.kill(handle, no_restart=True)

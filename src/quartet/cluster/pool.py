@@ -51,6 +51,8 @@ class ResourcePool:
     slots: list[BundleSlot] = field(default_factory=list)
     gpus_per_bundle: float = 1.0
     """Below 1: this pool shares each GPU with another pool (`cluster.gpu_fraction`)."""
+    keep_freed_memory: bool = True
+    """The pool's hosts keep the memory they free (`cluster.keep_freed_memory`, `cluster.host_memory`)."""
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig, pool: str = MAIN_POOL) -> ResourcePool:
@@ -79,6 +81,7 @@ class ResourcePool:
             cfg.strategy,
             cfg.pool_timeout_s,
             gpus_per_bundle=cfg.gpu_fraction.of(pool),
+            keep_freed_memory=cfg.keep_freed_memory,
         )
 
     @property
