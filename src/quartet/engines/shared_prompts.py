@@ -184,9 +184,9 @@ def span_attention(
     if groups > 1:  # GQA: key/value heads repeated, as transformers' own sdpa path does
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     parts = zip(
-        torch.split(query, spans.query_lengths, dim=2),
-        torch.split(key, spans.key_lengths, dim=2),
-        torch.split(value, spans.key_lengths, dim=2),
+        torch.split(query, list(spans.query_lengths), dim=2),
+        torch.split(key, list(spans.key_lengths), dim=2),
+        torch.split(value, list(spans.key_lengths), dim=2),
         strict=True,
     )
     outs = []
