@@ -121,7 +121,8 @@ def quartet_config(w: Workdir, s: GrpoSettings, out_dir: Path, name: str) -> dic
     rows = s.prompts_per_step * s.n
     evaluating = s.eval_every > 0
     return {
-        "model": {"path": str(w.model_dir)},
+        # packed micro-batches (verl's GRPO recipes set use_remove_padding), with each prompt once per group
+        "model": {"path": str(w.model_dir), "remove_padding": True},
         "data": {
             "train_files": [str(w.train_parquet)],
             "val_files": [str(w.val_parquet)],

@@ -118,6 +118,11 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
     response = {k: statistics.fmean(x for r in v for x in r.response_length_mean) for k, v in runs.items()}
     passes = 1 if "old_log_prob" in phases else 0
     floor = floor_seconds(w.params, rows, prompt, response["quartet"], passes, max(peak, bf16_peak))
+    # quartet runs each prompt once per group of n (`model.shared_prompts`, and its rollout's prefill): the
+    # floor of that work, the same FLOPs with a row's prompt share divided by n
+    floor_once = floor_seconds(
+        w.params, rows, prompt / s.n, response["quartet"], passes, max(peak, bf16_peak)
+    )
     summary = {
         "params": w.params,
         "quartet_step_s": spread(q),
@@ -130,6 +135,8 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path, trl_python: Pat
         "floor": floor,
         "floor_peak": "bfloat16" if bf16_peak > peak else args.dtype,
         "quartet_over_floor": statistics.median(q) / floor["total_s"],
+        "floor_prompts_once": floor_once,
+        "quartet_over_floor_prompts_once": statistics.median(q) / floor_once["total_s"],
         "trl_over_floor": statistics.median(t) / floor["total_s"],
         "process_s": {k: spread([r.process_seconds for r in v]) for k, v in runs.items()},
     }

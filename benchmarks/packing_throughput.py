@@ -1,13 +1,18 @@
-"""Update tokens/s, padded vs packed micro-batches (`model.remove_padding`), on the same rows and model.
+"""Update tokens/s: padded, packed (`model.remove_padding`) and packed with each prompt once per group of
+rows that share it (`model.shared_prompts`), on the same rows and model.
 
 Rows of varied real lengths as RL batches have them (prompts left-padded, responses right-padded): prompt
-lengths uniform in [P/4, P], response lengths uniform in [R/8, R]. Each round runs one optimizer step per
-path, alternating A/B, after a warm-up step each; tokens/s counts real tokens (prompt + response) only.
-The padded path's waste is reported as the share of padded positions in its micro-batches.
+lengths uniform in [P/4, P], response lengths uniform in [R/8, R]; with `--n` > 1 every n consecutive rows
+share their prompt (GRPO's n samples of one prompt). Each round runs one optimizer step per path, in turn,
+after a warm-up step each; tokens/s counts the rows' real tokens (prompt + response, a shared prompt once
+per row as the task has it) on every path, so the paths compare on the same work. The padded path's waste
+is reported as the share of padded positions in its micro-batches.
 
     .venv/bin/python benchmarks/packing_throughput.py [--size demo] [--rows 64] [--micro 16] [--rounds 5]
+    .venv/bin/python benchmarks/packing_throughput.py --size 20M --rows 64 --n 4 --micro 64 --prompt 20 \
+        --response 32 --rounds 3        # the GRPO step of benchmarks/grpo_vs_trl.py at 20M, one thread
 
-Results: `benchmarks/results/packing_throughput_<size>.json`.
+Results: `benchmarks/results/packing_throughput_<size>.json` (`..._n<n>.json` with `--n` > 1).
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine  # 
 from quartet.models.tiny import save_tiny_model  # noqa: E402
 
 
-def rows(n: int, prompt: int, response: int, seed: int = 0) -> Batch:
+def rows(n: int, prompt: int, response: int, seed: int = 0, group: int = 1) -> Batch:
+    """`n` rows; every `group` consecutive rows have the same prompt (tokens and length)."""
     g = torch.Generator().manual_seed(seed)
     p_len = torch.randint(max(1, prompt // 4), prompt + 1, (n,), generator=g)
+    leader = torch.arange(n) // group * group
+    p_len = p_len[leader]
     r_len = torch.randint(max(1, response // 8), response + 1, (n,), generator=g)
     mask = torch.zeros(n, prompt + response, dtype=torch.int64)
     for i in range(n):
@@ -43,7 +51,7 @@ def rows(n: int, prompt: int, response: int, seed: int = 0) -> Batch:
         mask[i, prompt : prompt + int(r_len[i])] = 1
     return Batch(
         {
-            "prompts": torch.randint(5, 500, (n, prompt), generator=g),
+            "prompts": torch.randint(5, 500, (n, prompt), generator=g)[leader],
             "responses": torch.randint(5, 500, (n, response), generator=g),
             "attention_mask": mask,
             "response_mask": mask[:, prompt:].clone(),
@@ -79,10 +87,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--response", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--n", type=int, default=1, help="consecutive rows sharing a prompt")
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
-    batch = rows(args.rows, args.prompt, args.response)
+    torch.set_num_threads(args.threads)
+    batch = rows(args.rows, args.prompt, args.response, group=args.n)
     real = int(batch["attention_mask"].sum())
     with tempfile.TemporaryDirectory() as tmp:
         model = save_tiny_model(Path(tmp) / "m", TinyModelConfig(**SIZES[args.size]))
@@ -93,10 +104,11 @@ def main() -> None:
                     ModelKind.CAUSAL_LM,
                     Dtype(args.dtype),
                     optim=OptimConfig(lr=1e-5),
-                    remove_padding=name == "packed",
+                    remove_padding=name != "padded",
+                    shared_prompts=name == "shared",
                 )
             )
-            for name in ("padded", "packed")
+            for name in ("padded", "packed", "shared")
         }
         micro = MicroSpec(size=args.micro)
         times: dict[str, list[float]] = {name: [] for name in engines}
@@ -117,11 +129,18 @@ def main() -> None:
     summary["packed_over_padded"] = round(
         summary["packed"]["tokens_per_s"] / summary["padded"]["tokens_per_s"], 3
     )
+    summary["shared_over_packed"] = round(
+        summary["shared"]["tokens_per_s"] / summary["packed"]["tokens_per_s"], 3
+    )
+    summary["shared_over_padded"] = round(
+        summary["shared"]["tokens_per_s"] / summary["padded"]["tokens_per_s"], 3
+    )
     summary["padded_share_of_positions"] = round(padded_share(batch, args.micro), 3)
     summary["real_tokens"] = real
     settings = vars(args) | {"threads": torch.get_num_threads()}
     settings.pop("out_dir")
-    path = write_result(f"packing_throughput_{args.size}", settings, times, summary, args.out_dir)
+    name = f"packing_throughput_{args.size}" + (f"_n{args.n}" if args.n > 1 else "")
+    path = write_result(name, settings, times, summary, args.out_dir)
     print(summary)
     print(f"wrote {path}")
 

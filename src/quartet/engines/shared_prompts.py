@@ -64,12 +64,12 @@ class SharedLayout:
 def prompt_groups(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> list[list[int]] | None:
     """Rows grouped by their prompt (real tokens and positions), groups in order of first appearance;
     None when no two rows share one or some row's prompt has no real token."""
-    groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    groups: dict[tuple[bytes, bytes], list[int]] = {}
     for row in range(ids.shape[0]):
         real = mask[row]
         if not bool(real.any()):
             return None
-        key = (tuple(ids[row][real].tolist()), tuple(positions[row][real].tolist()))
+        key = (ids[row][real].numpy().tobytes(), positions[row][real].numpy().tobytes())
         groups.setdefault(key, []).append(row)
     if all(len(rows) < 2 for rows in groups.values()):
         return None
@@ -119,11 +119,11 @@ def pack_shared(
     """The shared-prompt packing of [b, T] trimmed inputs (prompt columns, then `response_width` response
     columns); None when it would share nothing (`prompt_groups`)."""
     prompt_cols = ids.shape[1] - response_width
-    real = mask != 0
+    ids, real, positions = ids.cpu(), (mask != 0).cpu(), positions.cpu()  # one copy, not a sync per row
     groups = prompt_groups(ids[:, :prompt_cols], real[:, :prompt_cols], positions[:, :prompt_cols])
     if groups is None:
         return None
-    return shared_layout(ids.cpu(), real.cpu(), positions.cpu(), prompt_cols, groups)
+    return shared_layout(ids, real, positions, prompt_cols, groups)
 
 
 def lower_right_causal(queries: int, keys: int, device: torch.device) -> torch.Tensor:
