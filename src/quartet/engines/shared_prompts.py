@@ -119,11 +119,14 @@ def pack_shared(
     """The shared-prompt packing of [b, T] trimmed inputs (prompt columns, then `response_width` response
     columns); None when it would share nothing (`prompt_groups`)."""
     prompt_cols = ids.shape[1] - response_width
-    ids, real, positions = ids.cpu(), (mask != 0).cpu(), positions.cpu()  # one copy, not a sync per row
-    groups = prompt_groups(ids[:, :prompt_cols], real[:, :prompt_cols], positions[:, :prompt_cols])
+    # one copy to the host, not a sync per row
+    host_ids = ids.cpu()
+    real = (mask != 0).cpu()
+    host_positions = positions.cpu()
+    groups = prompt_groups(host_ids[:, :prompt_cols], real[:, :prompt_cols], host_positions[:, :prompt_cols])
     if groups is None:
         return None
-    return shared_layout(ids, real, positions, prompt_cols, groups)
+    return shared_layout(host_ids, real, host_positions, prompt_cols, groups)
 
 
 def lower_right_causal(queries: int, keys: int, device: torch.device) -> torch.Tensor:
