@@ -262,11 +262,14 @@ def trl_side_by_side(step: Step) -> None:
     data = grpo_runs.prepare(step.work / "trl", "tiny")  # the prompt files (and an unused tiny model)
     work = grpo_runs.Workdir(folder, data.train_parquet, data.val_parquet, grpo_runs.count_params(folder))
     tiny = step.dry_run
+    # padded on the device until it has timed the packed path there: without flash-attn that path is one
+    # SDPA call per row (or shared-prompt span) and layer, where the padded one is one call per layer
+    overrides = (*(DRY_QUARTET if tiny else ("cluster.address=local",)), "model.remove_padding=false")
     settings = grpo_runs.GrpoSettings(
         steps=2 if tiny else 4, prompts_per_step=2 if tiny else 16, n=2 if tiny else 8,
         max_new_tokens=8 if tiny else 128, dtype="float32" if tiny else "bfloat16", threads=1 if tiny else 4,
         device=step.device,
-        quartet_overrides=DRY_QUARTET if tiny else ("cluster.address=local",),
+        quartet_overrides=overrides,
     )  # fmt: skip
     python = Path(sys.executable)
     sides: dict[str, Callable[[], Any]] = {
