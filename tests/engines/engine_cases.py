@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from quartet.core.batch import Batch, BatchMeta
-from quartet.engines import LossScale, ModelOutputs
+from quartet.engines import LossScale, ModelOutputs, TrainingEngine
+from quartet.engines.inputs import build_inputs
 
 
 def make_batch(
@@ -130,3 +131,13 @@ def value_mse(outputs: ModelOutputs, mb: Batch, scale: LossScale) -> tuple[torch
     valid = mb["response_mask"] != 0
     err = torch.where(valid, (outputs.values - mb["targets"]) ** 2, 0.0)
     return err.sum() / scale.tokens, {}
+
+
+def surrogate_grads(engine: TrainingEngine, batch: Batch, temperature: float) -> dict[str, torch.Tensor]:
+    """The gradients of sum(logprob * advantage) + 0.1 * sum(entropy) over `batch` in one engine pass."""
+    engine.module.zero_grad(set_to_none=True)
+    outputs = engine._run(batch, build_inputs(batch), temperature, with_entropy=True)
+    assert outputs.logprobs is not None and outputs.entropy is not None
+    loss = (outputs.logprobs * batch["advantages"]).sum() + 0.1 * outputs.entropy.sum()
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None}

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_cases import make_batch, pg_loss
+from engine_cases import make_batch, pg_loss, surrogate_grads
 
 from quartet.config import TinyModelConfig
 from quartet.config.model import Dtype, LoraConfig, TinyArch
 from quartet.config.optim import OptimConfig
 from quartet.engines import EngineSpec, MicroSpec, ModelKind, TrainingEngine
-from quartet.engines.inputs import build_inputs
 from quartet.models.tiny import ensure_tiny_model
 
 PROMPTS = [5, 9, 3, 12, 1, 7]
@@ -45,12 +44,7 @@ def _engine(path: Path, fused: bool, packed: bool = False, lora: LoraConfig | No
 
 def _grads(engine: TrainingEngine) -> dict[str, torch.Tensor]:
     batch = make_batch(PROMPTS, RESPONSES, prompt_width=14, response_width=13, seed=5)
-    engine.module.zero_grad(set_to_none=True)
-    outputs = engine._run(batch, build_inputs(batch), 0.7, with_entropy=True)
-    assert outputs.logprobs is not None and outputs.entropy is not None
-    loss = (outputs.logprobs * batch["advantages"]).sum() + 0.1 * outputs.entropy.sum()
-    loss.backward()
-    return {n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None}
+    return surrogate_grads(engine, batch, 0.7)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_cases import make_batch, pg_loss, reference_logprobs
+from engine_cases import make_batch, pg_loss, reference_logprobs, surrogate_grads
 
 from quartet.config.model import Dtype
 from quartet.config.optim import OptimConfig
@@ -141,19 +141,9 @@ def test_the_shared_pass_runs_fewer_tokens(tiny_model_dir: Path) -> None:
     assert counts == {False: every_row, True: prompts_once}
 
 
-def _grads(engine: TrainingEngine) -> dict[str, torch.Tensor]:
-    batch = grpo_batch(seed=5)
-    engine.module.zero_grad(set_to_none=True)
-    outputs = engine._run(batch, build_inputs(batch), 0.7, with_entropy=True)
-    assert outputs.logprobs is not None and outputs.entropy is not None
-    loss = (outputs.logprobs * batch["advantages"]).sum() + 0.1 * outputs.entropy.sum()
-    loss.backward()
-    return {n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None}
-
-
 def test_shared_gradients_equal_the_unshared_ones(engines: tuple[TrainingEngine, TrainingEngine]) -> None:
     whole, shared = engines
-    g_whole, g_shared = _grads(whole), _grads(shared)
+    g_whole, g_shared = (surrogate_grads(e, grpo_batch(seed=5), 0.7) for e in (whole, shared))
     assert g_whole.keys() == g_shared.keys() and len(g_whole) > 10
     for name in g_whole:
         scale = max(1.0, float(g_whole[name].abs().max()))
