@@ -144,6 +144,34 @@ def test_warmup_then_cosine_to_the_floor() -> None:
     assert curve == pytest.approx(expected, abs=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("warmup", "total", "min_ratio"), [(0, 10, 0.0), (4, 14, 0.1), (3, 3, 0.5), (5, 2, 0.2)]
+)
+def test_the_schedules_equal_transformers_own(warmup: int, total: int, min_ratio: float) -> None:
+    """quartet computes the factors itself (importing transformers' schedules imports peft): bit for bit
+    the same as transformers' constant and cosine-with-min-lr schedules, past the end too."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
+    def curve(make: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]) -> list[float]:
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
+        sched, out = make(opt), []
+        for _ in range(total + 3):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    cosine = OptimConfig(lr=0.3, warmup_steps=warmup, schedule=LrSchedule.COSINE, min_lr_ratio=min_ratio)
+    ours = curve(lambda o: build_scheduler(o, cosine, total))
+    assert ours == curve(
+        lambda o: get_cosine_with_min_lr_schedule_with_warmup(o, warmup, total, min_lr_rate=min_ratio)
+    )
+    constant = OptimConfig(lr=0.3, warmup_steps=warmup)
+    assert curve(lambda o: build_scheduler(o, constant, total)) == curve(
+        lambda o: get_constant_schedule_with_warmup(o, warmup)
+    )
+
+
 def test_warmup_then_constant() -> None:
     curve = _lr_curve(OptimConfig(lr=2.0, warmup_steps=2), 5)
     assert curve == pytest.approx([0.0, 1.0, 2.0, 2.0, 2.0])

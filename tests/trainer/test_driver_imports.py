@@ -39,3 +39,18 @@ def test_the_engine_is_still_there_when_asked_for() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_a_host_builds_its_engines_without_peft_or_transformers_trainer() -> None:
+    """What every RL host imports (`early_hosts.HOST_MODULES` and the role classes) pulls in neither peft
+    (only LoRA needs it) nor `transformers.trainer_utils` (transformers' LR schedules import both)."""
+    code = (
+        "import json, sys\n"
+        "from quartet.cluster.early_hosts import HOST_MODULES, ROLE_MODULES\n"
+        "import importlib\n"
+        "for m in (*HOST_MODULES, *ROLE_MODULES.values()): importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in ('peft', 'transformers.trainer_utils') if m in sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == []

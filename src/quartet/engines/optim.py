@@ -4,9 +4,12 @@ Weight decay applies to matrices only: biases and norm weights (1-D parameters) 
 Hugging Face's Trainer and nanoGPT (verl decays everything; decaying a norm's gain toward 0 is not a
 regulariser anyone wants).
 
-Schedule (transformers' own functions, stepped once per optimizer step): linear warmup from 0 to `lr`
-over `warmup_steps` (the first step runs at lr 0 when warmup_steps > 0, as in transformers and verl), then
-constant, or a half cosine from `lr` down to `min_lr_ratio * lr` at `total_steps`.
+Schedule (transformers' constant and cosine-with-min-lr schedules, stepped once per optimizer step): linear
+warmup from 0 to `lr` over `warmup_steps` (the first step runs at lr 0 when warmup_steps > 0, as in
+transformers and verl), then constant, or a half cosine from `lr` down to `min_lr_ratio * lr` at
+`total_steps`. The factors are computed here as transformers computes them (tests/engines/test_optim.py
+compares them): importing its schedules imports `transformers.trainer_utils` and peft, ~0.4 s of every
+host's start.
 
 Non-finite gradients (`optimizer_step`): if the global gradient norm is inf or NaN the optimizer step is
 skipped and the gradients dropped; the scheduler still advances, so the learning rate stays tied to the
@@ -18,11 +21,11 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
-from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
 from quartet.config.optim import LrSchedule, OptimConfig
 from quartet.engines.dist import to_local_full
@@ -62,18 +65,34 @@ def fused_supported(params: list[nn.Parameter]) -> bool:
     return len(kinds) == 1 and kinds <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
 
 
+def warmup_constant_factor(step: int, *, warmup_steps: int) -> float:
+    """The learning-rate factor of step `step`: linear warmup from 0, then 1."""
+    if step < warmup_steps:
+        return float(step) / float(max(1, warmup_steps))
+    return 1.0
+
+
+def warmup_cosine_factor(step: int, *, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """The learning-rate factor of step `step`: linear warmup from 0, then a half cosine from 1 down to
+    `min_ratio` at `total_steps`."""
+    if step < warmup_steps:
+        return float(step) / float(max(1, warmup_steps))
+    progress = float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
+    factor = 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress))
+    return max(0.0, factor * (1 - min_ratio) + min_ratio)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
     """Warmup then constant or cosine (see the module doc); `total_steps` counts optimizer steps."""
     if cfg.schedule is LrSchedule.COSINE:
-        scheduler: LambdaLR = get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer,
-            num_warmup_steps=cfg.warmup_steps,
-            num_training_steps=total_steps,
-            min_lr_rate=cfg.min_lr_ratio,
+        cosine = partial(
+            warmup_cosine_factor,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=total_steps,
+            min_ratio=cfg.min_lr_ratio,
         )
-        return scheduler
-    constant: LambdaLR = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup_steps)
-    return constant
+        return LambdaLR(optimizer, cosine)
+    return LambdaLR(optimizer, partial(warmup_constant_factor, warmup_steps=cfg.warmup_steps))
 
 
 def optimizer_step(
