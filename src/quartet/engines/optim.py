@@ -7,7 +7,7 @@ regulariser anyone wants).
 Schedule (transformers' constant and cosine-with-min-lr schedules, stepped once per optimizer step): linear
 warmup from 0 to `lr` over `warmup_steps` (the first step runs at lr 0 when warmup_steps > 0, as in
 transformers and verl), then constant, or a half cosine from `lr` down to `min_lr_ratio * lr` at
-`total_steps`. The factors are computed here as transformers computes them (tests/engines/test_optim.py
+`total_steps`. The factors are computed here as transformers computes them (tests/engines/test_train_step.py
 compares them): importing its schedules imports `transformers.trainer_utils` and peft, ~0.4 s of every
 host's start.
 
