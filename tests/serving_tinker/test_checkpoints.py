@@ -249,6 +249,7 @@ def test_a_restarted_service_loads_what_was_saved(tiny_model_dir: Path, tmp_path
         path = trainer.save_state("before-restart").result().path
         expected = _step(trainer)
     finally:
+        first.close("success").result(timeout=30)  # its session and heartbeat end before its server
         server.stop_thread()
 
     again = TinkerServer({"tiny": tiny_model_dir}, api_key=KEY, state_dir=state)
@@ -258,6 +259,7 @@ def test_a_restarted_service_loads_what_was_saved(tiny_model_dir: Path, tmp_path
         resumed = second.create_training_client_from_state_with_optimizer(path).result()
         got = _step(resumed)
         listed = tinker.RestClient(base_url=url, api_key=KEY).list_checkpoints(trainer.model_id).result()
+        second.close("success").result(timeout=30)
     finally:
         again.stop_thread()
     assert got[0] == expected[0] and np.array_equal(got[1], expected[1])

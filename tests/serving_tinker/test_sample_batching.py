@@ -91,55 +91,65 @@ def test_concurrent_requests_of_two_clients_and_the_base_run_as_one_batch_and_eq
     server: Any,
 ) -> None:
     first, second = _client(server), _client(server)
-    samplers = {
-        "a": _trained_sampler(first, seed=1, target=3),
-        "b": _trained_sampler(second, seed=2, target=40),
-        "base": first.create_sampling_client(base_model="tiny").result(),
-    }
-    entry = server.state.hosts["tiny"]
-    forwards = _forward_counter(entry.host.host)
-    requests = _requests(samplers)
+    try:
+        samplers = {
+            "a": _trained_sampler(first, seed=1, target=3),
+            "b": _trained_sampler(second, seed=2, target=40),
+            "base": first.create_sampling_client(base_model="tiny").result(),
+        }
+        entry = server.state.hosts["tiny"]
+        forwards = _forward_counter(entry.host.host)
+        requests = _requests(samplers)
 
-    gate = threading.Event()
-    entry.queues.submit("test-hold", gate.wait)  # the base's thread waits until every request is queued
-    futures = [sampler.sample(**kwargs) for sampler, kwargs in requests]
-    deadline = time.monotonic() + 10
-    while entry.queues.waiting() < len(requests) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert entry.queues.waiting() == len(requests)
-    runs_before = len(entry.queues.batch_sizes())
-    forwards[0] = 0
-    gate.set()
-    together = [future.result() for future in futures]
-    batched_forwards = forwards[0]
-    assert entry.queues.batch_sizes()[runs_before:] == [len(requests)]  # one run held every request
+        gate = threading.Event()
+        entry.queues.submit("test-hold", gate.wait)  # the base's thread waits until every request is queued
+        futures = [sampler.sample(**kwargs) for sampler, kwargs in requests]
+        deadline = time.monotonic() + 10
+        while entry.queues.waiting() < len(requests) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert entry.queues.waiting() == len(requests)
+        runs_before = len(entry.queues.batch_sizes())
+        forwards[0] = 0
+        gate.set()
+        together = [future.result() for future in futures]
+        batched_forwards = forwards[0]
+        assert entry.queues.batch_sizes()[runs_before:] == [len(requests)]  # one run held every request
 
-    forwards[0] = 0
-    alone = [sampler.sample(**kwargs).result() for sampler, kwargs in requests]
-    alone_forwards = forwards[0]
-    # alone: one prefill and up to MAX_TOKENS - 1 decode forwards per request; together: the same prefills
-    # and up to MAX_TOKENS - 1 decode forwards for all of them
-    assert batched_forwards <= len(requests) + MAX_TOKENS - 1
-    assert batched_forwards < alone_forwards
+        forwards[0] = 0
+        alone = [sampler.sample(**kwargs).result() for sampler, kwargs in requests]
+        alone_forwards = forwards[0]
+        # alone: one prefill and up to MAX_TOKENS - 1 decode forwards per request; together: the same prefills
+        # and up to MAX_TOKENS - 1 decode forwards for all of them
+        assert batched_forwards <= len(requests) + MAX_TOKENS - 1
+        assert batched_forwards < alone_forwards
 
-    for (_, kwargs), got, expected in zip(requests, together, alone, strict=True):
-        assert len(got.sequences) == kwargs["num_samples"]
-        for seq, ref in zip(got.sequences, expected.sequences, strict=True):
-            assert seq.tokens == ref.tokens
-            assert seq.stop_reason == ref.stop_reason
-            torch.testing.assert_close(
-                torch.tensor(seq.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0
-            )
-        if kwargs.get("include_prompt_logprobs"):
-            assert got.prompt_logprobs[0] is None
-            torch.testing.assert_close(
-                torch.tensor(got.prompt_logprobs[1:]),
-                torch.tensor(expected.prompt_logprobs[1:]),
-                atol=1e-4,
-                rtol=0,
-            )
-    # the adapters really differ: the same prompt and seed sample differently through a, b and the base
-    sampling = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=9)
-    same = {"prompt": types.ModelInput.from_ints([5, 17, 33]), "num_samples": 4, "sampling_params": sampling}
-    outs = {name: [s.tokens for s in samplers[name].sample(**same).result().sequences] for name in samplers}
-    assert outs["a"] != outs["b"] and outs["a"] != outs["base"] and outs["b"] != outs["base"]
+        for (_, kwargs), got, expected in zip(requests, together, alone, strict=True):
+            assert len(got.sequences) == kwargs["num_samples"]
+            for seq, ref in zip(got.sequences, expected.sequences, strict=True):
+                assert seq.tokens == ref.tokens
+                assert seq.stop_reason == ref.stop_reason
+                torch.testing.assert_close(
+                    torch.tensor(seq.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0
+                )
+            if kwargs.get("include_prompt_logprobs"):
+                assert got.prompt_logprobs[0] is None
+                torch.testing.assert_close(
+                    torch.tensor(got.prompt_logprobs[1:]),
+                    torch.tensor(expected.prompt_logprobs[1:]),
+                    atol=1e-4,
+                    rtol=0,
+                )
+        # the adapters really differ: the same prompt and seed sample differently through a, b and the base
+        sampling = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=9)
+        same = {
+            "prompt": types.ModelInput.from_ints([5, 17, 33]),
+            "num_samples": 4,
+            "sampling_params": sampling,
+        }
+        outs = {
+            name: [s.tokens for s in samplers[name].sample(**same).result().sequences] for name in samplers
+        }
+        assert outs["a"] != outs["b"] and outs["a"] != outs["base"] and outs["b"] != outs["base"]
+    finally:  # their sessions and heartbeat threads end with the test
+        for client in (first, second):
+            client.close("success").result(timeout=30)
