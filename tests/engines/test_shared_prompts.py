@@ -78,11 +78,6 @@ def test_no_shared_prompt_packs_each_row_whole() -> None:
     assert pack_sharing(build_inputs(batch)) is None
 
 
-def _reference_spans(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, sinks):
-    """Each response span's output computed as its own row [prompt, response] (queries = keys)."""
-    return masked_span(q, k, v, q.shape[-1] ** -0.5, window, sinks)
-
-
 @pytest.mark.parametrize(("window", "with_sinks"), [(None, False), (3, False), (None, True), (4, True)])
 def test_span_attention_equals_each_row_alone(window: int | None, with_sinks: bool) -> None:
     """A prompt of 5 and responses of 4 and 2 (GQA: 4 query heads over 2 key/value heads)."""
@@ -101,7 +96,7 @@ def test_span_attention_equals_each_row_alone(window: int | None, with_sinks: bo
     kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     starts = [0, 5, 9]
     for start, length, index in zip(starts, (prompt, *answers), keys, strict=True):
-        row = _reference_spans(q[:, :, index], kr[:, :, index], vr[:, :, index], window, sinks)
+        row = masked_span(q[:, :, index], kr[:, :, index], vr[:, :, index], 8**-0.5, window, sinks)  # alone
         torch.testing.assert_close(out[0, start : start + length], row[0, :, -length:].transpose(0, 1))
 
 

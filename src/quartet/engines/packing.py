@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from quartet.engines.inputs import ModelInputs
-from quartet.engines.shared_prompts import AttentionSpans, masked_span, pack_shared, span_attention
+from quartet.engines.shared_prompts import AttentionSpans, masked_span, shared_layout_of, span_attention
 
 __all__ = [
     "VARLEN",
@@ -98,7 +98,7 @@ def pack_sharing(inputs: ModelInputs) -> PackedInputs | None:
     """Pack a micro-batch with each prompt once for the rows that share it (`engines.shared_prompts`); None
     when no two rows share a prompt (then `pack_inputs`)."""
     ids, width = inputs.input_ids, inputs.response_width
-    layout = pack_shared(ids, inputs.attention_mask, inputs.position_ids, width)
+    layout = shared_layout_of(ids, inputs.attention_mask, inputs.position_ids, width)
     if layout is None:
         return None
     b, t = ids.shape

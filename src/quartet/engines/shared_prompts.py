@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-__all__ = ["AttentionSpans", "SharedLayout", "masked_span", "pack_shared", "span_attention"]
+__all__ = ["AttentionSpans", "SharedLayout", "masked_span", "shared_layout_of", "span_attention"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def shared_layout(
     return SharedLayout(torch.cat(tokens).unsqueeze(0), torch.cat(places).unsqueeze(0), column_index, spans)
 
 
-def pack_shared(
+def shared_layout_of(
     ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, response_width: int
 ) -> SharedLayout | None:
     """The shared-prompt packing of [b, T] trimmed inputs (prompt columns, then `response_width` response
