@@ -341,6 +341,7 @@ def gpu_tests(ctx: Context) -> Result:
     """The suite's GPU tests (`pytest -m gpu`): they skip on a machine without CUDA."""
     files = [
         ROOT / "tests" / "engines" / "test_gpu.py",
+        ROOT / "tests" / "engines" / "test_varlen_kernel_gpu.py",
         ROOT / "tests" / "rollout" / "test_graph_decode_gpu.py",
     ]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *map(str, files)]

@@ -11,7 +11,8 @@ Steps, in order (each in its own process with its own deadline; in a dry run, in
   decode_kernels issue 54: the fused Triton kernels against their torch paths (7B shape, 64 and 256 rows),
                     and the engine's decode at 0.5B and 7B / 64 rows with `rollout.fused_kernels` off and auto
   hf_baseline    a. HF's static-cache generate (compiled by transformers) at 0.5B/64: the issue's baseline
-  update         b. the actor update's MFU at the 1.5B shape (packed, no offload; fused head on and off)
+  update         b. the actor update's MFU at the 1.5B shape (packed, no offload; fused head on and off,
+                    and packed attention span by span instead of the varlen kernel)
   moe            issue 49: a Qwen3-MoE (hidden 1024, 12 layers, 64 experts, top 8): the experts' matmul that
                     ran (grouped where torch has one), decode tok/s at 64 rows, one update's time and memory
   first_step     c. `quartet train` of the single-GPU example at 1.5B to its first step, phase by phase

@@ -180,6 +180,9 @@ def test_the_goals_script_dry_run_measures_every_step_and_keeps_its_figures_cons
     assert all(g["met"] is None for g in record["goals"].values())
     variants = [v for k, v in steps["update"].items() if k.startswith("update")]
     assert record["goals"]["update_1.5B_mfu"]["figure"] == max(v["mfu"] for v in variants)  # the best variant
+    span_by_span = steps["update"]["update/varlen_kernel=off"]  # the kernel's difference, measured on a GPU
+    assert span_by_span["varlen_kernel_off"] == "turned off by set_varlen_kernel(False)"
+    assert update["varlen_kernel"] is None and update["varlen_kernel_off"] is None  # the CPU has no kernel
 
 
 def _check_fp8(fp8: dict[str, Any], params: int) -> None:

@@ -6,10 +6,12 @@ through every projection and MLP. The packed path keeps only real tokens: the ro
 confined to each row by a varlen attention registered with transformers (`VARLEN`): causal attention over
 each row's own span (`cu_seqlens`), so no token sees another row and no mask of N x N is built.
 
-- On CUDA with flash-attn installed the spans go to `flash_attn_varlen_func` in one call.
+- On CUDA in half precision all spans go to one flash-attention varlen call per layer: torch's own
+  `varlen_attn`, else flash-attn's `flash_attn_varlen_func` (`engines.varlen_kernel`).
 - Elsewhere each span is one causal `scaled_dot_product_attention` call (GQA's key/value heads repeated).
   That is exact, and it costs one small call per row and layer. So are values narrower than the queries
-  and keys (DeepSeek-V3's MLA: 192-wide queries and keys, 128-wide values), which flash-attn does not take.
+  and keys (DeepSeek-V3's MLA: 192-wide queries and keys, 128-wide values), which flash attention does not
+  take.
 - gpt-oss's attention has a learned sink logit per head (`s_aux`: a column of the softmax that takes
   probability and gives no value) and sliding-window layers (`sliding_window`: a token sees the last w
   tokens of its row): each span is computed as transformers' eager gpt-oss attention computes it, with
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 
 from quartet.engines.inputs import ModelInputs
 from quartet.engines.shared_prompts import AttentionSpans, masked_span, shared_layout_of, span_attention
+from quartet.engines.varlen_kernel import kernel_attention
 
 __all__ = [
     "VARLEN",
@@ -150,9 +153,11 @@ def varlen_attention(
     lengths = [z - a for a, z in zip(quartet_bounds[:-1], quartet_bounds[1:], strict=True)]
     # a window no row reaches past is full causal attention (Mistral's 4k window, most rows)
     window = sliding_window if sliding_window is not None and max(lengths) > sliding_window else None
+    if s_aux is None:
+        fast = kernel_attention(query, key, value, scaling, tuple(lengths), tuple(lengths), window)
+        if fast is not None:
+            return fast, None
     plain = s_aux is None and window is None
-    if plain and query.is_cuda and query.shape[-1] == value.shape[-1] and _flash_varlen() is not None:
-        return _flash(query, key, value, scaling, quartet_bounds), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # GQA: key/value heads repeated, as transformers' own sdpa path does
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -173,27 +178,6 @@ def varlen_attention(
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         outs = [masked_span(q, k, v, scale, window, s_aux) for q, k, v in spans if q.shape[2]]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
-
-
-def _flash_varlen() -> Any:
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    return flash_attn_varlen_func
-
-
-def _flash(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, bounds: tuple[int, ...]
-) -> Any:
-    fn = _flash_varlen()
-    cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
-    longest = max(z - a for a, z in zip(bounds[:-1], bounds[1:], strict=True))
-    out = fn(
-        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, longest, longest,
-        softmax_scale=scale, causal=True,
-    )  # fmt: skip
-    return out.unsqueeze(0)  # [1, N, Hq, D]
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

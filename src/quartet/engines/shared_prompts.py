@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from quartet.engines.varlen_kernel import kernel_attention
+
 __all__ = ["AttentionSpans", "SharedLayout", "masked_span", "shared_layout_of", "span_attention"]
 
 
@@ -173,9 +175,10 @@ def span_attention(
     s_aux: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over `spans`: query [1, Hq, N, D], key [1, Hkv, N, D], value [1, Hkv, N, Dv] ->
-    [1, N, Hq, Dv]. One `scaled_dot_product_attention` call per span (a response's keys gathered: its
-    prompt's, then its own); with sink logits `s_aux` or a `sliding_window` some span is longer than, each
-    span as `masked_span` computes it."""
+    [1, N, Hq, Dv]. A response's keys are gathered: its prompt's, then its own. On CUDA in half precision
+    all spans go to one varlen kernel call (`engines.varlen_kernel`); elsewhere each is one
+    `scaled_dot_product_attention` call, and with sink logits `s_aux` or a `sliding_window` some span is
+    longer than, each span as `masked_span` computes it."""
     window = (
         sliding_window if sliding_window is not None and max(spans.key_lengths) > sliding_window else None
     )
@@ -183,6 +186,10 @@ def span_attention(
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     index = spans.key_index.to(query.device)
     key, value = key.index_select(2, index), value.index_select(2, index)
+    if s_aux is None:
+        fast = kernel_attention(query, key, value, scaling, spans.query_lengths, spans.key_lengths, window)
+        if fast is not None:
+            return fast
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # GQA: key/value heads repeated, as transformers' own sdpa path does
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
