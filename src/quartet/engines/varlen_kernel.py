@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
@@ -83,18 +84,16 @@ def kernel_attention(
     q_lengths = tuple(query_lengths[i] for i in kept)
     k_lengths = tuple(key_lengths[i] for i in kept)
     call = _torch_call if name == "torch" else _flash_attn_call
+    layout = _Layout(
+        _offsets(q_lengths, query.device),
+        _offsets(k_lengths, query.device),
+        max(q_lengths),
+        max(k_lengths),
+        scaling,
+        -1 if window is None else window - 1,
+    )
     try:
-        out = call(
-            query[0].transpose(0, 1),
-            key[0].transpose(0, 1),
-            value[0].transpose(0, 1),
-            _offsets(q_lengths, query.device),
-            _offsets(k_lengths, query.device),
-            max(q_lengths),
-            max(k_lengths),
-            scaling,
-            -1 if window is None else window - 1,
-        )
+        out = call(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), layout)
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
         _state["off"] = f"{name}'s varlen kernel failed: {type(err).__name__}: {err}"
         log.warning("%s; packed attention runs span by span from now on", _state["off"])
@@ -139,22 +138,25 @@ def _takes(name: str) -> bool:
     return fn is not None and name in inspect.signature(fn).parameters
 
 
-def _torch_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-    left: int,
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class _Layout:
+    """Where the spans are, for a kernel: cumulative lengths on the device, the longest span, the scale and
+    the window's left reach (-1: none)."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    scale: float | None
+    left: int
+
+
+def _torch_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: _Layout) -> torch.Tensor:
     fn = _torch_varlen()
     assert fn is not None
     kwargs: dict[str, Any] = {}
     if _takes("window_size"):
-        kwargs["window_size"] = (left, 0)  # (-1, 0): causal, aligned to the end of the keys
+        kwargs["window_size"] = (at.left, 0)  # (-1, 0): causal, aligned to the end of the keys
     else:
         kwargs["is_causal"] = True
     grouped = q.shape[1] != k.shape[1]
@@ -164,28 +166,19 @@ def _torch_call(
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if _takes("scale"):
-        kwargs["scale"] = scale
-    elif scale is not None:  # the kernel scales by 1 / sqrt(D)
-        q = q * (scale * q.shape[-1] ** 0.5)
-    out = fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+        kwargs["scale"] = at.scale
+    elif at.scale is not None:  # the kernel scales by 1 / sqrt(D)
+        q = q * (at.scale * q.shape[-1] ** 0.5)
+    out = fn(q, k, v, at.cu_q, at.cu_k, at.max_q, at.max_k, **kwargs)
     attended: torch.Tensor = out[0] if isinstance(out, tuple) else out
     return attended
 
 
-def _flash_attn_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-    left: int,
-) -> torch.Tensor:
+def _flash_attn_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: _Layout) -> torch.Tensor:
     fn = _flash_attn_varlen()
     assert fn is not None
     attended: torch.Tensor = fn(
-        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True, window_size=(left, 0)
-    )
+        q, k, v, at.cu_q, at.cu_k, at.max_q, at.max_k, softmax_scale=at.scale, causal=True,
+        window_size=(at.left, 0),
+    )  # fmt: skip
     return attended
