@@ -164,7 +164,14 @@ def run(step: Step) -> None:
     if step.fits(key, 40.0):
         set_varlen_kernel(False)
         try:
-            step.put(key, update_case(step, str(model_dir), variants[0], peak))
+            off = update_case(step, str(model_dir), variants[0], peak)
+            on = step.record.get(
+                "update" if variants[0] is None else f"update/fused_head={str(variants[0]).lower()}"
+            )
+            if isinstance(on, dict) and on.get("losses"):  # the same first step: the kernel's numbers agree
+                gap = abs(on["losses"][0] - off["losses"][0]) / max(abs(off["losses"][0]), 1e-12)
+                off["first_loss_gap_vs_kernel"] = round(gap, 6)
+            step.put(key, off)
         except Exception as err:
             step.put(key, {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:2000]})
         finally:
