@@ -4,8 +4,8 @@ Qwen2-1.5B's shape with its FULL vocabulary (151,936; random weights built on th
 the training engine as the actor uses it: fp32 master weights, bf16 autocast, packed micro-batches
 (`remove_padding`), no offload, entropy computed for the metric. 64 rows of 128 prompt + 512 response tokens,
 micro-batches of 16 rows. MFU = 6 x params x tokens / update seconds over the measured bf16 matmul rate.
-Packed attention runs as one varlen kernel call a layer where the device has one (`varlen_kernel` in each
-case), and once more span by span (`update/varlen_kernel=off`) for the difference.
+Packed attention runs as one varlen kernel call a layer where the device has one (`varlen_kernel_calls` in
+each case counts them), and once more span by span (`update/varlen_kernel=off`) for the difference.
 Where the engine has the fused log-prob/entropy head (`EngineSpec.fused_head`, detected at run time) the
 update runs with it on and off.
 """
@@ -22,7 +22,7 @@ from checks import random_batch, response_nll
 from goal_decode import TINY, VOCAB, build_model
 from goal_io import Step, log, matmul_rate
 
-from quartet.engines.varlen_kernel import set_varlen_kernel, varlen_kernel_name, varlen_kernel_off
+from quartet.engines.varlen_kernel import set_varlen_kernel, varlen_kernel_calls, varlen_kernel_off
 
 SHAPE_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                   intermediate_size=8960, tie_word_embeddings=True)  # fmt: skip
@@ -33,12 +33,6 @@ def has_fused_head() -> bool:
     from quartet.engines import EngineSpec
 
     return "fused_head" in {f.name for f in dataclasses.fields(EngineSpec)}
-
-
-def kernel_in_use(step: Step) -> str | None:
-    """The varlen kernel packed attention calls on this device in bf16 (None: span by span)."""
-    probe = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda" if step.cuda else "cpu")
-    return varlen_kernel_name(probe, probe)
 
 
 def timed_updates(
@@ -72,6 +66,7 @@ def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> 
     if step.cuda:
         torch.cuda.reset_peak_memory_stats()
     engine = TrainingEngine(spec)
+    kernel_calls = varlen_kernel_calls()
     module: Any = engine.module
     batch = random_batch(rows, prompt, response, int(module.config.vocab_size))
     times, losses = timed_updates(step, engine, batch, micro, with_entropy=True, entropy_grad=False)
@@ -90,7 +85,7 @@ def update_case(step: Step, model_dir: str, fused: bool | None, peak: float) -> 
         "tflops": round(6 * params * tokens / best / 1e12, 3),
         "mfu": round(6 * params * tokens / best / peak, 4),
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if step.cuda else None,
-        "varlen_kernel": kernel_in_use(step),
+        "varlen_kernel_calls": varlen_kernel_calls() - kernel_calls,
         "varlen_kernel_off": varlen_kernel_off(),
     }
     try:  # the profile is extra: its failure must not lose the timed case

@@ -82,6 +82,7 @@ class TorchVarlen:
     ):
         assert enable_gqa or query.shape[1] == key.shape[1]
         self.calls.append({"heads": (query.shape[1], key.shape[1]), "window": window_size, "scale": scale})
+        self.dtypes = (query.dtype, key.dtype, value.dtype)
         return _flash_contract(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size)
 
 
@@ -109,7 +110,7 @@ def first_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[TorchVarlen]:
 
 
 def _installed(monkeypatch: pytest.MonkeyPatch, fake: TorchVarlen) -> Iterator[TorchVarlen]:
-    monkeypatch.setattr(varlen_kernel, "_runs_on", lambda query: True)
+    monkeypatch.setattr(varlen_kernel, "_kernel_dtype", lambda query: query.dtype)
     monkeypatch.setattr(varlen_kernel, "_torch_varlen", lambda: fake)
     monkeypatch.setattr(varlen_kernel, "_flash_attn_varlen", lambda: None)
     varlen_kernel._takes.cache_clear()
@@ -250,3 +251,21 @@ def test_cpu_float32_takes_no_kernel() -> None:
     q, k, v = _qkv(4)
     assert varlen_kernel.varlen_kernel_name(q, v) is None
     assert varlen_kernel.kernel_attention(q, k, v, None, (4,), (4,)) is None
+
+
+def test_under_autocast_the_kernel_gets_autocasts_dtype(
+    kernel: TorchVarlen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32 master weights under bf16 autocast: rotary embeddings hand over float32 queries and keys,
+    and autocast leaves a custom kernel's inputs alone, so the path casts them as autocast casts SDPA's."""
+    monkeypatch.setattr(varlen_kernel, "_kernel_dtype", varlen_kernel._half_dtype)  # all but the CUDA check
+    q, k, v = (t.detach() for t in _qkv(22))
+    assert _plain(q, k, v).dtype == torch.float32 and kernel.calls == []  # float32 without autocast: per span
+    before = varlen_kernel.varlen_kernel_calls()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _plain(q, k, v)
+    assert kernel.dtypes == (torch.bfloat16,) * 3 and out.dtype == torch.bfloat16
+    assert varlen_kernel.varlen_kernel_calls() == before + 1
+    cast = [t.to(torch.bfloat16) for t in (q, k, v)]
+    varlen_kernel.set_varlen_kernel(False)
+    torch.testing.assert_close(out, _plain(*cast), rtol=2e-2, atol=2e-2)  # per span on the cast inputs

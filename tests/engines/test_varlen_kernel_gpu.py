@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from engine_cases import make_batch
+from test_gpu import PROMPTS, RESPONSES, _spec
 from test_varlen_kernel import BOUNDS, SPANS
 
-from quartet.engines import varlen_kernel
+from quartet.config.model import Dtype
+from quartet.engines import MicroSpec, TrainingEngine, varlen_kernel
 from quartet.engines.packing import varlen_attention
 from quartet.engines.shared_prompts import span_attention
 
@@ -51,3 +56,20 @@ def test_the_kernel_equals_the_per_span_path(shared: bool, window: int | None) -
     assert varlen_kernel.varlen_kernel_off() is None, varlen_kernel.varlen_kernel_off()
     for label, a, b in zip(("output", "dq", "dk", "dv"), got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2, msg=f"{name}: {label}")
+
+
+def test_the_engine_calls_the_kernel_under_its_autocast(tiny_model_dir: Path) -> None:
+    """float32 master weights, bf16 autocast, packed passes: the engine's own setup takes the kernel (its
+    queries and keys arrive in float32 from the rotary embedding), and the log-probs agree span by span."""
+    engine = TrainingEngine(replace(_spec(tiny_model_dir, Dtype.BFLOAT16), remove_padding=True))
+    batch = make_batch(PROMPTS, RESPONSES)
+    before = varlen_kernel.varlen_kernel_calls()
+    got, _ = engine.forward_logprobs(batch, 1.0, MicroSpec(size=2))
+    layers = engine.module.config.num_hidden_layers
+    assert varlen_kernel.varlen_kernel_calls() - before == 2 * layers, varlen_kernel.varlen_kernel_off()
+    varlen_kernel.set_varlen_kernel(False)
+    try:
+        want, _ = engine.forward_logprobs(batch, 1.0, MicroSpec(size=2))
+    finally:
+        varlen_kernel.set_varlen_kernel(True)
+    torch.testing.assert_close(got, want, atol=5e-2, rtol=0)

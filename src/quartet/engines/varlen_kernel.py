@@ -14,9 +14,12 @@ Two kernels are taken, in this order:
   heads repeated, and a sliding window left to the per-span path.
 - flash-attn's `flash_attn_varlen_func`, where it is installed.
 
-Neither runs on CPU, in float32, with values narrower than the queries (MLA), a head dim flash attention
-does not take, or sink logits (gpt-oss): those keep the per-span path, which is exact everywhere. A kernel
-that raises is reported once and not called again in the process; the per-span path answers instead.
+Under autocast (float32 master weights, bf16 compute: the training engine's default) the inputs are cast
+to autocast's dtype, as autocast casts SDPA's; autocast leaves a custom kernel's inputs alone, and rotary
+embeddings hand over float32 queries and keys. Neither kernel runs on CPU, in float32 without autocast,
+with values narrower than the queries (MLA), a head dim flash attention does not take, or sink logits
+(gpt-oss): those keep the per-span path, which is exact everywhere. A kernel that raises is reported once
+and not called again in the process; the per-span path answers instead.
 """
 
 from __future__ import annotations
@@ -30,30 +33,49 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["kernel_attention", "set_varlen_kernel", "varlen_kernel_name", "varlen_kernel_off"]
+__all__ = [
+    "kernel_attention",
+    "set_varlen_kernel",
+    "varlen_kernel_calls",
+    "varlen_kernel_name",
+    "varlen_kernel_off",
+]
 
 log = logging.getLogger(__name__)
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 _MAX_HEAD_DIM = 256
 
-_state: dict[str, str | None] = {"off": None}
-"""Why the kernels are not used in this process (None: they are used where they run)."""
+
+@dataclass
+class _KernelState:
+    off: str | None = None
+    """Why the kernels are not used in this process (None: they are used where they run)."""
+    calls: int = 0
+    """Kernel calls that answered, in this process."""
+
+
+_state = _KernelState()
 
 
 def set_varlen_kernel(enabled: bool) -> None:
     """Use the varlen kernels (the default) or the per-span path everywhere: for comparisons of the two."""
-    _state["off"] = None if enabled else "turned off by set_varlen_kernel(False)"
+    _state.off = None if enabled else "turned off by set_varlen_kernel(False)"
 
 
 def varlen_kernel_off() -> str | None:
     """Why no varlen kernel runs in this process (a failed call, or `set_varlen_kernel(False)`); None: on."""
-    return _state["off"]
+    return _state.off
+
+
+def varlen_kernel_calls() -> int:
+    """How many varlen kernel calls answered in this process (one per packed layer and micro-batch)."""
+    return _state.calls
 
 
 def varlen_kernel_name(query: torch.Tensor, value: torch.Tensor, window: int | None = None) -> str | None:
     """The kernel `kernel_attention` would call for these inputs: `torch` or `flash_attn`; None: per span."""
-    if _state["off"] is not None or not _runs_on(query):
+    if _state.off is not None or _kernel_dtype(query) is None:
         return None
     d = query.shape[-1]
     if d != value.shape[-1] or d % 8 or d > _MAX_HEAD_DIM:
@@ -92,18 +114,29 @@ def kernel_attention(
         scaling,
         -1 if window is None else window - 1,
     )
+    dtype = _kernel_dtype(query) or query.dtype
+    q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))
     try:
-        out = call(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), layout)
+        out = call(q, k, v, layout)
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
-        _state["off"] = f"{name}'s varlen kernel failed: {type(err).__name__}: {err}"
-        log.warning("%s; packed attention runs span by span from now on", _state["off"])
+        _state.off = f"{name}'s varlen kernel failed: {type(err).__name__}: {err}"
+        log.warning("%s; packed attention runs span by span from now on", _state.off)
         return None
+    _state.calls += 1
     return out.unsqueeze(0)
 
 
-def _runs_on(query: torch.Tensor) -> bool:
-    """Tensors the flash kernels take: CUDA, half precision."""
-    return query.is_cuda and query.dtype in _FLASH_DTYPES
+def _kernel_dtype(query: torch.Tensor) -> torch.dtype | None:
+    """The half dtype a flash kernel would run these inputs in; None off CUDA."""
+    return _half_dtype(query) if query.is_cuda else None
+
+
+def _half_dtype(query: torch.Tensor) -> torch.dtype | None:
+    """fp16 or bf16 attention runs in here: autocast's where it is on (SDPA would be cast to it), else the
+    inputs' own; None: float32."""
+    kind = query.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
+    return dtype if dtype in _FLASH_DTYPES else None
 
 
 @lru_cache(maxsize=16)
