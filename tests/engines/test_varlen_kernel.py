@@ -31,8 +31,10 @@ def _flash_contract(
     max_k: int,
     scale: float | None,
     window_size: tuple[int, int],
+    top_left: bool = False,
 ) -> torch.Tensor:
-    """[T_q, H, D] of flash attention's varlen contract, position by position in float64."""
+    """[T_q, H, D] of flash attention's varlen contract, position by position in float64 (`top_left`: the
+    causal mask aligned to the start of the keys, a kernel that got it wrong)."""
     heads = query.shape[1]
     key = key.repeat_interleave(heads // key.shape[1], dim=1)
     value = value.repeat_interleave(heads // value.shape[1], dim=1)
@@ -46,7 +48,7 @@ def _flash_contract(
         assert 0 < n <= max_q and n <= m <= max_k
         s = q.shape[-1] ** -0.5 if scale is None else scale
         scores = torch.einsum("nhd,mhd->hnm", q, k) * s
-        at = torch.arange(n)[:, None] + (m - n)  # query i is key (m - n + i)
+        at = torch.arange(n)[:, None] + (0 if top_left else m - n)  # query i is key (m - n + i)
         key_at = torch.arange(m)[None, :]
         allowed = key_at <= at + right
         if left >= 0:
@@ -114,9 +116,11 @@ def _installed(monkeypatch: pytest.MonkeyPatch, fake: TorchVarlen) -> Iterator[T
     monkeypatch.setattr(varlen_kernel, "_torch_varlen", lambda: fake)
     monkeypatch.setattr(varlen_kernel, "_flash_attn_varlen", lambda: None)
     varlen_kernel._takes.cache_clear()
+    varlen_kernel._probe.cache_clear()
     varlen_kernel.set_varlen_kernel(True)
     yield fake
     varlen_kernel._takes.cache_clear()
+    varlen_kernel._probe.cache_clear()
     varlen_kernel.set_varlen_kernel(True)
 
 
@@ -176,8 +180,8 @@ def test_one_kernel_call_equals_the_per_span_path(
 ) -> None:
     want = _per_span(fn, tokens, **kw)
     got = _outputs_and_grads(fn, tokens, **kw)
-    assert len(kernel.calls) == 1
-    call = kernel.calls[0]
+    assert len(kernel.calls) == 2  # the first call of a kind of input is a probe's (below)
+    call = kernel.calls[1]
     assert call["heads"] == (4, 2)  # the kernel's own GQA: key/value heads not repeated
     window = kw.get("sliding_window")
     assert call["window"] == (-1 if window is None else window - 1, 0)
@@ -192,7 +196,7 @@ def test_the_first_torch_kernel_gets_repeated_heads_and_a_scaled_query(
 ) -> None:
     want = _per_span(fn, tokens, **kw)
     got = _outputs_and_grads(fn, tokens, **kw)
-    assert first_kernel.calls == [{"heads": (4, 4), "causal": True}]
+    assert first_kernel.calls == [{"heads": (4, 4), "causal": True}] * 2  # a probe's call, then the pass
     for name, a, b in zip(("output", "dq", "dk", "dv"), got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
 
@@ -228,10 +232,10 @@ def test_a_failing_kernel_is_reported_once_and_left(
     with caplog.at_level(logging.WARNING, logger=varlen_kernel.__name__):
         first = _outputs_and_grads(_plain, 22)
         second = _outputs_and_grads(_shared, 15)
-    assert calls == [1]
+    assert calls == [1]  # the probe's
     assert [r.getMessage() for r in caplog.records] == [
-        "torch's varlen kernel failed: RuntimeError: FlashAttention only supports Ampere GPUs or newer.; "
-        "packed attention runs span by span from now on"
+        "torch's varlen kernel failed a probe: RuntimeError: FlashAttention only supports Ampere GPUs or "
+        "newer.; packed attention runs span by span from now on"
     ]
     assert second[0].shape == (1, 15, 4, 16)
     for a, b in zip(first, want, strict=True):
@@ -265,7 +269,97 @@ def test_under_autocast_the_kernel_gets_autocasts_dtype(
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = _plain(q, k, v)
     assert kernel.dtypes == (torch.bfloat16,) * 3 and out.dtype == torch.bfloat16
-    assert varlen_kernel.varlen_kernel_calls() == before + 1
+    assert varlen_kernel.varlen_kernel_calls() == before + 1  # the pass's (a probe's is not counted)
     cast = [t.to(torch.bfloat16) for t in (q, k, v)]
     varlen_kernel.set_varlen_kernel(False)
     torch.testing.assert_close(out, _plain(*cast), rtol=2e-2, atol=2e-2)  # per span on the cast inputs
+
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("FlashAttention backward for head dim > 192 requires A100/A800 or H100/H800")
+
+
+class BackwardFails(TorchVarlen):
+    """A kernel whose forward answers and whose backward raises."""
+
+    def __call__(
+        self,
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,  # fmt: skip
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        seqused_k=None,
+        block_table=None,
+        num_splits=None,
+    ):
+        out = super().__call__(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                               window_size=window_size, enable_gqa=enable_gqa)  # fmt: skip
+        return _NoBackward.apply(out)
+
+
+class AlignedToTheStart(TorchVarlen):
+    """A kernel that aligns the causal mask to the start of a span's keys."""
+
+    def __call__(
+        self,
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,  # fmt: skip
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        seqused_k=None,
+        block_table=None,
+        num_splits=None,
+    ):
+        self.calls.append({"heads": (query.shape[1], key.shape[1])})
+        return _flash_contract(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, window_size,
+                               top_left=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("faulty", "reason"),
+    [
+        (BackwardFails, "failed a probe: RuntimeError: FlashAttention backward"),
+        (AlignedToTheStart, "differs from SDPA by"),
+    ],
+    ids=["backward-raises", "misaligned"],
+)
+def test_a_probe_keeps_a_faulty_kernel_out_of_the_pass(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, faulty: type[TorchVarlen], reason: str
+) -> None:
+    """The first call of a kind of input probes the kernel, forward and backward, against SDPA: a kernel
+    that fails either is never used by a pass (a backward failure would fail the update past the forward's
+    fallback)."""
+    fake = faulty()
+    installed = _installed(monkeypatch, fake)
+    next(installed)
+    want = _per_span(_shared, 15)
+    with caplog.at_level(logging.WARNING, logger=varlen_kernel.__name__):
+        got = _outputs_and_grads(_shared, 15)
+    assert len(fake.calls) == 1  # the probe's; the pass ran span by span
+    assert reason in str(varlen_kernel.varlen_kernel_off())
+    assert len(caplog.records) == 1
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    next(installed, None)

@@ -18,8 +18,10 @@ Under autocast (float32 master weights, bf16 compute: the training engine's defa
 to autocast's dtype, as autocast casts SDPA's; autocast leaves a custom kernel's inputs alone, and rotary
 embeddings hand over float32 queries and keys. Neither kernel runs on CPU, in float32 without autocast,
 with values narrower than the queries (MLA), a head dim flash attention does not take, or sink logits
-(gpt-oss): those keep the per-span path, which is exact everywhere. A kernel that raises is reported once
-and not called again in the process; the per-span path answers instead.
+(gpt-oss): those keep the per-span path, which is exact everywhere. The first call for each kind of input
+probes the kernel, forward and backward, against per-span SDPA (`_probe`): a kernel that raises or
+differs there, or whose forward raises later, is reported once and not called again in the process; the
+per-span path answers instead.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from functools import lru_cache
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "kernel_attention",
@@ -115,15 +118,121 @@ def kernel_attention(
         -1 if window is None else window - 1,
     )
     dtype = _kernel_dtype(query) or query.dtype
+    heads = (query.shape[1], key.shape[1], query.shape[-1])
+    doubt = _probe(name, dtype, query.device, heads, layout.left, scaling)
+    if doubt is not None:
+        _give_up(doubt)
+        return None
     q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))
     try:
         out = call(q, k, v, layout)
-    except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
-        _state.off = f"{name}'s varlen kernel failed: {type(err).__name__}: {err}"
-        log.warning("%s; packed attention runs span by span from now on", _state.off)
+    except _KERNEL_ERRORS as err:
+        _give_up(f"{name}'s varlen kernel failed: {type(err).__name__}: {err}")
         return None
     _state.calls += 1
     return out.unsqueeze(0)
+
+
+def _give_up(reason: str) -> None:
+    """No kernel from now on in this process, said once."""
+    _state.off = reason
+    log.warning("%s; packed attention runs span by span from now on", reason)
+
+
+_KERNEL_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError)
+
+_PROBE_TOLERANCE = 5e-2
+"""Largest difference from SDPA a probe accepts, relative to the largest value (bf16 is ~1e-2 off)."""
+
+
+@lru_cache(maxsize=32)
+def _probe(
+    name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    heads: tuple[int, int, int],
+    left: int,
+    scale: float | None,
+) -> str | None:
+    """Why kernel `name` is not to be trusted with inputs like these (None: it is), once per kind of input:
+    its forward and backward on two small spans (the second with more keys than queries, as a response after
+    its prompt) against per-span SDPA in the same dtype. A kernel that raises in its backward would
+    otherwise fail the update, past the forward's fallback."""
+    hq, hkv, dim = heads
+    g = torch.Generator().manual_seed(0)
+    q_lengths, k_lengths = (3, 4), (3, 6)
+    sizes = ((sum(q_lengths), hq), (sum(k_lengths), hkv), (sum(k_lengths), hkv))
+    q, k, v = (torch.randn(n, h, dim, generator=g) for n, h in sizes)
+    upstream = torch.randn(sum(q_lengths), hq, dim, generator=g)
+    layout = _Layout(_offsets(q_lengths, device), _offsets(k_lengths, device), 4, 6, scale, left)
+    call = _torch_call if name == "torch" else _flash_attn_call
+    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        try:
+            got = _output_and_grads(lambda a, b, c: call(a, b, c, layout), (q, k, v), upstream, dtype, device)
+        except _KERNEL_ERRORS as err:
+            return f"{name}'s varlen kernel failed a probe: {type(err).__name__}: {err}"
+        want = _output_and_grads(
+            lambda a, b, c: _per_span_sdpa(a, b, c, q_lengths, k_lengths, scale, left),
+            (q, k, v),
+            upstream,
+            dtype,
+            device,
+        )
+    worst = max(
+        float((a - b).abs().max() / b.abs().max().clamp_min(1e-6)) for a, b in zip(got, want, strict=True)
+    )
+    if worst > _PROBE_TOLERANCE:
+        return f"{name}'s varlen kernel differs from SDPA by {worst:.3g} (relative) in a probe"
+    return None
+
+
+def _output_and_grads(
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    qkv: tuple[torch.Tensor, ...],
+    upstream: torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """attend(q, k, v) and the gradients of q, k, v for `upstream`, in float32 on the CPU."""
+    leaves = [t.to(device, dtype).requires_grad_() for t in qkv]
+    out = attend(*leaves)
+    grads = torch.autograd.grad(out, leaves, upstream.to(device, out.dtype))
+    return [x.detach().float().cpu() for x in (out, *grads)]
+
+
+def _per_span_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_lengths: tuple[int, ...],
+    k_lengths: tuple[int, ...],
+    scale: float | None,
+    left: int,
+) -> torch.Tensor:
+    """[T_q, H, D]: each span by SDPA with a mask, causal aligned to the end of its keys, the window's
+    `left` keys back (-1: all)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    outs = []
+    spans = zip(
+        torch.split(q, list(q_lengths)),
+        torch.split(k, list(k_lengths)),
+        torch.split(v, list(k_lengths)),
+        strict=True,
+    )
+    for qs, ks, vs in spans:
+        n, m = qs.shape[0], ks.shape[0]
+        at = torch.arange(m - n, m, device=q.device)[:, None]
+        key_at = torch.arange(m, device=q.device)[None, :]
+        sees = key_at <= at
+        if left >= 0:
+            sees &= key_at >= at - left
+        outs.append(
+            F.scaled_dot_product_attention(
+                qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=sees, scale=scale
+            ).transpose(0, 1)
+        )
+    return torch.cat(outs)
 
 
 def _kernel_dtype(query: torch.Tensor) -> torch.dtype | None:
