@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from engine_cases import surrogate_grads
+from test_shared_prompts import _engine, grpo_batch
 
-from quartet.engines import varlen_kernel
+from quartet.engines import MicroSpec, varlen_kernel
 from quartet.engines.packing import varlen_attention
 from quartet.engines.shared_prompts import AttentionSpans, span_attention
 
@@ -363,3 +366,26 @@ def test_a_probe_keeps_a_faulty_kernel_out_of_the_pass(
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     next(installed, None)
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["rows", "shared-prompts"])
+def test_the_engine_through_the_kernel_equals_it_span_by_span(
+    kernel: TorchVarlen, tiny_model_dir: Path, share: bool
+) -> None:
+    """The engine's packed passes (GRPO-like micro-batches, shared prompts or not) through the kernel path:
+    one call per layer and micro-batch, and the same log-probs, entropy and gradients as span by span."""
+    engine = _engine(tiny_model_dir, share)
+    batch = grpo_batch(seed=3)
+    layers = engine.module.config.num_hidden_layers
+    got_lp, got_ent = engine.forward_logprobs(batch, 0.8, MicroSpec(size=3), with_entropy=True)
+    assert len(kernel.calls) == 1 + 3 * layers  # a probe's, then 3 micro-batches of 8 rows
+    got_grads = surrogate_grads(engine, batch, 0.8)
+    varlen_kernel.set_varlen_kernel(False)
+    want_lp, want_ent = engine.forward_logprobs(batch, 0.8, MicroSpec(size=3), with_entropy=True)
+    want_grads = surrogate_grads(engine, batch, 0.8)
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_ent, want_ent, atol=1e-5, rtol=0)
+    assert got_grads.keys() == want_grads.keys() and len(got_grads) > 10
+    for name, grad in want_grads.items():
+        scale = max(1.0, float(grad.abs().max()))
+        torch.testing.assert_close(got_grads[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=name)
