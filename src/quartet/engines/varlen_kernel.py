@@ -257,7 +257,9 @@ def _offsets(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(ends, dtype=torch.int32, device=device)
 
 
+@lru_cache(maxsize=1)
 def _torch_varlen() -> Callable[..., Any] | None:
+    """torch's `varlen_attn`, looked up once (this runs for every packed layer)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -265,7 +267,10 @@ def _torch_varlen() -> Callable[..., Any] | None:
     return varlen_attn
 
 
+@lru_cache(maxsize=1)
 def _flash_attn_varlen() -> Callable[..., Any] | None:
+    """flash-attn's varlen function, looked up once: a failed import is not remembered by Python, and
+    would search the path again at every layer."""
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
